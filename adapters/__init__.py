@@ -1,0 +1,1 @@
+"""frt.adapters — vLLM and SGLang adapters for seats. Not built yet (issue: Engine adapters)."""

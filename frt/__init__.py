@@ -1,0 +1,1 @@
+"""frt-mirror: kernel resolution and packaging with a local mirror."""

@@ -1,0 +1,1 @@
+"""frt.mirror — blob store, stage, verify, offline views, serve, and the frt-mirror CLI."""

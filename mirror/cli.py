@@ -1,0 +1,200 @@
+"""The `frt-mirror` command: a thin shell over `frt.resolver` and `frt.mirror`.
+
+Each command parses arguments, calls one function, renders a table or JSON.
+Exit codes: 0 ok, 1 refused or failed verification, 2 bad usage or bad input.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+
+from frt.resolver import (
+    FrtError,
+    HubClient,
+    KernelUnavailable,
+    Ledger,
+    build_matrix,
+    exit_code,
+    parse_target,
+    resolve,
+    scan,
+)
+from frt.resolver.errors import BadInput
+from frt.resolver.repo_ids import check_repo_id
+
+from .home import default_home, ledger_path
+from .render import human_bytes, table
+
+
+@dataclass
+class App:
+    home: Path
+    endpoint: str | None
+    _ledger: Ledger | None = None
+
+    @property
+    def ledger(self) -> Ledger:
+        if self._ledger is None:
+            self._ledger = Ledger(ledger_path(self.home))
+        return self._ledger
+
+    def hub(self, endpoint: str | None) -> HubClient:
+        return HubClient(endpoint or self.endpoint)
+
+
+class _Group(click.Group):
+    """Turns every FrtError into one line on stderr and the contract's exit code."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except FrtError as e:
+            click.echo(f"frt-mirror: {e}", err=True)
+            ctx.exit(exit_code(e))
+        except KeyboardInterrupt:
+            click.echo("frt-mirror: interrupted", err=True)
+            ctx.exit(130)
+
+
+def _targets(_ctx, _param, values):
+    if values is None:
+        return None
+    if isinstance(values, str):
+        return parse_target(values)
+    return tuple(parse_target(v) for v in values)
+
+
+def _emit_json(doc) -> None:
+    click.echo(json.dumps(doc, indent=2, default=str))
+
+
+endpoint_option = click.option("--endpoint", metavar="URL", help="Upstream Hub or mirror (default: $HF_ENDPOINT).")
+json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--home", type=click.Path(file_okay=False, path_type=Path), help="State directory "
+              "(default: $FRT_MIRROR_HOME, else the platform's user data dir).")
+@endpoint_option
+@click.version_option(package_name="frt-mirror")
+@click.pass_context
+def cli(ctx: click.Context, home: Path | None, endpoint: str | None):
+    """Resolve, stage, verify and serve Hugging Face Hub kernels for offline clusters."""
+    ctx.obj = App(home=home or default_home(), endpoint=endpoint)
+    ctx.call_on_close(lambda: ctx.obj._ledger and ctx.obj._ledger.close())
+
+
+@cli.command("scan")
+@click.argument("repos", nargs=-1, required=True)
+@endpoint_option
+@click.option("--jobs", default=8, show_default=True, type=click.IntRange(1, 64))
+@json_option
+@click.pass_obj
+def scan_cmd(app: App, repos, endpoint, jobs, as_json):
+    """Record refs, commit history and per-commit build variants of REPOS in the ledger."""
+    for repo in repos:
+        check_repo_id(repo)
+    hub = app.hub(endpoint)
+    reports = [scan(repo, hub=hub, ledger=app.ledger, jobs=jobs,
+                    progress=None if as_json else lambda m: click.echo(m, err=True)) for repo in repos]
+    if as_json:
+        _emit_json([r.__dict__ for r in reports])
+        return
+    click.echo(table(["repo", "refs", "commits", "newly scanned", "variants found"],
+                     [(r.repo, r.refs, r.commits, r.commits_scanned, r.variants) for r in reports]))
+
+
+@cli.command("resolve")
+@click.argument("repo")
+@click.option("--version", "version", type=int, help="Kernel version N (branch vN).")
+@click.option("--revision", help="Branch, tag or commit.")
+@click.option("--target", "target", required=True, callback=_targets, help="torch2.11-cu130-x86_64-linux, or host.")
+@click.option("--offline", is_flag=True, help="Answer from the ledger alone; never contact upstream.")
+@endpoint_option
+@json_option
+@click.pass_obj
+def resolve_cmd(app: App, repo, version, revision, target, offline, endpoint, as_json):
+    """Resolve REPO for a target: the commit, the variant and its files. FRT_KERNEL_REV_<ID> pins it."""
+    if version is not None and revision is not None:
+        raise BadInput("give --version or --revision, not both")
+    try:
+        res = resolve(repo, target=target, ledger=app.ledger, version=version, revision=revision,
+                      hub=None if offline else app.hub(endpoint), offline=offline)
+    except KernelUnavailable as e:
+        if as_json:
+            _emit_json(e.refusal.to_json())
+        click.echo(f"frt-mirror: refused: {e}", err=True)
+        sys.exit(exit_code(e))
+    if as_json:
+        _emit_json(res.to_json())
+        return
+    total = sum(f.size for f in res.files)
+    click.echo(f"{res.repo} {res.request.label} → {res.commit}  {res.variant}  for {res.target}")
+    click.echo(table(["file", "size", "git oid", "sha256"],
+                     [(f.path, human_bytes(f.size), f.git_oid[:12], (f.sha256 or "")[:12]) for f in res.files]))
+    click.echo(f"{len(res.files)} files, {human_bytes(total)}")
+
+
+@cli.command("matrix")
+@click.argument("repo")
+@click.option("--target", "targets", multiple=True, callback=_targets,
+              help="Targets to show (repeatable; default: the targets the repo's variants were built for).")
+@json_option
+@click.pass_obj
+def matrix_cmd(app: App, repo, targets, as_json):
+    """Availability from the ledger: revision × variant, and which targets each revision serves."""
+    check_repo_id(repo)
+    with app.ledger.view() as view:
+        if not view.known(repo):
+            raise BadInput(f"{repo} is not in the ledger: run 'frt-mirror scan {repo}' first")
+        m = build_matrix(view, repo, list(targets) or None)
+    if as_json:
+        _emit_json(m.to_json())
+        return
+    click.echo(_render_matrix(m))
+
+
+def _render_matrix(m) -> str:
+    headers = ["commit", "date", "refs", *[str(i + 1) for i in range(len(m.variants))], *[f"T{i + 1}" for i in range(len(m.targets))]]
+    rows = []
+    for r in m.rows:
+        cells = ["x" if v in r.variants else "." for v in m.variants]
+        serves = ["ok" if r.serves[str(t)] else "-" for t in m.targets]
+        rows.append([r.commit[:10], r.date.date() if r.date else "", ",".join(r.refs), *cells, *serves])
+    legend = [f"  {i + 1:>2}  {v}" for i, v in enumerate(m.variants)]
+    legend += [f"  T{i + 1}  {t}" for i, t in enumerate(m.targets)]
+    return f"{m.repo}\n{table(headers, rows)}\n\nvariants (x = built at that revision), targets (ok = served):\n" + "\n".join(legend)
+
+
+@cli.command("report")
+@json_option
+@click.pass_obj
+def report_cmd(app: App, as_json):
+    """Every refusal on record: repo, version, target, error, detail (verbatim)."""
+    rows = app.ledger.refusals()
+    if as_json:
+        _emit_json([
+            {"repo": r.repo_id, "requested": r.requested, "version": r.version, "revision": r.revision,
+             "target": r.target, "commit": r.commit_sha, "error": r.error, "message": r.message, "detail": r.detail,
+             "count": r.count, "first_seen": r.first_seen.isoformat(), "last_seen": r.last_seen.isoformat()}
+            for r in rows
+        ])
+        return
+    if not rows:
+        click.echo("no refusals on record")
+        return
+    click.echo(table(["repo", "requested", "target", "error", "count", "message"],
+                     [(r.repo_id, r.requested, r.target, r.error, r.count, r.message) for r in rows]))
+
+
+def main() -> None:
+    cli(prog_name="frt-mirror")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,51 @@
+"""One error family for frt-mirror, and the one place that maps it to exit codes.
+
+A refusal is an outcome, not a crash: `KernelUnavailable` carries the `Refusal`
+that explains it, so the CLI, the ledger and the message all render one object.
+Everything else a user can cause (bad target, malformed repo id, dead upstream,
+corrupt ledger) is a `FrtError` with one clear line of text.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .resolution import Refusal
+
+
+class FrtError(Exception):
+    """Base of every error frt-mirror raises on purpose; its str() is one line for users."""
+
+
+class BadInput(FrtError, ValueError):
+    """The user gave something we cannot use: target syntax, repo id, manifest, option."""
+
+
+class UpstreamUnavailable(FrtError):
+    """The upstream Hub (or mirror) could not be reached or kept failing after retries."""
+
+
+class LedgerCorrupt(FrtError):
+    """The SQLite ledger under the home cannot be opened or read."""
+
+
+class KernelUnavailable(FrtError, ValueError):
+    """A kernel cannot be resolved for a target. `refusal` says why, and what would work."""
+
+    def __init__(self, refusal: Refusal):
+        super().__init__(refusal.message)
+        self.refusal = refusal
+
+
+# Exit codes of the contract: 0 ok, 1 refused or failed verification, 2 bad usage or input.
+EXIT_OK, EXIT_REFUSED, EXIT_BAD_INPUT = 0, 1, 2
+
+
+def exit_code(exc: BaseException) -> int:
+    """Map an error to the CLI exit code. Unknown errors are bugs, not refusals."""
+    if isinstance(exc, KernelUnavailable):
+        return EXIT_REFUSED
+    if isinstance(exc, FrtError):
+        return EXIT_BAD_INPUT
+    raise exc

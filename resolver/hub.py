@@ -1,0 +1,160 @@
+"""A thin client of the upstream Hub (or of another frt-mirror) over `huggingface_hub.HfApi`.
+
+Why our own retry: `huggingface_hub` (1.x and 2.x) does not retry a 503 or a refused
+connection on plain API calls such as `list_repo_refs`, and a stager on a flaky link
+must. Failures after the last attempt become one `UpstreamUnavailable` line.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from huggingface_hub import HfApi, get_session, hf_hub_url
+from huggingface_hub.errors import (
+    EntryNotFoundError,
+    HfHubHTTPError,
+    OfflineModeIsEnabled,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
+from huggingface_hub.hf_api import RepoFile
+from huggingface_hub.utils import build_hf_headers, hf_raise_for_status
+
+from .errors import BadInput, FrtError, UpstreamUnavailable
+from .resolution import CommitInfo, FileEntry
+
+try:  # huggingface_hub 2.x speaks httpx2, 1.x httpx; both name their transport errors alike.
+    import httpx2 as _httpx
+except ImportError:  # pragma: no cover - exercised in the 1.x environment
+    import httpx as _httpx
+
+DEFAULT_ENDPOINT = "https://huggingface.co"
+RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+T = TypeVar("T")
+
+
+class RepoNotFound(BadInput):
+    """Upstream says the repository does not exist (or is not visible to us)."""
+
+
+class RevisionNotFound(BadInput):
+    """Upstream has the repository but not that revision."""
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    attempts: int = 5
+    base_wait: float = 0.5
+    max_wait: float = 8.0
+
+    @classmethod
+    def from_env(cls) -> RetryPolicy:
+        """FRT_RETRY_ATTEMPTS / FRT_RETRY_BASE_WAIT let tests and impatient users shorten it."""
+        return cls(attempts=max(1, int(os.environ.get("FRT_RETRY_ATTEMPTS", cls.attempts))),
+                   base_wait=float(os.environ.get("FRT_RETRY_BASE_WAIT", cls.base_wait)))
+
+
+def resolve_endpoint(endpoint: str | None) -> str:
+    return (endpoint or os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
+
+
+class HubClient:
+    def __init__(self, endpoint: str | None = None, *, token: str | None = None, retry: RetryPolicy | None = None):
+        self.endpoint = resolve_endpoint(endpoint)
+        self.api = HfApi(endpoint=self.endpoint, token=token)
+        self.token = token
+        self.retry = retry or RetryPolicy.from_env()
+
+    def refs(self, repo_id: str, repo_type: str = "kernel") -> dict[tuple[str, str], str]:
+        r = self._call(lambda: self.api.list_repo_refs(repo_id, repo_type=repo_type), repo_id)
+        out = {("branch", b.name): b.target_commit for b in r.branches}
+        out.update({("tag", t.name): t.target_commit for t in r.tags})
+        return out
+
+    def revision_sha(self, repo_id: str, revision: str, repo_type: str = "kernel") -> str:
+        info = self._call(lambda: self.api.repo_info(repo_id, revision=revision, repo_type=repo_type), repo_id)
+        return info.sha
+
+    def history(self, repo_id: str, revision: str, repo_type: str = "kernel") -> list[CommitInfo]:
+        """First-parent history from `revision`, newest first, each with its parent filled in."""
+        commits = self._call(
+            lambda: self.api.list_repo_commits(repo_id, revision=revision, repo_type=repo_type), repo_id
+        )
+        return [
+            CommitInfo(c.commit_id, commits[i + 1].commit_id if i + 1 < len(commits) else None,
+                       c.created_at.replace(tzinfo=None) if c.created_at else None, c.title or "")
+            for i, c in enumerate(commits)
+        ]
+
+    def build_listing(self, repo_id: str, sha: str, repo_type: str = "kernel") -> dict[str, list[FileEntry]]:
+        """Every file under build/ at a commit, grouped by variant directory; {} without build/."""
+
+        def listing():
+            return list(self.api.list_repo_tree(repo_id, path_in_repo="build", recursive=True, revision=sha,
+                                                repo_type=repo_type))
+
+        try:
+            entries = self._call(listing, repo_id)
+        except _EntryMissing:
+            return {}
+        variants: dict[str, list[FileEntry]] = {}
+        for e in entries:
+            parts = e.path.split("/")
+            if len(parts) < 2 or parts[0] != "build":
+                continue
+            bucket = variants.setdefault(parts[1], [])
+            if isinstance(e, RepoFile) and len(parts) > 2:
+                bucket.append(FileEntry(e.path, e.size, e.blob_id, e.lfs.sha256 if e.lfs else None))
+        return variants
+
+    def fetch_small_file(self, repo_id: str, path: str, revision: str, repo_type: str = "kernel") -> bytes:
+        """GET a small file (metadata.json) into memory; never touches a Hub cache."""
+        url = hf_hub_url(repo_id, path, repo_type=repo_type, revision=revision, endpoint=self.endpoint)
+
+        def get():
+            r = get_session().get(url, headers=build_hf_headers(token=self.token), follow_redirects=True)
+            hf_raise_for_status(r)
+            return r.content
+
+        return self._call(get, repo_id)
+
+    def _call(self, fn: Callable[[], T], repo_id: str) -> T:
+        """Run one upstream call with retries; map the Hub's errors to ours."""
+        for attempt in range(1, self.retry.attempts + 1):
+            try:
+                return fn()
+            except RepositoryNotFoundError as e:
+                raise RepoNotFound(f"{repo_id}: repository not found at {self.endpoint} ({_first_line(e)})") from None
+            except RevisionNotFoundError as e:
+                raise RevisionNotFound(f"{repo_id}: {_first_line(e)}") from None
+            except EntryNotFoundError:
+                raise _EntryMissing() from None
+            except OfflineModeIsEnabled:
+                raise UpstreamUnavailable(
+                    "HF_HUB_OFFLINE is set, so upstream cannot be asked; use --offline to answer from the ledger"
+                ) from None
+            except (HfHubHTTPError, _httpx.TransportError, OSError) as e:
+                status = getattr(getattr(e, "response", None), "status_code", None)
+                if isinstance(e, HfHubHTTPError) and status not in RETRY_STATUS:
+                    raise UpstreamUnavailable(f"upstream {self.endpoint} refused: {_first_line(e)}") from None
+                if attempt == self.retry.attempts:
+                    raise UpstreamUnavailable(
+                        f"upstream {self.endpoint} unreachable after {attempt} attempts: {_first_line(e)}"
+                    ) from None
+                wait = min(self.retry.max_wait, self.retry.base_wait * 2 ** (attempt - 1))
+                time.sleep(wait * (0.5 + random.random() / 2))  # jitter: stagers must not retry in lockstep
+        raise AssertionError("unreachable")
+
+
+class _EntryMissing(FrtError):
+    pass
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__

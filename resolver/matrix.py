@@ -1,0 +1,68 @@
+"""The availability matrix: which revision has a build for which torch/CUDA/arch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from .ledger import LedgerView
+from .targets import Target, make_target
+from .variants import decide, parse_fields
+
+
+@dataclass(frozen=True)
+class MatrixRow:
+    commit: str
+    date: datetime | None
+    title: str
+    refs: tuple[str, ...]  # branch and tag names pointing here
+    variants: frozenset[str]
+    serves: dict[str, str | None] = field(default_factory=dict)  # target -> chosen variant or None
+
+
+@dataclass(frozen=True)
+class Matrix:
+    repo: str
+    variants: tuple[str, ...]
+    targets: tuple[Target, ...]
+    rows: tuple[MatrixRow, ...]
+
+    def to_json(self) -> dict:
+        return {
+            "repo": self.repo,
+            "variants": list(self.variants),
+            "targets": [str(t) for t in self.targets],
+            "revisions": [
+                {"commit": r.commit, "date": r.date.isoformat() if r.date else None, "title": r.title,
+                 "refs": list(r.refs), "variants": sorted(r.variants), "serves": r.serves}
+                for r in self.rows
+            ],
+        }
+
+
+def targets_named_by(variants: list[str] | tuple[str, ...]) -> list[Target]:
+    """The targets a repo's arch variants were built for: the 'known' targets of its matrix."""
+    out = set()
+    for name in variants:
+        f = parse_fields(name)
+        if f and f.framework == "torch" and f.cpu and f.os:
+            out.add(make_target(torch=f.framework_version, backend=f.backend, cpu=f.cpu, os=f.os))
+    return sorted(out, key=str)
+
+
+def build_matrix(view: LedgerView, repo_id: str, targets: list[Target] | None = None) -> Matrix:
+    commits = [c for c in view.commits(repo_id) if c.scanned]
+    names = sorted({v.name for c in commits for v in c.variants})
+    targets = list(targets) if targets else targets_named_by(names)
+    refs: dict[str, list[str]] = {}
+    for ref in view.refs(repo_id):
+        refs.setdefault(ref.commit_sha, []).append(ref.name)
+    rows = []
+    for c in commits:
+        present = tuple(sorted(v.name for v in c.variants))
+        serves = {}
+        for t in targets:
+            best = next((d.name for d in decide(t, present) if d.accepted), None)
+            serves[str(t)] = best
+        rows.append(MatrixRow(c.sha, c.date, c.title, tuple(sorted(refs.get(c.sha, []))), frozenset(present), serves))
+    return Matrix(repo_id, tuple(names), tuple(targets), tuple(rows))

@@ -1,0 +1,121 @@
+"""The domain objects a resolution produces: decisions are data, rendered afterwards."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+
+from .targets import Target
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    path: str  # relative to the repo root, e.g. build/torch-universal/__init__.py
+    size: int
+    git_oid: str
+    sha256: str | None = None  # advertised by upstream for LFS files; else computed when staged
+
+
+@dataclass(frozen=True)
+class CommitInfo:
+    """One commit as upstream's history lists it."""
+
+    sha: str
+    parent: str | None
+    date: datetime | None
+    title: str
+
+
+@dataclass(frozen=True)
+class VariantInfo:
+    """One build variant directory at a commit, as upstream lists it."""
+
+    name: str
+    files: tuple[FileEntry, ...]
+    metadata_oid: str | None = None
+    metadata: dict | None = None
+
+
+@dataclass(frozen=True)
+class Request:
+    """What the user asked for. A pin (FRT_KERNEL_REV_<ID>) replaces version and revision."""
+
+    repo: str
+    version: int | None = None
+    revision: str | None = None
+    pinned: bool = False
+
+    def __post_init__(self):
+        if (self.version is None) == (self.revision is None):
+            raise ValueError("a request names exactly one of version or revision")
+
+    @property
+    def label(self) -> str:
+        if self.version is not None:
+            return f"v{self.version}"
+        return f"pin {self.revision}" if self.pinned else f"revision {self.revision}"
+
+
+@dataclass(frozen=True)
+class Resolution:
+    request: Request
+    target: Target
+    commit: str
+    variant: str
+    files: tuple[FileEntry, ...]
+    metadata: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def repo(self) -> str:
+        return self.request.repo
+
+    def to_json(self) -> dict:
+        return {
+            "repo": self.repo,
+            "requested": self.request.label,
+            "target": str(self.target),
+            "commit": self.commit,
+            "variant": self.variant,
+            "files": [asdict(f) for f in self.files],
+            "archs": (self.metadata.get("backend") or {}).get("archs"),
+            "kernel_depends": self.metadata.get("kernel-depends", []),
+        }
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why `request` cannot be served for `target`, and what would serve it instead.
+
+    `detail` keeps the original failure text verbatim (the variant trace in the
+    `kernels` library's wording, or the upstream's error message).
+    """
+
+    request: Request
+    target: Target
+    error: str  # NoVariant | VersionNotFound | RevisionNotFound | RepoNotFound
+    message: str
+    detail: str = ""
+    commit: str | None = None
+    available: tuple[str, ...] = ()
+    newest_with_target: str | None = None  # newest commit on the same version line that has it
+    versions_with_target: tuple[int, ...] = ()
+
+    @property
+    def repo(self) -> str:
+        return self.request.repo
+
+    def to_json(self) -> dict:
+        return {
+            "repo": self.repo,
+            "requested": self.request.label,
+            "version": self.request.version,
+            "revision": self.request.revision,
+            "target": str(self.target),
+            "error": self.error,
+            "message": self.message,
+            "detail": self.detail,
+            "commit": self.commit,
+            "available": list(self.available),
+            "newest_commit_with_target": self.newest_with_target,
+            "versions_with_target": list(self.versions_with_target),
+        }

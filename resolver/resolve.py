@@ -1,0 +1,84 @@
+"""Resolve a kernel for a target: pins applied, upstream refreshed unless offline, refusals recorded."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from .core import resolve_request
+from .errors import BadInput, KernelUnavailable
+from .hub import HubClient, RepoNotFound, RevisionNotFound
+from .ledger import Ledger
+from .repo_ids import check_repo_id, pinned_revision
+from .resolution import Refusal, Request, Resolution
+from .scan import scan
+from .targets import Target
+
+
+def make_request(repo_id: str, *, version: int | None = None, revision: str | None = None,
+                 environ: Mapping[str, str] | None = None) -> Request:
+    """The request a user means: FRT_KERNEL_REV_<ID> overrides version and revision."""
+    check_repo_id(repo_id)
+    pin = pinned_revision(repo_id, environ)
+    if pin is not None:
+        return Request(repo_id, revision=pin, pinned=True)
+    if (version is None) == (revision is None):
+        raise BadInput(f"{repo_id}: give exactly one of a version or a revision")
+    if version is not None and (not isinstance(version, int) or version < 0):
+        raise BadInput(f"{repo_id}: version must be a non-negative integer, got {version!r}")
+    return Request(repo_id, version=version, revision=revision)
+
+
+def resolve(repo_id: str, *, target: Target, ledger: Ledger, version: int | None = None,
+            revision: str | None = None, hub: HubClient | None = None, offline: bool = False,
+            environ: Mapping[str, str] | None = None) -> Resolution:
+    """Resolve `repo_id` for `target`, or raise `KernelUnavailable` (after recording it)."""
+    request = make_request(repo_id, version=version, revision=revision, environ=environ)
+    return resolve_requests([request], target=target, ledger=ledger, hub=hub, offline=offline)[0]
+
+
+def resolve_requests(requests: list[Request], *, target: Target, ledger: Ledger, hub: HubClient | None = None,
+                     offline: bool = False) -> list[Resolution]:
+    outcomes = refresh_and_decide(requests, targets=[target], ledger=ledger, hub=hub, offline=offline)
+    for outcome in outcomes:
+        if isinstance(outcome, Refusal):
+            raise KernelUnavailable(outcome)
+    return outcomes  # type: ignore[return-value]
+
+
+def refresh_and_decide(requests: list[Request], *, targets: list[Target], ledger: Ledger,
+                       hub: HubClient | None = None, offline: bool = False) -> list[Resolution | Refusal]:
+    """Every request × target, as outcomes; every refusal is recorded in the ledger."""
+    upstream_refusals: dict[str, tuple[str, str]] = {}
+    if not offline:
+        hub = hub or HubClient()
+        for repo in dict.fromkeys(r.repo for r in requests):
+            extra = tuple(r.revision for r in requests if r.repo == repo and r.revision)
+            try:
+                scan(repo, hub=hub, ledger=ledger, extra_revisions=())
+                _scan_unknown_revisions(repo, extra, hub=hub, ledger=ledger)
+            except RepoNotFound as e:
+                upstream_refusals[repo] = ("RepoNotFound", str(e))
+    outcomes: list[Resolution | Refusal] = []
+    with ledger.view() as view:
+        for request in requests:
+            for target in targets:
+                if request.repo in upstream_refusals:
+                    error, text = upstream_refusals[request.repo]
+                    outcomes.append(Refusal(request, target, error, text, detail=text))
+                else:
+                    outcomes.append(resolve_request(view, request, target))
+    for outcome in outcomes:
+        if isinstance(outcome, Refusal):
+            ledger.record_refusal(outcome)
+    return outcomes
+
+
+def _scan_unknown_revisions(repo: str, revisions: tuple[str, ...], *, hub: HubClient, ledger: Ledger) -> None:
+    """A revision no branch or tag history reaches (a stray sha) is looked up and scanned on its own."""
+    with ledger.view() as view:
+        unknown = tuple(r for r in revisions if view.commit_for(repo, r) is None)
+    for rev in unknown:
+        try:
+            scan(repo, hub=hub, ledger=ledger, extra_revisions=(rev,))
+        except RevisionNotFound:
+            pass  # the core refuses it with RevisionNotFound, recorded like any refusal

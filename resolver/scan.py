@@ -1,0 +1,98 @@
+"""Scan: copy what upstream has for a repo into the ledger, incrementally.
+
+Refs are always refreshed (one request). A branch's history is fetched only when
+its head is a commit the ledger has not placed in history yet, and a commit's
+build/ listing only once: commits are immutable. `metadata.json` files are fetched
+by git oid, so a file unchanged across commits is fetched once.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from sqlalchemy import select
+
+from .hub import HubClient
+from .ledger import Ledger
+from .repo_ids import check_repo_id
+from .resolution import FileEntry, VariantInfo
+from .schema import Commit, Repo
+
+
+@dataclass(frozen=True)
+class ScanReport:
+    repo: str
+    refs: int
+    commits: int
+    commits_scanned: int
+    variants: int
+
+
+def scan(repo_id: str, *, hub: HubClient, ledger: Ledger, jobs: int = 8, repo_type: str = "kernel",
+         extra_revisions: tuple[str, ...] = (), progress: Callable[[str], None] | None = None) -> ScanReport:
+    check_repo_id(repo_id)
+    refs = hub.refs(repo_id, repo_type)
+    ledger.record_refs(repo_id, refs, endpoint=hub.endpoint, repo_type=repo_type)
+    heads = sorted(set(refs.values()))
+    for rev in extra_revisions:
+        heads.append(hub.revision_sha(repo_id, rev, repo_type))
+    for head in _heads_without_history(ledger, repo_id, heads):
+        ledger.record_history(repo_id, hub.history(repo_id, head, repo_type))
+
+    todo = ledger.unscanned_commits(repo_id)
+    if progress and todo:
+        progress(f"{repo_id}: listing build/ of {len(todo)} commit(s)")
+    variants_found = 0
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        listings = dict(zip(todo, pool.map(lambda sha: hub.build_listing(repo_id, sha, repo_type), todo)))
+        metadata = _fetch_metadata(repo_id, listings, hub=hub, ledger=ledger, pool=pool, repo_type=repo_type)
+        for sha, listing in listings.items():
+            infos = [_variant_info(name, files, metadata) for name, files in sorted(listing.items())]
+            ledger.record_build(repo_id, sha, infos)
+            variants_found += len(infos)
+    with ledger.view() as v:
+        n_commits = len(v.commits(repo_id))
+    return ScanReport(repo_id, len(refs), n_commits, len(todo), variants_found)
+
+
+def _heads_without_history(ledger: Ledger, repo_id: str, heads: list[str]) -> list[str]:
+    with ledger.session() as s:
+        placed = set(s.scalars(select(Commit.sha).join(Repo)
+                               .where(Repo.repo_id == repo_id, Commit.sha.in_(heads), Commit.depth >= 0)))
+    return [h for h in dict.fromkeys(heads) if h not in placed]
+
+
+def _metadata_file(files: list[FileEntry]) -> FileEntry | None:
+    return next((f for f in files if f.path.count("/") == 2 and f.path.endswith("/metadata.json")), None)
+
+
+def _fetch_metadata(repo_id, listings, *, hub, ledger, pool, repo_type) -> dict[str, dict | None]:
+    """metadata.json contents by git oid: from the ledger if seen before, else from upstream."""
+    wanted: dict[str, tuple[str, str]] = {}  # oid -> (path, commit) to fetch it from
+    for sha, listing in listings.items():
+        for files in listing.values():
+            meta = _metadata_file(files)
+            if meta is not None:
+                wanted.setdefault(meta.git_oid, (meta.path, sha))
+    known: dict[str, dict | None] = dict(ledger.known_metadata(set(wanted)))
+    missing = [oid for oid in wanted if oid not in known]
+
+    def fetch(oid: str) -> dict | None:
+        path, sha = wanted[oid]
+        raw = hub.fetch_small_file(repo_id, path, sha, repo_type)
+        try:
+            doc = json.loads(raw)
+        except ValueError:
+            return None  # recorded as variant without metadata; resolve still sees the variant
+        return doc if isinstance(doc, dict) else None
+
+    known.update(zip(missing, pool.map(fetch, missing)))
+    return known
+
+
+def _variant_info(name: str, files: list[FileEntry], metadata: dict[str, dict | None]) -> VariantInfo:
+    meta = _metadata_file(files)
+    return VariantInfo(name, tuple(files), meta.git_oid if meta else None, metadata.get(meta.git_oid) if meta else None)

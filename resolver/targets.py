@@ -1,0 +1,109 @@
+"""Targets: the system a kernel must load on, which need not be this machine.
+
+Syntax: ``torch<M>.<m>-<backend>-<cpu>-<os>`` (``torch2.11-cu130-aarch64-linux``) or ``host``.
+The backend token is a build-variant backend (``cpu``, ``cu130``, ``rocm71``, ``xpu20253``,
+``metal``, ``cann81``, ``neuron``, ``tpu``) and is validated by the ``kernels`` library's parser.
+"""
+
+from __future__ import annotations
+
+import platform
+import re
+from dataclasses import dataclass, field
+
+from packaging.version import Version
+
+from .errors import BadInput
+
+_TARGET_RE = re.compile(r"torch(?P<major>\d+)\.(?P<minor>\d+)-(?P<backend>[a-z0-9]+)-(?P<cpu>[a-z0-9_]+)-(?P<os>[a-z]+)")
+
+# pip wheels of torch on Linux use the C++11 ABI from 2.7 on (older ones were cxx98);
+# a target names no ABI, so we assume the one the official wheels of that minor have.
+_CXX11_SINCE = Version("2.7")
+
+
+@dataclass(frozen=True, order=True)
+class Target:
+    torch: Version | None
+    backend: str
+    cpu: str
+    os: str
+    # A manifest's label for the target; not part of its identity.
+    name: str | None = field(default=None, compare=False)
+
+    @property
+    def cxx11_abi(self) -> bool | None:
+        if self.os != "linux" or self.torch is None:
+            return None
+        return self.torch >= _CXX11_SINCE
+
+    def __str__(self) -> str:
+        if self.torch is None:
+            return f"notorch-{self.backend}-{self.cpu}-{self.os}"
+        return f"torch{self.torch.major}.{self.torch.minor}-{self.backend}-{self.cpu}-{self.os}"
+
+    @property
+    def label(self) -> str:
+        """The name a manifest gave this target, else its string."""
+        return self.name or str(self)
+
+
+def parse_target(text: str, *, name: str | None = None) -> Target:
+    """Parse a target string, or ``host``; raise `BadInput` with the expected syntax otherwise."""
+    text = text.strip()
+    if text == "host":
+        return host_target()
+    m = _TARGET_RE.fullmatch(text)
+    if not m:
+        raise BadInput(
+            f"unknown target {text!r}: expected torch<M>.<m>-<backend>-<cpu>-<os> "
+            "(e.g. torch2.11-cu130-x86_64-linux) or 'host'"
+        )
+    return make_target(
+        torch=f"{m['major']}.{m['minor']}", backend=m["backend"], cpu=m["cpu"], os=m["os"], name=name
+    )
+
+
+def make_target(*, torch: str | None, backend: str, cpu: str, os: str, name: str | None = None) -> Target:
+    """Build a target from its fields (a manifest's ``[[targets]]`` table), validating each."""
+    from kernels.backends import parse_backend
+
+    try:
+        parse_backend(backend)
+    except ValueError:
+        raise BadInput(
+            f"unknown backend {backend!r} in target: expected cpu, cu<MM><m>, rocm<M><m>, "
+            "xpu<YYYY><n>, cann<M><m>, metal, neuron or tpu"
+        ) from None
+    version = None
+    if torch is not None:
+        if not re.fullmatch(r"\d+\.\d+", str(torch)):
+            raise BadInput(f"bad torch version {torch!r} in target: expected <major>.<minor>, e.g. 2.11")
+        version = Version(str(torch))
+    if not re.fullmatch(r"[a-z0-9_]+", cpu) or not re.fullmatch(r"[a-z]+", os):
+        raise BadInput(f"bad cpu/os {cpu!r}/{os!r} in target: expected e.g. x86_64/linux")
+    return Target(torch=version, backend=backend, cpu=cpu, os=os, name=name)
+
+
+def host_target() -> Target:
+    """This machine as a target, detected the way ``kernels`` detects it when it loads.
+
+    Without torch the target has no torch version: only noarch variants can match it,
+    which is exactly what ``kernels`` itself would accept here.
+    """
+    from kernels.backends import _backend
+    from kernels.compat import has_torch
+
+    cpu = platform.machine()
+    os = platform.system().lower()
+    if os == "darwin" and cpu == "arm64":
+        cpu = "aarch64"
+    elif os == "windows" and cpu == "AMD64":
+        cpu = "x86_64"
+    torch_version = None
+    if has_torch:
+        import torch
+
+        v = Version(torch.__version__)
+        torch_version = Version(f"{v.major}.{v.minor}")
+    return Target(torch=torch_version, backend=_backend().variant_str, cpu=cpu, os=os, name="host")

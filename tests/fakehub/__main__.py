@@ -1,0 +1,18 @@
+"""Serve an empty fake Hub: python -m tests.fakehub [--port N]."""
+
+import argparse
+import time
+
+from .server import FakeHub
+
+parser = argparse.ArgumentParser(prog="python -m tests.fakehub")
+parser.add_argument("--host", default="127.0.0.1")
+parser.add_argument("--port", type=int, default=0)
+args = parser.parse_args()
+hub = FakeHub()
+print(hub.start(args.host, args.port), flush=True)
+try:
+    while True:
+        time.sleep(3600)
+except KeyboardInterrupt:
+    hub.stop()

@@ -1,0 +1,76 @@
+"""Fault injection for the fake Hub: failing statuses, dropped bodies, slow answers.
+
+Rules match on a substring of the raw request path (with query). All methods are thread-safe: the
+server's handler threads consume rules while the test thread adds them.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+
+@dataclass
+class _Fail:
+    remaining: int
+    status: int
+    match: str
+
+
+@dataclass
+class _Drop:
+    remaining: int
+    match: str
+    nbytes: int
+
+
+class Faults:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._fails: list[_Fail] = []
+        self._drops: list[_Drop] = []
+        self._delays: list[tuple[str, float]] = []
+
+    def fail_next(self, n: int, status: int = 503, match: str = "") -> None:
+        """The next `n` requests whose raw path contains `match` get `status` (no X-Error-Code)."""
+        with self._lock:
+            self._fails.append(_Fail(n, status, match))
+
+    def drop_after(self, match: str, nbytes: int, times: int = 1) -> None:
+        """The next `times` resolve GETs matching `match` send full headers, `nbytes` of body, then EOF."""
+        with self._lock:
+            self._drops.append(_Drop(times, match, nbytes))
+
+    def delay(self, match: str, seconds: float) -> None:
+        """Sleep `seconds` before answering any request matching `match` (until `clear()`)."""
+        with self._lock:
+            self._delays.append((match, seconds))
+
+    def clear(self) -> None:
+        with self._lock:
+            self._fails.clear()
+            self._drops.clear()
+            self._delays.clear()
+
+    # -- used by the server --------------------------------------------------------------------
+
+    def delay_for(self, path: str) -> float:
+        with self._lock:
+            return sum(s for m, s in self._delays if m in path)
+
+    def take_failure(self, path: str) -> int | None:
+        return self._take(self._fails, path, lambda r: r.status)
+
+    def take_drop(self, path: str) -> int | None:
+        return self._take(self._drops, path, lambda r: r.nbytes)
+
+    def _take(self, rules, path, value):
+        # First matching rule with budget left wins; spent rules are removed.
+        with self._lock:
+            for rule in rules:
+                if rule.match in path and rule.remaining > 0:
+                    rule.remaining -= 1
+                    if rule.remaining == 0:
+                        rules.remove(rule)
+                    return value(rule)
+        return None

@@ -1,0 +1,124 @@
+"""Fixture kernel repos in the Hub layout, built by the tests (and by `make demo`).
+
+Every variant holds a real, importable kernel (pure Python, torch imported lazily)
+and a `metadata.json` that `kernels` 0.17 accepts. Arch variants for other
+machines (aarch64, other CUDA) exist to be resolved and staged, not loaded here.
+
+`kernels-test/activation` carries the aarch64 trap: older v1 commits lack the
+aarch64 variants, a middle one adds them, and the v1 head (a rebuild) dropped the
+CUDA one again; v2 has everything. `kernels-test/relu` has a torch-universal build
+in every commit, so no target is ever refused for it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from tests.fakehub import FakeRepo
+
+ORG = "kernels-test"
+X86_CPU = "torch213-cxx11-cpu-x86_64-linux"
+X86_CU = "torch211-cxx11-cu130-x86_64-linux"
+ARM_CPU = "torch213-cxx11-cpu-aarch64-linux"
+ARM_CU = "torch211-cxx11-cu130-aarch64-linux"
+
+_INIT = '''"""Fixture kernel {name} ({variant}), built by frt-mirror's tests."""
+
+VERSION = {version}
+VARIANT = "{variant}"
+REVISION_NOTE = "{note}"
+
+
+def add(a, b):
+    return a + b
+
+
+def silu_and_mul(x):
+    import torch
+
+    d = x.shape[-1] // 2
+    return torch.nn.functional.silu(x[..., :d]) * x[..., d:]
+'''
+
+
+def backend_type(variant: str) -> str:
+    """metadata backend.type: one of cann/cpu/cuda/metal/neuron/rocm/tpu/xpu (universal declares cpu)."""
+    for token, kind in (("-cu", "cuda"), ("cuda", "cuda"), ("rocm", "rocm"), ("xpu", "xpu"), ("metal", "metal")):
+        if token in variant:
+            return kind
+    return "cpu"
+
+
+def variant_files(name: str, variant: str, *, version: int, note: str = "", extra: dict | None = None,
+                  depends: list | None = None) -> dict[str, bytes]:
+    """The files of one build variant directory, keyed by repo path."""
+    kind = backend_type(variant)
+    digest = hashlib.sha1(f"{name}/{variant}/{version}".encode()).hexdigest()[:8]
+    meta = {
+        "id": f"_{name.replace('-', '_')}_{digest}",
+        "name": name,
+        "version": version,
+        "license": "apache-2.0",
+        "python-depends": [],
+        "backend": {"type": kind, **({"archs": ["8.0", "9.0", "10.0"]} if kind == "cuda" else {})},
+    }
+    if depends:
+        meta["kernel-depends"] = depends
+    base = f"build/{variant}"
+    files = {
+        f"{base}/__init__.py": _INIT.format(name=name, variant=variant, version=version, note=note).encode(),
+        f"{base}/metadata.json": json.dumps(meta, indent=2).encode(),
+    }
+    for rel, data in (extra or {}).items():
+        files[f"{base}/{rel}"] = data
+    return files
+
+
+def build(name: str, variants: list[str], *, version: int, note: str = "", extra: dict | None = None) -> dict:
+    out: dict[str, bytes] = {"README.md": f"# {name}\n".encode(), "build/": None}
+    for v in variants:
+        out.update(variant_files(name, v, version=version, note=note, extra=extra))
+    return out
+
+
+def blob(seed: str, size: int) -> bytes:
+    """Deterministic incompressible bytes, standing in for a compiled .so (above the LFS threshold)."""
+    out, counter = bytearray(), 0
+    while len(out) < size:
+        out += hashlib.sha256(f"{seed}:{counter}".encode()).digest()
+        counter += 1
+    return bytes(out[:size])
+
+
+def activation_repo() -> FakeRepo:
+    repo = FakeRepo(f"{ORG}/activation")
+    so = {"_activation.abi3.so": blob("activation-v1", 96 * 1024)}
+    v1 = [X86_CU, X86_CPU, "torch-cpu"]
+    repo.commit(build("activation", v1, version=1, note="initial", extra=so), title="Initial build", branch="v1")
+    repo.commit(build("activation", v1, version=1, note="rebuild", extra=so), title="Rebuild with fixes", branch="v1")
+    repo.commit(build("activation", v1 + [ARM_CU, ARM_CPU], version=1, note="aarch64", extra=so),
+                title="Add aarch64 builds", branch="v1")
+    repo.commit(build("activation", v1 + [ARM_CPU], version=1, note="cu-rebuild", extra=so),
+                title="Rebuild CUDA (aarch64 CUDA dropped)", branch="v1")
+    so2 = {"_activation.abi3.so": blob("activation-v2", 128 * 1024)}
+    v2 = [X86_CU, X86_CPU, ARM_CU, ARM_CPU, "torch-cpu", "torch-cuda"]
+    repo.commit(build("activation", v2, version=2, note="v2", extra=so2), title="v2: new API", branch="v2")
+    repo.commit(build("activation", v2, version=2, note="v2.1", extra=so2), title="v2: faster", branch="v2")
+    repo.branch("main", "v2")
+    repo.branch("release/v1", "v1")
+    repo.tag("v1.0.0", "v1")
+    return repo
+
+
+def relu_repo() -> FakeRepo:
+    repo = FakeRepo(f"{ORG}/relu")
+    repo.commit(build("relu", ["torch-universal"], version=1, note="initial"), title="Initial build", branch="v1")
+    repo.commit(build("relu", ["torch-universal", X86_CPU], version=1, note="cpu"), title="Add CPU build",
+                branch="v1")
+    repo.branch("main", "v1")
+    return repo
+
+
+def demo_repos() -> list[FakeRepo]:
+    return [activation_repo(), relu_repo()]
