@@ -1,0 +1,198 @@
+"""Resolve latency: answering from the ledger vs. asking upstream on every resolve.
+
+    python -m bench.resolve [--quick]
+
+Rows: `frt.resolver.resolve(..., offline=True)` against a ledger filled once by `scan`; ours
+online on a fresh empty ledger (what a user without a ledger pays); and the `kernels` library's
+own online variant selection, `kernels.get_kernel_variants(repo, version=N)`.
+
+The fake Hub runs in this process. Both live clients run in a child process: `kernels` reads
+HF_ENDPOINT when it is imported (the child sets it before any import), and a client sharing the
+GIL with the server would be slowed by it; a child each keeps the two live rows comparable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+# Variant names a repo draws 6-8 of (plus torch-universal in every third repo): wide enough that
+# about a quarter of (repo, version, target) requests find no variant and are refused.
+ARCH = ["torch211-cxx11-cu130-x86_64-linux", "torch212-cxx11-cu130-x86_64-linux",
+        "torch212-cxx11-cu128-x86_64-linux", "torch210-cxx11-cu126-x86_64-linux",
+        "torch213-cxx11-cpu-x86_64-linux", "torch212-cxx11-cpu-x86_64-linux",
+        "torch211-cxx11-cu130-aarch64-linux", "torch211-cxx11-cu128-aarch64-linux",
+        "torch213-cxx11-cpu-aarch64-linux", "torch-stable-abi211-cu130-x86_64-linux",
+        "torch211-cxx11-rocm71-x86_64-linux", "torch210-cxx11-xpu20253-x86_64-linux",
+        "tvm-ffi01-cu130-x86_64-linux", "torch-metal", "torch-cpu", "torch-cuda"]
+TARGETS = ["torch2.11-cu130-x86_64-linux", "torch2.12-cu130-x86_64-linux", "torch2.13-cpu-x86_64-linux",
+           "torch2.11-cu130-aarch64-linux", "torch2.13-cpu-aarch64-linux", "torch2.11-rocm71-x86_64-linux"]
+SEED = 20260101
+
+
+def make_repos(n: int) -> list:
+    """n kernel repos: v1 with 3 commits whose variant sets drift, v2 with 2; every third has a
+    torch-universal build (so never refuses), the rest refuse targets they lack."""
+    from tests.fakehub import FakeRepo
+    from tests.kernel_fixtures import build
+
+    rng, repos = random.Random(SEED), []
+    for i in range(n):
+        name, repo = f"k{i:02d}", FakeRepo(f"bench-org/k{i:02d}")
+        universal = ["torch-universal"] if i % 3 == 0 else []
+        for version, commits in ((1, 3), (2, 2)):
+            base = rng.sample(ARCH, rng.randint(6, 8)) + universal
+            for c in range(commits):
+                names = base if c == commits - 1 else base[:-1] + rng.sample(ARCH, 1)  # older commits differ
+                repo.commit(build(name, sorted(set(names)), version=version, note=f"c{c}"),
+                            title=f"v{version} build {c}", branch=f"v{version}")
+        repo.branch("main", "v2")
+        repos.append(repo)
+    return repos
+
+
+def calls(repos: list, n: int) -> list[tuple[str, str, int]]:
+    """n (repo, target, version) calls cycling over every repo × target, versions mixed."""
+    rng = random.Random(SEED + 1)
+    combos = [(r.repo_id, t, rng.choice((1, 2))) for r in repos for t in TARGETS]
+    rng.shuffle(combos)
+    return [combos[i % len(combos)] for i in range(n)]
+
+
+def timed(fn, work, warmup: int) -> tuple[list[int], list[bool]]:
+    """Nanoseconds per call and whether it resolved (False: KernelUnavailable); warm-up untimed,
+    so imports, lru caches and connection setup are not charged to the first calls."""
+    from frt.resolver import KernelUnavailable
+
+    times, ok = [], []
+    for i, args in enumerate(work[:warmup] + work):
+        t0 = time.perf_counter_ns()
+        try:
+            fn(*args)
+            good = True
+        except KernelUnavailable:
+            good = False
+        dt = time.perf_counter_ns() - t0
+        if i >= warmup:
+            times.append(dt)
+            ok.append(good)
+    return times, ok
+
+
+def live_child(client: str, url: str, work: list, warmup: int, home: str) -> None:
+    """Runs in the child: one live client, timings as JSON on stdout."""
+    os.environ.update(HF_ENDPOINT=url, HF_HOME=home, HF_HUB_DISABLE_XET="1")
+    for var in ("HF_TOKEN", "HF_HUB_OFFLINE", "LOCAL_KERNELS", "HF_HUB_DISABLE_TELEMETRY"):
+        os.environ.pop(var, None)  # each would change what the clients ask, or break kernels
+    from frt.resolver import HubClient, Ledger, parse_target, resolve
+
+    if client == "kernels":
+        import kernels
+
+        def one(repo, _target, version):  # kernels selects for this host only; the cost is the wire
+            kernels.get_kernel_variants(repo, version=version)
+    else:
+        hub, n = HubClient(url), iter(range(10**9))
+
+        def one(repo, target, version):
+            resolve(repo, target=parse_target(target), ledger=fresh.pop(), version=version, hub=hub,
+                    offline=False)
+
+        # Fresh ledgers are opened (schema created) before timing: the resolve is what is measured.
+        fresh = [Ledger(Path(home) / f"fresh-{next(n)}.db") for _ in range(warmup + len(work))]
+    times, ok = timed(one, work, warmup)
+    json.dump({"times": times, "ok": ok}, sys.stdout)
+
+
+def run_live(client: str, hub, work: list, warmup: int, home: str) -> tuple[list[int], list[bool], float]:
+    hub.reset_log()
+    cmd = [sys.executable, "-m", "bench.resolve", "--live-child", client, hub.url]
+    out = subprocess.run(cmd, input=json.dumps({"work": work, "warmup": warmup, "home": home}),
+                         capture_output=True, text=True, check=False, timeout=300)
+    if out.returncode:
+        sys.exit(f"live child ({client}) failed:\n{out.stderr}")
+    res = json.loads(out.stdout)
+    return res["times"], res["ok"], len(hub.requests) / (warmup + len(work))
+
+
+def stats(ns: list[int]) -> tuple[float, float, float]:
+    """p50, p99 (nearest rank) and mean, in ms."""
+    s = sorted(ns)
+    rank = lambda q: s[min(len(s) - 1, max(0, round(q * len(s) + 0.5) - 1))]  # noqa: E731
+    return rank(0.50) / 1e6, rank(0.99) / 1e6, sum(s) / len(s) / 1e6
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(prog="python -m bench.resolve", description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="a smaller run (< 20 s), for tests")
+    ap.add_argument("--live-child", nargs=2, metavar=("CLIENT", "URL"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.live_child:
+        job = json.load(sys.stdin)
+        return live_child(*args.live_child, job["work"], job["warmup"], job["home"])
+
+    n_repos, n_ledger, n_live, warm_live = (6, 200, 10, 3) if args.quick else (50, 1000, 100, 10)
+    from frt.resolver import HubClient, Ledger, parse_target, resolve, scan
+    from tests.fakehub import FakeHub, server
+
+    # The fake Hub writes headers and body in two sends; with Nagle on, each keep-alive answer then
+    # waits ~40 ms for the client's delayed ACK, and the live rows would measure that, not the clients.
+    server._Handler.disable_nagle_algorithm = True
+    repos = make_repos(n_repos)
+    # One page per listing, as the real Hub gives for repos this small (the default 5 tests paging).
+    hub = FakeHub(repos, page_size=1000)
+    hub.start()
+    with tempfile.TemporaryDirectory(prefix="frt-bench-") as home:
+        ledger = Ledger(Path(home) / "ledger.db")
+        t0 = time.perf_counter()
+        for r in repos:
+            scan(r.repo_id, hub=HubClient(hub.url), ledger=ledger)
+        scan_s = time.perf_counter() - t0
+
+        targets = {t: parse_target(t) for t in TARGETS}
+
+        def offline(repo, target, version):
+            resolve(repo, target=targets[target], ledger=ledger, version=version, offline=True)
+
+        work = calls(repos, n_ledger)
+        led_t, led_ok = timed(offline, work, warmup=50)
+        refusals = sum(r.count for r in ledger.refusals())
+        live_work = calls(repos, n_live)
+        ours_t, ours_ok, ours_req = run_live("ours", hub, live_work, warm_live, home)
+        kern_t, _, kern_req = run_live("kernels", hub, live_work, warm_live, home)
+        ledger.close()
+    hub.stop()
+
+    n_ok = sum(led_ok)
+    print(f"resolve latency: {n_repos} repos x {len(TARGETS)} targets, 5 commits and 6-8 variants each; "
+          f"ledger scanned in {scan_s:.2f} s; {refusals} refusals recorded in the ledger")
+    print(f"ledger: {len(led_t)} calls, {n_ok} resolved, {len(led_t) - n_ok} refused (KernelUnavailable); "
+          f"live (ours) resolved {sum(ours_ok)}/{len(ours_ok)}")
+    rows = [("ledger (offline)", led_t, None),
+            ("  of which resolved", [t for t, ok in zip(led_t, led_ok) if ok], None),
+            ("  of which refused", [t for t, ok in zip(led_t, led_ok) if not ok], None),
+            ("live (ours, fresh ledger)", ours_t, ours_req),
+            ("live (kernels.get_kernel_variants)", kern_t, kern_req)]
+    base = stats(led_t)[0]
+    print(f"{'':36} {'calls':>6} {'p50 ms':>9} {'p99 ms':>9} {'mean ms':>9} {'HTTP/call':>9}  ratio vs ledger p50")
+    for label, ts, req in rows:
+        if not ts:
+            print(f"{label:36} {0:>6}")
+            continue
+        p50, p99, mean = stats(ts)
+        name = "live" if req is not None else "this"
+        print(f"{label:36} {len(ts):>6} {p50:>9.3f} {p99:>9.3f} {mean:>9.3f} {'-' if req is None else f'{req:.1f}':>9}"
+              f"  {name}/ledger = {p50 / base:.1f}x")
+    p99 = stats(led_t)[1]
+    print(f"target: ledger p99 < 2 ms: {'PASS' if p99 < 2 else 'FAIL'} ({p99:.2f} ms)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,43 @@
+"""Shared fixtures: a fake upstream Hub serving the fixture kernels, a home, and the real CLI."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.fakehub import FakeHub
+from tests.kernel_fixtures import ORG, demo_repos
+
+ROOT = Path(__file__).resolve().parent.parent
+ACTIVATION = f"{ORG}/activation"
+RELU = f"{ORG}/relu"
+
+
+@pytest.fixture
+def hub():
+    with FakeHub(demo_repos(), trusted_orgs=[ORG], page_size=5) as h:
+        yield h
+
+
+@pytest.fixture
+def home(tmp_path) -> Path:
+    return tmp_path / "home"
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FRT_", "HF_"))}
+    env.update(HF_HUB_DISABLE_XET="1", FRT_RETRY_BASE_WAIT="0.01", PYTHONWARNINGS="ignore")
+    env.update(extra)
+    return env
+
+
+def run_cli(*args: str, home: Path, env: dict | None = None, wrap: list[str] | None = None,
+            timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run the installed `frt-mirror` console script as a user would, in a subprocess."""
+    exe = str(Path(sys.executable).with_name("frt-mirror"))
+    return subprocess.run([*(wrap or []), exe, "--home", str(home), *args], capture_output=True, text=True,
+                          env=env or cli_env(), timeout=timeout)

@@ -1,0 +1,134 @@
+"""The frt-mirror CLI as a user runs it: a subprocess, exit codes, one-line errors, --json."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+import subprocess
+
+import pytest
+
+from tests.conftest import ACTIVATION, RELU, cli_env, run_cli
+
+NO_NET = ["unshare", "-n"]
+
+
+def needs_unshare():
+    if shutil.which("unshare") is None or subprocess.run([*NO_NET, "true"]).returncode != 0:
+        pytest.fail("unshare -n is required for air-gap tests (CI runs as root)")
+
+
+def one_line_error(p: subprocess.CompletedProcess) -> str:
+    lines = [line for line in p.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in p.stderr, p.stderr
+    assert lines[0].startswith("frt-mirror: ")
+    return lines[0]
+
+
+def test_scan_resolve_matrix_report(hub, home):
+    p = run_cli("--endpoint", hub.url, "scan", ACTIVATION, RELU, home=home)
+    assert p.returncode == 0, p.stderr
+    assert ACTIVATION in p.stdout and RELU in p.stdout
+
+    # The endpoint is accepted after the command too.
+    p = run_cli("resolve", ACTIVATION, "--version", "2", "--target", "torch2.11-cu130-aarch64-linux",
+                "--endpoint", hub.url, "--json", home=home)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["variant"] == "torch211-cxx11-cu130-aarch64-linux" and doc["archs"] == ["8.0", "9.0", "10.0"]
+    assert len(doc["commit"]) == 40 and all(f["git_oid"] for f in doc["files"])
+
+    p = run_cli("--endpoint", hub.url, "resolve", ACTIVATION, "--version", "1", "--target",
+                "torch2.11-cu130-aarch64-linux", home=home)
+    assert p.returncode == 1
+    line = one_line_error(p)
+    assert "none for torch2.11-cu130-aarch64-linux; newest commit on v1 with it:" in line and "v2 has it" in line
+
+    p = run_cli("matrix", ACTIVATION, "--json", home=home)
+    assert p.returncode == 0, p.stderr
+    m = json.loads(p.stdout)
+    assert len(m["revisions"]) == 6 and "torch2.11-cu130-aarch64-linux" in m["targets"]
+    served = [r["serves"]["torch2.11-cu130-aarch64-linux"] for r in m["revisions"]]
+    assert served.count(None) == 3  # two old v1 commits and the v1 head lack it
+    p = run_cli("matrix", ACTIVATION, "--target", "torch2.13-cpu-aarch64-linux", home=home)
+    assert p.returncode == 0 and "torch2.13-cpu-aarch64-linux" in p.stdout
+
+    p = run_cli("report", "--json", home=home)
+    rows = json.loads(p.stdout)
+    assert [(r["repo"], r["requested"], r["target"], r["error"]) for r in rows] == [
+        (ACTIVATION, "v1", "torch2.11-cu130-aarch64-linux", "NoVariant")]
+    assert "torch-cpu: backend (cpu) does not match system backend (cuda) and is not universal" in rows[0]["detail"]
+    assert len(run_cli("report", home=home).stdout.splitlines()) == 3  # header, rule, one refusal
+
+
+def test_refusal_json_goes_to_stdout(hub, home):
+    p = run_cli("--endpoint", hub.url, "resolve", ACTIVATION, "--version", "9", "--target", "host", "--json",
+                home=home)
+    assert p.returncode == 1
+    assert json.loads(p.stdout)["error"] == "VersionNotFound"
+
+
+def test_pin_from_the_environment(hub, home):
+    repo = hub.repos[("kernel", ACTIVATION)]
+    old = repo.history(repo.branches["v1"])[-1].sha
+    env = cli_env(FRT_KERNEL_REV_KERNELS_TEST_ACTIVATION=old)
+    p = run_cli("--endpoint", hub.url, "resolve", ACTIVATION, "--version", "2", "--target",
+                "torch2.13-cpu-x86_64-linux", "--json", home=home, env=env)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["commit"] == old and json.loads(p.stdout)["requested"] == f"pin {old}"
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["resolve", ACTIVATION, "--version", "1", "--target", "torch2.11-cuda-x86_64-linux"], "unknown backend"),
+    (["resolve", ACTIVATION, "--version", "1", "--target", "linux"], "unknown target 'linux'"),
+    (["resolve", "not a repo", "--version", "1", "--target", "host"], "malformed repo id"),
+    (["resolve", ACTIVATION, "--target", "host"], "exactly one of a version or a revision"),
+    (["resolve", ACTIVATION, "--version", "1", "--revision", "v1", "--target", "host"], "not both"),
+    (["scan", "../../etc"], "malformed repo id"),
+    (["matrix", ACTIVATION], "not in the ledger"),
+])
+def test_bad_input_is_one_line_and_exit_2(home, args, needle):
+    p = run_cli("--endpoint", "http://127.0.0.1:9", *args, home=home)
+    assert p.returncode == 2, (p.stdout, p.stderr)
+    assert needle in one_line_error(p)
+
+
+def test_dead_upstream_is_one_line(home):
+    env = cli_env(FRT_RETRY_ATTEMPTS="2")
+    p = run_cli("--endpoint", "http://127.0.0.1:9", "scan", ACTIVATION, home=home, env=env)
+    assert p.returncode == 2
+    assert "upstream http://127.0.0.1:9 unreachable after 2 attempts" in one_line_error(p)
+
+
+def test_corrupt_ledger_is_one_line(home):
+    home.mkdir(parents=True)
+    (home / "ledger.sqlite").write_bytes(b"this is not a database" * 100)
+    p = run_cli("report", home=home)
+    assert p.returncode == 2
+    assert "cannot be opened" in one_line_error(p)
+    assert (home / "ledger.sqlite").read_bytes().startswith(b"this is not"), "nothing stored is overwritten"
+
+
+def test_resolve_offline_answers_from_the_ledger_with_no_network(hub, home):
+    needs_unshare()
+    assert run_cli("--endpoint", hub.url, "scan", ACTIVATION, home=home).returncode == 0
+    p = run_cli("resolve", ACTIVATION, "--version", "1", "--target", "torch2.13-cpu-x86_64-linux", "--offline",
+                "--json", home=home, wrap=NO_NET)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["variant"] == "torch213-cxx11-cpu-x86_64-linux"
+    # The same refusal as online, from the ledger alone.
+    p = run_cli("resolve", ACTIVATION, "--version", "1", "--target", "torch2.11-cu130-aarch64-linux", "--offline",
+                home=home, wrap=NO_NET)
+    assert p.returncode == 1 and "v2 has it" in one_line_error(p)
+    # Without --offline, the missing network is one clear line, not a traceback.
+    p = run_cli("--endpoint", hub.url, "resolve", ACTIVATION, "--version", "1", "--target", "host", home=home,
+                wrap=NO_NET, env=cli_env(FRT_RETRY_ATTEMPTS="1"))
+    assert p.returncode == 2 and "unreachable" in one_line_error(p)
+
+
+def test_ledger_is_wal_with_a_schema_version(hub, home):
+    run_cli("--endpoint", hub.url, "scan", RELU, home=home)
+    con = sqlite3.connect(home / "ledger.sqlite")
+    assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert con.execute("SELECT max(version) FROM schema_migrations").fetchone()[0] >= 1

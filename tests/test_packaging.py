@@ -1,0 +1,51 @@
+"""Packaging: one `frt` namespace, and the resolver and mirror working without torch."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import textwrap
+
+from tests.conftest import ACTIVATION
+
+BLOCK_TORCH = textwrap.dedent("""
+    import importlib.abc, importlib.util, sys
+    class NoTorch(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name == "torch" or name.startswith("torch."):
+                raise ModuleNotFoundError(f"No module named {name!r} (blocked by the test)")
+    sys.meta_path.insert(0, NoTorch())
+    _find = importlib.util.find_spec
+    importlib.util.find_spec = lambda n, *a: None if n.split(".")[0] == "torch" else _find(n, *a)
+""")
+
+
+def test_subpackages_live_under_frt_only():
+    import frt.adapters
+    import frt.manifests
+    import frt.mirror
+    import frt.resolver
+    import frt.seats  # noqa: F401
+
+    for generic in ("resolver", "mirror", "seats", "adapters", "manifests"):
+        assert importlib.util.find_spec(generic) is None or "site-packages" not in str(
+            importlib.util.find_spec(generic).origin), generic
+
+
+def test_resolver_and_mirror_run_without_torch(hub, tmp_path):
+    """Scan, resolve and the CLI on a box with no torch: a stager's situation."""
+    code = BLOCK_TORCH + textwrap.dedent(f"""
+        from frt.resolver import HubClient, Ledger, parse_target, resolve, scan
+        import frt.mirror.cli
+        led = Ledger({str(tmp_path / 'l.sqlite')!r})
+        scan({ACTIVATION!r}, hub=HubClient({hub.url!r}), ledger=led)
+        res = resolve({ACTIVATION!r}, target=parse_target("torch2.11-cu130-aarch64-linux"), ledger=led,
+                      version=2, offline=True)
+        assert not any(m == "torch" or m.startswith("torch.") for m in sys.modules), "torch was imported"
+        print(json.dumps(res.to_json()))
+    """)
+    p = subprocess.run([sys.executable, "-c", "import json\n" + code], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["variant"] == "torch211-cxx11-cu130-aarch64-linux"
