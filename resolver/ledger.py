@@ -11,11 +11,14 @@ import json
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
-from sqlalchemy import create_engine, delete, event, select, update
+from sqlalchemy import Connection, bindparam, create_engine, delete, event, func, select, update
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import DatabaseError, OperationalError
-from sqlalchemy.orm import Session, selectinload, sessionmaker
+from sqlalchemy.orm import Session, sessionmaker
 
 from .errors import LedgerCorrupt
 from .resolution import CommitInfo, FileEntry, Refusal, VariantInfo
@@ -23,6 +26,15 @@ from .schema import Commit, File, Ref, RefusalRow, Repo, Variant, migrate, utcno
 from .variants import parse_fields
 
 BUSY_TIMEOUT_MS = 30_000
+
+
+@dataclass(frozen=True)
+class CommitRow:
+    sha: str
+    date: datetime | None
+    title: str
+    scanned: bool
+    variants: list[str]
 
 
 class Ledger:
@@ -55,8 +67,14 @@ class Ledger:
 
     @contextmanager
     def view(self) -> Iterator[LedgerView]:
-        with self.session() as s:
-            yield LedgerView(s)
+        """A read snapshot on a plain connection: no ORM session on the resolve hot path."""
+        try:
+            with self.engine.connect() as conn, conn.begin():
+                yield LedgerView(conn)
+        except (DatabaseError, sqlite3.DatabaseError) as e:
+            if isinstance(e, OperationalError) and "locked" in str(e):
+                raise
+            raise LedgerCorrupt(f"ledger {self.path} is unreadable: {_short(e)}") from None
 
     # -- writes -------------------------------------------------------------------------
 
@@ -91,43 +109,31 @@ class Ledger:
                 elif row.depth < 0:  # recorded by record_build before its history was known
                     row.parent_sha, row.depth, row.date, row.title = c.parent, depth, c.date, c.title
 
-    def record_build(self, repo_id: str, sha: str, variants: list[VariantInfo]) -> None:
-        """Record the build/ listing of one commit (replacing any earlier record of it)."""
+    def record_builds(self, repo_id: str, builds: dict[str, list[VariantInfo]]) -> None:
+        """Record the build/ listings of commits {sha: variants}, in one transaction."""
         with self.session() as s:
             repo = _repo(s, repo_id)
-            commit = s.scalar(select(Commit).where(Commit.repo_pk == repo.id, Commit.sha == sha))
-            if commit is None:
-                commit = Commit(repo_pk=repo.id, sha=sha, parent_sha=None, depth=-1, date=None, title="")
-                s.add(commit)
-                s.flush()
-            s.execute(delete(Variant).where(Variant.commit_pk == commit.id))
-            for v in variants:
-                fields = parse_fields(v.name)
-                meta = v.metadata or {}
-                s.add(Variant(
-                    commit_pk=commit.id, name=v.name,
-                    framework=fields and fields.framework, framework_version=fields and fields.framework_version,
-                    cxx11=fields and fields.cxx11, backend=fields and fields.backend,
-                    cpu=fields and fields.cpu, os=fields and fields.os,
-                    metadata_oid=v.metadata_oid,
-                    metadata_json=json.dumps(v.metadata, sort_keys=True) if v.metadata is not None else None,
-                    archs=json.dumps((meta.get("backend") or {}).get("archs")) if meta else None,
-                    kernel_depends=json.dumps(meta.get("kernel-depends", [])) if meta else None,
-                    files=[File(path=f.path, size=f.size, git_oid=f.git_oid, sha256=f.sha256) for f in v.files],
-                ))
-            commit.scanned = True
+            rows = {c.sha: c for c in s.scalars(select(Commit).where(Commit.repo_pk == repo.id,
+                                                                     Commit.sha.in_(list(builds))))}
+            for sha, variants in builds.items():
+                commit = rows.get(sha)
+                if commit is None:
+                    commit = Commit(repo_pk=repo.id, sha=sha, parent_sha=None, depth=-1, date=None, title="")
+                    s.add(commit)
+                    s.flush()
+                s.execute(delete(Variant).where(Variant.commit_pk == commit.id))
+                s.add_all(_variant_row(commit.id, v) for v in variants)
+                commit.scanned = True
 
     def record_refusal(self, refusal: Refusal) -> None:
+        """One upsert on the refusal's full key: a repeat counts, a different failure is a new row."""
         r, now = refusal, utcnow()
-        key = dict(repo_id=r.repo, requested=r.request.label, target=str(r.target), error=r.error, detail=r.detail)
-        with self.session() as s:
-            row = s.scalar(select(RefusalRow).filter_by(**key))
-            if row is None:
-                s.add(RefusalRow(**key, version=r.request.version, revision=r.request.revision,
-                                 commit_sha=r.commit, message=r.message, first_seen=now, last_seen=now))
-            else:
-                row.count += 1
-                row.last_seen, row.message, row.commit_sha = now, r.message, r.commit
+        with self.engine.begin() as conn:
+            conn.execute(_UPSERT_REFUSAL, {
+                "repo_id": r.repo, "requested": r.request.label, "target": str(r.target), "error": r.error,
+                "detail": r.detail, "version": r.request.version, "revision": r.request.revision,
+                "commit_sha": r.commit, "message": r.message, "count": 1, "first_seen": now, "last_seen": now,
+            })
 
     def known_metadata(self, oids: set[str]) -> dict[str, dict]:
         """metadata.json contents already recorded, by git oid: identical files are not refetched."""
@@ -153,79 +159,153 @@ class Ledger:
             return list(s.scalars(select(Repo.repo_id).order_by(Repo.repo_id)))
 
 
-class LedgerView:
-    """Read-only answers for the resolver core, inside one session (one consistent snapshot)."""
+# The view's queries, built once: constructing a select() costs more than running it here.
+_REPO_REFS = (select(Repo.id, Ref.kind, Ref.name, Ref.commit_sha)
+              .outerjoin(Ref, (Ref.repo_pk == Repo.id) & ~Ref.gone)
+              .where(Repo.repo_id == bindparam("repo")).order_by(Ref.kind, Ref.name))
+_SHA_PREFIX = (select(Commit.sha).where(Commit.repo_pk == bindparam("pk"),
+                                        Commit.sha.startswith(bindparam("prefix"))).limit(2))
+_VARIANT_NAMES = (select(Commit.scanned, Variant.name).outerjoin(Variant, Variant.commit_pk == Commit.id)
+                  .where(Commit.repo_pk == bindparam("pk"), Commit.sha == bindparam("sha")).order_by(Variant.name))
+_VARIANT_FILES = (select(Variant.metadata_json, File.path, File.size, File.git_oid, File.sha256)
+                  .join(Commit, Variant.commit_pk == Commit.id).outerjoin(File, File.variant_pk == Variant.id)
+                  .where(Commit.repo_pk == bindparam("pk"), Commit.sha == bindparam("sha"),
+                         Variant.name == bindparam("name"))
+                  .order_by(File.path))
+_ALL_COMMIT_VARIANTS = (select(Commit.sha, Commit.parent_sha, Commit.scanned, Variant.name)
+                        .outerjoin(Variant, Variant.commit_pk == Commit.id)
+                        .where(Commit.repo_pk == bindparam("pk")).order_by(Commit.sha, Variant.name))
 
-    def __init__(self, session: Session):
-        self.s = session
-        self._repo_pk: dict[str, int | None] = {}
+_COMMITS_NEWEST_FIRST = (select(Commit.sha, Commit.date, Commit.title, Commit.scanned, Variant.name)
+                         .outerjoin(Variant, Variant.commit_pk == Commit.id)
+                         .where(Commit.repo_pk == bindparam("pk"))
+                         .order_by(Commit.date.desc().nulls_last(), Commit.depth.desc(), Commit.sha, Variant.name))
+_insert_refusal = sqlite_insert(RefusalRow.__table__)
+_UPSERT_REFUSAL = _insert_refusal.on_conflict_do_update(
+    index_elements=["repo_id", "requested", "target", "error", "detail"],
+    set_={"count": RefusalRow.__table__.c.count + 1, "last_seen": _insert_refusal.excluded.last_seen,
+          "message": _insert_refusal.excluded.message, "commit_sha": _insert_refusal.excluded.commit_sha},
+)
+
+
+class LedgerView:
+    """Read-only answers for the resolver core, inside one session (one consistent snapshot).
+
+    This is the hot path of every offline resolve, so it runs a few joined Core queries
+    on the session's connection and remembers their rows for the life of the view,
+    rather than loading ORM objects (which cost ~10× more per resolve).
+    """
+
+    def __init__(self, conn: Connection):
+        self._conn = conn
+        self._repos: dict[str, tuple[int | None, list[tuple[str, str, str]]]] = {}
+        self._names: dict[tuple[str, str], tuple[str, ...] | None] = {}
+        self._parents: dict[str, dict[str, str | None]] = {}
+
+    def _repo_row(self, repo_id: str) -> tuple[int | None, list[tuple[str, str, str]]]:
+        """(repo pk, [(kind, name, sha)] of live refs), in one query."""
+        if repo_id not in self._repos:
+            rows = self._conn.execute(_REPO_REFS, {"repo": repo_id}).all()
+            pk = rows[0][0] if rows else None
+            self._repos[repo_id] = (pk, [(k, n, c) for _, k, n, c in rows if k is not None])
+        return self._repos[repo_id]
 
     def repo_pk(self, repo_id: str) -> int | None:
-        if repo_id not in self._repo_pk:
-            self._repo_pk[repo_id] = self.s.scalar(select(Repo.id).where(Repo.repo_id == repo_id))
-        return self._repo_pk[repo_id]
+        return self._repo_row(repo_id)[0]
 
     def known(self, repo_id: str) -> bool:
         return self.repo_pk(repo_id) is not None
 
-    def refs(self, repo_id: str) -> list[Ref]:
-        return list(self.s.scalars(select(Ref).where(Ref.repo_pk == self.repo_pk(repo_id), ~Ref.gone)
-                                   .order_by(Ref.kind, Ref.name)))
+    def refs(self, repo_id: str) -> list[tuple[str, str, str]]:
+        """Live refs as (kind, name, commit sha), branches then tags, by name."""
+        return self._repo_row(repo_id)[1]
 
     def versions(self, repo_id: str) -> dict[int, str]:
         """Branches named v<N> (what `kernels` calls versions; tags are ignored, as it does)."""
-        out = {}
-        for ref in self.refs(repo_id):
-            if ref.kind == "branch" and ref.name[:1] == "v" and ref.name[1:].isdigit():
-                out[int(ref.name[1:])] = ref.commit_sha
+        out = {int(name[1:]): sha for kind, name, sha in self.refs(repo_id)
+               if kind == "branch" and name[:1] == "v" and name[1:].isdigit()}
         return dict(sorted(out.items()))
 
     def commit_for(self, repo_id: str, revision: str) -> str | None:
         """A branch, a tag, a full sha, or an unambiguous sha prefix (≥ 7 hex digits)."""
-        pk = self.repo_pk(repo_id)
-        for ref in self.refs(repo_id):
-            if ref.name == revision:
-                return ref.commit_sha
+        for _kind, name, sha in self.refs(repo_id):
+            if name == revision:
+                return sha
         rev = revision.lower()
         if len(rev) >= 7 and all(c in "0123456789abcdef" for c in rev):
-            shas = list(self.s.scalars(select(Commit.sha).where(Commit.repo_pk == pk, Commit.sha.startswith(rev))
-                                       .limit(2)))
+            shas = self._conn.execute(_SHA_PREFIX, {"pk": self.repo_pk(repo_id), "prefix": rev}).scalars().all()
             if len(shas) == 1:
                 return shas[0]
         return None
 
-    def _commit(self, repo_id: str, sha: str) -> Commit | None:
-        return self.s.scalar(select(Commit).where(Commit.repo_pk == self.repo_pk(repo_id), Commit.sha == sha))
-
     def variant_names(self, repo_id: str, sha: str) -> tuple[str, ...] | None:
         """The variant names at a commit, or None when its build/ listing was never recorded."""
-        c = self._commit(repo_id, sha)
-        if c is None or not c.scanned:
-            return None
-        return tuple(self.s.scalars(select(Variant.name).where(Variant.commit_pk == c.id).order_by(Variant.name)))
+        key = (repo_id, sha)
+        if key not in self._names:
+            rows = self._conn.execute(_VARIANT_NAMES, {"pk": self.repo_pk(repo_id), "sha": sha}).all()
+            self._names[key] = tuple(n for _, n in rows if n is not None) if rows and rows[0][0] else None
+        return self._names[key]
 
     def variant(self, repo_id: str, sha: str, name: str) -> tuple[tuple[FileEntry, ...], dict]:
-        v = self.s.scalar(select(Variant).join(Commit)
-                          .where(Commit.repo_pk == self.repo_pk(repo_id), Commit.sha == sha, Variant.name == name)
-                          .options(selectinload(Variant.files)))
-        files = tuple(FileEntry(f.path, f.size, f.git_oid, f.sha256) for f in v.files)
-        return files, json.loads(v.metadata_json) if v.metadata_json else {}
+        rows = self._conn.execute(_VARIANT_FILES, {"pk": self.repo_pk(repo_id), "sha": sha, "name": name}).all()
+        files = tuple(FileEntry(p, n, oid, h) for _, p, n, oid, h in rows if p is not None)
+        return files, json.loads(rows[0][0]) if rows and rows[0][0] else {}
 
     def history(self, repo_id: str, sha: str) -> list[str]:
-        """First-parent history from `sha` back to the root, newest first, as far as recorded."""
-        pk = self.repo_pk(repo_id)
-        parents = dict(self.s.execute(select(Commit.sha, Commit.parent_sha).where(Commit.repo_pk == pk)).all())
-        out, cur = [], sha
-        while cur is not None and cur in parents and cur not in out:
+        """First-parent history from `sha` back to the root, newest first, as far as recorded.
+
+        Only refusals walk history; the first walk loads every commit's variant names too,
+        since the refusal then asks which of those commits has the target.
+        """
+        if repo_id not in self._parents:
+            rows = self._conn.execute(_ALL_COMMIT_VARIANTS, {"pk": self.repo_pk(repo_id)}).all()
+            parents: dict[str, str | None] = {}
+            names: dict[str, list[str]] = {}
+            for c_sha, parent, scanned, vname in rows:
+                parents[c_sha] = parent
+                if scanned:
+                    bucket = names.setdefault(c_sha, [])
+                    if vname is not None:
+                        bucket.append(vname)
+            self._parents[repo_id] = parents
+            for c_sha in parents:
+                self._names.setdefault((repo_id, c_sha), tuple(names[c_sha]) if c_sha in names else None)
+        parents = self._parents[repo_id]
+        out, seen, cur = [], set(), sha
+        while cur is not None and cur in parents and cur not in seen:
             out.append(cur)
+            seen.add(cur)
             cur = parents[cur]
         return out
 
-    def commits(self, repo_id: str) -> list[Commit]:
-        """Every recorded commit, newest first, with its variants loaded."""
-        return list(self.s.scalars(select(Commit).where(Commit.repo_pk == self.repo_pk(repo_id))
-                                   .options(selectinload(Commit.variants))
-                                   .order_by(Commit.date.desc().nulls_last(), Commit.depth.desc())))
+    def commits(self, repo_id: str) -> list[CommitRow]:
+        """Every recorded commit, newest first, with its variant names (for the matrix)."""
+        out: dict[str, CommitRow] = {}
+        for sha, date, title, scanned, vname in self._conn.execute(_COMMITS_NEWEST_FIRST,
+                                                                   {"pk": self.repo_pk(repo_id)}):
+            row = out.setdefault(sha, CommitRow(sha, date, title, bool(scanned), []))
+            if vname is not None:
+                row.variants.append(vname)
+        return list(out.values())
+
+    def commit_count(self, repo_id: str) -> int:
+        return self._conn.execute(select(func.count()).select_from(Commit)
+                                  .where(Commit.repo_pk == self.repo_pk(repo_id))).scalar_one()
+
+
+def _variant_row(commit_pk: int, v: VariantInfo) -> Variant:
+    fields = parse_fields(v.name)
+    meta = v.metadata or {}
+    return Variant(
+        commit_pk=commit_pk, name=v.name,
+        framework=fields and fields.framework, framework_version=fields and fields.framework_version,
+        cxx11=fields and fields.cxx11, backend=fields and fields.backend, cpu=fields and fields.cpu,
+        os=fields and fields.os, metadata_oid=v.metadata_oid,
+        metadata_json=json.dumps(v.metadata, sort_keys=True) if v.metadata is not None else None,
+        archs=json.dumps((meta.get("backend") or {}).get("archs")) if meta else None,
+        kernel_depends=json.dumps(meta.get("kernel-depends", [])) if meta else None,
+        files=[File(path=f.path, size=f.size, git_oid=f.git_oid, sha256=f.sha256) for f in v.files],
+    )
 
 
 def _repo(s: Session, repo_id: str, *, repo_type: str = "kernel", endpoint: str | None = None) -> Repo:

@@ -52,14 +52,14 @@ def targets_named_by(variants: list[str] | tuple[str, ...]) -> list[Target]:
 
 def build_matrix(view: LedgerView, repo_id: str, targets: list[Target] | None = None) -> Matrix:
     commits = [c for c in view.commits(repo_id) if c.scanned]
-    names = sorted({v.name for c in commits for v in c.variants})
+    names = sorted({v for c in commits for v in c.variants})
     targets = list(targets) if targets else targets_named_by(names)
     refs: dict[str, list[str]] = {}
-    for ref in view.refs(repo_id):
-        refs.setdefault(ref.commit_sha, []).append(ref.name)
+    for _kind, name, sha in view.refs(repo_id):
+        refs.setdefault(sha, []).append(name)
     rows = []
     for c in commits:
-        present = tuple(sorted(v.name for v in c.variants))
+        present = tuple(c.variants)
         serves = {}
         for t in targets:
             best = next((d.name for d in decide(t, present) if d.accepted), None)

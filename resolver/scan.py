@@ -45,16 +45,16 @@ def scan(repo_id: str, *, hub: HubClient, ledger: Ledger, jobs: int = 8, repo_ty
     todo = ledger.unscanned_commits(repo_id)
     if progress and todo:
         progress(f"{repo_id}: listing build/ of {len(todo)} commit(s)")
-    variants_found = 0
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         listings = dict(zip(todo, pool.map(lambda sha: hub.build_listing(repo_id, sha, repo_type), todo)))
         metadata = _fetch_metadata(repo_id, listings, hub=hub, ledger=ledger, pool=pool, repo_type=repo_type)
-        for sha, listing in listings.items():
-            infos = [_variant_info(name, files, metadata) for name, files in sorted(listing.items())]
-            ledger.record_build(repo_id, sha, infos)
-            variants_found += len(infos)
+        builds = {sha: [_variant_info(name, files, metadata) for name, files in sorted(listing.items())]
+                  for sha, listing in listings.items()}
+    if builds:
+        ledger.record_builds(repo_id, builds)
+    variants_found = sum(len(v) for v in builds.values())
     with ledger.view() as v:
-        n_commits = len(v.commits(repo_id))
+        n_commits = v.commit_count(repo_id)
     return ScanReport(repo_id, len(refs), n_commits, len(todo), variants_found)
 
 

@@ -121,6 +121,9 @@ class FakeHub:
 
 
 class _Handler(BaseHTTPRequestHandler):
+    # Headers and body go out in separate writes; without TCP_NODELAY every keep-alive
+    # request stalls ~40 ms on the client's delayed ACK.
+    disable_nagle_algorithm = True
     protocol_version = "HTTP/1.1"  # keep-alive; so every answer carries Content-Length
     server_version = "FakeHub/1.0"
     timeout = 60  # idle keep-alive connections give their thread back eventually

@@ -1,0 +1,17 @@
+"""The benchmarks still run (their figures are read by people, not asserted here)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests.conftest import ROOT
+
+
+def test_resolve_bench_runs_quick():
+    p = subprocess.run([sys.executable, "-m", "bench.resolve", "--quick"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    for row in ("ledger (offline)", "live (ours, fresh ledger)", "live (kernels.get_kernel_variants)",
+                "target: ledger p99 < 2 ms:"):
+        assert row in p.stdout
