@@ -21,14 +21,25 @@ $(VENV)/.torch: $(VENV)/.base
 	$(BIN)/pip install -q torch==2.13.0 numpy
 	touch $@
 
+# The same protocol-facing tests under huggingface_hub 1.x (httpx) — 2.x (httpx2) is the main venv's.
+VENV1 := .venv-hub1
+HUB1_TESTS := tests/test_fakehub.py tests/test_scan_resolve.py tests/test_cli.py tests/test_packaging.py tests/test_ledger.py
+$(VENV1)/.base: pyproject.toml
+	$(PY) -m venv $(VENV1)
+	$(VENV1)/bin/python -m pip install -q --upgrade pip
+	$(VENV1)/bin/pip install -q -e '.[test]' 'huggingface_hub==1.33.0'
+	touch $@
+
 demo: $(VENV)/.base
 	$(BIN)/python -m tests.demo
 
-test: $(VENV)/.torch
+test: $(VENV)/.torch $(VENV1)/.base
 	$(BIN)/python -m pytest -q
+	@echo "== the protocol-facing tests again, with huggingface_hub 1.33 =="
+	$(VENV1)/bin/python -m pytest -q $(HUB1_TESTS)
 
 bench: $(VENV)/.torch
 	$(BIN)/python -m bench.resolve
 
 clean:
-	rm -rf $(VENV) demo-home
+	rm -rf $(VENV) $(VENV1) demo-home
