@@ -1,1 +1,21 @@
-"""frt.manifests — manifest and seat-catalog schema and parsing. Not built yet (issue: Stage)."""
+"""frt.manifests — parse what ``frt-mirror stage [MANIFEST]`` accepts into one shape.
+
+Three inputs (see ``examples/``): the frt manifest TOML (``[[targets]]``, ``[kernels]``,
+``[trust]``), a project's ``pyproject.toml`` (``[tool.kernels.dependencies]``, optionally
+``[tool.frt-mirror]`` for targets and trust), and a kernels >= 0.17 ``kernels.lock``.
+
+Stdlib only, on purpose: nothing here imports frt.resolver, kernels or huggingface_hub. Target
+strings and backends are kept as written; the resolver validates them (``TargetSpec.source``
+gives it the ``file:line`` to blame).
+"""
+
+from pathlib import Path
+
+from .load import DIR_ORDER, load_manifest
+from .model import KernelSpec, Manifest, ManifestError, TargetSpec, Trust
+
+#: The shipped, commented example manifests (cluster.toml, pyproject-example.toml, kernels.lock).
+EXAMPLES = Path(__file__).resolve().parent / "examples"
+
+__all__ = ["DIR_ORDER", "EXAMPLES", "KernelSpec", "Manifest", "ManifestError", "TargetSpec", "Trust",
+           "load_manifest"]

@@ -172,6 +172,95 @@ def _render_matrix(m) -> str:
     return f"{m.repo}\n{table(headers, rows)}\n\nvariants (x = built at that revision), targets (ok = served):\n" + "\n".join(legend)
 
 
+@cli.command("stage")
+@click.argument("manifest", required=False, type=click.Path(exists=True, path_type=Path))
+@click.option("--target", "targets", multiple=True, callback=_targets,
+              help="Stage for this target (repeatable; replaces the manifest's targets).")
+@click.option("--jobs", default=8, show_default=True, type=click.IntRange(1, 64), help="Parallel downloads.")
+@endpoint_option
+@json_option
+@click.pass_obj
+def stage_cmd(app: App, manifest, targets, jobs, endpoint, as_json):
+    """Fetch exactly the files the targets need, verified, into the store and views.
+
+    MANIFEST: an frt manifest TOML, a pyproject.toml with [tool.kernels.dependencies], or a
+    kernels.lock (default: the current directory's frt-manifest.toml, pyproject.toml or kernels.lock).
+    """
+    from .manifest_input import load_plan
+    from .stage import stage
+
+    plan = load_plan(manifest, targets)
+    report = stage(plan.requests, plan.targets, home=app.home, ledger=app.ledger, hub=app.hub(endpoint),
+                   jobs=jobs, publishers=plan.publishers, progress=not as_json)
+    if as_json:
+        _emit_json({"ok": report.ok, "downloaded_bytes": report.downloaded_bytes,
+                    "needed_bytes": report.needed_bytes, "rows": [r.to_json() for r in report.rows]})
+    else:
+        click.echo(table(["repo", "requested", "target", "commit", "variant", "files", "bytes", "status"],
+                         [(r.repo, r.requested, r.target, (r.commit or "")[:12], r.variant or "", r.files,
+                           human_bytes(r.bytes), r.status) for r in report.rows]))
+        click.echo(f"downloaded {human_bytes(report.downloaded_bytes)} of {human_bytes(report.needed_bytes)} needed")
+        for r in report.rows:
+            if r.status != "staged":
+                click.echo(f"frt-mirror: {r.status}: {r.detail}", err=True)
+    sys.exit(0 if report.ok else 1)
+
+
+@cli.command("verify")
+@json_option
+@click.pass_obj
+def verify_cmd(app: App, as_json):
+    """Re-hash every blob and check every view link; exit 1 with a list on any mismatch."""
+    from .verify import verify
+
+    report = verify(app.home, app.ledger)
+    if as_json:
+        _emit_json(report.to_json())
+    else:
+        click.echo(f"{report.blobs} blobs ({human_bytes(report.bytes)}) re-hashed, {report.view_files} view files "
+                   f"checked: {'ok' if report.ok else f'{len(report.problems)} problem(s)'}")
+        for p in report.problems:
+            click.echo(f"  {p}")
+    sys.exit(0 if report.ok else 1)
+
+
+@cli.command("env")
+@click.option("--target", "target", required=True, callback=_targets, help="The cluster's target.")
+@click.option("--format", "fmt", type=click.Choice(["sh", "json"]), default="sh", show_default=True)
+@click.pass_obj
+def env_cmd(app: App, target, fmt):
+    """LOCAL_KERNELS for the set staged for a target (one commit per repo: the resolved one, or the pin)."""
+    from .env import env_vars, local_kernels, render_sh
+
+    entries = local_kernels(app.home.absolute(), app.ledger, target)
+    values = env_vars(entries)
+    if fmt == "json":
+        _emit_json({"env": values, "kernels": [
+            {"repo": e.repo, "requested": e.requested, "commit": e.commit, "variant": e.variant, "path": str(e.path)}
+            for e in entries]})
+    else:
+        for e in entries:
+            click.echo(f"# {e.repo} {e.requested} → {e.commit[:12]} {e.variant}")
+        click.echo(render_sh(values))
+
+
+@cli.command("export-cache")
+@click.argument("out", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--target", "target", required=True, callback=_targets, help="The cluster's target.")
+@json_option
+@click.pass_obj
+def export_cache_cmd(app: App, out, target, as_json):
+    """Write a Hub cache for a target that works with HF_HUB_OFFLINE=1 (refs/vN for every staged version)."""
+    from .hfcache import export_cache
+
+    refs = export_cache(out, app.home, app.ledger, target)
+    if as_json:
+        _emit_json({"cache": str(out), "refs": [{"repo": r, "ref": ref, "commit": c} for r, ref, c in refs]})
+        return
+    click.echo(table(["repo", "ref", "commit"], [(r, ref, c[:12]) for r, ref, c in refs]))
+    click.echo(f"\nHF_HUB_CACHE={out.absolute()}  (with HF_HUB_OFFLINE=1 on the cluster)")
+
+
 @cli.command("report")
 @json_option
 @click.pass_obj

@@ -12,6 +12,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TypeVar
 
 from huggingface_hub import HfApi, get_session, hf_hub_url
@@ -51,6 +52,11 @@ class RetryPolicy:
     attempts: int = 5
     base_wait: float = 0.5
     max_wait: float = 8.0
+
+    def sleep(self, attempt: int) -> None:
+        """Exponential backoff with jitter, so stagers sharing a link do not retry in lockstep."""
+        wait = min(self.max_wait, self.base_wait * 2 ** (attempt - 1))
+        time.sleep(wait * (0.5 + random.random() / 2))
 
     @classmethod
     def from_env(cls) -> RetryPolicy:
@@ -123,6 +129,42 @@ class HubClient:
 
         return self._call(get, repo_id)
 
+    def file_url(self, repo_id: str, path: str, revision: str, repo_type: str = "kernel") -> str:
+        return hf_hub_url(repo_id, path, repo_type=repo_type, revision=revision, endpoint=self.endpoint)
+
+    def download(self, repo_id: str, path: str, revision: str, dest: Path, *, offset: int = 0,
+                 limit: int | None = None, on_bytes: Callable[[int], None] = lambda n: None,
+                 repo_type: str = "kernel") -> None:
+        """One attempt to stream a file into `dest`, resuming at `offset` with a Range request.
+
+        Raises the transport or HTTP error as it comes (the caller retries and verifies). A server
+        that ignores Range answers 200: the file then restarts from byte 0. More than `limit`
+        bytes is an error: a file larger than advertised is never what was asked for.
+        """
+        headers = build_hf_headers(token=self.token)
+        if offset:
+            headers["Range"] = f"bytes={offset}-"
+        url = self.file_url(repo_id, path, revision, repo_type)
+        with get_session().stream("GET", url, headers=headers, follow_redirects=True,
+                                  timeout=_httpx.Timeout(30.0, read=120.0)) as r:
+            if r.status_code == 416:
+                dest.unlink(missing_ok=True)
+                raise _httpx.RemoteProtocolError("416 Range Not Satisfiable: restarting from byte 0")
+            if r.status_code >= 400:
+                r.read()
+                hf_raise_for_status(r)
+            written = offset if r.status_code == 206 and offset else 0
+            if offset and not written:
+                on_bytes(-offset)
+            with open(dest, "ab" if written else "wb") as f:
+                for chunk in r.iter_bytes(1 << 20):
+                    written += len(chunk)
+                    if limit is not None and written > limit:
+                        raise ContentTooLarge(f"{repo_id}/{path}@{revision[:12]}: more than the advertised "
+                                              f"{limit} bytes")
+                    f.write(chunk)
+                    on_bytes(len(chunk))
+
     def _call(self, fn: Callable[[], T], repo_id: str) -> T:
         """Run one upstream call with retries; map the Hub's errors to ours."""
         for attempt in range(1, self.retry.attempts + 1):
@@ -138,17 +180,26 @@ class HubClient:
                 raise UpstreamUnavailable(
                     "HF_HUB_OFFLINE is set, so upstream cannot be asked; use --offline to answer from the ledger"
                 ) from None
-            except (HfHubHTTPError, _httpx.TransportError, OSError) as e:
-                status = getattr(getattr(e, "response", None), "status_code", None)
-                if isinstance(e, HfHubHTTPError) and status not in RETRY_STATUS:
+            except (HfHubHTTPError, _httpx.TransportError, ConnectionError, TimeoutError) as e:
+                if not is_transient(e):
                     raise UpstreamUnavailable(f"upstream {self.endpoint} refused: {_first_line(e)}") from None
                 if attempt == self.retry.attempts:
                     raise UpstreamUnavailable(
                         f"upstream {self.endpoint} unreachable after {attempt} attempts: {_first_line(e)}"
                     ) from None
-                wait = min(self.retry.max_wait, self.retry.base_wait * 2 ** (attempt - 1))
-                time.sleep(wait * (0.5 + random.random() / 2))  # jitter: stagers must not retry in lockstep
+                self.retry.sleep(attempt)
         raise AssertionError("unreachable")
+
+
+class ContentTooLarge(FrtError):
+    """Upstream sent more bytes than it advertised for a file."""
+
+
+def is_transient(e: BaseException) -> bool:
+    """Worth retrying: a dropped or refused connection, a timeout, 408/429/5xx."""
+    if isinstance(e, HfHubHTTPError):
+        return getattr(e.response, "status_code", None) in RETRY_STATUS
+    return isinstance(e, (_httpx.TransportError, ConnectionError, TimeoutError))
 
 
 class _EntryMissing(FrtError):

@@ -133,11 +133,43 @@ class RefusalRow(Base):
     last_seen: Mapped[datetime] = mapped_column(default=utcnow)
 
 
-SCHEMA_VERSION = 1
+class Blob(Base):
+    """A verified file in the mirror's content-addressed store."""
 
-# version -> step that brings a ledger at version-1 up to version. Empty until the
-# first change after 1; `test_migrations` checks the list and SCHEMA_VERSION agree.
-MIGRATIONS: dict[int, Callable[[Connection], None]] = {}
+    __tablename__ = "blobs"
+    sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+    size: Mapped[int]
+    git_oid: Mapped[str] = mapped_column(String(40), index=True)  # git blob sha1 of the content
+    stored_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Staged(Base):
+    """A request staged for a target: the commit and variant whose files are in the store and views."""
+
+    __tablename__ = "staged"
+    __table_args__ = (UniqueConstraint("repo_id", "requested", "target"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    repo_id: Mapped[str]
+    requested: Mapped[str]  # Request.label: "v1", "revision release/v1", "pin 3f2a…"
+    version: Mapped[int | None]
+    revision: Mapped[str | None]
+    target: Mapped[str]
+    commit_sha: Mapped[str] = mapped_column(String(40))
+    variant: Mapped[str]
+    staged_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+SCHEMA_VERSION = 2
+
+
+def _v2_store(conn: Connection) -> None:
+    """Version 2: the blob store's index and what is staged (new tables only)."""
+    Base.metadata.create_all(conn, tables=[Blob.__table__, Staged.__table__])
+
+
+# version -> step that brings a ledger at version-1 up to version; `test_ledger` checks
+# that every version after 1 has one.
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {2: _v2_store}
 
 
 def migrate(conn: Connection) -> None:
@@ -148,9 +180,11 @@ def migrate(conn: Connection) -> None:
         conn.execute(SchemaVersion.__table__.insert().values(version=SCHEMA_VERSION, applied_at=utcnow()))
         return
     current = conn.execute(text("SELECT max(version) FROM schema_migrations")).scalar() or 0
-    if current > SCHEMA_VERSION:
-        from .errors import LedgerCorrupt
+    from .errors import LedgerCorrupt
 
+    if current < 1:
+        raise LedgerCorrupt("ledger has a schema_migrations table but no version in it")
+    if current > SCHEMA_VERSION:
         raise LedgerCorrupt(
             f"ledger schema version {current} is newer than this frt-mirror understands ({SCHEMA_VERSION}); upgrade"
         )

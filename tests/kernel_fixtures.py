@@ -75,10 +75,11 @@ def variant_files(name: str, variant: str, *, version: int, note: str = "", extr
     return files
 
 
-def build(name: str, variants: list[str], *, version: int, note: str = "", extra: dict | None = None) -> dict:
+def build(name: str, variants: list[str], *, version: int, note: str = "", extra: dict | None = None,
+          depends: list | None = None) -> dict:
     out: dict[str, bytes] = {"README.md": f"# {name}\n".encode(), "build/": None}
     for v in variants:
-        out.update(variant_files(name, v, version=version, note=note, extra=extra))
+        out.update(variant_files(name, v, version=version, note=note, extra=extra, depends=depends))
     return out
 
 
@@ -120,5 +121,14 @@ def relu_repo() -> FakeRepo:
     return repo
 
 
+def layernorm_repo() -> FakeRepo:
+    """Depends on activation v2 through metadata.json `kernel-depends`: staging it stages both."""
+    repo = FakeRepo(f"{ORG}/layernorm")
+    deps = [{"repo-id": f"{ORG}/activation", "version": 2}]
+    repo.commit(build("layernorm", [X86_CPU, ARM_CPU, "torch-cuda"], version=1, note="initial", depends=deps),
+                title="Initial build", branch="v1")
+    return repo
+
+
 def demo_repos() -> list[FakeRepo]:
-    return [activation_repo(), relu_repo()]
+    return [activation_repo(), relu_repo(), layernorm_repo()]

@@ -58,3 +58,22 @@ def test_concurrent_writers_do_not_corrupt_or_lose_rows(tmp_path):
     # 4 workers × 10 distinct details each; each (detail) seen 6 times; nothing lost or merged across workers.
     assert len(rows) == 40 and sum(r.count for r in rows) == 240
     assert sqlite3.connect(path).execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+def test_a_version_1_ledger_is_migrated_keeping_its_rows(tmp_path):
+    """A ledger written by the first release (schema 1) gains the store tables and keeps its refusals."""
+    path = tmp_path / "l.sqlite"
+    led = Ledger(path)
+    led.record_refusal(Refusal(Request("org/k", version=1), parse_target("torch2.13-cpu-x86_64-linux"),
+                               "NoVariant", "kept", detail="d"))
+    led.close()
+    con = sqlite3.connect(path)  # roll it back to what version 1 had
+    con.executescript("DROP TABLE blobs; DROP TABLE staged; DELETE FROM schema_migrations;"
+                      "INSERT INTO schema_migrations (version, applied_at) VALUES (1, '2026-11-01');")
+    con.close()
+    led = Ledger(path)
+    assert [r.message for r in led.refusals()] == ["kept"]
+    con = sqlite3.connect(path)
+    tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert {"blobs", "staged"} <= tables
+    assert con.execute("SELECT max(version) FROM schema_migrations").fetchone()[0] == SCHEMA_VERSION

@@ -30,6 +30,7 @@ class Faults:
         self._fails: list[_Fail] = []
         self._drops: list[_Drop] = []
         self._delays: list[tuple[str, float]] = []
+        self._rates: list[tuple[str, float]] = []
 
     def fail_next(self, n: int, status: int = 503, match: str = "") -> None:
         """The next `n` requests whose raw path contains `match` get `status` (no X-Error-Code)."""
@@ -46,8 +47,15 @@ class Faults:
         with self._lock:
             self._delays.append((match, seconds))
 
+    def throttle(self, match: str, bytes_per_s: float) -> None:
+        """Serve matching resolve bodies at most this fast per connection (until `clear()`): a WAN
+        link, and a window wide enough for a test to kill a client mid-file."""
+        with self._lock:
+            self._rates.append((match, bytes_per_s))
+
     def clear(self) -> None:
         with self._lock:
+            self._rates.clear()
             self._fails.clear()
             self._drops.clear()
             self._delays.clear()
@@ -57,6 +65,11 @@ class Faults:
     def delay_for(self, path: str) -> float:
         with self._lock:
             return sum(s for m, s in self._delays if m in path)
+
+    def rate_for(self, path: str) -> float | None:
+        with self._lock:
+            rates = [r for m, r in self._rates if m in path]
+        return min(rates) if rates else None
 
     def take_failure(self, path: str) -> int | None:
         return self._take(self._fails, path, lambda r: r.status)

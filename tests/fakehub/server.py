@@ -371,8 +371,12 @@ class _Handler(BaseHTTPRequestHandler):
         view = memoryview(data)[start:end]
         if drop is not None:
             view = view[:drop]
-        for off in range(0, len(view), CHUNK):  # stream: no per-request copy of a large body
-            self.wfile.write(view[off:off + CHUNK])
+        rate = self.hub.faults.rate_for(self.path)
+        step = CHUNK if rate is None else max(1, min(CHUNK, int(rate / 20)))
+        for off in range(0, len(view), step):  # stream: no per-request copy of a large body
+            self.wfile.write(view[off:off + step])
+            if rate is not None:
+                time.sleep(step / rate)
         if drop is not None:
             # Short body then EOF: the client sees fewer bytes than Content-Length promised.
             self.wfile.flush()

@@ -1,0 +1,142 @@
+"""Validation of the pieces the TOML formats share: targets, kernel entries, versions, trust.
+
+Each function takes the Source (for error lines), the parsed value and its path in the file,
+and returns a model object or raises ManifestError pointing at the offending line.
+"""
+
+from __future__ import annotations
+
+import re
+
+from .model import KernelSpec, TargetSpec, Trust
+from .source import Source
+
+TARGET_FIELDS = ("torch", "backend", "cpu", "os")
+_TARGET_KEYS = ("name", "target", *TARGET_FIELDS)
+_TARGET_HINT = ('a target is target = "torch2.11-cu130-x86_64-linux", '
+                'or torch, backend, cpu and os (+ optional name)')
+
+# Hub repo id rules (huggingface_hub.utils.validate_repo_id): each part is word characters, '-'
+# and '.', starting and ending with a word character, no "--" or "..", the name ≤ 96 characters.
+# The mirror later builds paths from repo ids, so this also keeps "org/.." and the like out.
+_PART = r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?"
+_REPO_RE = re.compile(rf"({_PART})/({_PART})")
+_ORG_RE = re.compile(_PART)
+# backend/cpu/os are joined with '-' into the target string, so they must not contain one.
+_WORD_RE = re.compile(r"[A-Za-z0-9_.]+")
+
+
+def repo_id_problem(repo: object) -> str | None:
+    """Why ``repo`` is not a Hub repo id ``org/name``; None when it is one."""
+    m = _REPO_RE.fullmatch(repo) if isinstance(repo, str) else None
+    if not m or "--" in repo or ".." in repo or len(m[2]) > 96:
+        return f"{repo!r} is not a repo id: expected org/name (letters, digits, '-', '_', '.')"
+    return None
+
+
+def check_version(src: Source, value: object, path: tuple) -> int:
+    """A kernel version: the N of a ``v<N>`` branch. bool is an int subclass, so exclude it."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if isinstance(value, str) and value.isdigit():
+        raise src.error(path, f"must be an integer, not the string {value!r}: "
+                              f"write {int(value)} without quotes")
+    raise src.error(path, f"must be a non-negative integer (the N of branch vN), got {value!r}")
+
+
+def parse_targets(src: Source, value: object, path: tuple) -> tuple[TargetSpec, ...]:
+    if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
+        raise src.error(path, "must be an array of tables: [[targets]] sections (or targets = [{...}, ...])")
+    specs = tuple(_parse_target(src, t, path + (i,)) for i, t in enumerate(value))
+    names: set[str] = set()
+    for i, spec in enumerate(specs):
+        if spec.name is not None and spec.name in names:
+            raise src.error(path + (i, "name"), f"duplicate target name {spec.name!r}")
+        names.add(spec.name)
+    return specs
+
+
+def _parse_target(src: Source, t: dict, path: tuple) -> TargetSpec:
+    for key in t:
+        if key not in _TARGET_KEYS:
+            raise src.error(path + (key,), f"unknown key; {_TARGET_HINT}")
+    name = t.get("name")
+    if name is not None and (not isinstance(name, str) or not name.strip()):
+        raise src.error(path + ("name",), f"must be a non-empty string, got {name!r}")
+    if "target" in t:
+        both = [f for f in TARGET_FIELDS if f in t]
+        if both:
+            raise src.error(path + (both[0],), "give either target or torch/backend/cpu/os, not both")
+        text = t["target"]
+        if not isinstance(text, str) or not text.strip():
+            raise src.error(path + ("target",),
+                            f'must be a target string like "torch2.11-cu130-x86_64-linux", got {text!r}')
+        return TargetSpec(name=name, text=text, source=src.at(path))
+    missing = [f for f in TARGET_FIELDS if f not in t]
+    if missing:
+        raise src.error(path, f"missing {', '.join(missing)}; {_TARGET_HINT}")
+    _check_torch(src, t["torch"], path + ("torch",))
+    for f in TARGET_FIELDS[1:]:
+        if not isinstance(t[f], str) or not _WORD_RE.fullmatch(t[f]):
+            raise src.error(path + (f,),
+                            f"must be a string of letters, digits, '_' or '.' (no '-'), got {t[f]!r}")
+    return TargetSpec(name=name, torch=t["torch"], backend=t["backend"], cpu=t["cpu"], os=t["os"],
+                      source=src.at(path))
+
+
+def _check_torch(src: Source, value: object, path: tuple) -> None:
+    # torch = 2.10 in TOML is the float 2.1: the minor version is gone before we see it. Refuse
+    # numbers outright rather than guess, and say how to write it.
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        raise src.error(path, f'must be a quoted string like "2.11", not the number {value!r} '
+                              '(a TOML number drops trailing zeros: 2.10 reads as 2.1)')
+    if not isinstance(value, str) or not re.fullmatch(r"\d+\.\d+", value):
+        raise src.error(path, f'must be "<major>.<minor>" like "2.11", got {value!r}')
+
+
+def parse_kernels(src: Source, table: object, path: tuple) -> tuple[KernelSpec, ...]:
+    """The frt ``[kernels]`` table: ``"org/name" = { version = N }`` or ``{ revision = "..." }``."""
+    if not isinstance(table, dict):
+        raise src.error(path, 'must be a table: [kernels] with "org/name" = { version = 1 } entries')
+    if not table:
+        raise src.error(path, "is empty: nothing to stage")
+    return tuple(_parse_kernel(src, repo, entry, path + (repo,)) for repo, entry in table.items())
+
+
+def _parse_kernel(src: Source, repo: str, entry: object, path: tuple) -> KernelSpec:
+    problem = repo_id_problem(repo)
+    if problem:
+        raise src.error(path, problem)
+    if not isinstance(entry, dict):
+        raise src.error(path, 'must be an inline table: { version = 1 } or { revision = "<commit>" }, '
+                              f"got {entry!r}")
+    for key in entry:
+        if key not in ("version", "revision"):
+            raise src.error(path + (key,), "unknown key; expected version or revision")
+    if ("version" in entry) == ("revision" in entry):
+        what = "not both" if entry else "none given"
+        raise src.error(path, f"needs exactly one of version = N or revision = \"...\" ({what})")
+    if "version" in entry:
+        return KernelSpec(repo, version=check_version(src, entry["version"], path + ("version",)),
+                          source=src.at(path))
+    rev = entry["revision"]
+    if not isinstance(rev, str) or not rev or rev != rev.strip() or any(c.isspace() for c in rev):
+        raise src.error(path + ("revision",), f"must be a non-empty commit, branch or tag name, got {rev!r}")
+    return KernelSpec(repo, revision=rev, source=src.at(path))
+
+
+def parse_trust(src: Source, table: object, path: tuple) -> Trust:
+    if not isinstance(table, dict):
+        raise src.error(path, 'must be a table: [trust] with publishers = ["org", ...]')
+    for key in table:
+        if key != "publishers":
+            raise src.error(path + (key,), "unknown key; expected publishers")
+    pubs = table.get("publishers", [])
+    if not isinstance(pubs, list):
+        raise src.error(path + ("publishers",),
+                        f'must be a list of org names like ["kernels-community"], got {pubs!r}')
+    for org in pubs:
+        if not isinstance(org, str) or not _ORG_RE.fullmatch(org):
+            hint = " (a publisher is an org, not a repo id)" if isinstance(org, str) and "/" in org else ""
+            raise src.error(path + ("publishers",), f"{org!r} is not an org name{hint}")
+    return Trust(publishers=tuple(dict.fromkeys(pubs)), declared=True)

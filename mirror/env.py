@@ -1,0 +1,79 @@
+"""The cluster side of a staged set: LOCAL_KERNELS for a target (one commit per repo)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from frt.resolver import Ledger, Target
+from frt.resolver.errors import BadInput
+from frt.resolver.repo_ids import pin_variable, pinned_revision
+
+from .records import StagedRow, staged_rows
+from .store import BlobStore
+from .views import Views
+
+
+@dataclass(frozen=True)
+class EnvEntry:
+    repo: str
+    requested: str
+    commit: str
+    variant: str
+    path: Path
+
+
+def choose_staged(rows: list[StagedRow], environ: Mapping[str, str] | None = None) -> dict[str, StagedRow]:
+    """Per repo, the staged row a cluster should load: the pinned commit if a pin is set, else the
+    highest staged version, else the most recently listed revision."""
+    by_repo: dict[str, list[StagedRow]] = {}
+    for r in rows:
+        by_repo.setdefault(r.repo, []).append(r)
+    chosen = {}
+    for repo, candidates in by_repo.items():
+        pin = pinned_revision(repo, environ)
+        if pin:
+            match = [r for r in candidates if r.commit.startswith(pin.lower()) or r.revision == pin]
+            if not match:
+                raise BadInput(f"{pin_variable(repo)}={pin} is not staged for this target: "
+                               f"run 'frt-mirror stage' with the pin set")
+            chosen[repo] = match[0]
+            continue
+        versions = [r for r in candidates if r.version is not None]
+        chosen[repo] = max(versions, key=lambda r: r.version) if versions else candidates[-1]
+    return chosen
+
+
+def local_kernels(home: Path, ledger: Ledger, target: Target,
+                  environ: Mapping[str, str] | None = None) -> list[EnvEntry]:
+    rows = staged_rows(ledger, str(target))
+    if not rows:
+        raise BadInput(f"nothing is staged for {target}: run 'frt-mirror stage --target {target}' first")
+    views = Views(home, BlobStore(home))
+    out = []
+    for repo, row in sorted(choose_staged(rows, environ).items()):
+        path = views.variant_dir(repo, row.commit, row.variant)
+        if ":" in str(path) or "=" in str(path):
+            raise BadInput(f"home path {home} contains ':' or '=', which LOCAL_KERNELS cannot carry")
+        out.append(EnvEntry(repo, row.requested, row.commit, row.variant, path))
+    return out
+
+
+def env_vars(entries: list[EnvEntry]) -> dict[str, str]:
+    """The variables a cluster job sets. Xet is off: the mirror and its views never speak it."""
+    return {
+        "LOCAL_KERNELS": ":".join(f"{e.repo}={e.path}" for e in entries),
+        "HF_HUB_DISABLE_XET": "1",
+    }
+
+
+def render_sh(values: dict[str, str]) -> str:
+    import shlex
+
+    return "\n".join(f"export {k}={shlex.quote(v)}" for k, v in values.items())
+
+
+def absolute(home: Path) -> Path:
+    return Path(os.path.abspath(home))

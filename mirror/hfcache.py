@@ -1,0 +1,87 @@
+"""export-cache: a Hugging Face Hub cache in which `HF_HUB_OFFLINE=1` really works.
+
+`kernels` cannot produce one itself (DESIGN.md): it writes no `refs/vN`, and the tree
+listing huggingface_hub caches (`trees/<sha>.json`) names files of other variants,
+so the offline snapshot lookup raises IncompleteSnapshotError. Here every staged
+version gets its `refs/vN`, snapshots hold only staged files (relative symlinks to
+`blobs/<etag>`, as huggingface_hub lays them out), and no tree listing is written —
+an old one for an exported commit is removed.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+from frt.resolver import Ledger, Target
+from frt.resolver.errors import BadInput
+
+from .records import staged_rows
+from .store import BlobStore
+from .views import Views
+
+CACHEDIR_TAG = "Signature: 8a477f597d28d172789f06886806bc55\n"
+
+
+def cache_folder(repo_id: str, repo_type: str = "kernel") -> str:
+    org, name = repo_id.split("/", 1)
+    return f"{repo_type}s--{org}--{name}"
+
+
+def export_cache(out: Path, home: Path, ledger: Ledger, target: Target) -> list[tuple[str, str, str]]:
+    """Write the cache for `target` into `out`; return (repo, ref, commit) for every ref written."""
+    rows = staged_rows(ledger, str(target))
+    if not rows:
+        raise BadInput(f"nothing is staged for {target}: run 'frt-mirror stage --target {target}' first")
+    views = Views(home, BlobStore(home))
+    out.mkdir(parents=True, exist_ok=True)
+    if not (out / "CACHEDIR.TAG").exists():
+        (out / "CACHEDIR.TAG").write_text(CACHEDIR_TAG)
+    written = []
+    for row in rows:
+        repo_dir = out / cache_folder(row.repo)
+        with ledger.view() as v:
+            files, _ = v.variant(row.repo, row.commit, row.variant)
+        for entry in files:
+            src = views.root / views.repo_folder(row.repo) / row.commit / entry.path
+            if not src.is_file():
+                raise BadInput(f"{row.repo}@{row.commit[:12]}: {entry.path} is recorded as staged but missing "
+                               "from the view: run 'frt-mirror verify', then 'frt-mirror stage' again")
+            # huggingface_hub names a blob by the ETag the Hub sends: sha256 for LFS files, git oid otherwise.
+            _place(repo_dir, row.commit, entry.path, src, etag=entry.sha256 or entry.git_oid)
+        (repo_dir / "trees" / f"{row.commit}.json").unlink(missing_ok=True)
+        ref = f"v{row.version}" if row.version is not None else row.revision
+        if ref and ref != row.commit:
+            _atomic_write(repo_dir / "refs" / ref, row.commit)
+            written.append((row.repo, ref, row.commit))
+    return written
+
+
+def _place(repo_dir: Path, commit: str, path: str, src: Path, *, etag: str) -> None:
+    blob = repo_dir / "blobs" / etag
+    blob.parent.mkdir(parents=True, exist_ok=True)
+    if not blob.exists():
+        tmp = blob.with_name(f".{etag}.{uuid.uuid4().hex}.tmp")
+        try:
+            os.link(src, tmp)  # same filesystem: free; else copy
+        except OSError:
+            import shutil
+
+            shutil.copyfile(src, tmp)
+        os.replace(tmp, blob)
+    link = repo_dir / "snapshots" / commit / path
+    link.parent.mkdir(parents=True, exist_ok=True)
+    target = os.path.relpath(blob, link.parent)
+    if link.is_symlink() and os.readlink(link) == target:
+        return
+    tmp_link = link.with_name(f".{link.name}.{uuid.uuid4().hex}.tmp")
+    os.symlink(target, tmp_link)
+    os.replace(tmp_link, link)
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)

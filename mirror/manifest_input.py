@@ -1,0 +1,49 @@
+"""From a parsed manifest (frt.manifests, which knows nothing of ours) to requests and targets."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from frt.manifests import Manifest, ManifestError, load_manifest
+from frt.resolver import Request, Target, make_request, make_target, parse_target
+from frt.resolver.errors import BadInput
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    requests: list[Request]
+    targets: list[Target]
+    publishers: tuple[str, ...] | None  # None: the manifest declares no trust policy
+
+
+def load_plan(path: Path | None, cli_targets: tuple[Target, ...] = ()) -> StagePlan:
+    """Read MANIFEST (or the current directory's), apply pins, and pick targets: --target wins."""
+    try:
+        manifest = load_manifest(path if path is not None else Path.cwd())
+    except ManifestError as e:
+        raise BadInput(str(e)) from None
+    requests = []
+    for k in manifest.kernels:
+        try:
+            requests.append(make_request(k.repo, version=k.version, revision=k.revision))
+        except BadInput as e:
+            raise BadInput(f"{k.source}: {e}") from None
+    targets = list(cli_targets) or _manifest_targets(manifest)
+    if not targets:
+        raise BadInput(f"{manifest.path}: no targets: add [[targets]] to the manifest or pass --target")
+    publishers = manifest.trust.publishers if manifest.trust.declared else None
+    return StagePlan(requests, list(dict.fromkeys(targets)), publishers)
+
+
+def _manifest_targets(manifest: Manifest) -> list[Target]:
+    out = []
+    for t in manifest.targets:
+        try:
+            if getattr(t, "text", None):
+                out.append(parse_target(t.text, name=t.name))
+            else:
+                out.append(make_target(torch=t.torch, backend=t.backend, cpu=t.cpu, os=t.os, name=t.name))
+        except BadInput as e:
+            raise BadInput(f"{t.source}: {e}") from None
+    return out

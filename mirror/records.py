@@ -1,0 +1,73 @@
+"""The mirror's rows in the ledger: which blobs are stored, and what is staged for which target."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from sqlalchemy import select
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+from frt.resolver import Ledger, Resolution
+from frt.resolver.schema import Blob, Staged, utcnow
+
+from .store import Digest
+
+
+@dataclass(frozen=True)
+class StagedRow:
+    repo: str
+    requested: str
+    version: int | None
+    revision: str | None
+    target: str
+    commit: str
+    variant: str
+
+
+def record_blobs(ledger: Ledger, digests: Iterable[Digest]) -> None:
+    rows = [{"sha256": d.sha256, "size": d.size, "git_oid": d.git_oid, "stored_at": utcnow()} for d in digests]
+    if rows:
+        with ledger.session() as s:
+            s.execute(sqlite_insert(Blob).on_conflict_do_nothing(), rows)
+
+
+def sha256_by_git_oid(ledger: Ledger, oids: Iterable[str]) -> dict[str, str]:
+    """Stored blobs known by git oid: small files advertise only that, not their sha256."""
+    oids = list(set(oids))
+    out: dict[str, str] = {}
+    with ledger.session() as s:
+        for i in range(0, len(oids), 500):
+            out.update(s.execute(select(Blob.git_oid, Blob.sha256).where(Blob.git_oid.in_(oids[i:i + 500]))).all())
+    return out
+
+
+def all_blobs(ledger: Ledger) -> list[Digest]:
+    with ledger.session() as s:
+        return [Digest(sha, oid, size) for sha, oid, size in
+                s.execute(select(Blob.sha256, Blob.git_oid, Blob.size).order_by(Blob.sha256))]
+
+
+def record_staged(ledger: Ledger, resolutions: Iterable[Resolution]) -> None:
+    rows = [{"repo_id": r.repo, "requested": r.request.label, "version": r.request.version,
+             "revision": r.request.revision, "target": str(r.target), "commit_sha": r.commit,
+             "variant": r.variant, "staged_at": utcnow()} for r in resolutions]
+    if not rows:
+        return
+    stmt = sqlite_insert(Staged)
+    stmt = stmt.on_conflict_do_update(
+        index_elements=["repo_id", "requested", "target"],
+        set_={"commit_sha": stmt.excluded.commit_sha, "variant": stmt.excluded.variant,
+              "staged_at": stmt.excluded.staged_at},
+    )
+    with ledger.session() as s:
+        s.execute(stmt, rows)
+
+
+def staged_rows(ledger: Ledger, target: str | None = None) -> list[StagedRow]:
+    q = select(Staged).order_by(Staged.repo_id, Staged.version, Staged.requested, Staged.target)
+    if target is not None:
+        q = q.where(Staged.target == target)
+    with ledger.session() as s:
+        return [StagedRow(r.repo_id, r.requested, r.version, r.revision, r.target, r.commit_sha, r.variant)
+                for r in s.scalars(q)]

@@ -1,0 +1,190 @@
+"""Stage: resolve every kernel (and its kernel-depends) for every target, fetch exactly the
+files of the chosen variants, verify them, and lay out the LOCAL_KERNELS view.
+
+Idempotent: a rerun downloads nothing that is already verified in the store, and a
+`.part` left by an interrupted run is resumed. Each refusal is recorded in the ledger.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from frt.resolver import HubClient, Ledger, Refusal, Request, Resolution, Target, refresh_and_decide
+from frt.resolver.errors import FrtError, UpstreamUnavailable
+from frt.resolver.repo_ids import pinned_revision
+
+from .fetch import Fetched, IntegrityError, expected_key, fetch_file
+from .progress import Progress
+from .records import record_blobs, record_staged, sha256_by_git_oid
+from .store import BlobStore
+from .views import Views
+
+
+@dataclass(frozen=True)
+class StageRow:
+    repo: str
+    requested: str
+    target: str
+    commit: str | None
+    variant: str | None
+    files: int
+    bytes: int
+    status: str  # staged | refused | failed
+    detail: str = ""
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class StageReport:
+    rows: list[StageRow] = field(default_factory=list)
+    downloaded_bytes: int = 0
+    needed_bytes: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return all(r.status == "staged" for r in self.rows)
+
+
+class Interrupted(FrtError):
+    pass
+
+
+def stage(requests: list[Request], targets: list[Target], *, home: Path, ledger: Ledger, hub: HubClient,
+          jobs: int = 8, publishers: tuple[str, ...] | None = None, progress: bool = True) -> StageReport:
+    store = BlobStore(home)
+    views = Views(home, store)
+    views.sweep_tmp()
+    outcomes = _resolve_closure(requests, targets, ledger=ledger, hub=hub, publishers=publishers)
+    resolutions = [o for o in outcomes if isinstance(o, Resolution)]
+    report = StageReport()
+    for o in outcomes:
+        if isinstance(o, Refusal):
+            report.rows.append(StageRow(o.repo, o.request.label, str(o.target), o.commit, None, 0, 0, "refused",
+                                        o.message))
+
+    # One download per distinct content, whichever repos, commits and targets share it.
+    unique: dict[str, tuple[Resolution, object]] = {}
+    for r in resolutions:
+        for f in r.files:
+            unique.setdefault(expected_key(f), (r, f))
+    known = sha256_by_git_oid(ledger, [f.git_oid for _, f in unique.values() if not f.sha256])
+    report.needed_bytes = sum(f.size for _, f in unique.values())
+    fetched, failures = _fetch_all(unique, known, hub=hub, store=store, jobs=jobs, progress=progress)
+    report.downloaded_bytes = sum(x.downloaded for x in fetched.values())
+    record_blobs(ledger, (x.digest for x in fetched.values()))
+
+    good = []
+    for r in resolutions:
+        failed = next((failures[expected_key(f)] for f in r.files if expected_key(f) in failures), None)
+        if failed is not None:
+            status = "refused" if isinstance(failed, IntegrityError) else "failed"
+            if isinstance(failed, IntegrityError):
+                ledger.record_refusal(Refusal(r.request, r.target, "IntegrityMismatch", str(failed),
+                                              detail=str(failed), commit=r.commit))
+            report.rows.append(StageRow(r.repo, r.request.label, str(r.target), r.commit, r.variant, 0, 0, status,
+                                        str(failed)))
+            continue
+        pairs = [(f, fetched[expected_key(f)].digest.sha256) for f in r.files]
+        views.link(r.repo, r.commit, r.variant, pairs)
+        good.append(r)
+        report.rows.append(StageRow(r.repo, r.request.label, str(r.target), r.commit, r.variant, len(r.files),
+                                    sum(f.size for f in r.files), "staged"))
+    record_staged(ledger, good)
+    report.rows.sort(key=lambda row: (row.repo, row.requested, row.target))
+    return report
+
+
+def _resolve_closure(requests, targets, *, ledger, hub, publishers) -> list[Resolution | Refusal]:
+    """Resolve requests for every target, then their kernel-depends (recursively) for the same target.
+    With a trust policy, a kernel from another publisher is refused before upstream is asked about it."""
+    outcomes: list[Resolution | Refusal] = []
+
+    def resolve_trusted(reqs: list[Request], tgts: list[Target]) -> list[Resolution | Refusal]:
+        trusted = [r for r in reqs if publishers is None or r.repo.split("/", 1)[0] in publishers]
+        out = [_untrusted(r, t, publishers, ledger) for r in reqs if r not in trusted for t in tgts]
+        return out + (refresh_and_decide(trusted, targets=tgts, ledger=ledger, hub=hub) if trusted else [])
+
+    outcomes = resolve_trusted(requests, targets)
+    seen = {(r.repo, r.label, str(t)) for r in requests for t in targets}
+    frontier = [o for o in outcomes if isinstance(o, Resolution)]
+    while frontier:
+        by_target: dict[Target, list[Request]] = {}
+        for res in frontier:
+            for dep in res.metadata.get("kernel-depends") or []:
+                req = _dependency_request(dep)
+                if req is not None and (req.repo, req.label, str(res.target)) not in seen:
+                    seen.add((req.repo, req.label, str(res.target)))
+                    by_target.setdefault(res.target, []).append(req)
+        frontier = []
+        for target, reqs in by_target.items():
+            more = resolve_trusted(reqs, [target])
+            outcomes += more
+            frontier += [o for o in more if isinstance(o, Resolution)]
+    return outcomes
+
+
+def _dependency_request(dep: dict) -> Request | None:
+    """A `kernel-depends` entry of metadata.json as a request (a pin on the dependency still wins)."""
+    repo = dep.get("repo-id") or dep.get("repo_id")
+    if not isinstance(repo, str):
+        return None
+    pin = pinned_revision(repo)
+    if pin:
+        return Request(repo, revision=pin, pinned=True)
+    if isinstance(dep.get("version"), int):
+        return Request(repo, version=dep["version"])
+    if isinstance(dep.get("revision"), str):
+        return Request(repo, revision=dep["revision"])
+    return None
+
+
+def _untrusted(request: Request, target: Target, publishers: tuple[str, ...], ledger: Ledger) -> Refusal:
+    org = request.repo.split("/", 1)[0]
+    text = f"{request.repo}: publisher {org!r} is not in the manifest's trusted publishers ({', '.join(publishers)})"
+    refusal = Refusal(request, target, "UntrustedPublisher", text, detail=text)
+    ledger.record_refusal(refusal)
+    return refusal
+
+
+def _fetch_all(unique, known, *, hub, store, jobs, progress) -> tuple[dict[str, Fetched], dict[str, Exception]]:
+    meter = Progress(sum(f.size for _, f in unique.values()), len(unique)) if progress else None
+    stop = threading.Event()
+
+    def on_bytes(n: int) -> None:
+        if stop.is_set():
+            raise Interrupted("interrupted")
+        if meter:
+            meter.add_bytes(n)
+
+    def one(key: str) -> Fetched:
+        r, f = unique[key]
+        out = fetch_file(hub, store, r.repo, r.commit, f, known_sha256=known.get(f.git_oid), on_bytes=on_bytes)
+        if meter:
+            meter.file_done()
+        return out
+
+    fetched: dict[str, Fetched] = {}
+    failures: dict[str, Exception] = {}
+    pool = ThreadPoolExecutor(max_workers=max(1, jobs))
+    try:
+        futures = {pool.submit(one, key): key for key in unique}
+        for fut in as_completed(futures):
+            key = futures[fut]
+            try:
+                fetched[key] = fut.result()
+            except (IntegrityError, UpstreamUnavailable) as e:
+                failures[key] = e
+    except BaseException:
+        stop.set()  # downloads in flight stop at their next chunk; their .part files stay for a rerun
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        if meter:
+            meter.close()
+    return fetched, failures

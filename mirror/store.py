@@ -1,0 +1,81 @@
+"""The blob store: files by sha256 under the home, written atomically, hard-linked into views.
+
+A blob enters the store only after its bytes matched what upstream advertised
+(sha256 for LFS files, the git blob sha1 for small ones). Until then it lives in
+tmp/ as a `.part` file that no view can see; kill -9 at any moment leaves either
+the old state or the new blob, never a half-written file under a final name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from filelock import FileLock
+
+CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class Digest:
+    sha256: str
+    git_oid: str
+    size: int
+
+
+def digest_file(path: Path) -> Digest:
+    """sha256 and git blob sha1 of a file in one read."""
+    size = path.stat().st_size
+    h256, hgit = hashlib.sha256(), hashlib.sha1(f"blob {size}\0".encode())
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            h256.update(chunk)
+            hgit.update(chunk)
+    return Digest(h256.hexdigest(), hgit.hexdigest(), size)
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class BlobStore:
+    def __init__(self, home: Path):
+        self.root = home / "store" / "sha256"
+        self.tmp = home / "tmp"
+        self.locks = home / "locks"
+        for d in (self.root, self.tmp, self.locks):
+            d.mkdir(parents=True, exist_ok=True)
+
+    def path(self, sha256: str) -> Path:
+        return self.root / sha256[:2] / sha256
+
+    def has(self, sha256: str) -> bool:
+        return self.path(sha256).is_file()
+
+    def part_path(self, key: str) -> Path:
+        """Where an unfinished download of `key` (its expected sha256 or git oid) accumulates."""
+        return self.tmp / f"{key}.part"
+
+    def lock(self, key: str) -> FileLock:
+        """One writer per blob across processes: two stagers never share a `.part` file."""
+        return FileLock(str(self.locks / f"{key}.lock"))
+
+    def commit(self, part: Path, digest: Digest) -> Path:
+        """Move a verified `.part` into the store under its sha256 (fsync, rename, fsync dir)."""
+        final = self.path(digest.sha256)
+        final.parent.mkdir(exist_ok=True)
+        with open(part, "rb") as f:
+            os.fsync(f.fileno())
+        os.chmod(part, 0o444)  # views hard-link to it: nobody should edit a blob through a view
+        os.replace(part, final)
+        fsync_dir(final.parent)
+        return final
+
+    def blobs(self) -> list[Path]:
+        return sorted(p for p in self.root.glob("??/*") if p.is_file())

@@ -1,0 +1,82 @@
+"""verify: re-hash every blob in the store and check that every staged view links to the right one."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from frt.resolver import Ledger
+
+from .records import all_blobs, record_blobs, sha256_by_git_oid, staged_rows
+from .store import BlobStore, digest_file
+from .views import Views
+
+
+@dataclass
+class VerifyReport:
+    blobs: int = 0
+    bytes: int = 0
+    view_files: int = 0
+    problems: list[str] = field(default_factory=list)
+    adopted: int = 0  # verified blobs an interrupted stage stored but did not record
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__, ok=self.ok)
+
+
+def verify(home: Path, ledger: Ledger) -> VerifyReport:
+    store = BlobStore(home)
+    views = Views(home, store)
+    report = VerifyReport()
+    recorded = {d.sha256: d for d in all_blobs(ledger)}
+    on_disk = {p.name: p for p in store.blobs()}
+    for sha, d in recorded.items():
+        path = on_disk.get(sha)
+        if path is None:
+            report.problems.append(f"missing blob {sha} ({d.size} bytes)")
+            continue
+        got = digest_file(path)
+        report.blobs += 1
+        report.bytes += got.size
+        if got.sha256 != sha or got.size != d.size:
+            report.problems.append(f"corrupt blob {sha}: content hashes to {got.sha256}, {got.size} bytes")
+    adopt = []
+    for sha, path in on_disk.items():
+        if sha in recorded:
+            continue
+        got = digest_file(path)
+        report.blobs += 1
+        report.bytes += got.size
+        if got.sha256 == sha:
+            adopt.append(got)
+        else:
+            report.problems.append(f"corrupt blob {sha} (unrecorded): content hashes to {got.sha256}")
+    record_blobs(ledger, adopt)
+    report.adopted = len(adopt)
+    _check_views(ledger, store, views, report)
+    return report
+
+
+def _check_views(ledger: Ledger, store: BlobStore, views: Views, report: VerifyReport) -> None:
+    rows = {(r.repo, r.commit, r.variant) for r in staged_rows(ledger)}
+    entries = []
+    with ledger.view() as v:
+        for repo, commit, variant in sorted(rows):
+            files, _ = v.variant(repo, commit, variant)
+            entries += [(repo, commit, f) for f in files]
+    by_oid = sha256_by_git_oid(ledger, [f.git_oid for _, _, f in entries if not f.sha256])
+    for repo, commit, f in entries:
+        path = views.root / views.repo_folder(repo) / commit / f.path
+        sha = f.sha256 or by_oid.get(f.git_oid)
+        report.view_files += 1
+        if sha is None:
+            report.problems.append(f"view {path}: no verified blob is recorded for it")
+        elif not path.is_file():
+            report.problems.append(f"view {path}: missing")
+        elif not store.has(sha) or not os.path.samefile(path, store.path(sha)):
+            report.problems.append(f"view {path}: not a link to blob {sha}")

@@ -1,0 +1,83 @@
+"""The LOCAL_KERNELS view: build/<variant> trees of hard links into the blob store.
+
+A view directory appears complete or not at all: it is assembled under views/.tmp
+and renamed into place. Commits are immutable, so two stagers building the same
+view build the same thing; whoever renames second discards its copy.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+import uuid
+from pathlib import Path
+
+from frt.resolver.resolution import FileEntry
+
+from .store import BlobStore
+
+
+def repo_folder(repo_id: str) -> str:
+    org, name = repo_id.split("/", 1)
+    return f"{org}--{name}"
+
+
+class Views:
+    def __init__(self, home: Path, store: BlobStore):
+        self.root = home / "views" / "local"
+        self.tmp = home / "views" / ".tmp"
+        self.store = store
+
+    repo_folder = staticmethod(repo_folder)
+
+    def variant_dir(self, repo_id: str, commit: str, variant: str) -> Path:
+        """What LOCAL_KERNELS points at: a variant dir, so kernels loads exactly this build."""
+        return self.root / repo_folder(repo_id) / commit / "build" / variant
+
+    def is_complete(self, repo_id: str, commit: str, files: list[tuple[FileEntry, str]]) -> bool:
+        return all(self._linked(self.root / repo_folder(repo_id) / commit / f.path, sha) for f, sha in files)
+
+    def _linked(self, path: Path, sha256: str) -> bool:
+        try:
+            return os.path.samefile(path, self.store.path(sha256))
+        except OSError:
+            return False
+
+    def link(self, repo_id: str, commit: str, variant: str, files: list[tuple[FileEntry, str]]) -> Path:
+        """Hard-link a variant's verified blobs into its view; return the variant dir."""
+        final = self.variant_dir(repo_id, commit, variant)
+        if self.is_complete(repo_id, commit, files):
+            return final
+        self.tmp.mkdir(parents=True, exist_ok=True)
+        scratch = self.tmp / uuid.uuid4().hex
+        prefix = f"build/{variant}/"
+        for f, sha in files:
+            dest = scratch / f.path[len(prefix):] if f.path.startswith(prefix) else scratch / f.path
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.link(self.store.path(sha), dest)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        if final.exists():  # incomplete (a user removed files): set it aside, then replace it
+            stale = self.tmp / f"stale-{uuid.uuid4().hex}"
+            try:
+                os.rename(final, stale)
+                shutil.rmtree(stale, ignore_errors=True)
+            except FileNotFoundError:
+                pass
+        try:
+            os.rename(scratch, final)
+        except OSError:  # another stager put the same view in place first
+            shutil.rmtree(scratch, ignore_errors=True)
+        return final
+
+    def files(self) -> list[Path]:
+        return sorted(p for p in self.root.rglob("*") if p.is_file()) if self.root.exists() else []
+
+    def sweep_tmp(self, older_than_s: float = 600) -> None:
+        """Scratch dirs of interrupted runs hold only hard links; dropping them loses nothing.
+        Recent ones may belong to a stager still running, so they stay."""
+        if self.tmp.exists():
+            cutoff = time.time() - older_than_s
+            for p in self.tmp.iterdir():
+                if p.stat().st_mtime < cutoff:
+                    shutil.rmtree(p, ignore_errors=True)
