@@ -97,6 +97,9 @@ def stage(requests: list[Request], targets: list[Target], *, home: Path, ledger:
                                     sum(f.size for f in r.files), "staged"))
     record_staged(ledger, good)
     report.rows.sort(key=lambda row: (row.repo, row.requested, row.target))
+    dead = next((e for e in failures.values() if isinstance(e, UpstreamUnavailable)), None)
+    if dead is not None:  # what completed is kept and recorded; the cause is one line, not a row per file
+        raise dead
     return report
 
 
