@@ -23,11 +23,12 @@ $(VENV)/.torch: $(VENV)/.base
 
 # The same protocol-facing tests under huggingface_hub 1.x (httpx) — 2.x (httpx2) is the main venv's.
 VENV1 := .venv-hub1
-HUB1_TESTS := tests/test_fakehub.py tests/test_scan_resolve.py tests/test_cli.py tests/test_packaging.py tests/test_ledger.py
+HUB1_TESTS := tests/test_fakehub.py tests/test_scan_resolve.py tests/test_cli.py tests/test_packaging.py \
+	tests/test_ledger.py tests/test_stage.py tests/test_stage_faults.py
 $(VENV1)/.base: pyproject.toml
 	$(PY) -m venv $(VENV1)
 	$(VENV1)/bin/python -m pip install -q --upgrade pip
-	$(VENV1)/bin/pip install -q -e '.[test]' 'huggingface_hub==1.33.0'
+	$(VENV1)/bin/pip install -q -e '.[test]' 'huggingface_hub==1.33.0' torch==2.13.0 numpy
 	touch $@
 
 demo: $(VENV)/.base
