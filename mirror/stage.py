@@ -106,12 +106,14 @@ def stage(requests: list[Request], targets: list[Target], *, home: Path, ledger:
 def _resolve_closure(requests, targets, *, ledger, hub, publishers) -> list[Resolution | Refusal]:
     """Resolve requests for every target, then their kernel-depends (recursively) for the same target.
     With a trust policy, a kernel from another publisher is refused before upstream is asked about it."""
-    outcomes: list[Resolution | Refusal] = []
+    refreshed: set[str] = set()
 
     def resolve_trusted(reqs: list[Request], tgts: list[Target]) -> list[Resolution | Refusal]:
         trusted = [r for r in reqs if publishers is None or r.repo.split("/", 1)[0] in publishers]
         out = [_untrusted(r, t, publishers, ledger) for r in reqs if r not in trusted for t in tgts]
-        return out + (refresh_and_decide(trusted, targets=tgts, ledger=ledger, hub=hub) if trusted else [])
+        if trusted:
+            out += refresh_and_decide(trusted, targets=tgts, ledger=ledger, hub=hub, refreshed=refreshed)
+        return out
 
     outcomes = resolve_trusted(requests, targets)
     seen = {(r.repo, r.label, str(t)) for r in requests for t in targets}

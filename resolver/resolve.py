@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 
 from .core import resolve_request
 from .errors import BadInput, KernelUnavailable
@@ -46,18 +47,31 @@ def resolve_requests(requests: list[Request], *, target: Target, ledger: Ledger,
 
 
 def refresh_and_decide(requests: list[Request], *, targets: list[Target], ledger: Ledger,
-                       hub: HubClient | None = None, offline: bool = False) -> list[Resolution | Refusal]:
-    """Every request × target, as outcomes; every refusal is recorded in the ledger."""
+                       hub: HubClient | None = None, offline: bool = False,
+                       refreshed: set[str] | None = None) -> list[Resolution | Refusal]:
+    """Every request × target, as outcomes; every refusal is recorded in the ledger.
+
+    `refreshed` names repos already scanned in this run (a stage resolving kernel-depends
+    per target); it is updated, so each repo is asked upstream once per run.
+    """
+    refreshed = set() if refreshed is None else refreshed
     upstream_refusals: dict[str, tuple[str, str]] = {}
     if not offline:
         hub = hub or HubClient()
-        for repo in dict.fromkeys(r.repo for r in requests):
+
+        def refresh(repo: str) -> None:
             extra = tuple(r.revision for r in requests if r.repo == repo and r.revision)
             try:
-                scan(repo, hub=hub, ledger=ledger, extra_revisions=())
+                scan(repo, hub=hub, ledger=ledger)
                 _scan_unknown_revisions(repo, extra, hub=hub, ledger=ledger)
             except RepoNotFound as e:
                 upstream_refusals[repo] = ("RepoNotFound", str(e))
+
+        # Repos are independent: their scans overlap their round-trips (the ledger serializes writes).
+        repos = [r for r in dict.fromkeys(r.repo for r in requests) if r not in refreshed]
+        refreshed.update(repos)
+        with ThreadPoolExecutor(max_workers=min(8, len(repos) or 1)) as pool:
+            list(pool.map(refresh, repos))
     outcomes: list[Resolution | Refusal] = []
     with ledger.view() as view:
         for request in requests:

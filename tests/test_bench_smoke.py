@@ -15,3 +15,12 @@ def test_resolve_bench_runs_quick():
     for row in ("ledger (offline)", "live (ours, fresh ledger)", "live (kernels.get_kernel_variants)",
                 "target: ledger p99 < 2 ms:"):
         assert row in p.stdout
+
+
+def test_stage_bench_runs_quick():
+    p = subprocess.run([sys.executable, "-m", "bench.stage", "--quick"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    for row in ("baseline (snapshot_download)", "ours (8 jobs, fresh home)", "ours rerun (same home)",
+                "wall-time ratio ours/baseline =", "bytes fetched / needed =", "store dedup ratio ="):
+        assert row in p.stdout
