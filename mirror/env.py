@@ -69,6 +69,20 @@ def env_vars(entries: list[EnvEntry]) -> dict[str, str]:
     }
 
 
+TELEMETRY_WARNING = ("do not set HF_HUB_DISABLE_TELEMETRY=1: with kernels 0.17 it breaks every online "
+                     "kernels call (a malformed User-Agent)")
+
+
+def endpoint_vars(url: str) -> dict[str, str]:
+    """The cluster side of `serve`: unmodified clients reach the mirror as if it were the Hub."""
+    from urllib.parse import urlparse
+
+    parsed = urlparse(url)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise BadInput(f"bad mirror URL {url!r}: expected http://host:port")
+    return {"HF_ENDPOINT": url.rstrip("/"), "HF_HUB_DISABLE_XET": "1"}
+
+
 def render_sh(values: dict[str, str]) -> str:
     import shlex
 

@@ -159,7 +159,17 @@ class Staged(Base):
     staged_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
-SCHEMA_VERSION = 2
+class Token(Base):
+    """A bearer token for `serve`: only its sha256 is kept; the token itself is shown once."""
+
+    __tablename__ = "tokens"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(unique=True)
+    sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+SCHEMA_VERSION = 3
 
 
 def _v2_store(conn: Connection) -> None:
@@ -167,9 +177,14 @@ def _v2_store(conn: Connection) -> None:
     Base.metadata.create_all(conn, tables=[Blob.__table__, Staged.__table__])
 
 
+def _v3_tokens(conn: Connection) -> None:
+    """Version 3: bearer tokens for serve."""
+    Base.metadata.create_all(conn, tables=[Token.__table__])
+
+
 # version -> step that brings a ledger at version-1 up to version; `test_ledger` checks
 # that every version after 1 has one.
-MIGRATIONS: dict[int, Callable[[Connection], None]] = {2: _v2_store}
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {2: _v2_store, 3: _v3_tokens}
 
 
 def migrate(conn: Connection) -> None:

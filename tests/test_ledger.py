@@ -68,12 +68,12 @@ def test_a_version_1_ledger_is_migrated_keeping_its_rows(tmp_path):
                                "NoVariant", "kept", detail="d"))
     led.close()
     con = sqlite3.connect(path)  # roll it back to what version 1 had
-    con.executescript("DROP TABLE blobs; DROP TABLE staged; DELETE FROM schema_migrations;"
+    con.executescript("DROP TABLE blobs; DROP TABLE staged; DROP TABLE tokens; DELETE FROM schema_migrations;"
                       "INSERT INTO schema_migrations (version, applied_at) VALUES (1, '2026-11-01');")
     con.close()
     led = Ledger(path)
     assert [r.message for r in led.refusals()] == ["kept"]
     con = sqlite3.connect(path)
     tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    assert {"blobs", "staged"} <= tables
+    assert {"blobs", "staged", "tokens"} <= tables
     assert con.execute("SELECT max(version) FROM schema_migrations").fetchone()[0] == SCHEMA_VERSION

@@ -1,0 +1,133 @@
+"""What the mirror serves: an in-memory index of the staged, verified set, built from the ledger.
+
+Only staged commits are revisions here, and only staged files are entries. Everything a
+request needs (sha, sizes, oids, the blob path) is precomputed, so HEAD never hashes and a
+request never touches the ledger.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from frt.resolver import Ledger
+
+from ..records import sha256_by_git_oid, staged_rows
+from ..store import BlobStore
+
+
+def lfs_pointer(sha256: str, size: int) -> bytes:
+    """The git-lfs pointer file the Hub stores in git for a large file; its oid is the tree `oid`."""
+    return f"version https://git-lfs.github.com/spec/v1\noid sha256:{sha256}\nsize {size}\n".encode()
+
+
+@dataclass(frozen=True)
+class ServedFile:
+    path: str
+    size: int
+    oid: str  # git oid as upstream listed it (for LFS files: the pointer's)
+    sha256: str  # of the content: names the blob in the store
+    lfs: bool
+    blob: Path
+
+    def tree_entry(self) -> dict:
+        entry = {"type": "file", "oid": self.oid, "size": self.size, "path": self.path}
+        if self.lfs:
+            entry["lfs"] = {"oid": self.sha256, "size": self.size,
+                            "pointerSize": len(lfs_pointer(self.sha256, self.size))}
+        return entry
+
+
+@dataclass
+class ServedCommit:
+    sha: str
+    date: datetime | None
+    title: str
+    files: dict[str, ServedFile] = field(default_factory=dict)
+
+    def dirs(self) -> set[str]:
+        out = set()
+        for p in self.files:
+            parts = p.split("/")[:-1]
+            out.update("/".join(parts[:i]) for i in range(1, len(parts) + 1))
+        return out
+
+
+@dataclass
+class ServedRepo:
+    repo_id: str
+    repo_type: str
+    branches: dict[str, str] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict)
+    commits: dict[str, ServedCommit] = field(default_factory=dict)
+    # For /commits: first-parent history from each staged commit (ids), and every recorded commit's
+    # date and title. History may name commits that are not staged: it is metadata, not files.
+    logs: dict[str, list[str]] = field(default_factory=dict)
+    meta: dict[str, tuple[datetime | None, str]] = field(default_factory=dict)
+
+    def resolve(self, rev: str) -> str | None:
+        """A branch, a tag or a full sha, to a staged commit."""
+        sha = self.branches.get(rev) or self.tags.get(rev) or (rev if len(rev) == 40 else None)
+        return sha if sha in self.commits else None
+
+
+@dataclass
+class Catalog:
+    repos: dict[tuple[str, str], ServedRepo]
+    trusted: frozenset[str]
+
+    def repo(self, repo_type: str, repo_id: str) -> ServedRepo | None:
+        return self.repos.get((repo_type, repo_id))
+
+
+def load_catalog(home: Path, ledger: Ledger, trusted: frozenset[str] = frozenset()) -> Catalog:
+    store = BlobStore(home)
+    rows = staged_rows(ledger)
+    repos: dict[tuple[str, str], ServedRepo] = {}
+    with ledger.view() as v:
+        entries = {}
+        for r in rows:
+            if (r.repo, r.commit, r.variant) not in entries:
+                entries[(r.repo, r.commit, r.variant)] = v.variant(r.repo, r.commit, r.variant)[0]
+        by_oid = sha256_by_git_oid(ledger, [f.git_oid for fs in entries.values() for f in fs if not f.sha256])
+        for repo_id in sorted({r.repo for r in rows}):
+            served = repos[("kernel", repo_id)] = ServedRepo(repo_id, "kernel")
+            commits = v.commits(repo_id)
+            served.meta = {c.sha: (c.date, c.title) for c in commits}
+            meta = {c.sha: c for c in commits}
+            for (rid, sha, _variant), files in entries.items():
+                if rid != repo_id:
+                    continue
+                c = meta.get(sha)
+                commit = served.commits.setdefault(sha, ServedCommit(sha, c.date if c else None, c.title if c else ""))
+                for f in files:
+                    content = f.sha256 or by_oid.get(f.git_oid)
+                    if content and store.has(content):  # only verified bytes are served
+                        commit.files[f.path] = ServedFile(f.path, f.size, f.git_oid, content, f.sha256 is not None,
+                                                          store.path(content))
+            _refs(v, served, [r for r in rows if r.repo == repo_id])
+    return Catalog(repos, frozenset(trusted))
+
+
+def _refs(view, served: ServedRepo, rows) -> None:
+    """Branches v<N> as staged (what `kernels` resolves), plus upstream refs that point at staged commits."""
+    for kind, name, sha in view.refs(served.repo_id):
+        if sha in served.commits:
+            (served.branches if kind == "branch" else served.tags)[name] = sha
+    for r in sorted(rows, key=lambda r: r.commit):
+        if r.version is not None:
+            served.branches[f"v{r.version}"] = r.commit
+        elif r.revision and r.revision != r.commit and not r.revision.startswith(r.commit[:7]):
+            served.branches.setdefault(r.revision, r.commit)
+    for sha in served.commits:
+        served.logs[sha] = view.history(served.repo_id, sha) or [sha]
+
+
+def etag_of(f: ServedFile) -> str:
+    return f.sha256 if f.lfs else f.oid
+
+
+def dir_oid(commit: str, path: str) -> str:
+    return hashlib.sha1(f"{commit}:{path}".encode()).hexdigest()

@@ -1,0 +1,70 @@
+"""Bearer tokens for `serve`, stored hashed in the ledger. With none, the mirror is open."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import threading
+import time
+
+from sqlalchemy import delete, select
+
+from frt.resolver import Ledger
+from frt.resolver.errors import BadInput
+from frt.resolver.schema import Token
+
+
+def _hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def add_token(ledger: Ledger, name: str) -> str:
+    """Create a token; the only time its value is seen is this return."""
+    if not name or len(name) > 100 or not name.replace("-", "").replace("_", "").isalnum():
+        raise BadInput(f"bad token name {name!r}: letters, digits, '-' and '_'")
+    token = "frt_" + secrets.token_urlsafe(32)
+    with ledger.session() as s:
+        if s.scalar(select(Token.id).where(Token.name == name)) is not None:
+            raise BadInput(f"a token named {name!r} exists; revoke it first")
+        s.add(Token(name=name, sha256=_hash(token)))
+    return token
+
+
+def list_tokens(ledger: Ledger) -> list[tuple[str, str]]:
+    with ledger.session() as s:
+        return [(t.name, t.created_at.isoformat()) for t in s.scalars(select(Token).order_by(Token.name))]
+
+
+def revoke_token(ledger: Ledger, name: str) -> None:
+    with ledger.session() as s:
+        if s.execute(delete(Token).where(Token.name == name)).rowcount == 0:
+            raise BadInput(f"no token named {name!r}")
+
+
+class TokenCheck:
+    """Per-request check against the ledger's hashes, re-read at most every `ttl` seconds so a
+    revocation takes effect within it without a query on every request."""
+
+    def __init__(self, ledger: Ledger, ttl: float = 2.0):
+        self.ledger, self.ttl = ledger, ttl
+        self._hashes: frozenset[str] = frozenset()
+        self._at = -1e9
+        self._lock = threading.Lock()
+
+    def hashes(self) -> frozenset[str]:
+        now = time.monotonic()
+        if now - self._at > self.ttl:
+            with self._lock, self.ledger.session() as s:
+                self._hashes = frozenset(s.scalars(select(Token.sha256)))
+                self._at = now
+        return self._hashes
+
+    def __call__(self, header: str | None) -> bool:
+        hashes = self.hashes()
+        if not hashes:
+            return True
+        if not header or not header.lower().startswith("bearer "):
+            return False
+        digest = _hash(header[7:].strip())
+        return any(hmac.compare_digest(digest, h) for h in hashes)
