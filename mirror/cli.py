@@ -225,23 +225,31 @@ def verify_cmd(app: App, as_json):
 
 
 @cli.command("env")
-@click.option("--target", "target", required=True, callback=_targets, help="The cluster's target.")
+@click.option("--target", "target", callback=_targets, help="The cluster's target (for LOCAL_KERNELS).")
+@click.option("--serve", "serve_url", metavar="URL", help="Print the cluster side of 'frt-mirror serve' at URL instead.")
 @click.option("--format", "fmt", type=click.Choice(["sh", "json"]), default="sh", show_default=True)
 @click.pass_obj
-def env_cmd(app: App, target, fmt):
-    """LOCAL_KERNELS for the set staged for a target (one commit per repo: the resolved one, or the pin)."""
-    from .env import env_vars, local_kernels, render_sh
+def env_cmd(app: App, target, serve_url, fmt):
+    """What a cluster sets: LOCAL_KERNELS for a target's staged set (one commit per repo: the resolved
+    one, or the pin), or with --serve, HF_ENDPOINT for a running mirror."""
+    from .env import TELEMETRY_WARNING, endpoint_vars, env_vars, local_kernels, render_sh
 
-    entries = local_kernels(app.home.absolute(), app.ledger, target)
-    values = env_vars(entries)
+    if serve_url:
+        values, entries = endpoint_vars(serve_url), []
+    elif target is not None:
+        entries = local_kernels(app.home.absolute(), app.ledger, target)
+        values = env_vars(entries)
+    else:
+        raise BadInput("give --target T (LOCAL_KERNELS) or --serve URL (HF_ENDPOINT)")
     if fmt == "json":
-        _emit_json({"env": values, "kernels": [
+        _emit_json({"env": values, "warnings": [TELEMETRY_WARNING], "kernels": [
             {"repo": e.repo, "requested": e.requested, "commit": e.commit, "variant": e.variant, "path": str(e.path)}
             for e in entries]})
-    else:
-        for e in entries:
-            click.echo(f"# {e.repo} {e.requested} → {e.commit[:12]} {e.variant}")
-        click.echo(render_sh(values))
+        return
+    for e in entries:
+        click.echo(f"# {e.repo} {e.requested} → {e.commit[:12]} {e.variant}")
+    click.echo(f"# warning: {TELEMETRY_WARNING}")
+    click.echo(render_sh(values))
 
 
 @cli.command("export-cache")
@@ -259,6 +267,46 @@ def export_cache_cmd(app: App, out, target, as_json):
         return
     click.echo(table(["repo", "ref", "commit"], [(r, ref, c[:12]) for r, ref, c in refs]))
     click.echo(f"\nHF_HUB_CACHE={out.absolute()}  (with HF_HUB_OFFLINE=1 on the cluster)")
+
+
+@cli.command("bundle")
+@click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--target", "targets", multiple=True, callback=_targets,
+              help="Only what is staged for this target (repeatable; default: everything staged).")
+@json_option
+@click.pass_obj
+def bundle_cmd(app: App, out, targets, as_json):
+    """Write OUT.tar: the staged set (blobs and ledger rows) for 'frt-mirror import' across an air gap."""
+    from .bundle import BundleRejected, bundle
+
+    try:
+        report = bundle(out, app.home, app.ledger, [str(t) for t in targets] or None)
+    except BundleRejected as e:
+        click.echo(f"frt-mirror: {e}", err=True)
+        sys.exit(1)
+    if as_json:
+        _emit_json(report.to_json())
+    else:
+        click.echo(report.render())
+
+
+@cli.command("import")
+@click.argument("src", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@json_option
+@click.pass_obj
+def import_cmd(app: App, src, as_json):
+    """Verify every file of IN.tar, then add it to the store, ledger and views; nothing if any check fails."""
+    from .bundle import BundleRejected, import_bundle
+
+    try:
+        report = import_bundle(src, app.home, app.ledger)
+    except BundleRejected as e:
+        click.echo(f"frt-mirror: refused: {e}", err=True)
+        sys.exit(1)
+    if as_json:
+        _emit_json(report.to_json())
+    else:
+        click.echo(report.render())
 
 
 @cli.command("report")
@@ -280,6 +328,58 @@ def report_cmd(app: App, as_json):
         return
     click.echo(table(["repo", "requested", "target", "error", "count", "message"],
                      [(r.repo_id, r.requested, r.target, r.error, r.count, r.message) for r in rows]))
+
+
+@cli.command("serve")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8470, show_default=True, type=click.IntRange(1, 65535))
+@click.option("--trust", "trust", multiple=True, metavar="ORG",
+              help="Answer trustedKernelPublisher for ORG (repeatable; default: the last staged manifest's [trust]).")
+@click.pass_obj
+def serve_cmd(app: App, host, port, trust):
+    """Serve the staged set as a read-only Hub endpoint: point HF_ENDPOINT at it."""
+    from .serve import serve
+
+    click.echo(f"frt-mirror: serving {app.home} on http://{host}:{port} (HF_ENDPOINT=http://{host}:{port})", err=True)
+    serve(app.home, app.ledger, host=host, port=port, trusted=frozenset(trust) if trust else None)
+
+
+@cli.group("token")
+def token_group():
+    """Bearer tokens for serve: with any token, requests without a valid one get 401."""
+
+
+@token_group.command("add")
+@click.argument("name")
+@click.pass_obj
+def token_add(app: App, name):
+    """Create a token and print it (the only time it is shown; the ledger keeps its hash)."""
+    from .tokens import add_token
+
+    click.echo(add_token(app.ledger, name))
+
+
+@token_group.command("list")
+@json_option
+@click.pass_obj
+def token_list(app: App, as_json):
+    from .tokens import list_tokens
+
+    rows = list_tokens(app.ledger)
+    if as_json:
+        _emit_json([{"name": n, "created_at": c} for n, c in rows])
+    else:
+        click.echo(table(["name", "created"], rows) if rows else "no tokens: serve is open to every client")
+
+
+@token_group.command("revoke")
+@click.argument("name")
+@click.pass_obj
+def token_revoke(app: App, name):
+    from .tokens import revoke_token
+
+    revoke_token(app.ledger, name)
+    click.echo(f"revoked {name} (a running serve stops accepting it within 2 s)")
 
 
 def main() -> None:

@@ -1,0 +1,384 @@
+"""bundle / import: carry a staged set across an air gap in one self-describing tar.
+
+The archive holds `frt-bundle.json` first (the ledger rows that describe the set, and the list
+of blobs), then `blobs/<sha256>` for every blob a selected staged row needs. Import trusts
+nothing in it: every member is streamed into tmp/ and hashed, and only when all of them match
+the manifest does anything enter the store, the ledger or the views. The bundle is not signed:
+this catches damage and tampering with the blobs, not a forged manifest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+import re
+import tarfile
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from importlib.metadata import version as dist_version
+from pathlib import Path
+
+from sqlalchemy import select
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.orm import selectinload
+
+from frt.resolver import FileEntry, FrtError, Ledger, Request, Resolution, parse_target
+from frt.resolver.errors import BadInput
+from frt.resolver.repo_ids import check_repo_id
+from frt.resolver.resolution import VariantInfo
+from frt.resolver.schema import Commit, Ref, Repo, Variant, utcnow
+
+from .records import StagedRow, all_blobs, record_blobs, record_staged, sha256_by_git_oid, staged_rows
+from .render import human_bytes, table
+from .store import CHUNK, BlobStore, Digest, fsync_dir
+from .views import Views
+
+FORMAT = 1
+MANIFEST = "frt-bundle.json"
+MAX_MANIFEST = 256 << 20  # read into memory: refuse a hostile giant before reading it
+_BLOB = re.compile(r"blobs/([0-9a-f]{64})")
+_HEX40, _HEX64 = re.compile(r"[0-9a-f]{40}"), re.compile(r"[0-9a-f]{64}")
+_VARIANT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_REGULAR = (tarfile.REGTYPE, tarfile.AREGTYPE)  # never links, devices or dirs
+
+
+class BundleRejected(FrtError):
+    """A bundle that cannot be written or trusted; on import, nothing of it was kept (exit 1)."""
+
+
+@dataclass
+class BundleReport:
+    path: Path
+    blobs: int
+    bytes: int
+    staged: list[StagedRow]
+    new_blobs: int | None = None  # import only: blobs this home did not have
+    new_rows: int | None = None  # import only: staged rows added or changed
+
+    def to_json(self) -> dict:
+        return {"ok": True, "bundle": str(self.path), "blobs": self.blobs, "bytes": self.bytes,
+                "new_blobs": self.new_blobs, "new_rows": self.new_rows,
+                "staged": [dict(r.__dict__) for r in self.staged]}
+
+    def render(self) -> str:
+        rows = [(r.repo, r.requested, r.target, r.commit[:12], r.variant) for r in self.staged]
+        done = (f"wrote {self.path}" if self.new_blobs is None else
+                f"imported {self.path}: {self.new_blobs} new blob(s), {self.new_rows} new staged row(s)")
+        return (table(["repo", "requested", "target", "commit", "variant"], rows)
+                + f"\n{done}; {self.blobs} blobs, {human_bytes(self.bytes)}")
+
+
+class _Hashing:
+    """A reader that hashes what passes through it: sha256, and the git blob sha1 that small
+    files are known by (its header needs the size up front: a wrong size shows as a wrong oid)."""
+
+    def __init__(self, f, size: int):
+        self.f, self.seen = f, 0
+        self.h256, self.hgit = hashlib.sha256(), hashlib.sha1(f"blob {size}\0".encode())
+
+    def read(self, n: int = CHUNK) -> bytes:
+        chunk = self.f.read(n)
+        self.h256.update(chunk)
+        self.hgit.update(chunk)
+        self.seen += len(chunk)
+        return chunk
+
+    def digest(self) -> Digest:
+        return Digest(self.h256.hexdigest(), self.hgit.hexdigest(), self.seen)
+
+
+# -- bundle ---------------------------------------------------------------------------------
+
+def bundle(out: Path, home: Path, ledger: Ledger, targets: list[str] | None = None) -> BundleReport:
+    rows = staged_rows(ledger)
+    for t in targets or []:
+        if not any(r.target == t for r in rows):
+            raise BadInput(f"nothing is staged for {t}: run 'frt-mirror stage --target {t}' first")
+    rows = [r for r in rows if not targets or r.target in targets]
+    if not rows:
+        raise BadInput("nothing is staged: run 'frt-mirror stage' first")
+    if not out.parent.is_dir():
+        raise BadInput(f"{out.parent} is not a directory")
+    store, recorded = BlobStore(home), {d.sha256: d for d in all_blobs(ledger)}
+    with ledger.view() as v:
+        files = {(r.repo, r.commit, r.variant): v.variant(r.repo, r.commit, r.variant)[0] for r in rows}
+    by_oid = sha256_by_git_oid(ledger, [f.git_oid for fs in files.values() for f in fs if not f.sha256])
+    needed: dict[str, Digest] = {}
+    for (repo, commit, _), entries in files.items():
+        for f in entries:
+            sha = f.sha256 or by_oid.get(f.git_oid)
+            if sha not in recorded or not store.has(sha):
+                raise BundleRejected(f"{repo}@{commit[:12]}: {f.path} has no verified blob in the store: "
+                                     "run 'frt-mirror verify', then 'frt-mirror stage' again")
+            needed[sha] = recorded[sha]
+    blobs = [needed[k] for k in sorted(needed)]
+    doc = {"format": FORMAT, "created": utcnow().isoformat(), "frt_mirror": dist_version("frt-mirror"),
+           "blobs": [{"sha256": d.sha256, "size": d.size, "git_oid": d.git_oid} for d in blobs],
+           "repos": [_repo_doc(ledger, repo) for repo in sorted({r.repo for r in rows})],
+           "staged": [dict(r.__dict__) for r in rows]}
+    _write_tar(out, doc, blobs, store)
+    return BundleReport(out, len(blobs), sum(d.size for d in blobs), rows)
+
+
+def _repo_doc(ledger: Ledger, repo_id: str) -> dict:
+    """All the ledger knows of a repo: refs, history, and the build listing of every scanned
+    commit — not only the staged variants, so that `resolve --offline` and `matrix` answer on the
+    other side as they do here, and a commit's listing there is never a partial one."""
+    with ledger.session() as s:
+        repo = s.scalar(select(Repo).where(Repo.repo_id == repo_id))
+        refs = s.scalars(select(Ref).where(Ref.repo_pk == repo.id, ~Ref.gone).order_by(Ref.kind, Ref.name))
+        commits = s.scalars(select(Commit).where(Commit.repo_pk == repo.id).order_by(Commit.depth, Commit.sha)
+                            .options(selectinload(Commit.variants).selectinload(Variant.files)))
+        return {"repo": repo_id, "repo_type": repo.repo_type, "endpoint": repo.endpoint,
+                "scanned_at": repo.scanned_at and repo.scanned_at.isoformat(),
+                "refs": [{"kind": r.kind, "name": r.name, "commit": r.commit_sha} for r in refs],
+                "commits": [{"sha": c.sha, "parent": c.parent_sha, "depth": c.depth, "title": c.title,
+                             "date": c.date and c.date.isoformat(), "variants": [
+                                 {"name": v.name, "metadata_oid": v.metadata_oid,
+                                  "metadata": json.loads(v.metadata_json) if v.metadata_json else None,
+                                  "files": [{"path": f.path, "size": f.size, "git_oid": f.git_oid,
+                                             "sha256": f.sha256} for f in v.files]}
+                                 for v in c.variants] if c.scanned else None} for c in commits]}
+
+
+def _write_tar(out: Path, doc: dict, blobs: list[Digest], store: BlobStore) -> None:
+    tmp = out.with_name(f".{out.name}.{uuid.uuid4().hex}.tmp")
+    mtime = int(time.time())
+
+    def info(name: str, size: int) -> tarfile.TarInfo:
+        ti = tarfile.TarInfo(name)
+        ti.size, ti.mtime, ti.mode = size, mtime, 0o444
+        return ti
+
+    try:
+        # Plain tar, no compression: kernels are mostly compiled .so files that barely compress,
+        # and an uncompressed tar streams at disk speed on both sides of the gap.
+        with open(tmp, "wb") as f:
+            with tarfile.open(fileobj=f, mode="w", format=tarfile.PAX_FORMAT) as tf:
+                data = json.dumps(doc, indent=1, sort_keys=True).encode()
+                tf.addfile(info(MANIFEST, len(data)), io.BytesIO(data))  # first: read before any blob
+                for d in blobs:
+                    with open(store.path(d.sha256), "rb") as src:
+                        reader = _Hashing(src, d.size)
+                        tf.addfile(info(f"blobs/{d.sha256}", d.size), reader)
+                    if reader.digest() != d:  # better caught here, where it can be re-staged
+                        raise BundleRejected(f"stored blob {d.sha256} is corrupt: run 'frt-mirror verify'")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, out)
+        fsync_dir(out.parent)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+# -- import ---------------------------------------------------------------------------------
+
+def import_bundle(src: Path, home: Path, ledger: Ledger) -> BundleReport:
+    store = BlobStore(home)
+    parts: dict[str, Path | None] = {}  # sha -> its .part in tmp/ (None: already in the store)
+    try:
+        listed, repos, staged = _read_and_verify(src, store, parts)
+    except BaseException as e:
+        for p in parts.values():
+            if p is not None:
+                p.unlink(missing_ok=True)
+        if isinstance(e, (tarfile.TarError, EOFError)):
+            e = f"truncated or not a tar archive ({e})"
+        elif not isinstance(e, (BundleRejected, OSError)):
+            raise
+        raise BundleRejected(f"{src}: {e}; nothing was imported") from None
+    # Everything verified: store, then ledger, then views, then the staged rows that point at them.
+    for sha, part in parts.items():
+        if part is not None:
+            store.commit(part, listed[sha])
+    record_blobs(ledger, listed.values())
+    for repo in repos:
+        _record_repo(ledger, repo)
+    views = Views(home, store)
+    for row, pairs in staged:
+        views.link(row.repo, row.commit, row.variant, pairs)
+    have = set(staged_rows(ledger))
+    new = [row for row, _ in staged if row not in have]
+    record_staged(ledger, [Resolution(_request(r), parse_target(r.target), r.commit, r.variant, ())
+                           for r in new])
+    return BundleReport(src, len(listed), sum(d.size for d in listed.values()), [r for r, _ in staged],
+                        new_blobs=sum(p is not None for p in parts.values()), new_rows=len(new))
+
+
+def _read_and_verify(src: Path, store: BlobStore, parts: dict[str, Path | None]):
+    with tarfile.open(src, mode="r:") as tf:
+        members = iter(tf)
+        first = next(members, None)
+        if first is None or first.name != MANIFEST or first.type not in _REGULAR or first.size > MAX_MANIFEST:
+            raise BundleRejected(f"the first member must be a regular file named {MANIFEST}")
+        try:
+            listed, repos, staged = _check_manifest(json.loads(tf.extractfile(first).read()))
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError, BadInput) as e:
+            raise BundleRejected(f"malformed {MANIFEST}: {type(e).__name__}: {e}") from None
+        for m in members:
+            _verify_member(tf, m, listed, parts, store)
+        missing = sorted(set(listed) - set(parts))
+        if missing:
+            raise BundleRejected(f"{len(missing)} listed blob(s) missing from the archive, e.g. {missing[0]}")
+        # A tar cut off exactly between members reads as complete: require its end-of-archive marker.
+        tf.fileobj.seek(tf.offset)
+        if tf.fileobj.read(2 * tarfile.BLOCKSIZE) != bytes(2 * tarfile.BLOCKSIZE):
+            raise BundleRejected("no end-of-archive marker: the archive is truncated")
+    return listed, repos, staged
+
+
+def _verify_member(tf: tarfile.TarFile, m: tarfile.TarInfo, listed: dict[str, Digest],
+                   parts: dict[str, Path | None], store: BlobStore) -> None:
+    """Stream one `blobs/<sha256>` member into tmp/ (or nowhere, if the store has it), hashing it."""
+    match = _BLOB.fullmatch(m.name)
+    if match is None or m.type not in _REGULAR:
+        raise BundleRejected(f"unexpected member {m.name!r} (only regular files {MANIFEST}, blobs/<sha256>)")
+    sha = match[1]
+    if sha not in listed or sha in parts:
+        raise BundleRejected(f"blob {sha} " + ("appears twice" if sha in parts else f"is not in {MANIFEST}"))
+    want = listed[sha]
+    if m.size != want.size:  # refused before a byte of it lands in tmp/
+        raise BundleRejected(f"blob {sha} is {m.size} bytes in the archive, listed as {want.size}")
+    parts[sha] = None if store.has(sha) else store.part_path(f"{sha}.import-{uuid.uuid4().hex}")
+    reader = _Hashing(tf.extractfile(m), m.size)
+    with open(parts[sha], "wb") if parts[sha] else contextlib.nullcontext() as out:
+        while chunk := reader.read():
+            if out is not None:
+                out.write(chunk)
+    if (got := reader.digest()) != want:
+        raise BundleRejected(f"blob {sha} is tampered or damaged: expected sha256 {want.sha256}, "
+                             f"content hashes to {got.sha256} ({got.size} bytes)")
+
+
+@dataclass
+class _RepoRows:
+    """One repo's ledger rows from a bundle, parsed and validated before anything is written."""
+
+    repo: str
+    repo_type: str
+    endpoint: str | None
+    scanned_at: datetime | None
+    refs: dict[tuple[str, str], str]
+    commits: list[dict]  # rows of the commits table, less repo_pk
+    builds: dict[str, list[VariantInfo]]  # sha -> its build listing, for scanned commits
+
+
+def _check_manifest(doc: dict):
+    """Validate everything that will reach the ledger or a path on disk, so that once the blobs
+    verify, writing cannot fail half-way on content. Returns the listed blobs, the repos' rows,
+    and per staged row its files paired with the blob each one is."""
+    if doc["format"] != FORMAT:
+        raise ValueError(f"bundle format {doc['format']!r}; this frt-mirror reads format {FORMAT}")
+    json.dumps(doc, ensure_ascii=False).encode()  # a lone surrogate would fail later, inside SQLite
+    listed = {b["sha256"]: Digest(b["sha256"], b["git_oid"], _int(b["size"], 0)) for b in doc["blobs"]}
+    _need(len(listed) == len(doc["blobs"]), "a blob is listed twice")
+    _need(all(_HEX64.fullmatch(d.sha256) and _HEX40.fullmatch(d.git_oid) for d in listed.values()),
+          "malformed blob hash")
+    repos = [_parse_repo(r) for r in doc["repos"]]
+    variants = {(r.repo, sha, v.name): v.files for r in repos for sha, vs in r.builds.items() for v in vs}
+    by_oid = {d.git_oid: d for d in listed.values()}
+    staged = []
+    for s in doc["staged"]:
+        row = StagedRow(*(s[k] for k in ("repo", "requested", "version", "revision", "target", "commit",
+                                         "variant")))
+        _need(_request(row).label == row.requested and str(parse_target(row.target)) == row.target,
+              f"bad staged row {s}")
+        files = variants.get((row.repo, row.commit, row.variant))
+        _need(files, f"staged {row.repo}@{row.commit[:12]} {row.variant} has no build listing")
+        pairs = []
+        for f in files:
+            # An LFS file's git oid is its pointer's, not its content's: match those by sha256.
+            blob = listed.get(f.sha256) if f.sha256 else by_oid.get(f.git_oid)
+            _need(blob is not None and blob.size == f.size, f"{row.repo}: {f.path} has no listed blob")
+            pairs.append((f, blob.sha256))
+        staged.append((row, pairs))
+    return listed, repos, staged
+
+
+def _parse_repo(d: dict) -> _RepoRows:
+    check_repo_id(d["repo"])
+    _need(d["repo_type"] in ("kernel", "model") and isinstance(d["endpoint"], (str, type(None))),
+          f"{d['repo']}: bad repo type or endpoint")
+    refs = {}
+    for r in d["refs"]:
+        _need(r["kind"] in ("branch", "tag") and isinstance(r["name"], str) and _HEX40.fullmatch(r["commit"]),
+              f"bad ref {r}")
+        refs[(r["kind"], r["name"])] = r["commit"]
+    commits, builds = [], {}
+    for c in d["commits"]:
+        _need(_HEX40.fullmatch(c["sha"]) and (c["parent"] is None or _HEX40.fullmatch(c["parent"]))
+              and isinstance(c["title"], str), f"bad commit {c['sha']!r}")
+        commits.append({"sha": c["sha"], "parent_sha": c["parent"], "depth": _int(c["depth"], -1),
+                        "title": c["title"], "date": _when(c["date"])})
+        if c["variants"] is not None:
+            builds[c["sha"]] = [_parse_variant(v) for v in c["variants"]]
+    return _RepoRows(d["repo"], d["repo_type"], d["endpoint"], _when(d["scanned_at"]), refs, commits, builds)
+
+
+def _parse_variant(v: dict) -> VariantInfo:
+    name = v["name"]
+    _need(_VARIANT.fullmatch(name) and ".." not in name, f"bad variant name {name!r}")
+    _need(isinstance(v["metadata"], (dict, type(None))) and isinstance(v["metadata_oid"], (str, type(None))),
+          f"{name}: bad metadata")
+    files = []
+    for f in v["files"]:
+        _need(_safe_path(f["path"], name) and _HEX40.fullmatch(f["git_oid"])
+              and (f["sha256"] is None or _HEX64.fullmatch(f["sha256"])), f"bad file entry {f}")
+        files.append(FileEntry(f["path"], _int(f["size"], 0), f["git_oid"], f["sha256"]))
+    return VariantInfo(name, tuple(files), v["metadata_oid"], v["metadata"])
+
+
+def _int(value, low: int) -> int:
+    _need(type(value) is int and low <= value < 1 << 62, f"bad number {value!r}")  # SQLite's integer range
+    return value
+
+
+def _when(text: str | None) -> datetime | None:
+    return None if text is None else datetime.fromisoformat(text)
+
+
+def _need(ok, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
+def _safe_path(path: str, variant: str) -> bool:
+    """Files land under views/…/build/<variant>/: nothing may climb out of it."""
+    return (path.startswith(f"build/{variant}/") and "\\" not in path and "\0" not in path
+            and all(p not in ("", ".", "..") for p in path.split("/")))
+
+
+def _request(row: StagedRow) -> Request:
+    if row.version is not None:
+        return Request(row.repo, version=_int(row.version, 0))
+    _need(isinstance(row.revision, str), f"bad revision {row.revision!r}")
+    return Request(row.repo, revision=row.revision, pinned=row.requested.startswith("pin "))
+
+
+def _record_repo(ledger: Ledger, r: _RepoRows) -> None:
+    """Merge a repo's rows: refs only if the bundle saw upstream later than this ledger did;
+    commits and build listings only where missing (commits are immutable)."""
+    with ledger.session() as s:
+        mine = s.execute(select(Repo.id, Repo.scanned_at).where(Repo.repo_id == r.repo)).first()
+    if mine is None or (r.scanned_at and (mine.scanned_at is None or mine.scanned_at < r.scanned_at)):
+        ledger.record_refs(r.repo, r.refs, endpoint=r.endpoint, repo_type=r.repo_type)
+        with ledger.session() as s:  # when upstream was seen, not when the bundle arrived
+            s.scalar(select(Repo).where(Repo.repo_id == r.repo)).scanned_at = r.scanned_at
+    with ledger.session() as s:
+        pk = s.scalar(select(Repo.id).where(Repo.repo_id == r.repo))
+        if r.commits:
+            stmt = sqlite_insert(Commit)
+            s.execute(stmt.on_conflict_do_update(  # as record_history: a build-only row gains its history
+                index_elements=["repo_pk", "sha"], where=(Commit.depth < 0) & (stmt.excluded.depth >= 0),
+                set_={k: stmt.excluded[k] for k in ("parent_sha", "depth", "date", "title")}),
+                [dict(c, repo_pk=pk) for c in r.commits])
+        scanned = set(s.scalars(select(Commit.sha).where(Commit.repo_pk == pk, Commit.scanned)))
+    builds = {sha: vs for sha, vs in r.builds.items() if sha not in scanned}
+    if builds:
+        ledger.record_builds(r.repo, builds)

@@ -1,0 +1,255 @@
+"""bundle / import across an air gap, as an operator runs them.
+
+Home A stages from the fake Hub and writes a bundle; home B imports it inside `unshare -n`
+(no route anywhere), then the real `kernels` loads from B's views with no network. A damaged
+or hostile bundle is refused with exit 1 and leaves B byte-for-byte as it was.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import sqlite3
+import tarfile
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from tests.conftest import ACTIVATION, RELU, run_cli
+from tests.fakehub import FakeHub
+from tests.kernel_fixtures import ORG, X86_CPU, demo_repos
+from tests.test_stage import ARM_CU, LAYERNORM, NO_NET, X86, load_offline, stage_json, write_manifest
+
+
+@pytest.fixture(scope="module")
+def a(tmp_path_factory) -> SimpleNamespace:
+    """Home A, staged once for the module, with a full bundle and an x86-only one (read-only after)."""
+    root = tmp_path_factory.mktemp("a")
+    home = root / "home"
+    kernels = {LAYERNORM: {"version": 1}, ACTIVATION: {"version": 1}, RELU: {"version": 1}}
+    m = write_manifest(root / "frt-manifest.toml", kernels, [X86, ARM_CU])
+    with FakeHub(demo_repos(), trusted_orgs=[ORG], page_size=5) as hub:
+        stage_json(home, m, hub)  # exit 1: activation v1 has no aarch64 CUDA build (a refusal, not an error)
+    full, x86 = root / "all.tar", root / "x86.tar"
+    return SimpleNamespace(home=home, full=full, x86=x86, full_doc=make_bundle(home, full),
+                           x86_doc=make_bundle(home, x86, X86))
+
+
+def make_bundle(home: Path, out: Path, *targets: str) -> dict:
+    p = run_cli("bundle", str(out), "--json", *[a for t in targets for a in ("--target", t)], home=home)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
+def import_offline(home: Path, bundle: Path, *extra: str):
+    return run_cli("import", str(bundle), *extra, home=home, wrap=NO_NET)
+
+
+def snapshot(home: Path) -> tuple:
+    """Everything an import could change: every file under the home (but the ledger's own
+    files, compared as a full SQL dump instead) with its size, and the ledger's contents."""
+    files = sorted((str(p.relative_to(home)), p.stat().st_size) for p in home.rglob("*")
+                   if p.is_file() and not p.name.startswith("ledger.sqlite"))
+    if not (home / "ledger.sqlite").exists():
+        return files, None
+    with sqlite3.connect(home / "ledger.sqlite") as db:
+        return files, list(db.iterdump())
+
+
+def rewrite(src: Path, dst: Path, edit) -> None:
+    """Copy a tar member by member; `edit(info, data)` returns [(info, data)] to write instead."""
+    with tarfile.open(src) as tin, tarfile.open(dst, "w") as tout:
+        for m in tin:
+            for info, data in edit(m, tin.extractfile(m).read()):
+                tout.addfile(info, io.BytesIO(data) if data is not None else None)
+
+
+def test_bundle_imports_offline_and_everything_works_there(a, tmp_path):
+    out, doc = a.full, a.full_doc
+    names = tarfile.open(out).getnames()
+    assert names[0] == "frt-bundle.json" and len(names) == doc["blobs"] + 1
+    assert all(re.fullmatch(r"blobs/[0-9a-f]{64}", n) for n in names[1:])
+    assert not list(out.parent.glob(".all.tar.*"))  # the temp file was renamed, not left behind
+
+    b = tmp_path / "b"
+    p = import_offline(b, out, "--json")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["new_blobs"] == doc["blobs"]
+    assert run_cli("verify", home=b, wrap=NO_NET).returncode == 0
+
+    p = run_cli("env", "--target", X86, "--format", "json", home=b, wrap=NO_NET)
+    assert p.returncode == 0, p.stderr
+    env = json.loads(p.stdout)["env"]
+    assert str(b) in env["LOCAL_KERNELS"]
+    out_k = load_offline(f"""
+        import kernels
+        ln = kernels.get_kernel({LAYERNORM!r}, version=1)
+        act = kernels.get_kernel({ACTIVATION!r}, version=2)
+        print(ln.VARIANT, act.VARIANT, act.add(2, 3))
+    """, env)
+    assert out_k.returncode == 0, out_k.stderr
+    assert out_k.stdout.split() == [X86_CPU, X86_CPU, "5"]
+
+    # B's ledger answers as A's does: resolve --offline, matrix, export-cache.
+    for repo, ver in ((ACTIVATION, "2"), (LAYERNORM, "1"), (RELU, "1")):
+        args = ("resolve", repo, "--version", ver, "--target", X86, "--offline", "--json")
+        there, here = run_cli(*args, home=b, wrap=NO_NET), run_cli(*args, home=a.home)
+        assert there.returncode == 0, there.stderr
+        assert json.loads(there.stdout) == json.loads(here.stdout)
+    m_b, m_a = run_cli("matrix", ACTIVATION, "--json", home=b, wrap=NO_NET), run_cli("matrix", ACTIVATION,
+                                                                                      "--json", home=a.home)
+    assert m_b.returncode == 0 and json.loads(m_b.stdout) == json.loads(m_a.stdout)
+    p = run_cli("export-cache", str(tmp_path / "cache"), "--target", X86, home=b, wrap=NO_NET)
+    assert p.returncode == 0, p.stderr
+
+    # Importing the same bundle again is a no-op success.
+    before = snapshot(b)
+    p = import_offline(b, out, "--json")
+    assert p.returncode == 0, p.stderr
+    assert (json.loads(p.stdout)["new_blobs"], json.loads(p.stdout)["new_rows"]) == (0, 0)
+    assert snapshot(b) == before
+
+
+def test_target_subset_carries_only_that_target(a, tmp_path):
+    full, sub = a.full_doc, a.x86_doc
+    assert {r["target"] for r in sub["staged"]} == {X86}
+    assert {r["target"] for r in full["staged"]} == {X86, ARM_CU}
+    assert 0 < sub["blobs"] < full["blobs"]
+    b = tmp_path / "b"
+    p = import_offline(b, a.x86)
+    assert p.returncode == 0, p.stderr
+    assert run_cli("verify", home=b).returncode == 0
+    assert run_cli("env", "--target", X86, home=b).returncode == 0
+    p = run_cli("env", "--target", ARM_CU, home=b)
+    assert p.returncode == 2 and "nothing is staged" in p.stderr
+    # The rest arrives later, on top: B then holds the full set.
+    p = import_offline(b, a.full, "--json")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["new_blobs"] == full["blobs"] - sub["blobs"]
+    assert run_cli("env", "--target", ARM_CU, home=b).returncode == 0
+    assert run_cli("verify", home=b).returncode == 0
+
+
+@pytest.fixture
+def b_with_x86(a, tmp_path) -> Path:
+    """An importing home that already holds something, so 'unchanged' means more than 'empty'."""
+    b = tmp_path / "b"
+    assert import_offline(b, a.x86).returncode == 0
+    return b
+
+
+def test_flipped_blob_is_refused_and_nothing_is_imported(a, b_with_x86, tmp_path):
+    good, bad = a.full, tmp_path / "bad.tar"
+    victim = max(doc_blobs(good), key=lambda b: b["size"])  # the last-listed largest: imported after others
+
+    def flip(m, data):
+        if m.name == f"blobs/{victim['sha256']}":
+            data = bytes([data[0] ^ 0xFF]) + data[1:]
+        return [(m, data)]
+
+    rewrite(good, bad, flip)
+    before = snapshot(b_with_x86)
+    p = import_offline(b_with_x86, bad)
+    assert p.returncode == 1
+    line = p.stderr.strip()
+    assert "\n" not in line and "Traceback" not in line
+    assert victim["sha256"] in line and "expected sha256" in line and "hashes to" in line
+    actual = re.search(r"hashes to ([0-9a-f]{64})", line)[1]
+    assert actual != victim["sha256"]
+    assert snapshot(b_with_x86) == before  # no blob, no .part, no view, no ledger row
+    assert run_cli("verify", home=b_with_x86).returncode == 0
+
+
+def doc_blobs(bundle: Path) -> list[dict]:
+    with tarfile.open(bundle) as tf:
+        return json.load(tf.extractfile("frt-bundle.json"))["blobs"]
+
+
+def _extra(name: str, kind=tarfile.REGTYPE, linkname: str = ""):
+    def edit(m, data):
+        out = [(m, data)]
+        if m.name == "frt-bundle.json":
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname, info.size = kind, linkname, 0 if kind != tarfile.REGTYPE else 4
+            out.append((info, b"evil" if kind == tarfile.REGTYPE else None))
+        return out
+    return edit
+
+
+def _drop_first_blob():
+    dropped = []
+
+    def edit(m, data):
+        if m.name.startswith("blobs/") and not dropped:
+            dropped.append(m.name)
+            return []
+        return [(m, data)]
+    return edit
+
+
+def _bad_json(m, data):
+    if m.name == "frt-bundle.json":
+        data = data[: len(data) // 2]
+        m.size = len(data)
+    return [(m, data)]
+
+
+def _climbing_path(m, data):
+    """A manifest whose listing puts a staged file outside its variant dir (a view would follow it)."""
+    if m.name == "frt-bundle.json":
+        doc = json.loads(data)
+        row = doc["staged"][0]
+        repo = next(r for r in doc["repos"] if r["repo"] == row["repo"])
+        commit = next(c for c in repo["commits"] if c["sha"] == row["commit"])
+        variant = next(v for v in commit["variants"] if v["name"] == row["variant"])
+        variant["files"][0]["path"] = f"build/{row['variant']}/../../../../evil"
+        data = json.dumps(doc).encode()
+        m.size = len(data)
+    return [(m, data)]
+
+
+@pytest.mark.parametrize("edit, says", [
+    (_extra("../evil"), "'../evil'"),
+    (_extra("/tmp/frt-evil-abs"), "frt-evil-abs"),
+    (_extra("blobs/" + "0" * 64, tarfile.SYMTYPE, "/etc/passwd"), "0" * 64),
+    (_extra("blobs/" + "ab" * 32), "is not in frt-bundle.json"),
+    (_drop_first_blob(), "missing from the archive"),
+    (_bad_json, "malformed frt-bundle.json"),
+    (_climbing_path, "../../../../evil"),
+], ids=["traversal", "absolute", "symlink", "unlisted", "missing", "bad-json", "climbing-path"])
+def test_hostile_or_broken_bundles_are_refused(a, b_with_x86, tmp_path, edit, says):
+    good, bad = a.full, tmp_path / "bad.tar"
+    rewrite(good, bad, edit)
+    before = snapshot(b_with_x86)
+    p = import_offline(b_with_x86, bad)
+    assert p.returncode == 1, p.stderr
+    assert says in p.stderr and "nothing was imported" in p.stderr and "Traceback" not in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
+    assert snapshot(b_with_x86) == before
+    assert not (tmp_path / "evil").exists() and not Path("/tmp/frt-evil-abs").exists()
+
+
+@pytest.mark.parametrize("keep", [0.5, "boundary", "no-trailer"])
+def test_truncated_bundle_is_a_clean_refusal(a, tmp_path, keep):
+    good = a.full
+    data = good.read_bytes()
+    with tarfile.open(good) as tf:
+        members = tf.getmembers()
+        end = members[-1].offset_data + -(-members[-1].size // 512) * 512
+    cut = {0.5: len(data) // 2, "boundary": members[-1].offset, "no-trailer": end}[keep]
+    bad = tmp_path / "cut.tar"
+    bad.write_bytes(data[:cut])
+    b = tmp_path / "b"
+    p = import_offline(b, bad)
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
+    assert not list((b / "store").rglob("*")) or not any(f.is_file() for f in (b / "store").rglob("*"))
+    assert not any((b / "tmp").iterdir())
+
+
+def test_bundle_of_nothing_is_bad_input(home, tmp_path):
+    p = run_cli("bundle", str(tmp_path / "x.tar"), home=home)
+    assert p.returncode == 2 and "nothing is staged" in p.stderr
+    assert not (tmp_path / "x.tar").exists()
