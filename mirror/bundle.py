@@ -181,6 +181,7 @@ def _write_tar(out: Path, doc: dict, blobs: list[Digest], store: BlobStore) -> N
 
 def import_bundle(src: Path, home: Path, ledger: Ledger) -> BundleReport:
     store = BlobStore(home)
+    store.sweep_parts("*.import-*.part")  # left by a killed import; a running one's are recent
     parts: dict[str, Path | None] = {}  # sha -> its .part in tmp/ (None: already in the store)
     try:
         listed, repos, staged = _read_and_verify(src, store, parts)

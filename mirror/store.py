@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,6 +77,16 @@ class BlobStore:
         os.replace(part, final)
         fsync_dir(final.parent)
         return final
+
+    def sweep_parts(self, pattern: str, older_than_s: float = 600) -> None:
+        """Drop unfinished files nobody will resume (older than any live writer's)."""
+        cutoff = time.time() - older_than_s
+        for p in self.tmp.glob(pattern):
+            try:
+                if p.stat().st_mtime < cutoff:
+                    p.unlink()
+            except FileNotFoundError:
+                pass
 
     def blobs(self) -> list[Path]:
         return sorted(p for p in self.root.glob("??/*") if p.is_file())
