@@ -27,8 +27,8 @@ from sqlalchemy import select
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import selectinload
 
-from frt.resolver import FileEntry, FrtError, Ledger, Request, Resolution, parse_target
-from frt.resolver.errors import BadInput
+from frt.resolver import FileEntry, Ledger, Request, Resolution, parse_target
+from frt.resolver.errors import BadInput, VerificationFailed
 from frt.resolver.repo_ids import check_repo_id
 from frt.resolver.resolution import VariantInfo
 from frt.resolver.schema import Commit, Ref, Repo, Variant, utcnow
@@ -47,7 +47,7 @@ _VARIANT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _REGULAR = (tarfile.REGTYPE, tarfile.AREGTYPE)  # never links, devices or dirs
 
 
-class BundleRejected(FrtError):
+class BundleRejected(VerificationFailed):
     """A bundle that cannot be written or trusted; on import, nothing of it was kept (exit 1)."""
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,7 +86,3 @@ def render_sh(values: dict[str, str]) -> str:
     import shlex
 
     return "\n".join(f"export {k}={shlex.quote(v)}" for k, v in values.items())
-
-
-def absolute(home: Path) -> Path:
-    return Path(os.path.abspath(home))

@@ -10,14 +10,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from frt.resolver.errors import FrtError, UpstreamUnavailable
+from frt.resolver.errors import UpstreamUnavailable, VerificationFailed
 from frt.resolver.hub import ContentTooLarge, HubClient, is_transient
 from frt.resolver.resolution import FileEntry
 
 from .store import BlobStore, Digest, digest_file
 
 
-class IntegrityError(FrtError):
+class IntegrityError(VerificationFailed):
     """Upstream served bytes that do not match what it advertised for the file."""
 
     def __init__(self, message: str, *, repo: str, path: str, commit: str):

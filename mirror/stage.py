@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import threading
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path

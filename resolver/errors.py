@@ -38,13 +38,17 @@ class KernelUnavailable(FrtError, ValueError):
         self.refusal = refusal
 
 
+class VerificationFailed(FrtError):
+    """Bytes did not match what was advertised or recorded (a tampered download or bundle)."""
+
+
 # Exit codes of the contract: 0 ok, 1 refused or failed verification, 2 bad usage or input.
 EXIT_OK, EXIT_REFUSED, EXIT_BAD_INPUT = 0, 1, 2
 
 
 def exit_code(exc: BaseException) -> int:
     """Map an error to the CLI exit code. Unknown errors are bugs, not refusals."""
-    if isinstance(exc, KernelUnavailable):
+    if isinstance(exc, (KernelUnavailable, VerificationFailed)):
         return EXIT_REFUSED
     if isinstance(exc, FrtError):
         return EXIT_BAD_INPUT

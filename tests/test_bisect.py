@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from tests.conftest import cli_env, run_cli
+from tests.conftest import run_cli
 from tests.fakehub import FakeRepo
 from tests.kernel_fixtures import ARM_CPU, ORG, X86_CPU, build, variant_files
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import cli_env, run_cli
-from tests.fakehub import FakeHub, FakeRepo
+from tests.fakehub import FakeRepo
 from tests.kernel_fixtures import ORG, X86_CPU, blob, build, variant_files
 from tests.test_stage import X86, write_manifest
 
@@ -61,7 +61,7 @@ def assert_views_only_link_verified_blobs(home: Path) -> None:
     for p in views.rglob("*") if views.exists() else []:
         if p.is_file():
             assert p.stat().st_nlink >= 2, f"{p} is not a link into the store"
-            assert any(os.path.samefile(p, b) for b in (home / "store" / "sha256").glob(f"??/*")
+            assert any(os.path.samefile(p, b) for b in (home / "store" / "sha256").glob("??/*")
                        if b.stat().st_ino == p.stat().st_ino), p
 
 
