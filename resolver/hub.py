@@ -207,5 +207,9 @@ class _EntryMissing(FrtError):
 
 
 def _first_line(e: BaseException) -> str:
+    """One line for users: the error's first line, plus the server's own message when it sent one
+    (huggingface_hub puts that on a later line, after a generic "404 Client Error.")."""
     text = str(e).strip().splitlines()
-    return text[0] if text else type(e).__name__
+    line = text[0] if text else type(e).__name__
+    server = (getattr(e, "server_message", None) or "").strip().replace("\n", " ")
+    return f"{line} {server}" if server and server not in line else line
