@@ -18,7 +18,7 @@ $(VENV)/.base: pyproject.toml | $(BIN)/python
 
 # Tests also compare our variant choice with kernels' own for this host, which needs torch.
 $(VENV)/.torch: $(VENV)/.base
-	$(BIN)/pip install -q torch==2.13.0 numpy
+	$(BIN)/pip install -q torch==2.13.0 numpy transformers
 	touch $@
 
 # The same protocol-facing tests under huggingface_hub 1.x (httpx) — 2.x (httpx2) is the main venv's.
