@@ -24,3 +24,12 @@ def test_stage_bench_runs_quick():
     for row in ("baseline (snapshot_download)", "ours (8 jobs, fresh home)", "ours rerun (same home)",
                 "wall-time ratio ours/baseline =", "bytes fetched / needed =", "store dedup ratio ="):
         assert row in p.stdout
+
+
+def test_serve_bench_runs_quick():
+    p = subprocess.run([sys.executable, "-m", "bench.serve", "--quick"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    for row in ("hf_hub_download into a fresh cache", "\nserve ", "\nnginx ", "throughput ratio serve/nginx =",
+                "HEAD latency,", "serve HEAD p99 ="):
+        assert row in p.stdout

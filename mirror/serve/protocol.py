@@ -8,6 +8,9 @@ from starlette.responses import JSONResponse
 
 MAX_PATH = 4096
 _PCT = re.compile(rb"%([0-9A-Fa-f]{2})")
+# A header value is printable ASCII here: the message may quote the request's path, and a decoded
+# control character (%0A, %1F) in a header makes uvicorn refuse the whole response (a 500).
+_UNSAFE_IN_HEADER = re.compile(r"[^\x20-\x7e]")
 
 
 class HubError(Exception):
@@ -20,7 +23,7 @@ class HubError(Exception):
 
     def response(self, head: bool = False) -> JSONResponse:
         headers = dict(self.headers)
-        headers["X-Error-Message"] = self.message.encode("ascii", "replace").decode()
+        headers["X-Error-Message"] = _UNSAFE_IN_HEADER.sub("?", self.message)
         if self.code:
             headers["X-Error-Code"] = self.code
         resp = JSONResponse({"error": self.message}, status_code=self.status, headers=headers)
@@ -36,10 +39,17 @@ def split_raw_path(raw: bytes) -> list[str]:
     """
     if len(raw) > MAX_PATH:
         raise HubError(414, None, "Request path too long")
-    raw = raw.split(b"?", 1)[0]
-    segs = raw.strip(b"/").split(b"/") if raw.strip(b"/") else []
+    raw = raw.split(b"?", 1)[0].strip(b"/")
+    if b"%" not in raw and b"\x00" not in raw:  # the common case (every HEAD): one decode, one split
+        try:
+            out = raw.decode("utf-8").split("/") if raw else []
+        except UnicodeDecodeError:
+            raise HubError(400, None, "Path is not UTF-8") from None
+        if "" in out or "." in out or ".." in out:
+            raise HubError(400, None, "Invalid path segment")
+        return out
     out = []
-    for seg in segs:
+    for seg in raw.split(b"/"):
         if b"%" in seg and len(_PCT.findall(seg)) != seg.count(b"%"):
             raise HubError(400, None, "Malformed percent-encoding in path")
         try:
@@ -57,16 +67,21 @@ def parse_range(header: str | None, size: int):
     "unsatisfiable" → 416. A multi-range request is answered with the whole file, as RFC 9110 allows."""
     if not header:
         return None
-    m = re.fullmatch(r"\s*bytes\s*=\s*(\d*)\s*-\s*(\d*)\s*", header)
+    # ASCII only (\d would take "٣"), and numbers past 18 digits read as "beyond any file": int() of
+    # a 5,000-digit string raises (Python's int max str digits), which was a 500.
+    m = re.fullmatch(r"\s*bytes\s*=\s*(\d*)\s*-\s*(\d*)\s*", header, re.ASCII)
     if not m or (not m[1] and not m[2]):
         return None
-    if not m[1]:
-        n = int(m[2])
-        if n == 0:
+    first, last = (_num(g) if g else None for g in (m[1], m[2]))
+    if first is None:
+        if last == 0:
             return "unsatisfiable"
-        return (max(0, size - n), size)
-    start = int(m[1])
-    end = min(int(m[2]) + 1, size) if m[2] else size
-    if start >= size or (m[2] and int(m[2]) < start):
+        return (max(0, size - last), size)
+    end = min(last + 1, size) if last is not None else size
+    if first >= size or (last is not None and last < first):
         return "unsatisfiable"
-    return (start, end)
+    return (first, end)
+
+
+def _num(digits: str) -> int:
+    return int(digits) if len(digits.lstrip("0")) <= 18 else 1 << 62

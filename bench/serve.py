@@ -1,0 +1,278 @@
+"""Serving: `frt-mirror serve` (uvicorn) vs. nginx serving the same store blob statically.
+
+    python -m bench.serve [--quick]
+
+One LFS file (1 GiB; --quick: 64 MiB) of a fixture repo is staged through a fake Hub, which is then
+stopped. Both servers answer the same `/kernels/<repo>/resolve/<sha>/<path>` URL from the same file (so
+the same page cache): ours as `frt-mirror serve` in a subprocess; nginx from a generated config with
+`sendfile on` and the headers huggingface_hub needs (X-Repo-Commit, ETag, X-Linked-Etag/-Size).
+
+Rows: `hf_hub_download` of that file into a fresh cache dir, 3 runs per server, interleaved, median
+MB/s (each run is a child process: huggingface_hub's import is not timed, and the client does not share
+a GIL with anything), and for scale each server's raw ceiling (curl to /dev/null); then HEAD latency
+p50/p99 from 64 concurrent keep-alive clients (raw asyncio streams in a child process), 6,400 HEADs
+per server (--quick: 1,280). Latency there is closed-loop: 64 in flight, so p50 ~ 64 / (HEAD/s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MiB = 1 << 20
+REPO, VARIANT, FILENAME = "bench-org/big", "torch-universal", "build/torch-universal/_weights.bin"
+TARGET = "torch2.13-cpu-x86_64-linux"  # any: torch-universal is accepted by every target
+CLIENTS, RUNS = 64, 3
+
+NGINX_CONF = """\
+daemon off;
+master_process off;  # one process, as `serve` is
+{user}
+pid {tmp}/nginx.pid;
+error_log {tmp}/nginx-error.log warn;
+events {{ worker_connections 1024; }}
+http {{
+  access_log off;
+  sendfile on;
+  tcp_nopush on;
+  keepalive_requests 1000000;
+  client_body_temp_path {tmp}/nb; proxy_temp_path {tmp}/np; fastcgi_temp_path {tmp}/nf;
+  uwsgi_temp_path {tmp}/nu; scgi_temp_path {tmp}/ns;  # not under /var/lib/nginx
+  default_type application/octet-stream;
+  server {{
+    listen 127.0.0.1:{port};
+    location = {url} {{
+      alias {blob};
+      etag on;
+      add_header X-Repo-Commit {sha};
+      add_header X-Linked-Etag '"{sha256}"';
+      add_header X-Linked-Size {size};
+    }}
+  }}
+}}
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_listening(port: int, proc: subprocess.Popen, what: str) -> None:
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                sys.exit(f"{what} did not start (exit {proc.poll()})")
+            time.sleep(0.05)
+
+
+def stage_big_file(tmp: Path, size: int) -> dict:
+    """Stage one fixture repo whose torch-universal build carries a `size`-byte LFS file."""
+    from frt.mirror.home import ledger_path
+    from frt.mirror.stage import stage
+    from frt.resolver import HubClient, Ledger, make_request, parse_target
+    from tests.fakehub import FakeHub, FakeRepo
+    from tests.kernel_fixtures import variant_files
+
+    payload = hashlib.shake_128(b"bench.serve").digest(size)  # incompressible, ~1 GB/s to make
+    repo = FakeRepo(REPO)
+    sha = repo.commit(variant_files("big", VARIANT, version=1, extra={"_weights.bin": payload}), title="big",
+                      branch="v1")
+    meta = repo.commits[sha].meta[FILENAME]
+    home = tmp / "home"
+    with FakeHub([repo], page_size=1000) as hub:
+        ledger = Ledger(ledger_path(home))
+        report = stage([make_request(REPO, version=1)], [parse_target(TARGET)], home=home, ledger=ledger,
+                       hub=HubClient(hub.url), progress=False)
+        ledger.close()
+    if not report.ok:
+        sys.exit(f"staging the bench file failed: {report.rows}")
+    blob = home / "store" / "sha256" / meta.sha256[:2] / meta.sha256
+    return {"home": home, "sha": sha, "sha256": meta.sha256, "size": size, "blob": blob,
+            "url": f"/kernels/{REPO}/resolve/{sha}/{FILENAME}"}
+
+
+def start_serve(f: dict, tmp: Path) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    exe = str(Path(sys.executable).with_name("frt-mirror"))
+    with open(tmp / "serve.log", "wb") as log:
+        proc = subprocess.Popen([exe, "--home", str(f["home"]), "serve", "--port", str(port)], stdout=log,
+                                stderr=subprocess.STDOUT)
+    wait_listening(port, proc, "frt-mirror serve")
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def start_nginx(f: dict, tmp: Path) -> tuple[subprocess.Popen, str]:
+    if not shutil.which("nginx"):  # Debian's package; CI runs as root (and .ci/run installs it too)
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "nginx"]):
+            subprocess.run(cmd, check=True, capture_output=True, env=env)
+    port = free_port()
+    conf = tmp / "nginx.conf"
+    # As root, nginx drops to `nobody`, who cannot enter the private temp dir: stay root there.
+    user = "user root;" if os.geteuid() == 0 else ""
+    conf.write_text(NGINX_CONF.format(user=user, tmp=tmp, port=port, **f))
+    proc = subprocess.Popen(["nginx", "-p", str(tmp), "-c", str(conf), "-e", str(tmp / "nginx-error.log")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_listening(port, proc, "nginx")
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def child_download(endpoint: str, sha: str, cache: str) -> dict:
+    """In a child process: one hf_hub_download into a fresh cache, timed without the import."""
+    from huggingface_hub import hf_hub_download
+
+    t0 = time.perf_counter()
+    path = hf_hub_download(REPO, FILENAME, repo_type="kernel", revision=sha, cache_dir=cache,
+                           endpoint=endpoint)
+    return {"wall": time.perf_counter() - t0, "size": os.path.getsize(path)}
+
+
+def child_heads(port: int, path: str, total: int) -> dict:
+    """In a child process: CLIENTS keep-alive connections issuing HEADs back to back; latencies in s."""
+    request = (f"HEAD {path} HTTP/1.1\r\nHost: bench\r\nUser-Agent: huggingface_hub/2.4.0; python/3.11\r\n"
+               "Accept-Encoding: identity\r\nX-HF-Download-Counter: 1\r\n\r\n").encode()
+    latencies: list[float] = []
+
+    async def one_client(n: int) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(request)  # one untimed HEAD per connection: connecting is not what is measured
+        await reader.readuntil(b"\r\n\r\n")
+        for _ in range(n):
+            t0 = time.perf_counter()
+            writer.write(request)
+            head = await reader.readuntil(b"\r\n\r\n")
+            latencies.append(time.perf_counter() - t0)
+            if not head.startswith(b"HTTP/1.1 200"):
+                raise SystemExit(f"HEAD answered {head[:80]!r}")
+        writer.close()
+
+    async def main() -> float:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one_client(total // CLIENTS) for _ in range(CLIENTS)))
+        return time.perf_counter() - t0
+
+    try:
+        import uvloop  # uvicorn[standard] brings it; the client's own overhead should be small
+
+        wall = uvloop.run(main())
+    except ImportError:
+        wall = asyncio.run(main())
+    return {"latencies": latencies, "wall": wall}
+
+
+def run_child(*args: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env.update(HF_HUB_DISABLE_XET="1", HF_HUB_DISABLE_PROGRESS_BARS="1")
+    out = subprocess.run([sys.executable, "-m", "bench.serve", "--child", *args], capture_output=True,
+                         text=True, timeout=600, cwd=ROOT, env=env)
+    if out.returncode:
+        sys.exit(f"child {args[0]} failed:\n{out.stderr}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def curl_seconds(url: str, size: int) -> float | None:
+    """A raw GET to /dev/null: what the server can push when the client is not the limit (None: no curl)."""
+    if not shutil.which("curl"):
+        return None
+    t0 = time.perf_counter()
+    out = subprocess.run(["curl", "-sS", "-o", "/dev/null", "-w", "%{size_download}", url],
+                         capture_output=True, text=True, timeout=600)
+    wall = time.perf_counter() - t0
+    if out.returncode or int(out.stdout or 0) != size:
+        sys.exit(f"curl {url}: exit {out.returncode}, {out.stdout} bytes: {out.stderr}")
+    return wall
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(prog="python -m bench.serve", description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="a 64 MiB file and 1,280 HEADs per server (< 30 s)")
+    ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        kind, *rest = args.child
+        if kind == "download":
+            return print(json.dumps(child_download(*rest)))
+        return print(json.dumps(child_heads(int(rest[0]), rest[1], int(rest[2]))))
+
+    size, heads = (64 * MiB, 20 * CLIENTS) if args.quick else (1024 * MiB, 100 * CLIENTS)
+    with tempfile.TemporaryDirectory(prefix="frt-bench-serve-") as tmp_name:
+        tmp = Path(tmp_name)
+        t0 = time.perf_counter()
+        f = stage_big_file(tmp, size)
+        stage_s = time.perf_counter() - t0
+        servers = dict(zip(("serve", "nginx"), (start_serve(f, tmp), start_nginx(f, tmp))))
+        try:
+            walls: dict[str, list[float]] = {name: [] for name in servers}
+            for i in range(RUNS):
+                for name, (_, url) in servers.items():
+                    cache = tmp / f"cache-{name}-{i}"
+                    res = run_child("download", url, f["sha"], str(cache))
+                    if res["size"] != size:
+                        sys.exit(f"{name}: downloaded {res['size']} bytes, not {size}")
+                    walls[name].append(res["wall"])
+                    shutil.rmtree(cache)
+            raw = {name: [curl_seconds(url + f["url"], size) for _ in range(RUNS)]
+                   for name, (_, url) in servers.items()}
+            lat = {name: run_child("heads", url.rsplit(":", 1)[1], f["url"], str(heads))
+                   for name, (_, url) in servers.items()}
+        finally:
+            for proc, _ in servers.values():
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout=10)
+
+    mbps = {name: size / 1e6 / statistics.median(w) for name, w in walls.items()}
+    print(f"serve: one {size // MiB} MiB LFS file of {REPO}, staged in {stage_s:.1f} s; the same store blob "
+          f"served by both, loopback")
+    print(f"  frt-mirror serve: uvicorn, 1 process;  nginx {nginx_version()}: 1 process, sendfile on")
+    print(f"\nhf_hub_download into a fresh cache, {RUNS} runs each (interleaved), median:")
+    print(f"{'':20} {'MB/s':>8} {'runs (s)':>24}")
+    for name in servers:
+        print(f"{name:20} {mbps[name]:>8.0f} {' '.join(f'{w:.2f}' for w in walls[name]):>24}")
+    ratio = mbps["serve"] / mbps["nginx"]
+    print(f"throughput ratio serve/nginx = {ratio:.3f} (target >= 0.8): {'PASS' if ratio >= 0.8 else 'FAIL'}")
+    if all(None not in w for w in raw.values()):
+        curl = {name: size / 1e6 / statistics.median(w) for name, w in raw.items()}
+        print(f"  for scale, each server's own ceiling (curl -o /dev/null, median of {RUNS}): "
+              + ", ".join(f"{name} {v:.0f} MB/s" for name, v in curl.items())
+              + f" = {curl['serve'] / curl['nginx']:.2f}x")
+    print(f"\nHEAD latency, {CLIENTS} concurrent keep-alive clients, {heads} HEADs per server:")
+    print(f"{'':20} {'p50 ms':>8} {'p99 ms':>8} {'HEAD/s':>8}")
+    for name, res in lat.items():
+        ms = res["latencies"]
+        p50, p99 = pct(ms, 0.5) * 1e3, pct(ms, 0.99) * 1e3
+        print(f"{name:20} {p50:>8.2f} {p99:>8.2f} {len(ms) / res['wall']:>8.0f}")
+    p99 = pct(lat["serve"]["latencies"], 0.99) * 1e3
+    print(f"serve HEAD p99 = {p99:.2f} ms (target < 10 ms): {'PASS' if p99 < 10 else 'FAIL'}")
+
+
+def nginx_version() -> str:
+    out = subprocess.run(["nginx", "-v"], capture_output=True, text=True)
+    return out.stderr.strip().rsplit("/", 1)[-1]
+
+
+if __name__ == "__main__":
+    main()
