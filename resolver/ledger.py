@@ -11,13 +11,14 @@ import json
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
 from sqlalchemy import Connection, bindparam, create_engine, delete, event, func, select, update
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.exc import DatabaseError, OperationalError
+from sqlalchemy.exc import DatabaseError
 from sqlalchemy.orm import Session, sessionmaker
 
 from .errors import LedgerCorrupt
@@ -43,38 +44,56 @@ class Ledger:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.engine = create_engine(f"sqlite:///{self.path}", connect_args={"timeout": BUSY_TIMEOUT_MS / 1000})
         event.listen(self.engine, "connect", _configure_connection)
+        event.listen(self.engine, "begin", _begin)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         try:
-            with self.engine.begin() as conn:
+            with self.write(failure="cannot be opened") as conn:
                 migrate(conn)
-        except (DatabaseError, OperationalError, sqlite3.DatabaseError) as e:
+        except (LedgerCorrupt, DatabaseError, sqlite3.DatabaseError) as e:
             self.engine.dispose()
+            if isinstance(e, LedgerCorrupt):
+                raise
             raise LedgerCorrupt(f"ledger {self.path} cannot be opened: {_short(e)}") from None
 
     def close(self) -> None:
         self.engine.dispose()
 
     @contextmanager
+    def write(self, failure: str = "is unreadable") -> Iterator[Connection]:
+        """One write transaction, begun IMMEDIATE: it takes the write lock up front (waiting up to
+        the busy timeout), so two processes never both read, then collide on upgrading to write."""
+        token = _WRITING.set(True)
+        try:
+            with self._unreadable_as_corrupt(failure), self.engine.begin() as conn:
+                yield conn
+        finally:
+            _WRITING.reset(token)
+
+    @contextmanager
     def session(self) -> Iterator[Session]:
-        with self._sessions() as s:
-            try:
-                with s.begin():
-                    yield s
-            except (DatabaseError, sqlite3.DatabaseError) as e:
-                if isinstance(e, OperationalError) and "locked" in str(e):
-                    raise
-                raise LedgerCorrupt(f"ledger {self.path} is unreadable: {_short(e)}") from None
+        """An ORM session in one write transaction (IMMEDIATE, as `write`)."""
+        token = _WRITING.set(True)
+        try:
+            with self._unreadable_as_corrupt(), self._sessions() as s, s.begin():
+                yield s
+        finally:
+            _WRITING.reset(token)
 
     @contextmanager
     def view(self) -> Iterator[LedgerView]:
         """A read snapshot on a plain connection: no ORM session on the resolve hot path."""
+        with self._unreadable_as_corrupt(), self.engine.connect() as conn, conn.begin():
+            yield LedgerView(conn)
+
+    @contextmanager
+    def _unreadable_as_corrupt(self, failure: str = "is unreadable") -> Iterator[None]:
         try:
-            with self.engine.connect() as conn, conn.begin():
-                yield LedgerView(conn)
+            yield
         except (DatabaseError, sqlite3.DatabaseError) as e:
-            if isinstance(e, OperationalError) and "locked" in str(e):
-                raise
-            raise LedgerCorrupt(f"ledger {self.path} is unreadable: {_short(e)}") from None
+            orig = getattr(e, "orig", e)
+            if isinstance(orig, (sqlite3.IntegrityError, sqlite3.OperationalError)):
+                raise  # a constraint or a lock is a bug or contention, not a corrupt file
+            raise LedgerCorrupt(f"ledger {self.path} {failure}: {_short(e)}") from None
 
     # -- writes -------------------------------------------------------------------------
 
@@ -128,7 +147,7 @@ class Ledger:
     def record_refusal(self, refusal: Refusal) -> None:
         """One upsert on the refusal's full key: a repeat counts, a different failure is a new row."""
         r, now = refusal, utcnow()
-        with self.engine.begin() as conn:
+        with self.write() as conn:
             conn.execute(_UPSERT_REFUSAL, {
                 "repo_id": r.repo, "requested": r.request.label, "target": str(r.target), "error": r.error,
                 "detail": r.detail, "version": r.request.version, "revision": r.request.revision,
@@ -319,7 +338,17 @@ def _repo(s: Session, repo_id: str, *, repo_type: str = "kernel", endpoint: str 
     return repo
 
 
+# Whether the transaction being begun on this thread will write (see Ledger.write).
+_WRITING: ContextVar[bool] = ContextVar("frt_ledger_writing", default=False)
+
+
+def _begin(conn: Connection) -> None:
+    conn.exec_driver_sql("BEGIN IMMEDIATE" if _WRITING.get() else "BEGIN")
+
+
 def _configure_connection(dbapi_conn, _record) -> None:
+    # The driver must not open transactions on its own: `_begin` does, IMMEDIATE for writers.
+    dbapi_conn.isolation_level = None
     cur = dbapi_conn.cursor()
     cur.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
     cur.execute("PRAGMA journal_mode = WAL")

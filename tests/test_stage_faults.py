@@ -145,12 +145,13 @@ def test_kill_9_at_random_moments_then_rerun_completes(big_hub, home, manifest):
     assert doc["downloaded_bytes"] < doc["needed_bytes"], "the rerun resumes: it never starts from zero"
 
 
-def test_two_stagers_on_one_home_at_once(big_hub, home, manifest):
+def test_three_stagers_on_one_home_at_once(big_hub, home, manifest):
+    """Started together on a fresh home: they race to create the same ledger rows and blobs."""
     big_hub.faults.throttle("/resolve/", 20e6)
     exe = str(Path(sys.executable).with_name("frt-mirror"))
     cmd = [exe, "--home", str(home), "--endpoint", big_hub.url, "stage", str(manifest), "--json"]
     procs = [subprocess.Popen(cmd, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(2)]
+             for _ in range(3)]
     outs = [p.communicate(timeout=180) for p in procs]
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, err
