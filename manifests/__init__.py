@@ -7,15 +7,21 @@ Three inputs (see ``examples/``): the frt manifest TOML (``[[targets]]``, ``[ker
 Stdlib only, on purpose: nothing here imports frt.resolver, kernels or huggingface_hub. Target
 strings and backends are kept as written; the resolver validates them (``TargetSpec.source``
 gives it the ``file:line`` to blame).
+
+Also the seat catalog (``seats.py``, ``examples/seats-*.toml``): which module positions of a model
+``frt.seats.attach`` binds to which kernel, under which guards.
 """
 
 from pathlib import Path
 
 from .load import DIR_ORDER, load_manifest
 from .model import KernelSpec, Manifest, ManifestError, TargetSpec, Trust
+from .seats import (DEFAULT_BAND, KINDS, Guards, KernelRef, SeatCatalog, SeatSpec, SeatSpecError, load_seat_catalog,
+                    parse_seat_catalog)
 
 #: The shipped, commented example manifests (cluster.toml, pyproject-example.toml, kernels.lock).
 EXAMPLES = Path(__file__).resolve().parent / "examples"
 
-__all__ = ["DIR_ORDER", "EXAMPLES", "KernelSpec", "Manifest", "ManifestError", "TargetSpec", "Trust",
-           "load_manifest"]
+__all__ = ["DEFAULT_BAND", "DIR_ORDER", "EXAMPLES", "KINDS", "Guards", "KernelRef", "KernelSpec", "Manifest",
+           "ManifestError", "SeatCatalog", "SeatSpec", "SeatSpecError", "TargetSpec", "Trust", "load_manifest",
+           "load_seat_catalog", "parse_seat_catalog"]

@@ -33,3 +33,12 @@ def test_serve_bench_runs_quick():
     for row in ("hf_hub_download into a fresh cache", "\nserve ", "\nnginx ", "throughput ratio serve/nginx =",
                 "HEAD latency,", "serve HEAD p99 ="):
         assert row in p.stdout
+
+
+def test_seats_bench_runs_quick():
+    p = subprocess.run([sys.executable, "-m", "bench.seats", "--quick"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    for row in ("seats: [frt.seats] 145 seats (5 head slabs), 0 refused", "plain load", "attach, warm",
+                "target: attach of >= 144 seats < 0.5 s:", "seat/direct"):
+        assert row in p.stdout

@@ -1,0 +1,81 @@
+"""Per-call guards: may this call take the kernel? Tensor metadata only, so no host-device sync.
+
+Every test reads what the tensor already carries on the host (dtype, device, shape): no ``.item()``,
+no reduction, no branch on values. Under ``torch.compile`` these become Dynamo's own guards on the
+traced graph (dtype, device and shape are what it guards anyway).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from frt.manifests import Guards
+
+from .errors import SiteRefused
+
+
+@dataclass(frozen=True)
+class Guard:
+    dtypes: tuple[torch.dtype, ...]
+    devices: tuple[str, ...]
+    width: int | None  # the input's last dimension, when the kind fixes it
+    max_rows: int | None
+
+    def admits(self, x: object) -> bool:
+        if not isinstance(x, torch.Tensor) or x.dtype not in self.dtypes:
+            return False
+        # x.device builds a torch.device on every call; the is_cpu/is_cuda flags are plain reads.
+        if self.devices == ("cpu",):
+            if not x.is_cpu:
+                return False
+        elif self.devices == ("cuda",):
+            if not x.is_cuda:
+                return False
+        elif x.device.type not in self.devices:
+            return False
+        if self.width is not None and (x.dim() == 0 or x.shape[-1] != self.width):
+            return False
+        return self.max_rows is None or x.numel() <= self.max_rows * max(1, x.shape[-1])
+
+    def describe(self) -> str:
+        parts = [",".join(str(d).removeprefix("torch.") for d in self.dtypes), ",".join(self.devices)]
+        if self.width is not None:
+            parts.append(f"width {self.width}")
+        if self.max_rows is not None:
+            parts.append(f"rows <= {self.max_rows}")
+        return " ".join(parts)
+
+
+def module_width(kind: str, module: torch.nn.Module) -> int | None:
+    """The input width a module of this kind takes, when its weights say so."""
+    weight = getattr(module, "weight", None)
+    if kind in ("linear", "lm_head") and isinstance(weight, torch.Tensor) and weight.dim() == 2:
+        return int(weight.shape[1])
+    if kind == "norm" and isinstance(weight, torch.Tensor) and weight.dim() >= 1:
+        return int(weight.shape[-1])
+    if kind == "moe_experts":
+        width = getattr(module, "hidden_dim", None) or getattr(module, "hidden_size", None)
+        return int(width) if isinstance(width, int) else None
+    return None  # activation: elementwise, any width
+
+
+def build_guard(spec: Guards, kind: str, module: torch.nn.Module, dtype: torch.dtype,
+                device: torch.device) -> Guard:
+    """The guard of one site. A catalog guard that the module itself fails is a refusal at attach:
+    the seat would fall back on every call, so it is not installed."""
+    dtype_name = str(dtype).removeprefix("torch.")
+    if spec.dtypes and dtype_name not in spec.dtypes:
+        raise SiteRefused(f"guard mismatch: the module is {dtype_name}, the seat admits "
+                          f"{', '.join(spec.dtypes)}")
+    if spec.devices and device.type not in spec.devices:
+        raise SiteRefused(f"guard mismatch: the module is on {device.type}, the seat admits "
+                          f"{', '.join(spec.devices)}")
+    width = module_width(kind, module)
+    if spec.width is not None and width is not None and spec.width != width:
+        raise SiteRefused(f"guard mismatch: the module takes width {width}, the seat admits "
+                          f"width {spec.width}")
+    dtypes = tuple(getattr(torch, d) for d in spec.dtypes) if spec.dtypes else (dtype,)
+    return Guard(dtypes=dtypes, devices=spec.devices or (device.type,), width=spec.width or width,
+                 max_rows=spec.max_rows)

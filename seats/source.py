@@ -1,0 +1,133 @@
+"""Where a seat's kernel comes from: resolved for this host from the ledger, loaded from the staged view.
+
+Never a download. `resolve(..., offline=True)` reads only the ledger (what a stage or scan recorded),
+the variant directory must be a complete view of verified blobs under the home, and the `kernels`
+loader is handed exactly those staged paths (the kernel and its ``kernel-depends``) with no Hub
+resolver behind them. ``kernels.get_local_kernel`` would send a missing dependency to
+``LOCAL_KERNELS`` and then to the Hub; we want a refusal instead.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+from frt.manifests import KernelRef
+from frt.mirror.records import sha256_by_git_oid
+from frt.mirror.store import BlobStore
+from frt.mirror.views import Views
+from frt.resolver import KernelUnavailable, Ledger, Resolution, Target, host_target, resolve
+
+from .errors import SiteRefused
+
+
+@dataclass(frozen=True)
+class LoadedKernel:
+    ref: KernelRef
+    resolution: Resolution
+    path: Path  # the staged variant directory it was imported from
+    module: ModuleType
+    metadata: dict  # that directory's metadata.json (a verified blob, the file the loader read)
+
+    @property
+    def archs(self) -> tuple[str, ...]:
+        return tuple((self.metadata.get("backend") or {}).get("archs") or ())
+
+    @property
+    def backend_type(self) -> str | None:
+        return (self.metadata.get("backend") or {}).get("type")
+
+
+class KernelSource:
+    """Resolves, checks and loads each distinct kernel once; a failure is remembered as a refusal."""
+
+    def __init__(self, home: Path, ledger: Ledger | None, environ: Mapping[str, str]):
+        self.home, self.ledger, self.environ = home, ledger, environ
+        self.target: Target = host_target()
+        self.views = Views(home, BlobStore(home))
+        self._done: dict[tuple, LoadedKernel | SiteRefused] = {}
+
+    def get(self, ref: KernelRef) -> LoadedKernel:
+        key = (ref.repo, ref.version, ref.revision)
+        if key not in self._done:
+            try:
+                self._done[key] = self._load(ref)
+            except SiteRefused as e:
+                self._done[key] = e
+        found = self._done[key]
+        if isinstance(found, SiteRefused):
+            raise found
+        return found
+
+    def _load(self, ref: KernelRef) -> LoadedKernel:
+        res = self._staged(ref.repo, version=ref.version, revision=ref.revision)
+        # kernel-depends are loaded from their staged views too, never fetched.
+        deps: dict[str, Path] = {}
+        todo = list(res.metadata.get("kernel-depends") or [])
+        while todo:
+            dep = todo.pop()
+            repo = dep.get("repo-id") or dep.get("repo_id")
+            if not isinstance(repo, str) or repo in deps:
+                continue
+            try:
+                dep_res = self._staged(repo, version=dep.get("version"), revision=dep.get("revision"))
+            except SiteRefused as e:
+                raise SiteRefused(f"{ref.label}: its kernel-depends {e}") from None
+            deps[repo] = self._view(dep_res)
+            todo += dep_res.metadata.get("kernel-depends") or []
+        path = self._view(res)
+        try:
+            module = _import_staged(ref.repo, path, deps)
+            metadata = json.loads((path / "metadata.json").read_text())
+        except Exception as e:  # ImportError included: a broken build is a refusal, not a crash
+            raise SiteRefused(f"{ref.label}: loading {path.name} failed: {type(e).__name__}: {e}") from None
+        return LoadedKernel(ref, res, path, module, metadata)
+
+    def _staged(self, repo: str, *, version: int | None, revision: str | None) -> Resolution:
+        if self.ledger is None:
+            raise SiteRefused(f"{repo}: nothing is staged under {self.home} (no ledger): "
+                              "run 'frt-mirror stage'")
+        label = f"v{version}" if version is not None else f"revision {revision}"
+        try:
+            res = resolve(repo, target=self.target, ledger=self.ledger, version=version, revision=revision,
+                          offline=True, environ=self.environ)
+        except KernelUnavailable as e:  # the label says "pin <rev>" when FRT_KERNEL_REV_<ID> chose it
+            label = e.refusal.request.label
+            raise SiteRefused(f"{repo} {label} is not staged for this host ({self.target}): {e}") from None
+        except ValueError as e:  # BadInput: a malformed version/revision in kernel-depends
+            raise SiteRefused(f"{repo} {label}: {e}") from None
+        known = sha256_by_git_oid(self.ledger, [f.git_oid for f in res.files if not f.sha256])
+        pairs = [(f, f.sha256 or known.get(f.git_oid)) for f in res.files]
+        if any(sha is None for _, sha in pairs) or not self.views.is_complete(repo, res.commit, pairs):
+            raise SiteRefused(f"{repo} {res.request.label} resolves to {res.commit[:12]} ({res.variant}) for "
+                              f"{self.target}, which is not staged under {self.home}: "
+                              "run 'frt-mirror stage' for it")
+        return res
+
+    def _view(self, res: Resolution) -> Path:
+        return self.views.variant_dir(res.repo, res.commit, res.variant)
+
+
+def _import_staged(repo: str, path: Path, deps: dict[str, Path]) -> ModuleType:
+    """The `kernels` loader on local paths only: a RepoPathsResolver and nothing behind it.
+
+    Arch is not validated here: the loader's ArchValidator asks the *current* CUDA device, while a
+    seat is checked against its own module's device (`frt.seats.checks.arch_problem`).
+    """
+    from huggingface_hub import HfApi
+    from kernels._rust import KernelDependency, KernelVersion
+    from kernels.load import get_kernel_with_resolver
+    from kernels.resolver import RepoPathsResolver, SequentialResolver
+    from kernels.validate import AllValidator, DependencyValidator
+
+    paths = {**deps, repo: path}
+    return get_kernel_with_resolver(
+        api=HfApi(),  # only handed to install(), a no-op for local kernels
+        backend=None,
+        kernel=KernelDependency(repo_id=repo, version=KernelVersion.Version(0)),
+        resolver=SequentialResolver([RepoPathsResolver(local_kernels=paths)]),
+        metadata_validator=AllValidator(validators=[DependencyValidator()]),
+    )

@@ -1,0 +1,260 @@
+"""Fixture kernels for seats: real, pure-torch kernels in the Hub layout, staged by the real stager.
+
+Each repo is a `kernels` package (``__init__.py`` + ``layers.py`` + ``metadata.json``) in noarch
+``torch-universal`` / ``torch-cpu`` variants. Layers are kernels-style: ``nn.Module`` subclasses with
+no ``__init__``, forward only, the same forward signature as the module they replace, reading
+weights from ``self`` (the original module, as ``kernels.kernelize`` binds them). Functions follow
+the seat kinds' conventions (``linear(x, weight, bias)``, ``rms_norm(x, weight, eps)``, ``silu(x)``).
+
+- ``seat-rmsnorm``: RMSNorm (layer and function), torch-universal.
+- ``seat-activation``: SiLU / SiLU-and-mul (layers and functions), torch-cpu.
+- ``seat-linear``: a dense projection that keeps the bias (layer and function), torch-cpu and
+  torch-universal; v2 exists upstream but the tests stage only v1 (an unstaged version).
+- ``seat-experts``: a gather-based expert bank for decode-sized batches, torch-universal; it takes
+  silu_and_mul from ``seat-activation`` through metadata ``kernel-depends`` (staged with it).
+- ``seat-wrong``: deliberately wrong: an "RMSNorm" that centres the mean (a LayerNorm) and a linear
+  that drops the bias. Parity must refuse both (the second only where a bias exists).
+
+TODO(issue 6, GPU slice): a compiled CPU arch variant (``torch.utils.cpp_extension``, cached between
+runs) and Triton ``torch-cuda`` kernels (fused RMSNorm, SiLU-and-mul) are not built here yet.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.fakehub import FakeRepo
+from tests.kernel_fixtures import ORG
+
+RMSNORM, ACTIVATION, LINEAR = f"{ORG}/seat-rmsnorm", f"{ORG}/seat-activation", f"{ORG}/seat-linear"
+EXPERTS, WRONG = f"{ORG}/seat-experts", f"{ORG}/seat-wrong"
+STAGED = (RMSNORM, ACTIVATION, LINEAR, EXPERTS, WRONG)  # each at version 1
+
+_HEADER = '"""Fixture kernel {name}, built by frt-mirror\'s seat tests."""\n\nimport torch\n'
+
+SOURCES: dict[str, dict[str, str]] = {
+    "seat-rmsnorm": {
+        "__init__.py": '''
+from . import layers
+
+
+def rms_norm(x, weight, eps):
+    y = x.float()
+    y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * y.to(x.dtype)
+''',
+        "layers.py": '''
+
+class RMSNorm(torch.nn.Module):
+    can_torch_compile = True
+    has_backward = False
+
+    def forward(self, hidden_states):
+        from . import rms_norm
+
+        return rms_norm(hidden_states, self.weight, self.variance_epsilon)
+''',
+    },
+    "seat-activation": {
+        "__init__.py": '''
+from . import layers
+
+
+def silu(x):
+    return x * torch.sigmoid(x)
+
+
+def silu_and_mul(x):
+    d = x.shape[-1] // 2
+    return silu(x[..., :d]) * x[..., d:]
+''',
+        "layers.py": '''
+
+class SiLU(torch.nn.Module):
+    can_torch_compile = True
+    has_backward = False
+
+    def forward(self, input):
+        from . import silu
+
+        return silu(input)
+
+
+class SiluAndMul(torch.nn.Module):
+    can_torch_compile = True
+    has_backward = False
+
+    def forward(self, x):
+        from . import silu_and_mul
+
+        return silu_and_mul(x)
+''',
+    },
+    "seat-linear": {
+        "__init__.py": '''
+from . import layers
+
+
+def linear(x, weight, bias):
+    y = torch.matmul(x, weight.t())
+    return y if bias is None else y + bias
+''',
+        "layers.py": '''
+
+class Linear(torch.nn.Module):
+    can_torch_compile = True
+    has_backward = False
+
+    def forward(self, input):
+        from . import linear
+
+        return linear(input, self.weight, self.bias)
+''',
+    },
+    "seat-experts": {
+        "__init__.py": '''
+import kernels
+
+from . import layers
+
+# A kernel dependency, resolved by the loader from metadata.json kernel-depends (staged, never fetched).
+_act = kernels.get_kernel_dep("kernels-test/seat-activation")
+
+
+def expert_bank(hidden, top_k_index, top_k_weights, gate_up_proj, down_proj):
+    """Gather each token's experts and run them as batched GEMVs: the decode-sized shape."""
+    gate_up = torch.einsum("th,tkoh->tko", hidden, gate_up_proj[top_k_index])
+    act = _act.silu_and_mul(gate_up)
+    out = torch.einsum("tki,tkhi->tkh", act, down_proj[top_k_index])
+    return (out * top_k_weights.unsqueeze(-1).to(out.dtype)).sum(1).to(hidden.dtype)
+''',
+        "layers.py": '''
+
+class ExpertBank(torch.nn.Module):
+    can_torch_compile = True
+    has_backward = False
+
+    def forward(self, hidden_states, top_k_index, top_k_weights):
+        from . import expert_bank
+
+        return expert_bank(hidden_states, top_k_index, top_k_weights, self.gate_up_proj, self.down_proj)
+''',
+    },
+    "seat-wrong": {
+        "__init__.py": '''
+from . import layers
+
+
+def linear_drops_bias(x, weight, bias):
+    return torch.matmul(x, weight.t())
+''',
+        "layers.py": '''
+
+class RMSNorm(torch.nn.Module):
+    """Wrong on purpose: centres the mean (a LayerNorm), which an RMSNorm must not."""
+
+    can_torch_compile = True
+    has_backward = False
+
+    def forward(self, hidden_states):
+        y = hidden_states.float()
+        y = y - y.mean(-1, keepdim=True)
+        y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return self.weight * y.to(hidden_states.dtype)
+''',
+    },
+}
+
+
+def _variant(name: str, variant: str, version: int, depends: list | None = None) -> dict[str, bytes]:
+    meta = {"id": f"_{name.replace('-', '_')}_v{version}_{variant.replace('-', '_')}", "name": name,
+            "version": version, "license": "apache-2.0", "python-depends": [], "backend": {"type": "cpu"}}
+    if depends:
+        meta["kernel-depends"] = depends
+    files = {f"build/{variant}/metadata.json": json.dumps(meta, indent=2).encode()}
+    for rel, body in SOURCES[name].items():
+        files[f"build/{variant}/{rel}"] = (_HEADER.format(name=name) + body).encode()
+    return files
+
+
+def _repo(name: str, variants: list[str], versions: tuple[int, ...] = (1,), depends: list | None = None) -> FakeRepo:
+    repo = FakeRepo(f"{ORG}/{name}")
+    for version in versions:
+        files: dict = {"README.md": f"# {name}\n".encode()}
+        for v in variants:
+            files.update(_variant(name, v, version, depends))
+        repo.commit(files, title=f"{name} v{version}", branch=f"v{version}")
+    repo.branch("main", f"v{versions[-1]}")
+    return repo
+
+
+def seat_repos() -> list[FakeRepo]:
+    return [
+        _repo("seat-rmsnorm", ["torch-universal"]),
+        _repo("seat-activation", ["torch-cpu"]),
+        _repo("seat-linear", ["torch-cpu", "torch-universal"], versions=(1, 2)),
+        _repo("seat-experts", ["torch-universal"], depends=[{"repo-id": ACTIVATION, "version": 1}]),
+        _repo("seat-wrong", ["torch-universal"]),
+    ]
+
+
+def write_stage_manifest(path: Path, target: str, repos: tuple[str, ...] = STAGED) -> Path:
+    lines = [f'[[targets]]\ntarget = "{target}"\n', "[kernels]"]
+    lines += [f'"{r}" = {{ version = 1 }}' for r in repos]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+# --- a staged home and tiny models, shared by the seat tests and bench/seats.py ----------------------
+
+_STAGED: dict[str, Path] = {}
+
+
+def staged_home(root: Path) -> Path:
+    """Stage the seat fixtures for this host once per process, with the real `frt-mirror stage` CLI,
+    from a fake Hub that is stopped afterwards: attach then has nothing to reach but the home."""
+    if "home" not in _STAGED:
+        from frt.resolver import host_target
+        from tests.conftest import run_cli
+        from tests.fakehub import FakeHub
+
+        home = root / "home"
+        with FakeHub(seat_repos(), trusted_orgs=[ORG]) as hub:
+            manifest = write_stage_manifest(root / "seats-manifest.toml", str(host_target()))
+            p = run_cli("--endpoint", hub.url, "stage", str(manifest), home=home)
+        if p.returncode != 0:
+            raise RuntimeError(f"staging the seat fixtures failed:\n{p.stdout}\n{p.stderr}")
+        _STAGED["home"] = home
+    return _STAGED["home"]
+
+
+def randomize(model):
+    """Random weights everywhere, norms included (their init is all ones, under which a kernel that
+    forgot the weight would still pass parity)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(1234)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=gen, dtype=torch.float32).to(p.dtype)
+            p.copy_(1 + 0.1 * noise if p.dim() == 1 and "norm" in name else 0.05 * noise)
+    return model.eval()
+
+
+def tiny_qwen3(**overrides):
+    """A dense Qwen3 from a tiny config (attention with a bias, so bias handling is exercised)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    cfg = dict(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, head_dim=16, attention_bias=True, tie_word_embeddings=False)
+    return randomize(Qwen3ForCausalLM(Qwen3Config(**{**cfg, **overrides})))
+
+
+def tiny_qwen3_moe(**overrides):
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    cfg = dict(vocab_size=320, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
+               num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=2,
+               norm_topk_prob=True, tie_word_embeddings=False)
+    return randomize(Qwen3MoeForCausalLM(Qwen3MoeConfig(**{**cfg, **overrides})))

@@ -1,0 +1,245 @@
+"""Seats on a dense transformers Qwen3: attach staged kernels, generate, refuse with reasons, detach exactly.
+
+The kernels are the fixture repos of tests/seat_fixtures.py, staged once for this host with the real
+`frt-mirror stage` from a fake Hub that is gone by the time anything is attached.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from frt.manifests import EXAMPLES, Guards, KernelRef, SeatCatalog, SeatSpec, load_seat_catalog  # noqa: E402
+from frt.resolver import KernelUnavailable  # noqa: E402
+from frt.seats import Seat, SeatsRefused, arch_problem, attach  # noqa: E402
+from tests.seat_fixtures import LINEAR, RMSNORM, WRONG, staged_home, tiny_qwen3  # noqa: E402
+
+EXAMPLE = load_seat_catalog(EXAMPLES / "seats-qwen3.toml")
+
+
+@pytest.fixture(scope="session")
+def seats_home(tmp_path_factory):
+    return staged_home(tmp_path_factory.mktemp("seats"))
+
+
+def logits(model, ids):
+    with torch.no_grad():
+        return model(ids).logits
+
+
+def generate(model, ids, n=5):
+    with torch.no_grad():
+        return model.generate(ids, max_new_tokens=n, do_sample=False, pad_token_id=0)
+
+
+def rel(a, b) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+def seats_in(model) -> list[str]:
+    return [n for n, m in model.named_modules() if isinstance(m, Seat)]
+
+
+def test_attach_generate_detach_is_bit_identical(seats_home, caplog):
+    model = tiny_qwen3()
+    ids = torch.randint(0, 320, (2, 7), generator=torch.Generator().manual_seed(0))
+    before = dict(model.named_modules())
+    base, base_tokens = logits(model, ids), generate(model, ids)
+
+    with caplog.at_level(logging.INFO, logger="frt.seats"):
+        handle = attach(model, EXAMPLE, home=seats_home)
+    # 2 layers x (4 norms + 7 projections + act_fn) + final norm + lm_head; 320 rows / 64 = 5 slabs.
+    assert [r.getMessage() for r in caplog.records] == ["[frt.seats] 26 seats (5 head slabs), 0 refused"]
+    assert handle.notes["refused"] == [] and handle.notes["unmatched"] == ["experts"]
+    assert sorted(seats_in(model)) == sorted(r.site for r in handle.records)
+    variants = {r.kernel.split()[0]: r.variant for r in handle.records}
+    assert variants[LINEAR] == "torch-cpu" and variants[RMSNORM] == "torch-universal"  # this host's choice
+    assert all(r.parity is not None and r.parity.error <= r.parity.bound for r in handle.records)
+
+    assert rel(logits(model, ids), base) < 1e-5
+    assert torch.equal(generate(model, ids), base_tokens)
+    s = handle.summary()
+    assert s["seats"] == 26 and s["head_slabs"] == 5 and s["guarded_calls"] > 26
+    assert s["fallbacks"] == 0 and s["seats_never_called"] == 0 and s["clean"]
+
+    handle.detach()
+    handle.detach()  # idempotent
+    assert seats_in(model) == [] and all(m is before[n] for n, m in model.named_modules())
+    assert torch.equal(logits(model, ids), base)
+    assert torch.equal(generate(model, ids), base_tokens)
+    assert handle.summary()["attached"] is False
+
+
+def test_refusals_carry_reasons_and_the_rest_attach(seats_home):
+    model = tiny_qwen3()
+    cat = SeatCatalog((
+        SeatSpec("norm", KernelRef(WRONG, version=1, layer="RMSNorm"), match=("input_layernorm",)),
+        SeatSpec("linear", KernelRef(WRONG, version=1, function="linear_drops_bias"),
+                 match=("self_attn.q_proj", "mlp.down_proj")),
+        SeatSpec("linear", KernelRef(LINEAR, version=2, layer="Linear"), match=("k_proj",)),
+        SeatSpec("linear", KernelRef("kernels-test/seat-missing", version=1, layer="Linear"), match=("v_proj",)),
+        SeatSpec("norm", KernelRef(RMSNORM, version=1, layer="RMSNorm"), match=("post_attention_layernorm",),
+                 guards=Guards(dtypes=("bfloat16",))),
+        SeatSpec("norm", KernelRef(RMSNORM, version=1, layer="Nope"), match=("model.norm",)),
+    ))
+    handle = attach(model, cat, home=seats_home)
+    reasons = dict(handle.notes["refused"])
+    # The wrong kernels: parity refuses them (the bias-dropping linear only where there is a bias).
+    assert "parity: relative error" in reasons["model.layers.0.input_layernorm"]
+    assert "parity: relative error" in reasons["model.layers.1.self_attn.q_proj"]
+    assert sorted(r.site for r in handle.records) == ["model.layers.0.mlp.down_proj", "model.layers.1.mlp.down_proj"]
+    # Resolvable upstream (v2 was scanned) but not staged: refused, nothing fetched.
+    assert "resolves to" in reasons["model.layers.0.self_attn.k_proj"]
+    assert "which is not staged under" in reasons["model.layers.0.self_attn.k_proj"]
+    assert "not staged for this host" in reasons["model.layers.0.self_attn.v_proj"]
+    assert "repository not found" in reasons["model.layers.0.self_attn.v_proj"]
+    assert reasons["model.layers.0.post_attention_layernorm"] == \
+        "guard mismatch: the module is float32, the seat admits bfloat16"
+    assert reasons["model.norm"] == "the kernel has no layers.Nope (it has: RMSNorm)"
+    assert len(reasons) == 11 and handle.line() == "[frt.seats] 2 seats (0 head slabs), 11 refused"
+    assert not handle.summary()["clean"]
+    handle.detach()
+
+
+def test_strict_raises_kernel_unavailable_and_attaches_nothing(seats_home):
+    model = tiny_qwen3()
+    cat = SeatCatalog(EXAMPLE.seats + (SeatSpec("norm", KernelRef(WRONG, version=1, layer="RMSNorm"),
+                                                 match=("model.norm",)),))
+    cat = SeatCatalog((cat.seats[-1],) + EXAMPLE.seats)  # the wrong norm wins model.norm
+    with pytest.raises(SeatsRefused) as ei:
+        attach(model, cat, home=seats_home, strict=True)
+    assert isinstance(ei.value, KernelUnavailable)
+    assert [site for site, _ in ei.value.refused] == ["model.norm"]
+    assert "model.norm: parity: relative error" in str(ei.value)
+    assert seats_in(model) == []
+
+
+def test_an_error_midway_rolls_everything_back(seats_home):
+    model = tiny_qwen3()
+    before = dict(model.named_modules())
+    mlp = model.model.layers[1].mlp
+
+    def stubborn(self, name, value):
+        if isinstance(value, Seat) and name == "down_proj":
+            raise RuntimeError("this parent refuses a new child")
+        torch.nn.Module.__setattr__(self, name, value)
+
+    mlp.__class__ = type("StubbornMLP", (type(mlp),), {"__setattr__": stubborn})
+    with pytest.raises(RuntimeError, match="refuses a new child"):
+        attach(model, EXAMPLE, home=seats_home)
+    assert seats_in(model) == [] and all(m is before[n] for n, m in model.named_modules())
+
+
+def test_a_missed_guard_runs_the_original_and_is_counted(seats_home):
+    model = tiny_qwen3()
+    handle = attach(model, EXAMPLE, home=seats_home)
+    seat = model.model.norm
+    x = torch.randn(2, 3, 64, dtype=torch.float64)
+    with torch.no_grad():
+        assert torch.equal(seat(x), seat.original(x))  # float64 is outside the guard: the original ran
+        seat(torch.randn(2, 3, 64))
+    assert (seat.stats.calls, seat.stats.fallbacks) == (2, 1)
+    s = handle.summary()
+    assert s["fallbacks"] == 1 and s["seats_fell_back"] == 1 and not s["clean"]
+    handle.detach()
+
+
+def test_bfloat16_model_checks_parity_in_its_own_dtype(seats_home):
+    model = tiny_qwen3().to(torch.bfloat16)
+    ids = torch.randint(0, 320, (1, 6), generator=torch.Generator().manual_seed(1))
+    base = logits(model, ids)
+    handle = attach(model, EXAMPLE, home=seats_home)
+    assert handle.notes["refused"] == [] and len(handle.records) == 26
+    assert {r.parity.bound for r in handle.records} == {2e-2, 1e-4}  # the lm_head's tolerance overrides
+    assert rel(logits(model, ids), base) < 3e-2
+    handle.detach()
+    assert torch.equal(logits(model, ids), base)
+
+
+def test_state_dict_keys_are_the_base_models_while_seated(seats_home):
+    model = tiny_qwen3()
+    keys = list(model.state_dict())
+    handle = attach(model, EXAMPLE, home=seats_home)
+    state = model.state_dict()
+    assert sorted(state) == sorted(keys)
+    model.load_state_dict(state)  # strict: the seat puts the "original." step back
+    handle.detach()
+
+
+def test_arch_rule_is_the_kernels_librarys():
+    assert arch_problem(["8.0", "9.0"], (9, 0)) is None
+    assert arch_problem(["8.0"], (8, 6)) is None  # same major, newer minor
+    assert "9.0a" in arch_problem(["9.0a"], (10, 0))  # arch-specific: exact only
+    assert arch_problem(["8.0+PTX"], (12, 0)) is None  # PTX: any newer device
+    assert "CUDA capability 10.0" in arch_problem(["8.0", "9.0"], (10, 0))
+    assert arch_problem([], (7, 5)) is None  # no archs declared: nothing to check
+
+
+def test_attach_needs_no_network(seats_home):
+    """The staged kernels load in a network namespace with no route: nothing was left to fetch."""
+    code = textwrap.dedent(f"""
+        import torch
+        from frt.manifests import KernelRef, SeatCatalog, SeatSpec
+        from frt.seats import attach
+
+        class Block(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.down_proj = torch.nn.Linear(16, 8)
+
+        model = torch.nn.Sequential(Block()).eval()
+        cat = SeatCatalog((SeatSpec("linear", KernelRef({LINEAR!r}, version=1, layer="Linear"),
+                                    match=("down_proj",)),))
+        h = attach(model, cat, home={str(seats_home)!r}, strict=True)
+        print(h.line())
+    """)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "FRT_", "LOCAL_KERNELS"))}
+    out = subprocess.run(["unshare", "-n", sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[frt.seats] 1 seats (0 head slabs), 0 refused"
+
+
+def test_a_pin_overrides_the_version_and_an_unstaged_pin_is_refused(seats_home):
+    from frt.mirror.home import ledger_path
+    from frt.resolver import Ledger, host_target, resolve
+
+    ledger = Ledger(ledger_path(seats_home))
+    v1, v2 = (resolve(LINEAR, target=host_target(), ledger=ledger, version=v, offline=True, environ={}).commit
+              for v in (1, 2))
+    ledger.close()
+    pin = "FRT_KERNEL_REV_KERNELS_TEST_SEAT_LINEAR"
+    model = torch.nn.Sequential(torch.nn.Linear(16, 8)).eval()
+
+    def catalog(version):
+        return SeatCatalog((SeatSpec("linear", KernelRef(LINEAR, version=version, layer="Linear"), match=("0",)),))
+
+    handle = attach(model, catalog(2), home=seats_home, environ={pin: v1})  # v2 is not staged, the pinned v1 is
+    assert [r.commit for r in handle.records] == [v1] and handle.notes["refused"] == []
+    handle.detach()
+    handle = attach(model, catalog(1), home=seats_home, environ={pin: v2})
+    assert handle.records == [] and f"resolves to {v2[:12]}" in handle.notes["refused"][0][1]
+
+
+def test_a_variant_for_another_backend_is_refused_before_any_cuda_query():
+    from types import SimpleNamespace
+
+    from frt.seats.checks import device_problem
+
+    def kernel(variant, backend, archs=()):
+        return SimpleNamespace(resolution=SimpleNamespace(variant=variant), backend_type=backend, archs=archs)
+
+    assert device_problem(kernel("torch-cpu", "cpu"), torch.device("cuda", 1)) == \
+        "variant torch-cpu is built for cpu, the module is on cuda"
+    assert device_problem(kernel("torch-cuda", "cuda", ("9.0",)), torch.device("cpu")) == \
+        "variant torch-cuda is built for cuda, the module is on cpu"
+    assert device_problem(kernel("torch-universal", "cpu"), torch.device("cpu")) is None
+    assert device_problem(kernel("torch213-cxx11-cpu-x86_64-linux", "cpu"), torch.device("cpu")) is None
