@@ -129,7 +129,7 @@ def _repo_doc(ledger: Ledger, repo_id: str) -> dict:
     """All the ledger knows of a repo: refs, history, and the build listing of every scanned
     commit — not only the staged variants, so that `resolve --offline` and `matrix` answer on the
     other side as they do here, and a commit's listing there is never a partial one."""
-    with ledger.session() as s:
+    with ledger.session(write=False) as s:
         repo = s.scalar(select(Repo).where(Repo.repo_id == repo_id))
         refs = s.scalars(select(Ref).where(Ref.repo_pk == repo.id, ~Ref.gone).order_by(Ref.kind, Ref.name))
         commits = s.scalars(select(Commit).where(Commit.repo_pk == repo.id).order_by(Commit.depth, Commit.sha)
@@ -365,7 +365,7 @@ def _request(row: StagedRow) -> Request:
 def _record_repo(ledger: Ledger, r: _RepoRows) -> None:
     """Merge a repo's rows: refs only if the bundle saw upstream later than this ledger did;
     commits and build listings only where missing (commits are immutable)."""
-    with ledger.session() as s:
+    with ledger.session(write=False) as s:
         mine = s.execute(select(Repo.id, Repo.scanned_at).where(Repo.repo_id == r.repo)).first()
     if mine is None or (r.scanned_at and (mine.scanned_at is None or mine.scanned_at < r.scanned_at)):
         ledger.record_refs(r.repo, r.refs, endpoint=r.endpoint, repo_type=r.repo_type)

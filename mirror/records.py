@@ -36,14 +36,14 @@ def sha256_by_git_oid(ledger: Ledger, oids: Iterable[str]) -> dict[str, str]:
     """Stored blobs known by git oid: small files advertise only that, not their sha256."""
     oids = list(set(oids))
     out: dict[str, str] = {}
-    with ledger.session() as s:
+    with ledger.session(write=False) as s:
         for i in range(0, len(oids), 500):
             out.update(s.execute(select(Blob.git_oid, Blob.sha256).where(Blob.git_oid.in_(oids[i:i + 500]))).all())
     return out
 
 
 def all_blobs(ledger: Ledger) -> list[Digest]:
-    with ledger.session() as s:
+    with ledger.session(write=False) as s:
         return [Digest(sha, oid, size) for sha, oid, size in
                 s.execute(select(Blob.sha256, Blob.git_oid, Blob.size).order_by(Blob.sha256))]
 
@@ -68,6 +68,6 @@ def staged_rows(ledger: Ledger, target: str | None = None) -> list[StagedRow]:
     q = select(Staged).order_by(Staged.repo_id, Staged.version, Staged.requested, Staged.target)
     if target is not None:
         q = q.where(Staged.target == target)
-    with ledger.session() as s:
+    with ledger.session(write=False) as s:
         return [StagedRow(r.repo_id, r.requested, r.version, r.revision, r.target, r.commit_sha, r.variant)
                 for r in s.scalars(q)]

@@ -32,7 +32,7 @@ def add_token(ledger: Ledger, name: str) -> str:
 
 
 def list_tokens(ledger: Ledger) -> list[tuple[str, str]]:
-    with ledger.session() as s:
+    with ledger.session(write=False) as s:
         return [(t.name, t.created_at.isoformat()) for t in s.scalars(select(Token).order_by(Token.name))]
 
 
@@ -55,7 +55,7 @@ class TokenCheck:
     def hashes(self) -> frozenset[str]:
         now = time.monotonic()
         if now - self._at > self.ttl:
-            with self._lock, self.ledger.session() as s:
+            with self._lock, self.ledger.session(write=False) as s:
                 self._hashes = frozenset(s.scalars(select(Token.sha256)))
                 self._at = now
         return self._hashes

@@ -70,9 +70,10 @@ class Ledger:
             _WRITING.reset(token)
 
     @contextmanager
-    def session(self) -> Iterator[Session]:
-        """An ORM session in one write transaction (IMMEDIATE, as `write`)."""
-        token = _WRITING.set(True)
+    def session(self, write: bool = True) -> Iterator[Session]:
+        """An ORM session in one transaction: IMMEDIATE (as `write`) unless `write=False`, for reads
+        that must not queue behind, or hold up, a stager's writes."""
+        token = _WRITING.set(write)
         try:
             with self._unreadable_as_corrupt(), self._sessions() as s, s.begin():
                 yield s
@@ -158,23 +159,23 @@ class Ledger:
         """metadata.json contents already recorded, by git oid: identical files are not refetched."""
         if not oids:
             return {}
-        with self.session() as s:
+        with self.session(write=False) as s:
             rows = s.execute(select(Variant.metadata_oid, Variant.metadata_json)
                              .where(Variant.metadata_oid.in_(oids), Variant.metadata_json.is_not(None))
                              .distinct())
             return {oid: json.loads(doc) for oid, doc in rows}
 
     def unscanned_commits(self, repo_id: str) -> list[str]:
-        with self.session() as s:
+        with self.session(write=False) as s:
             return list(s.scalars(select(Commit.sha).join(Repo).where(Repo.repo_id == repo_id, ~Commit.scanned)
                                   .order_by(Commit.depth.desc())))
 
     def refusals(self) -> list[RefusalRow]:
-        with self.session() as s:
+        with self.session(write=False) as s:
             return list(s.scalars(select(RefusalRow).order_by(RefusalRow.last_seen.desc(), RefusalRow.id.desc())))
 
     def repos(self) -> list[str]:
-        with self.session() as s:
+        with self.session(write=False) as s:
             return list(s.scalars(select(Repo.repo_id).order_by(Repo.repo_id)))
 
 

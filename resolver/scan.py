@@ -59,7 +59,7 @@ def scan(repo_id: str, *, hub: HubClient, ledger: Ledger, jobs: int = 8, repo_ty
 
 
 def _heads_without_history(ledger: Ledger, repo_id: str, heads: list[str]) -> list[str]:
-    with ledger.session() as s:
+    with ledger.session(write=False) as s:
         placed = set(s.scalars(select(Commit.sha).join(Repo)
                                .where(Repo.repo_id == repo_id, Commit.sha.in_(heads), Commit.depth >= 0)))
     return [h for h in dict.fromkeys(heads) if h not in placed]
