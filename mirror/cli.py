@@ -85,6 +85,11 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Machine-read
 @click.pass_context
 def cli(ctx: click.Context, home: Path | None, endpoint: str | None):
     """Resolve, stage, verify and serve Hugging Face Hub kernels for offline clusters."""
+    # huggingface_hub logs its own retries ("Retrying in 2s") to stderr; ours report the outcome in
+    # one line, so its chatter would break the one-line error contract.
+    from huggingface_hub.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
     ctx.obj = App(home=home or default_home(), endpoint=endpoint)
     ctx.call_on_close(lambda: ctx.obj._ledger and ctx.obj._ledger.close())
 
