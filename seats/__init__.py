@@ -24,7 +24,7 @@ from frt.manifests import Guards, KernelRef, SeatCatalog, SeatSpec, load_seat_ca
 
 from .attach import attach
 from .band import MoeSeat
-from .checks import arch_problem
+from .checks import arch_problem, rocm_arch_problem
 from .errors import SeatsRefused
 from .guards import Guard
 from .handle import Handle, SeatRecord
@@ -32,4 +32,5 @@ from .parity import DEFAULT_TOLERANCE
 from .seat import Seat
 
 __all__ = ["DEFAULT_TOLERANCE", "Guard", "Guards", "Handle", "KernelRef", "MoeSeat", "Seat", "SeatCatalog",
-           "SeatRecord", "SeatSpec", "SeatsRefused", "arch_problem", "attach", "load_seat_catalog"]
+           "SeatRecord", "SeatSpec", "SeatsRefused", "arch_problem", "attach", "load_seat_catalog",
+           "rocm_arch_problem"]

@@ -55,19 +55,19 @@ class MoeSeat(Seat):
         counting = not torch.compiler.is_compiling()
         if counting:
             self.stats.calls += 1
-        if self._guard.admits(hidden_states):
+        if self._admits(hidden_states):
             return moe_band(hidden_states, top_k_index, top_k_weights, self.key)
         if counting:
             self.stats.fallbacks += 1
-        return self.original(hidden_states, top_k_index, top_k_weights)
+        return self._original(hidden_states, top_k_index, top_k_weights)
 
     def run_band(self, hidden, top_k_index, top_k_weights) -> torch.Tensor:
         if hidden.shape[0] <= self.band:
             self.stats.band_kernel += 1
-            out = self._call(self.original, hidden, top_k_index, top_k_weights)
+            out = self._call(self._original, hidden, top_k_index, top_k_weights)
         else:
             self.stats.band_original += 1
-            out = self.original(hidden, top_k_index, top_k_weights)
+            out = self._original(hidden, top_k_index, top_k_weights)
         # A custom op may not return one of its inputs (or a view of one).
         return out.clone() if out is hidden or out._base is not None else out
 

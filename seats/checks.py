@@ -43,14 +43,30 @@ def arch_problem(archs: tuple[str, ...] | list[str], capability: tuple[int, int]
             f"variant's declared archs ({', '.join(archs)})")
 
 
+def rocm_arch_problem(archs: tuple[str, ...] | list[str], gcn_arch_name: str) -> str | None:
+    """Why a ROCm build declaring ``archs`` cannot run on a device whose ``gcnArchName`` is given, or
+    None. As in `kernels`: feature flags are stripped (``gfx90a:sramecc+:xnack-`` is ``gfx90a``) and the
+    arch must be listed exactly: ROCm code objects do not run on a neighbouring gfx."""
+    arch = gcn_arch_name.split(":")[0]
+    if not archs or arch in archs:
+        return None
+    return f"ROCm arch {arch} of the module's device is not among the variant's declared archs ({', '.join(archs)})"
+
+
 def device_problem(kernel: LoadedKernel, device: torch.device) -> str | None:
     """A variant built for another backend than the module's device is refused; torch-universal serves
-    every device. On CUDA, metadata.json backend.archs must cover the module's own device (not the
-    current one: a model may sit on cuda:1 while cuda:0 is current). On CPU there is nothing to check."""
+    every device. On a GPU, metadata.json backend.archs must cover the module's own device (not the
+    current one: a model may sit on cuda:1 while cuda:0 is current); a CUDA build does not run on a
+    ROCm device (torch calls both "cuda") nor a ROCm build on NVIDIA. On CPU there is nothing to check."""
     variant, backend = kernel.resolution.variant, kernel.backend_type
     if variant != "torch-universal" and backend not in _BACKENDS_FOR.get(device.type, (device.type,)):
         return f"variant {variant} is built for {backend}, the module is on {device.type}"
-    if device.type == "cuda" and backend == "cuda":
+    if device.type == "cuda" and backend in ("cuda", "rocm"):
+        on_rocm = torch.version.hip is not None
+        if (backend == "rocm") != on_rocm:
+            return f"variant {variant} is built for {backend}, the module's device is {'ROCm' if on_rocm else 'CUDA'}"
+        if on_rocm:
+            return rocm_arch_problem(kernel.archs, torch.cuda.get_device_properties(device).gcnArchName)
         return arch_problem(kernel.archs, torch.cuda.get_device_capability(device))
     return None
 

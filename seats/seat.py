@@ -9,11 +9,15 @@ saved with seats attached loads into a model without them.
 from __future__ import annotations
 
 import torch
+from torch.nn.modules.module import (_global_backward_hooks, _global_backward_pre_hooks, _global_forward_hooks,
+                                     _global_forward_pre_hooks)
 
 from .calls import Call
 from .guards import Guard
 
 _STEP = "original."
+_is_compiling = torch.compiler.is_compiling
+_tracing = torch._C._get_tracing_state
 
 
 class SeatStats:
@@ -31,23 +35,37 @@ class Seat(torch.nn.Module):
     def __init__(self, original: torch.nn.Module, call: Call, guard: Guard, site: str, kind: str):
         super().__init__()
         self.original = original
+        # Also a plain instance attribute: reading a registered child goes through
+        # nn.Module.__getattr__ (~1.5 us a call here), more than the whole guard.
+        self.__dict__["_original"] = original
         self.site, self.kind = site, kind
-        self._call, self._guard = call, guard
+        self._call, self._guard, self._admits = call, guard, guard.admits
         self.stats = SeatStats()
         self._register_state_dict_hook(_hide_step)
         self._register_load_state_dict_pre_hook(_add_step)
 
+    def __call__(self, *args, **kwargs):
+        # nn.Module.__call__ costs two frames and a dozen checks before reaching forward (~1 us), as
+        # much as the seat itself; with no hook anywhere it would only call forward, so go straight
+        # there. Any hook, on this seat or global, a jit trace or a Module.compile() on the seat itself
+        # takes the full path and runs as usual.
+        if (self._compiled_call_impl is not None or _tracing() or self._forward_hooks or self._forward_pre_hooks or self._backward_hooks or self._backward_pre_hooks
+                or _global_forward_hooks or _global_forward_pre_hooks or _global_backward_hooks
+                or _global_backward_pre_hooks):
+            return torch.nn.Module.__call__(self, *args, **kwargs)
+        return self.forward(*args, **kwargs)
+
     def forward(self, *args, **kwargs):
         x = args[0] if args else next(iter(kwargs.values()), None)
-        if torch.compiler.is_compiling():
-            return self._call(self.original, *args, **kwargs) if self._guard.admits(x) else \
-                self.original(*args, **kwargs)
+        original = self._original
+        if _is_compiling():
+            return self._call(original, *args, **kwargs) if self._admits(x) else original(*args, **kwargs)
         stats = self.stats
         stats.calls += 1
-        if self._guard.admits(x):
-            return self._call(self.original, *args, **kwargs)
+        if self._admits(x):
+            return self._call(original, *args, **kwargs)
         stats.fallbacks += 1
-        return self.original(*args, **kwargs)
+        return original(*args, **kwargs)
 
     def extra_repr(self) -> str:
         return f"site={self.site!r}, kind={self.kind}, guard={self._guard.describe()!r}"

@@ -15,8 +15,10 @@ the seat kinds' conventions (``linear(x, weight, bias)``, ``rms_norm(x, weight, 
 - ``seat-wrong``: deliberately wrong: an "RMSNorm" that centres the mean (a LayerNorm) and a linear
   that drops the bias. Parity must refuse both (the second only where a bias exists).
 
-TODO(issue 6, GPU slice): a compiled CPU arch variant (``torch.utils.cpp_extension``, cached between
-runs) and Triton ``torch-cuda`` kernels (fused RMSNorm, SiLU-and-mul) are not built here yet.
+- ``seat-triton``: Triton kernels in a noarch ``torch-cuda`` variant (fused RMSNorm: one program per
+  row, fp32 statistics; SiLU and SiLU-and-mul), staged only where the host is a CUDA one.
+- ``seat-triton-sm80``: the same sources, but its metadata declares CUDA archs ``["8.0"]`` (a plain
+  cubin list): on a Hopper device the seat must refuse it, as `kernels` itself would.
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ from tests.kernel_fixtures import ORG
 
 RMSNORM, ACTIVATION, LINEAR = f"{ORG}/seat-rmsnorm", f"{ORG}/seat-activation", f"{ORG}/seat-linear"
 EXPERTS, WRONG = f"{ORG}/seat-experts", f"{ORG}/seat-wrong"
+TRITON, TRITON_SM80 = f"{ORG}/seat-triton", f"{ORG}/seat-triton-sm80"
 STAGED = (RMSNORM, ACTIVATION, LINEAR, EXPERTS, WRONG)  # each at version 1
+STAGED_CUDA = (TRITON, TRITON_SM80)  # only where the host target is a CUDA one: they have no other build
 
 _HEADER = '"""Fixture kernel {name}, built by frt-mirror\'s seat tests."""\n\nimport torch\n'
 
@@ -164,26 +168,135 @@ class RMSNorm(torch.nn.Module):
         return self.weight * y.to(hidden_states.dtype)
 ''',
     },
+    "seat-triton": {
+        "__init__.py": '''
+import triton
+import triton.language as tl
+
+from . import layers
+
+
+@triton.jit
+def _rms_norm_rows(x_ptr, w_ptr, out_ptr, stride_x, stride_out, n_cols, eps, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(x * x, axis=0) / n_cols + eps)
+    # As transformers' RMSNorm rounds: normalise in fp32, cast to the input dtype, then scale.
+    y = (x * rstd).to(x_ptr.dtype.element_ty).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * stride_out + cols, (w * y).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _silu(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + offs, (x / (1.0 + tl.exp(-x))).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _silu_and_mul(x_ptr, out_ptr, stride_x, stride_out, d, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < d
+    a = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    b = tl.load(x_ptr + row * stride_x + d + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * stride_out + cols, (a / (1.0 + tl.exp(-a)) * b).to(out_ptr.dtype.element_ty),
+             mask=mask)
+
+
+def rms_norm(x, weight, eps):
+    rows = x.reshape(-1, x.shape[-1])
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    out = torch.empty(rows.shape, dtype=torch.promote_types(x.dtype, weight.dtype), device=x.device)
+    if rows.shape[0]:
+        _rms_norm_rows[(rows.shape[0],)](rows, weight, out, rows.stride(0), out.stride(0), rows.shape[1], eps,
+                                         BLOCK=triton.next_power_of_2(rows.shape[1]))
+    return out.reshape(x.shape)
+
+
+def silu(x):
+    flat = x.contiguous()
+    out = torch.empty_like(flat)
+    n = flat.numel()
+    if n:
+        _silu[(triton.cdiv(n, 1024),)](flat, out, n, BLOCK=1024)
+    return out.reshape(x.shape)
+
+
+def silu_and_mul(x):
+    d = x.shape[-1] // 2
+    rows = x.reshape(-1, x.shape[-1])
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    out = torch.empty((rows.shape[0], d), dtype=x.dtype, device=x.device)
+    if rows.shape[0] and d:
+        block = min(1024, triton.next_power_of_2(d))
+        _silu_and_mul[(rows.shape[0], triton.cdiv(d, block))](rows, out, rows.stride(0), out.stride(0), d,
+                                                              BLOCK=block)
+    return out.reshape(*x.shape[:-1], d)
+''',
+        "layers.py": '''
+
+class RMSNorm(torch.nn.Module):
+    can_torch_compile = True
+    has_backward = False
+
+    def forward(self, hidden_states):
+        from . import rms_norm
+
+        return rms_norm(hidden_states, self.weight, self.variance_epsilon)
+
+
+class SiLU(torch.nn.Module):
+    can_torch_compile = True
+    has_backward = False
+
+    def forward(self, input):
+        from . import silu
+
+        return silu(input)
+
+
+class SiluAndMul(torch.nn.Module):
+    can_torch_compile = True
+    has_backward = False
+
+    def forward(self, x):
+        from . import silu_and_mul
+
+        return silu_and_mul(x)
+''',
+    },
 }
 
 
-def _variant(name: str, variant: str, version: int, depends: list | None = None) -> dict[str, bytes]:
+def _variant(name: str, variant: str, version: int, depends: list | None = None,
+             source: str | None = None, archs: list[str] | None = None) -> dict[str, bytes]:
+    backend: dict = {"type": "cuda" if variant.startswith("torch-cuda") else "cpu"}
+    if archs:
+        backend["archs"] = archs
     meta = {"id": f"_{name.replace('-', '_')}_v{version}_{variant.replace('-', '_')}", "name": name,
-            "version": version, "license": "apache-2.0", "python-depends": [], "backend": {"type": "cpu"}}
+            "version": version, "license": "apache-2.0", "python-depends": [], "backend": backend}
     if depends:
         meta["kernel-depends"] = depends
     files = {f"build/{variant}/metadata.json": json.dumps(meta, indent=2).encode()}
-    for rel, body in SOURCES[name].items():
+    for rel, body in SOURCES[source or name].items():
         files[f"build/{variant}/{rel}"] = (_HEADER.format(name=name) + body).encode()
     return files
 
 
-def _repo(name: str, variants: list[str], versions: tuple[int, ...] = (1,), depends: list | None = None) -> FakeRepo:
+def _repo(name: str, variants: list[str], versions: tuple[int, ...] = (1,), depends: list | None = None,
+          source: str | None = None, archs: list[str] | None = None) -> FakeRepo:
     repo = FakeRepo(f"{ORG}/{name}")
     for version in versions:
         files: dict = {"README.md": f"# {name}\n".encode()}
         for v in variants:
-            files.update(_variant(name, v, version, depends))
+            files.update(_variant(name, v, version, depends, source, archs))
         repo.commit(files, title=f"{name} v{version}", branch=f"v{version}")
     repo.branch("main", f"v{versions[-1]}")
     return repo
@@ -192,10 +305,13 @@ def _repo(name: str, variants: list[str], versions: tuple[int, ...] = (1,), depe
 def seat_repos() -> list[FakeRepo]:
     return [
         _repo("seat-rmsnorm", ["torch-universal"]),
-        _repo("seat-activation", ["torch-cpu"]),
+        # torch-universal too, so that seat-experts' dependency on it resolves on a GPU host.
+        _repo("seat-activation", ["torch-cpu", "torch-universal"]),
         _repo("seat-linear", ["torch-cpu", "torch-universal"], versions=(1, 2)),
         _repo("seat-experts", ["torch-universal"], depends=[{"repo-id": ACTIVATION, "version": 1}]),
         _repo("seat-wrong", ["torch-universal"]),
+        _repo("seat-triton", ["torch-cuda"]),
+        _repo("seat-triton-sm80", ["torch-cuda"], source="seat-triton", archs=["8.0"]),
     ]
 
 
@@ -221,7 +337,9 @@ def staged_home(root: Path) -> Path:
 
         home = root / "home"
         with FakeHub(seat_repos(), trusted_orgs=[ORG]) as hub:
-            manifest = write_stage_manifest(root / "seats-manifest.toml", str(host_target()))
+            target = host_target()
+            repos = STAGED + (STAGED_CUDA if target.backend.startswith("cu") else ())
+            manifest = write_stage_manifest(root / "seats-manifest.toml", str(target), repos)
             p = run_cli("--endpoint", hub.url, "stage", str(manifest), home=home)
         if p.returncode != 0:
             raise RuntimeError(f"staging the seat fixtures failed:\n{p.stdout}\n{p.stderr}")

@@ -19,7 +19,7 @@ pytest.importorskip("transformers")
 
 from frt.manifests import EXAMPLES, Guards, KernelRef, SeatCatalog, SeatSpec, load_seat_catalog  # noqa: E402
 from frt.resolver import KernelUnavailable  # noqa: E402
-from frt.seats import Seat, SeatsRefused, arch_problem, attach  # noqa: E402
+from frt.seats import Seat, SeatsRefused, arch_problem, attach, rocm_arch_problem  # noqa: E402
 from tests.seat_fixtures import LINEAR, RMSNORM, WRONG, staged_home, tiny_qwen3  # noqa: E402
 
 EXAMPLE = load_seat_catalog(EXAMPLES / "seats-qwen3.toml")
@@ -183,6 +183,14 @@ def test_arch_rule_is_the_kernels_librarys():
     assert arch_problem([], (7, 5)) is None  # no archs declared: nothing to check
 
 
+def test_rocm_arch_rule_is_exact_and_ignores_feature_flags():
+    # No ROCm device here: the rule is checked on the gcnArchName strings torch reports there.
+    assert rocm_arch_problem(["gfx90a", "gfx942"], "gfx942:sramecc+:xnack-") is None
+    assert "ROCm arch gfx90a" in rocm_arch_problem(["gfx942"], "gfx90a:sramecc+:xnack-")
+    assert "gfx1100" in rocm_arch_problem(["gfx1101"], "gfx1100")  # a neighbouring gfx is not enough
+    assert rocm_arch_problem([], "gfx906") is None
+
+
 def test_attach_needs_no_network(seats_home):
     """The staged kernels load in a network namespace with no route: nothing was left to fetch."""
     code = textwrap.dedent(f"""
@@ -243,3 +251,23 @@ def test_a_variant_for_another_backend_is_refused_before_any_cuda_query():
         "variant torch-cuda is built for cuda, the module is on cpu"
     assert device_problem(kernel("torch-universal", "cpu"), torch.device("cpu")) is None
     assert device_problem(kernel("torch213-cxx11-cpu-x86_64-linux", "cpu"), torch.device("cpu")) is None
+
+
+def test_hooks_on_a_seat_still_run(seats_home):
+    """A seat skips nn.Module.__call__ only where that would just call forward: a hook of its own or a
+    global one takes the full path."""
+    model = tiny_qwen3()
+    handle = attach(model, EXAMPLE, home=seats_home)
+    seat, x, seen = model.model.norm, torch.randn(1, 3, 64), []
+    h = seat.register_forward_hook(lambda m, i, o: seen.append(("own", o.shape)))
+    with torch.no_grad():
+        seat(x)
+        h.remove()
+        g = torch.nn.modules.module.register_module_forward_hook(
+            lambda m, i, o: seen.append(("global", type(m).__name__)) if m is seat else None)
+        seat(x)
+        g.remove()
+        seat(x)
+    assert seen == [("own", torch.Size([1, 3, 64])), ("global", "Seat")]
+    assert seat.stats.calls == 3 and seat.stats.fallbacks == 0
+    handle.detach()

@@ -1,0 +1,163 @@
+"""Seats on a CUDA GPU with Triton kernels: the CPU suite's scenarios, on the device.
+
+The Triton fixtures (`seat-triton`, a noarch ``torch-cuda`` variant) are staged only where the host is
+a CUDA one; `seat-triton-sm80` declares archs ``["8.0"]`` so that the arch check has a build to refuse
+on a newer device. Every test here needs a CUDA device and skips, saying so, where there is none
+(CI has no GPU: these ran on an H200, see the README's "GPU tests").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
+                                reason="no CUDA device here: the Triton seat tests need one")
+
+from frt.manifests import EXAMPLES, KernelRef, SeatCatalog, SeatSpec, load_seat_catalog  # noqa: E402
+from frt.resolver import KernelUnavailable  # noqa: E402
+from frt.seats import MoeSeat, Seat, SeatsRefused, attach  # noqa: E402
+from tests.seat_fixtures import LINEAR, TRITON, TRITON_SM80, WRONG, staged_home, tiny_qwen3, tiny_qwen3_moe  # noqa: E402
+
+EXAMPLE = load_seat_catalog(EXAMPLES / "seats-qwen3.toml")
+
+
+def with_triton(catalog: SeatCatalog) -> SeatCatalog:
+    """The example catalog with its norms and activation taken by the Triton kernels; the rest (pure
+    torch, torch-universal) stays, so one model mixes a torch-cuda and a universal variant."""
+    swap = {"norm": KernelRef(TRITON, version=1, layer="RMSNorm"),
+            "activation": KernelRef(TRITON, version=1, function="silu")}
+    return SeatCatalog(tuple(dataclasses.replace(s, kernel=swap.get(s.kind, s.kernel)) for s in catalog.seats))
+
+
+CATALOG = with_triton(EXAMPLE)
+
+
+@pytest.fixture(scope="session")
+def seats_home(tmp_path_factory):
+    return staged_home(tmp_path_factory.mktemp("seats"))
+
+
+def on_gpu(model, dtype=torch.float32):
+    return model.to(device="cuda", dtype=dtype)
+
+
+def ids_on_gpu(rows: int, cols: int, seed: int = 0):
+    return torch.randint(0, 320, (rows, cols), generator=torch.Generator().manual_seed(seed)).cuda()
+
+
+def logits(model, ids):
+    with torch.no_grad():
+        return model(ids).logits
+
+
+def generate(model, ids, n=5):
+    with torch.no_grad():
+        return model.generate(ids, max_new_tokens=n, do_sample=False, pad_token_id=0)
+
+
+def rel(a, b) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+def test_triton_seats_attach_generate_and_detach_bit_identical(seats_home):
+    model = on_gpu(tiny_qwen3())
+    ids = ids_on_gpu(2, 7)
+    before = dict(model.named_modules())
+    base, base_tokens = logits(model, ids), generate(model, ids)
+
+    handle = attach(model, CATALOG, home=seats_home)
+    assert handle.notes["refused"] == [] and handle.line() == "[frt.seats] 26 seats (5 head slabs), 0 refused"
+    variants = {r.kernel.split()[0]: r.variant for r in handle.records}
+    assert variants == {TRITON: "torch-cuda", LINEAR: "torch-universal"}  # this host's choice, per repo
+    assert all(r.parity.error <= r.parity.bound for r in handle.records)
+    assert rel(logits(model, ids), base) < 1e-5
+    assert torch.equal(generate(model, ids), base_tokens)
+    s = handle.summary()
+    assert s["fallbacks"] == 0 and s["seats_never_called"] == 0 and s["clean"]
+
+    handle.detach()
+    assert all(m is before[n] for n, m in model.named_modules())
+    assert torch.equal(logits(model, ids), base)
+    assert torch.equal(generate(model, ids), base_tokens)
+
+
+def test_bfloat16_on_gpu_within_the_dtype_bound(seats_home):
+    model = on_gpu(tiny_qwen3(), torch.bfloat16)
+    ids = ids_on_gpu(1, 6, seed=1)
+    base = logits(model, ids)
+    handle = attach(model, CATALOG, home=seats_home)
+    assert handle.notes["refused"] == [] and len(handle.records) == 26
+    assert rel(logits(model, ids), base) < 3e-2
+    handle.detach()
+    assert torch.equal(logits(model, ids), base)
+
+
+def test_arch_check_uses_the_modules_device_and_strict_refuses(seats_home):
+    model = on_gpu(tiny_qwen3())
+    cat = SeatCatalog((SeatSpec("norm", KernelRef(TRITON_SM80, version=1, layer="RMSNorm"), match=("model.norm",)),))
+    major, minor = torch.cuda.get_device_capability()
+    handle = attach(model, cat, home=seats_home)
+    if major == 8:  # a plain 8.0 cubin runs on 8.x: nothing to refuse on this device
+        assert handle.notes["refused"] == []
+    else:
+        assert handle.notes["refused"] == [("model.norm", f"CUDA capability {major}.{minor} of the module's device "
+                                            "is not among the variant's declared archs (8.0)")]
+        with pytest.raises(SeatsRefused) as ei:
+            attach(model, cat, home=seats_home, strict=True)
+        assert isinstance(ei.value, KernelUnavailable) and not isinstance(model.model.norm, Seat)
+    handle.detach()
+
+
+def test_a_cuda_variant_is_refused_for_a_module_on_the_cpu(seats_home):
+    model = tiny_qwen3()  # stays on the CPU of a CUDA host: the host resolves torch-cuda, the module cannot run it
+    handle = attach(model, CATALOG, home=seats_home)
+    reasons = dict(handle.notes["refused"])
+    assert reasons["model.norm"] == "variant torch-cuda is built for cuda, the module is on cpu"
+    assert reasons["model.layers.0.mlp.act_fn"] == "variant torch-cuda is built for cuda, the module is on cpu"
+    assert {r.kind for r in handle.records} == {"linear", "lm_head"}  # the universal ones still attach
+    handle.detach()
+
+
+def test_the_wrong_kernel_is_refused_by_parity_on_gpu(seats_home):
+    model = on_gpu(tiny_qwen3())
+    cat = SeatCatalog((SeatSpec("norm", KernelRef(WRONG, version=1, layer="RMSNorm"), match=("input_layernorm",)),
+                       SeatSpec("norm", KernelRef(TRITON, version=1, layer="RMSNorm"), match=("model.norm",))))
+    handle = attach(model, cat, home=seats_home)
+    reasons = dict(handle.notes["refused"])
+    assert sorted(reasons) == ["model.layers.0.input_layernorm", "model.layers.1.input_layernorm"]
+    assert all("parity: relative error" in r for r in reasons.values())
+    assert [r.site for r in handle.records] == ["model.norm"]
+    handle.detach()
+
+
+def test_band_on_gpu_prefill_original_decode_kernel(seats_home):
+    model = on_gpu(tiny_qwen3_moe())
+    ids = ids_on_gpu(1, 20)  # prefill: 20 rows > band 16
+    base = generate(model, ids, n=4)
+    handle = attach(model, CATALOG, home=seats_home)
+    assert handle.notes["refused"] == []
+    experts = [r for r in handle.records if r.kind == "moe_experts"]
+    assert len(experts) == 2 and all(isinstance(r.seat, MoeSeat) for r in experts)
+    assert torch.equal(generate(model, ids, n=4), base)
+    s = handle.summary()
+    assert (s["band_original"], s["band_kernel"]) == (2, 6) and s["clean"]
+    handle.detach()
+
+
+@pytest.mark.parametrize("make", [tiny_qwen3, tiny_qwen3_moe], ids=["qwen3", "qwen3-moe"])
+def test_compiled_model_with_triton_seats_matches_eager(seats_home, make):
+    model = on_gpu(make())
+    handle = attach(model, CATALOG, home=seats_home)
+    assert handle.notes["refused"] == []
+    ids = ids_on_gpu(2, 9, seed=3)
+    # Inductor with the user-defined Triton kernels inside the graph, no break (fullgraph).
+    compiled = torch.compile(model, backend="inductor", fullgraph=True)
+    with torch.no_grad():
+        eager, traced = model(ids).logits, compiled(ids).logits
+    assert rel(traced, eager) < 1e-4
+    handle.detach()
