@@ -13,11 +13,10 @@ Kernels come only from what `frt-mirror stage` put under the home, resolved for 
 `frt.resolver` from the ledger; nothing is downloaded. This is the one part of frt-mirror that
 needs torch (the ``seats`` extra).
 
-Done: pure-torch kernels on CPU (noarch ``torch-cpu``/``torch-universal`` variants), every kind of
-the catalog, guards, parity, the MoE band as a custom op, ``torch.compile``.
-TODO(issue 6, GPU slice): Triton ``torch-cuda`` kernels and their H200 runs; a compiled CPU arch
-variant built with ``torch.utils.cpp_extension``; ROCm arch checks (gcnArchName) — only CUDA
-``backend.archs`` are checked against the module's device today.
+Tested with pure-torch kernels on CPU (noarch ``torch-cpu``/``torch-universal``), a compiled CPU arch
+variant (C++ through ``torch.utils.cpp_extension``), and Triton ``torch-cuda`` kernels on an H200
+(tests/test_seats_gpu.py, skipped where there is no CUDA device). CUDA ``backend.archs`` and ROCm
+``gcnArchName`` are checked against the module's own device, by the `kernels` library's rules.
 """
 
 from frt.manifests import Guards, KernelRef, SeatCatalog, SeatSpec, load_seat_catalog

@@ -40,6 +40,9 @@ class MoeSeat(Seat):
     """An expert-bank seat: ``forward(hidden_states, top_k_index, top_k_weights)``, routing stays in the
     model. The guard runs first (dtype, device, width); the band is decided inside the op."""
 
+    # Seat's hot path calls the kernel itself; an expert bank must go through forward (the band op).
+    __call__ = torch.nn.Module.__call__
+
     def __init__(self, original: torch.nn.Module, call: Call, guard: Guard, site: str, band: int):
         super().__init__(original, call, guard, site, "moe_experts")
         self.band = band

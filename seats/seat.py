@@ -45,15 +45,21 @@ class Seat(torch.nn.Module):
         self._register_load_state_dict_pre_hook(_add_step)
 
     def __call__(self, *args, **kwargs):
-        # nn.Module.__call__ costs two frames and a dozen checks before reaching forward (~1 us), as
-        # much as the seat itself; with no hook anywhere it would only call forward, so go straight
-        # there. Any hook, on this seat or global, a jit trace or a Module.compile() on the seat itself
-        # takes the full path and runs as usual.
-        if (self._compiled_call_impl is not None or _tracing() or self._forward_hooks or self._forward_pre_hooks or self._backward_hooks or self._backward_pre_hooks
-                or _global_forward_hooks or _global_forward_pre_hooks or _global_backward_hooks
-                or _global_backward_pre_hooks):
+        # The hot path, in the fewest frames: nn.Module.__call__ would cost two frames and a dozen
+        # checks before forward, as much as the seat itself. It is taken only where it would do
+        # more than call forward: any hook (this seat's or global), a jit trace, Module.compile() on
+        # the seat, or a torch.compile trace (Dynamo inlines this method; forward then skips counting).
+        if (self._compiled_call_impl is not None or _tracing() or self._forward_hooks or self._forward_pre_hooks
+                or self._backward_hooks or self._backward_pre_hooks or _global_forward_hooks
+                or _global_forward_pre_hooks or _global_backward_hooks or _global_backward_pre_hooks
+                or _is_compiling()):
             return torch.nn.Module.__call__(self, *args, **kwargs)
-        return self.forward(*args, **kwargs)
+        stats = self.stats
+        stats.calls += 1
+        if self._admits(args[0] if args else next(iter(kwargs.values()), None)):
+            return self._call(self._original, *args, **kwargs)
+        stats.fallbacks += 1
+        return self._original(*args, **kwargs)
 
     def forward(self, *args, **kwargs):
         x = args[0] if args else next(iter(kwargs.values()), None)

@@ -19,6 +19,9 @@ the seat kinds' conventions (``linear(x, weight, bias)``, ``rms_norm(x, weight, 
   row, fp32 statistics; SiLU and SiLU-and-mul), staged only where the host is a CUDA one.
 - ``seat-triton-sm80``: the same sources, but its metadata declares CUDA archs ``["8.0"]`` (a plain
   cubin list): on a Hopper device the seat must refuse it, as `kernels` itself would.
+
+The compiled CPU arch variant (C++, ``torch.utils.cpp_extension``, cached between runs) lives apart,
+in tests/seat_fixtures_compiled.py: staging it here would make every seat test wait for a compiler.
 """
 
 from __future__ import annotations
