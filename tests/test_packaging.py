@@ -49,3 +49,23 @@ def test_resolver_and_mirror_run_without_torch(hub, tmp_path):
     p = subprocess.run([sys.executable, "-c", "import json\n" + code], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["variant"] == "torch211-cxx11-cu130-aarch64-linux"
+
+
+def test_wheel_carries_the_engine_plugins_and_their_data(tmp_path):
+    """What a pip-installed frt-mirror gives the engines: both entry points, the sitecustomize that
+    SGLang's fallback writes out, and the example catalogs."""
+    import zipfile
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    p = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                        "-w", str(tmp_path), str(root)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    (wheel,) = tmp_path.glob("frt_mirror-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "frt/adapters/sglang_site/sitecustomize.py" in names
+    assert {"frt/manifests/examples/seats-vllm.toml", "frt/manifests/examples/seats-qwen3.toml"} <= set(names)
+    (ep,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+    text = zipfile.ZipFile(wheel).read(ep).decode()
+    assert "[vllm.general_plugins]\nfrt = frt.adapters.vllm_engine:register" in text
+    assert "[sglang.srt.plugins]\nfrt = frt.adapters.sglang_engine:register" in text
