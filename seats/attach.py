@@ -28,7 +28,7 @@ from .checks import device_problem, home_of, module_problem, refuse_if
 from .errors import SeatsRefused, SiteRefused
 from .guards import build_guard
 from .handle import Handle, SeatRecord, restore
-from .parity import Parity, check_parity, probe_args
+from .parity import Parity, check_parity, probe_calls
 from .seat import Seat
 from .sites import Site, find_sites
 from .source import KernelSource, LoadedKernel
@@ -98,8 +98,9 @@ def _plan(site: Site, model: torch.nn.Module, source: KernelSource, default_band
     band = spec.band or default_band
     parity = None
     if spec.parity:
-        args = probe_args(spec.kind, module, guard.width, dtype, device, band)
-        parity = check_parity(call, module, args, dtype, spec.tolerance)
+        checks = [check_parity(call, module, args, dtype, spec.tolerance)
+                  for args in probe_calls(spec.kind, module, guard.width, dtype, device, band)]
+        parity = max(checks, key=lambda c: c.error)
     if spec.kind == "moe_experts":
         seat: Seat = MoeSeat(module, call, guard, site.path, band)
     else:

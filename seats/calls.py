@@ -8,6 +8,9 @@ A call is ``call(original_module, *args, **kwargs) -> Tensor``, the forward argu
 - ``function``: ``linear``/``lm_head`` ``f(x, weight, bias)`` (bias passed, possibly None, never
   dropped); ``norm`` ``f(x, weight, eps)``; ``activation`` ``f(x)``. An ``lm_head`` calls it once per
   row slab of the weight (views, no copies) and concatenates the logits.
+- A norm that fuses the residual add (vLLM's and SGLang's RMSNorm: ``norm(x, residual)`` returns
+  ``(norm(x + residual), x + residual)``, ``norm(x)`` a tensor) keeps that contract: the function is
+  given ``x + residual``, and the sum is returned beside it.
 """
 
 from __future__ import annotations
@@ -40,6 +43,14 @@ def kernel_call(spec: SeatSpec, module: torch.nn.Module, kernel: ModuleType,
         eps = next((n for n in EPS_NAMES if isinstance(getattr(module, n, None), float)), None)
         if eps is None:
             raise SiteRefused(f"{type(module).__name__} has no float {'/'.join(EPS_NAMES)} to pass as eps")
+        if takes_residual(module):
+            def fused_add(m: torch.nn.Module, x: torch.Tensor, residual: torch.Tensor | None = None):
+                if residual is None:
+                    return fn(x, m.weight, getattr(m, eps))
+                x = x + residual  # rounded to x's dtype, as the engines' own residual is
+                return fn(x, m.weight, getattr(m, eps)), x
+
+            return fused_add
         return lambda m, x: fn(x, m.weight, getattr(m, eps))
     if spec.kind == "activation":
         return lambda m, x: fn(x)
@@ -74,11 +85,24 @@ def _layer_forward(name: str, module: torch.nn.Module, kernel: ModuleType) -> Ca
     if "__init__" in vars(cls):
         raise SiteRefused(f"layers.{name} defines __init__; a kernels layer is forward-only and reads "
                           "the replaced module's attributes")
-    mine, theirs = _params(cls.forward), _params(type(module).forward)
+    mine, theirs = _params(cls.forward), _params(module_forward(module))
     if [p.kind for p in mine] != [p.kind for p in theirs]:
         raise SiteRefused(f"layers.{name}.forward({', '.join(p.name for p in mine)}) does not match "
                           f"{type(module).__name__}.forward({', '.join(p.name for p in theirs)})")
     return cls.forward
+
+
+def module_forward(module: torch.nn.Module) -> Callable:
+    """The forward that shows a module's real arguments: vLLM's CustomOps dispatch through a generic
+    ``forward(*args, **kwargs)`` to ``forward_native`` (or a device twin of the same signature)."""
+    cls = type(module)
+    return getattr(cls, "forward_native", None) or cls.forward
+
+
+def takes_residual(module: torch.nn.Module) -> bool:
+    """A norm whose second argument is the residual it adds first (the engines' fused-add RMSNorm)."""
+    params = _params(module_forward(module))
+    return len(params) >= 2 and params[1].name == "residual"
 
 
 def _params(fn: Callable) -> list[inspect.Parameter]:

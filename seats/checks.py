@@ -18,6 +18,9 @@ def module_problem(kind: str, module: torch.nn.Module) -> str | None:
         return f"a {kind} seat needs a module with a 2-D weight; {type(module).__name__} has none"
     if kind == "norm" and not (isinstance(weight, torch.Tensor) and weight.dim() == 1):
         return f"a norm seat needs a module with a 1-D weight; {type(module).__name__} has none"
+    if kind == "norm" and getattr(module, "variance_size_override", None) is not None:
+        # vLLM's RMSNorm may take its statistics over the first N channels only; f(x, weight, eps) cannot.
+        return f"{type(module).__name__} normalises over variance_size_override channels, not the whole row"
     return None
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .calls import Call
+from .calls import Call, takes_residual
 from .errors import SiteRefused
 
 # Rounding of one op in the dtype, with headroom for a different summation order; a wrong kernel
@@ -52,6 +52,21 @@ def probe_args(kind: str, module: torch.nn.Module, width: int | None, dtype: tor
     return randn(rows, int(width)), index, weights
 
 
+def probe_calls(kind: str, module: torch.nn.Module, width: int | None, dtype: torch.dtype,
+                device: torch.device, band: int | None) -> list[tuple[torch.Tensor, ...]]:
+    """Every form of call the site will see: a fused-add norm is probed without and with a residual."""
+    args = probe_args(kind, module, width, dtype, device, band)
+    if kind != "norm" or not takes_residual(module):
+        return [args]
+    gen = torch.Generator(device=device).manual_seed(1)
+    residual = torch.randn(args[0].shape, generator=gen, device=device, dtype=torch.float32).to(dtype)
+    return [args, (args[0], residual)]
+
+
+def _kind(out: object) -> str:
+    return f"a tuple of {len(out)}" if isinstance(out, tuple) else type(out).__name__
+
+
 def check_parity(call: Call, module: torch.nn.Module, args: tuple, dtype: torch.dtype,
                  tolerance: float | None) -> Parity:
     bound = tolerance or DEFAULT_TOLERANCE.get(dtype, 1e-4)
@@ -65,13 +80,19 @@ def check_parity(call: Call, module: torch.nn.Module, args: tuple, dtype: torch.
             got = call(module, *args)
         except Exception as e:  # the kernel failed on a well-formed input: a refusal, with its words
             raise SiteRefused(f"parity: the kernel raised {type(e).__name__}: {e}") from None
-    if not isinstance(got, torch.Tensor):
-        raise SiteRefused(f"parity: the kernel returned {type(got).__name__}, not a tensor")
-    if got.shape != want.shape or got.dtype != want.dtype:
-        raise SiteRefused(f"parity: the kernel returned {tuple(got.shape)} {got.dtype}, the module "
-                          f"{tuple(want.shape)} {want.dtype}")
-    diff = (got.double() - want.double()).norm()
-    error = float(diff / want.double().norm().clamp_min(1e-30))
+    # A fused-add norm returns (normed, sum): every output must agree, the worst one counts.
+    wants, gots = (want, got) if isinstance(want, tuple) else ((want,), (got,))
+    if not isinstance(gots, tuple) or len(gots) != len(wants):
+        raise SiteRefused(f"parity: the kernel returned {_kind(got)}, the module {_kind(want)}")
+    error = 0.0
+    for g, w in zip(gots, wants):
+        if not isinstance(g, torch.Tensor):
+            raise SiteRefused(f"parity: the kernel returned {type(g).__name__}, not a tensor")
+        if g.shape != w.shape or g.dtype != w.dtype:
+            raise SiteRefused(f"parity: the kernel returned {tuple(g.shape)} {g.dtype}, the module "
+                              f"{tuple(w.shape)} {w.dtype}")
+        diff = (g.double() - w.double()).norm()
+        error = max(error, float(diff / w.double().norm().clamp_min(1e-30)))
     if not error <= bound:  # also catches NaN
         name = str(dtype).removeprefix("torch.")
         raise SiteRefused(f"parity: relative error {error:.3g} > {bound:.3g} ({name})")

@@ -271,3 +271,52 @@ def test_hooks_on_a_seat_still_run(seats_home):
     assert seen == [("own", torch.Size([1, 3, 64])), ("global", "Seat")]
     assert seat.stats.calls == 3 and seat.stats.fallbacks == 0
     handle.detach()
+
+
+class FusedAddRMSNorm(torch.nn.Module):
+    """The engines' RMSNorm contract (vLLM, SGLang): ``norm(x)`` is a tensor, ``norm(x, residual)`` is
+    ``(norm(x + residual), x + residual)``, the sum taken in float32. Written here from vLLM's
+    native op so the contract is tested in the main suite; the real vLLM module is seated in
+    tests/engines/test_vllm_engine.py."""
+
+    def __init__(self, width: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = torch.nn.Parameter(1 + 0.1 * torch.randn(width, generator=torch.Generator().manual_seed(5)))
+        self.variance_epsilon = eps
+        self.variance_size_override = None
+
+    def forward(self, x, residual=None):
+        orig = x.dtype
+        x = x.float()
+        if residual is not None:
+            x = x + residual.float()
+            residual = x.to(orig)
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        out = (x.to(self.weight.dtype) * self.weight).to(orig)
+        return out if residual is None else (out, residual)
+
+
+def test_a_fused_add_norm_keeps_its_residual_contract(seats_home):
+    model = torch.nn.Sequential()
+    model.add_module("norm", FusedAddRMSNorm(64))
+    model.eval()
+    norm = model.norm
+    cat = SeatCatalog((SeatSpec("norm", KernelRef(RMSNORM, version=1, function="rms_norm"), match=("norm",)),))
+    handle = attach(model, cat, home=seats_home, strict=True)
+    assert handle.records[0].parity.error < 1e-6  # the worse of the two probes: with and without residual
+    x, r = torch.randn(3, 64), torch.randn(3, 64)
+    with torch.no_grad():
+        assert rel(model.norm(x), norm(x)) < 1e-6
+        (out, res), (want_out, want_res) = model.norm(x, r), norm(x, r)
+    assert rel(out, want_out) < 1e-6 and torch.equal(res, want_res)
+    assert model.norm.stats.calls == 2 and model.norm.stats.fallbacks == 0
+    handle.detach()
+
+    # A layer with the one-argument forward does not fit the two-argument contract; a norm over part
+    # of the row is refused outright.
+    lay = SeatCatalog((SeatSpec("norm", KernelRef(RMSNORM, version=1, layer="RMSNorm"), match=("norm",)),))
+    reasons = dict(attach(model, lay, home=seats_home).notes["refused"])
+    assert reasons["norm"] == "layers.RMSNorm.forward(hidden_states) does not match FusedAddRMSNorm.forward(x, residual)"
+    norm.variance_size_override = 32
+    reasons = dict(attach(model, cat, home=seats_home).notes["refused"])
+    assert reasons["norm"] == "FusedAddRMSNorm normalises over variance_size_override channels, not the whole row"

@@ -5,8 +5,9 @@ Every run is a fresh process (tests/engines/vllm_run.py) with frt only on PYTHON
 A run with seats is compared with the baseline run without them: the same greedy tokens, and the
 chosen tokens' logprobs within LOGPROB_TOL; a different token is accepted only where the baseline's
 top-2 margin is itself below LOGPROB_TOL (a near tie that rounding may flip), and the comparison
-of that prompt stops there. The seat replaces vLLM's SiluAndMul with the fixture kernel's
-``silu_and_mul`` (``x * sigmoid(x)`` instead of ``F.silu``): the same function, other rounding.
+of that prompt stops there. The seats replace vLLM's SiluAndMul with the fixture kernel's
+``silu_and_mul`` (``x * sigmoid(x)`` instead of ``F.silu``) and every RMSNorm (called with and
+without a residual) with the fixture's ``rms_norm``: the same functions, other rounding.
 """
 
 from __future__ import annotations
@@ -45,15 +46,19 @@ def assert_seated(run, *, worker_pid: int) -> dict:
     """The worker attached the catalog: its log line, its marker, and its own model say so."""
     m = LINE.search(run.log)
     assert m, f"no [frt.vllm] line in {run.name}'s log"
-    assert (int(m[1]), int(m[3])) == (2, 0) and "2 activation" in m[2], m[0]
+    # 2 layers: mlp.act_fn, input_layernorm and post_attention_layernorm each; and the final norm.
+    assert (int(m[1]), int(m[3])) == (7, 0) and "2 activation, 5 norm" in m[2], m[0]
     assert list(run.markers) == [f"vllm-{worker_pid}.json"], run.markers.keys()
     marker = run.markers[f"vllm-{worker_pid}.json"]
     assert marker["pid"] == worker_pid and marker["refused"] == []
-    assert sorted(s["site"] for s in marker["seats"]) == ["model.layers.0.mlp.act_fn", "model.layers.1.mlp.act_fn"]
-    assert {s["kernel"] for s in marker["seats"]} == {"kernels-test/seat-activation v1 silu_and_mul"}
+    layers = [f"model.layers.{i}.{site}" for i in (0, 1)
+              for site in ("input_layernorm", "mlp.act_fn", "post_attention_layernorm")]
+    assert sorted(s["site"] for s in marker["seats"]) == sorted([*layers, "model.norm"])
+    assert {s["kernel"] for s in marker["seats"]} == {"kernels-test/seat-activation v1 silu_and_mul",
+                                                      "kernels-test/seat-rmsnorm v1 rms_norm"}
     (worker,) = run.doc["workers"]
     assert worker["pid"] == worker_pid
-    assert set(worker["act_fn"].values()) == {"Seat"}, worker["act_fn"]
+    assert set(worker["act_fn"].values()) == set(worker["norms"].values()) == {"Seat"}, worker
     (handle,) = worker["handles"]
     return handle["summary"]
 
@@ -61,7 +66,8 @@ def assert_seated(run, *, worker_pid: int) -> dict:
 def assert_unseated(run) -> None:
     assert not LINE.search(run.log) and run.markers == {}, run.name
     (worker,) = run.doc["workers"]
-    assert set(worker["act_fn"].values()) == {"SiluAndMul"} and worker["handles"] == []
+    assert set(worker["act_fn"].values()) == {"SiluAndMul"} and set(worker["norms"].values()) == {"RMSNorm"}
+    assert worker["handles"] == []
 
 
 def assert_same_greedy(base: dict, got: dict) -> None:
@@ -123,14 +129,14 @@ def test_compiled_engine_traces_the_seats(runs):
     assert "enforce_eager=False" in run.log and compile_at > attach_at, "vLLM did not compile after the attach"
     # No call ever took a seat's eager path (which counts calls): vLLM compiles with fullgraph=True, so
     # a seat that Dynamo could not trace would have failed the run, and every call ran in the graph.
-    assert summary["guarded_calls"] == 0 and summary["seats_never_called"] == 2
+    assert summary["guarded_calls"] == 0 and summary["seats_never_called"] == 7
     assert_same_greedy(runs.result("base").doc, run.doc)
 
 
 def test_install_load_hook_in_process(runs):
     run = runs.result("api")  # the explicit API, the plugin excluded by VLLM_PLUGINS=""
     summary = assert_seated(run, worker_pid=run.doc["pid"])
-    assert run.doc["on_attached"] == [[2, "LlamaForCausalLM"]]
+    assert run.doc["on_attached"] == [[7, "LlamaForCausalLM"]]
     assert summary["guarded_calls"] > 0 and summary["fallbacks"] == 0
     assert_same_greedy(runs.result("base").doc, run.doc)
 

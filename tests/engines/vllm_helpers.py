@@ -43,11 +43,11 @@ class Engine:
     (two at a time: most of a run is single-threaded imports)."""
 
     def __init__(self, root: Path):
-        from tests.seat_fixtures import ACTIVATION
+        from tests.seat_fixtures import ACTIVATION, RMSNORM
 
         self.root = root
         self.catalog = ROOT / "manifests" / "examples" / "seats-vllm.toml"
-        self.prepared = prepare(root, "vllm", (ACTIVATION,), self.catalog)
+        self.prepared = prepare(root, "vllm", (ACTIVATION, RMSNORM), self.catalog)
         self.home, self.env_doc = self.prepared.home, self.prepared.env_doc
         self.model = write_tiny_llama(root / "model")
         self.pool = ThreadPoolExecutor(max_workers=int(os.environ.get("FRT_ENGINE_JOBS", "2")))

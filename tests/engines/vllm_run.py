@@ -4,7 +4,7 @@
 
 Writes OUT.json: this process's pid, the greedy token ids, their logprobs and the top-2 margin at each
 step (to tell a near tie from a real change), and what
-the worker itself reports (its pid, the class of every ``mlp.act_fn``, the seat handles it holds),
+the worker itself reports (its pid, the class of every ``mlp.act_fn`` and norm, the seat handles it holds),
 asked through ``LLM.collective_rpc`` so that a worker in another process answers for itself.
 ``--hook api`` calls ``frt.adapters.vllm_engine.install_load_hook`` here first (FRT_SEATS names the
 catalog); a refusal is written as ``{"refused": "<message>"}``. Everything else comes from the env.
@@ -27,7 +27,8 @@ def worker_report(worker) -> dict:
 
     model = worker.model_runner.get_model()
     acts = {n: type(m).__name__ for n, m in model.named_modules() if n.endswith("mlp.act_fn")}
-    return {"pid": os.getpid(), "act_fn": acts,
+    norms = {n: type(m).__name__ for n, m in model.named_modules() if n.endswith("norm")}
+    return {"pid": os.getpid(), "act_fn": acts, "norms": norms,
             "handles": [{"line": h.line(), "summary": h.summary()} for h in vllm_engine.attached()]}
 
 
