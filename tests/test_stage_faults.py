@@ -127,9 +127,23 @@ def test_kill_9_at_random_moments_then_rerun_completes(big_hub, home, manifest):
     cmd = [exe, "--home", str(home), "--endpoint", big_hub.url, "stage", str(manifest), "--json"]
     rng = random.Random(7)
     killed_mid_file = 0
+
+    def parts() -> dict[str, int]:
+        return {p.name: p.stat().st_size for p in (home / "tmp").glob("*.part")}
+
     for run in range(10):
+        before = parts()
         proc = subprocess.Popen(cmd, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(rng.uniform(0.3, 3.5))  # the CLI needs ~1.5 s to import and scan first
+        if run % 2:
+            # Odd runs: kill while a body is arriving, however long imports and the scan took on a
+            # loaded machine (a fixed sleep there lands before the first byte).
+            deadline = time.monotonic() + 60
+            while proc.poll() is None and time.monotonic() < deadline and \
+                    not any(size > before.get(name, 0) for name, size in parts().items()):
+                time.sleep(0.02)
+            time.sleep(rng.uniform(0, 0.3))
+        else:
+            time.sleep(rng.uniform(0.3, 3.5))  # anywhere: during imports, the scan, or a download
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         killed_mid_file += any(p.stat().st_size > 0 for p in (home / "tmp").glob("*.part"))
