@@ -33,11 +33,13 @@ class SGLangJob:
         return self.prepared.env_doc
 
     def env(self, **overrides: str | None) -> dict[str, str]:
-        """The job's environment: `frt-mirror env` output, offline, plus the repository (the probes
-        import tests.seat_fixtures) after frt's directory; None removes a key."""
+        """The job's environment: `frt-mirror env` output, offline, plus the test fixtures (the probes
+        import tests.seat_fixtures) after frt's directory; None removes a key. The fixtures come through
+        a folder holding only a link to tests/: the checkout's root would also bring its egg-info, a
+        second declaration of the same entry point."""
         env = self.prepared.env(overrides, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
         if "PYTHONPATH" not in overrides:
-            env["PYTHONPATH"] = f"{self.env_doc['env']['PYTHONPATH']}:{ROOT}"
+            env["PYTHONPATH"] = f"{self.env_doc['env']['PYTHONPATH']}:{self.root / 'fixtures-path'}"
         return env
 
 
@@ -46,6 +48,8 @@ def prepare(root: Path) -> SGLangJob:
     decides it), and `frt-mirror env --engine sglang`."""
     from tests.seat_fixtures import ACTIVATION, EXPERTS, LINEAR, RMSNORM
 
+    (root / "fixtures-path").mkdir()
+    (root / "fixtures-path" / "tests").symlink_to(ROOT / "tests", target_is_directory=True)
     return SGLangJob(root, prepare_engine(root, "sglang", (RMSNORM, ACTIVATION, LINEAR, EXPERTS), CATALOG))
 
 
