@@ -239,7 +239,7 @@ def bench_gpu(home: Path, quick: bool) -> None:
             torch.cuda.synchronize()
             return batch * (out.shape[1] - ids.shape[1]) / (time.perf_counter() - t0)
 
-    new, rounds = (8, 1) if quick else (64, 3)
+    new, rounds = (8, 1) if quick else (64, 6)
     # A full-length warm-up of each side and batch: generate's first-call setup, Triton's JIT and the
     # attention backend's per-length plans are charged to neither side.
     handle = attach(model, catalog, home=home, strict=True)
