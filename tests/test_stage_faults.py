@@ -131,7 +131,13 @@ def test_kill_9_at_random_moments_then_rerun_completes(big_hub, home, manifest):
     killed_mid_file = 0
 
     def parts() -> dict[str, int]:
-        return {p.name: p.stat().st_size for p in (home / "tmp").glob("*.part")}
+        sizes = {}
+        for p in (home / "tmp").glob("*.part"):
+            try:
+                sizes[p.name] = p.stat().st_size
+            except FileNotFoundError:  # completed and moved into the store since the glob
+                pass
+        return sizes
 
     for run in range(10):
         before = parts()
