@@ -40,6 +40,29 @@ STAGED_CUDA = (TRITON, TRITON_SM80)  # only where the host target is a CUDA one:
 
 _HEADER = '"""Fixture kernel {name}, built by frt-mirror\'s seat tests."""\n\nimport torch\n'
 
+# The activation layers, the same in the pure-torch and the Triton package (each calls its own functions).
+_ACTIVATION_LAYERS = '''
+
+class SiLU(torch.nn.Module):
+    can_torch_compile = True
+    has_backward = False
+
+    def forward(self, input):
+        from . import silu
+
+        return silu(input)
+
+
+class SiluAndMul(torch.nn.Module):
+    can_torch_compile = True
+    has_backward = False
+
+    def forward(self, x):
+        from . import silu_and_mul
+
+        return silu_and_mul(x)
+'''
+
 SOURCES: dict[str, dict[str, str]] = {
     "seat-rmsnorm": {
         "__init__.py": '''
@@ -76,27 +99,7 @@ def silu_and_mul(x):
     d = x.shape[-1] // 2
     return silu(x[..., :d]) * x[..., d:]
 ''',
-        "layers.py": '''
-
-class SiLU(torch.nn.Module):
-    can_torch_compile = True
-    has_backward = False
-
-    def forward(self, input):
-        from . import silu
-
-        return silu(input)
-
-
-class SiluAndMul(torch.nn.Module):
-    can_torch_compile = True
-    has_backward = False
-
-    def forward(self, x):
-        from . import silu_and_mul
-
-        return silu_and_mul(x)
-''',
+        "layers.py": _ACTIVATION_LAYERS,
     },
     "seat-linear": {
         "__init__.py": '''
@@ -253,27 +256,7 @@ class RMSNorm(torch.nn.Module):
         from . import rms_norm
 
         return rms_norm(hidden_states, self.weight, self.variance_epsilon)
-
-
-class SiLU(torch.nn.Module):
-    can_torch_compile = True
-    has_backward = False
-
-    def forward(self, input):
-        from . import silu
-
-        return silu(input)
-
-
-class SiluAndMul(torch.nn.Module):
-    can_torch_compile = True
-    has_backward = False
-
-    def forward(self, x):
-        from . import silu_and_mul
-
-        return silu_and_mul(x)
-''',
+''' + _ACTIVATION_LAYERS,
     },
 }
 
@@ -379,3 +362,24 @@ def tiny_qwen3_moe(**overrides):
                num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=2,
                norm_topk_prob=True, tie_word_embeddings=False)
     return randomize(Qwen3MoeForCausalLM(Qwen3MoeConfig(**{**cfg, **overrides})))
+
+
+# --- what the seat tests compare -------------------------------------------------------------------
+
+def logits(model, ids):
+    import torch
+
+    with torch.no_grad():
+        return model(ids).logits
+
+
+def generate(model, ids, n=5):
+    import torch
+
+    with torch.no_grad():
+        return model.generate(ids, max_new_tokens=n, do_sample=False, pad_token_id=0)
+
+
+def rel(a, b) -> float:
+    """Relative L2 error of ``a`` against ``b``, in float64."""
+    return float((a.double() - b.double()).norm() / b.double().norm())

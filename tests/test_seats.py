@@ -20,7 +20,7 @@ pytest.importorskip("transformers")
 from frt.manifests import EXAMPLES, Guards, KernelRef, SeatCatalog, SeatSpec, load_seat_catalog  # noqa: E402
 from frt.resolver import KernelUnavailable  # noqa: E402
 from frt.seats import Seat, SeatsRefused, arch_problem, attach, rocm_arch_problem  # noqa: E402
-from tests.seat_fixtures import LINEAR, RMSNORM, WRONG, staged_home, tiny_qwen3  # noqa: E402
+from tests.seat_fixtures import LINEAR, RMSNORM, WRONG, generate, logits, rel, staged_home, tiny_qwen3  # noqa: E402
 
 EXAMPLE = load_seat_catalog(EXAMPLES / "seats-qwen3.toml")
 
@@ -29,19 +29,6 @@ EXAMPLE = load_seat_catalog(EXAMPLES / "seats-qwen3.toml")
 def seats_home(tmp_path_factory):
     return staged_home(tmp_path_factory.mktemp("seats"))
 
-
-def logits(model, ids):
-    with torch.no_grad():
-        return model(ids).logits
-
-
-def generate(model, ids, n=5):
-    with torch.no_grad():
-        return model.generate(ids, max_new_tokens=n, do_sample=False, pad_token_id=0)
-
-
-def rel(a, b) -> float:
-    return float((a.double() - b.double()).norm() / b.double().norm())
 
 
 def seats_in(model) -> list[str]:

@@ -26,7 +26,7 @@ from frt.mirror.home import ledger_path  # noqa: E402
 from frt.resolver import Ledger, decide, host_target, resolve  # noqa: E402
 from frt.seats import Seat, attach  # noqa: E402
 from tests.conftest import ROOT  # noqa: E402
-from tests.seat_fixtures import tiny_qwen3  # noqa: E402
+from tests.seat_fixtures import generate, logits, rel, tiny_qwen3  # noqa: E402
 from tests.seat_fixtures_compiled import (  # noqa: E402
     COMPILED,
     BuildUnavailable,
@@ -62,19 +62,6 @@ def compiled_home(tmp_path_factory, compiled_build) -> Path:
     return staged_compiled_home(tmp_path_factory.mktemp("compiled"), compiled_build)
 
 
-def logits(model, ids):
-    with torch.no_grad():
-        return model(ids).logits
-
-
-def generate(model, ids, n=6):
-    with torch.no_grad():
-        return model.generate(ids, max_new_tokens=n, do_sample=False, pad_token_id=0)
-
-
-def rel(a, b) -> float:
-    return float((a.double() - b.double()).norm() / b.double().norm())
-
 
 def compiled_module(build: CompiledBuild):
     """The staged arch variant as the kernels loader imported it (under its metadata id)."""
@@ -106,7 +93,7 @@ def test_compiled_seats_in_qwen3_generate_like_the_base_and_detach_exactly(compi
     model = tiny_qwen3()
     ids = torch.randint(0, 320, (2, 7), generator=torch.Generator().manual_seed(0))
     before = dict(model.named_modules())
-    base, base_tokens = logits(model, ids), generate(model, ids)
+    base, base_tokens = logits(model, ids), generate(model, ids, n=6)
 
     handle = attach(model, CATALOG, home=compiled_home)
     assert handle.notes["refused"] == [] and len(handle.records) == SEATS
@@ -119,14 +106,14 @@ def test_compiled_seats_in_qwen3_generate_like_the_base_and_detach_exactly(compi
     assert str(kernel.LIBRARY) in torch.ops.loaded_libraries
 
     assert rel(logits(model, ids), base) < 1e-5
-    assert torch.equal(generate(model, ids), base_tokens)
+    assert torch.equal(generate(model, ids, n=6), base_tokens)
     s = handle.summary()
     assert s["fallbacks"] == 0 and s["seats_never_called"] == 0 and s["clean"]
 
     handle.detach()
     assert seats_in(model) == [] and all(m is before[n] for n, m in model.named_modules())
     assert torch.equal(logits(model, ids), base)
-    assert torch.equal(generate(model, ids), base_tokens)
+    assert torch.equal(generate(model, ids, n=6), base_tokens)
 
 
 def test_compiled_seats_in_a_bfloat16_qwen3(compiled_home):

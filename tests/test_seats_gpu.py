@@ -21,7 +21,8 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
 from frt.manifests import EXAMPLES, KernelRef, SeatCatalog, SeatSpec, load_seat_catalog  # noqa: E402
 from frt.resolver import KernelUnavailable  # noqa: E402
 from frt.seats import MoeSeat, Seat, SeatsRefused, attach  # noqa: E402
-from tests.seat_fixtures import LINEAR, TRITON, TRITON_SM80, WRONG, staged_home, tiny_qwen3, tiny_qwen3_moe  # noqa: E402
+from tests.seat_fixtures import (  # noqa: E402
+    LINEAR, TRITON, TRITON_SM80, WRONG, generate, logits, rel, staged_home, tiny_qwen3, tiny_qwen3_moe)
 
 EXAMPLE = load_seat_catalog(EXAMPLES / "seats-qwen3.toml")
 
@@ -49,19 +50,6 @@ def on_gpu(model, dtype=torch.float32):
 def ids_on_gpu(rows: int, cols: int, seed: int = 0):
     return torch.randint(0, 320, (rows, cols), generator=torch.Generator().manual_seed(seed)).cuda()
 
-
-def logits(model, ids):
-    with torch.no_grad():
-        return model(ids).logits
-
-
-def generate(model, ids, n=5):
-    with torch.no_grad():
-        return model.generate(ids, max_new_tokens=n, do_sample=False, pad_token_id=0)
-
-
-def rel(a, b) -> float:
-    return float((a.double() - b.double()).norm() / b.double().norm())
 
 
 def test_triton_seats_attach_generate_and_detach_bit_identical(seats_home):

@@ -17,7 +17,7 @@ from torch._dynamo.testing import CompileCounterWithBackend  # noqa: E402
 from frt.manifests import EXAMPLES, KernelRef, SeatCatalog, SeatSpec, load_seat_catalog  # noqa: E402
 from frt.seats import MoeSeat, Seat, attach  # noqa: E402
 from frt.seats import band as band_module  # noqa: E402
-from tests.seat_fixtures import ACTIVATION, EXPERTS, staged_home, tiny_qwen3, tiny_qwen3_moe  # noqa: E402
+from tests.seat_fixtures import ACTIVATION, EXPERTS, rel, staged_home, tiny_qwen3, tiny_qwen3_moe  # noqa: E402
 
 EXAMPLE = load_seat_catalog(EXAMPLES / "seats-qwen3.toml")
 EXPERTS_ONLY = SeatCatalog((SeatSpec("moe_experts", KernelRef(EXPERTS, version=1, layer="ExpertBank"),
@@ -28,9 +28,6 @@ EXPERTS_ONLY = SeatCatalog((SeatSpec("moe_experts", KernelRef(EXPERTS, version=1
 def seats_home(tmp_path_factory):
     return staged_home(tmp_path_factory.mktemp("seats"))
 
-
-def rel(a, b) -> float:
-    return float((a.double() - b.double()).norm() / b.double().norm())
 
 
 def routed(model, rows: int, seed: int = 0):
