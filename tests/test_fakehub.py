@@ -282,6 +282,25 @@ def test_drop_after(hub, tmp_path):
     assert [m for m, p, _ in hub.requests if "weights.bin" in p].count("GET") == 2
 
 
+def test_stop_severs_open_connections_as_a_dead_host_does(hub):
+    """A stopped fake Hub must not finish a body in flight, nor answer on a kept-alive connection."""
+    host, port = hub.url.removeprefix("http://").split(":")
+    idle = http.client.HTTPConnection(host, int(port), timeout=10)
+    idle.request("GET", f"/api/kernels/{REPO_ID}/refs")
+    idle.getresponse().read()  # a keep-alive connection, now idle
+    hub.faults.throttle("weights.bin", 20_000)  # 100 KiB at 20 kB/s: ~5 s of body
+    busy = http.client.HTTPConnection(host, int(port), timeout=10)
+    busy.request("GET", f"/kernels/{REPO_ID}/resolve/v1/weights.bin")
+    r = busy.getresponse()
+    assert hub.wait_for_body(timeout=10)
+    hub.stop()
+    with pytest.raises((http.client.IncompleteRead, ConnectionError)):
+        r.read()
+    with pytest.raises((http.client.HTTPException, ConnectionError)):
+        idle.request("GET", f"/api/kernels/{REPO_ID}/refs")
+        idle.getresponse().read()
+
+
 def test_tampered_bytes_keep_advertised_metadata(hub, api):
     repo = hub.repos[("kernel", REPO_ID)]
     sha = repo.branches["v1"]

@@ -84,8 +84,12 @@ def test_upstream_dying_mid_stage_is_one_line_and_keeps_what_is_stored(big_hub, 
     proc = subprocess.Popen([exe, "--home", str(home), "--endpoint", big_hub.url, "stage", str(manifest)],
                             env=cli_env(FRT_RETRY_ATTEMPTS="2"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
-    time.sleep(1.0)
-    big_hub.stop()
+    # Kill the upstream while bodies are arriving on several connections (not after a fixed sleep,
+    # which on a loaded machine lands before the first byte). Those kept-alive connections are what a
+    # stop that only closes the listening socket leaves serving: the stage then completes.
+    assert big_hub.wait_for_body(n=4, timeout=60), "the stage never had four downloads in flight"
+    assert proc.poll() is None
+    big_hub.stop()  # severs the open connections too, as a dead host does
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 2, err
     lines = err.strip().splitlines()

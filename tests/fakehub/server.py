@@ -64,6 +64,8 @@ class FakeHub:
         self._requests: list[tuple[str, str, int]] = []
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
+        self._conns: set[socket.socket] = set()  # open client connections, severed by stop()
+        self._bodies = 0  # file bodies being streamed right now
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -79,11 +81,24 @@ class FakeHub:
         return self.url
 
     def stop(self) -> None:
+        """Die as a host dies: stop accepting *and* sever every open connection.
+
+        `shutdown()` + `server_close()` alone only close the listening socket; the handler threads
+        would go on serving their keep-alive connections, so a client that had opened its downloads
+        would finish them against an upstream that is supposedly gone.
+        """
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
             self._thread.join(timeout=5)
             self._server = self._thread = None
+        with self._log_lock:
+            conns, self._conns = list(self._conns), set()
+        for conn in conns:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)  # the handler thread's next read/write fails
+            except OSError:
+                pass
 
     def __enter__(self) -> FakeHub:
         self.start()
@@ -119,6 +134,30 @@ class FakeHub:
         with self._log_lock:
             self._requests.append((method, path, status))
 
+    @property
+    def bodies_in_flight(self) -> int:
+        """File bodies (resolve GETs) being streamed at this moment: evidence that a client is
+        mid-download, for a test that must kill the upstream then and not before."""
+        with self._log_lock:
+            return self._bodies
+
+    def wait_for_body(self, n: int = 1, timeout: float = 60.0) -> bool:
+        """Wait until at least `n` bodies are in flight at once; False after `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while self.bodies_in_flight < n:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        return True
+
+    def _track(self, conn: socket.socket, open_: bool) -> None:
+        with self._log_lock:
+            (self._conns.add if open_ else self._conns.discard)(conn)
+
+    def _body(self, delta: int) -> None:
+        with self._log_lock:
+            self._bodies += delta
+
 
 class _Handler(BaseHTTPRequestHandler):
     # Headers and body go out in separate writes; without TCP_NODELAY every keep-alive
@@ -133,6 +172,23 @@ class _Handler(BaseHTTPRequestHandler):
     @property
     def hub(self) -> FakeHub:
         return self.server.hub  # type: ignore[attr-defined]
+
+    def setup(self):
+        super().setup()
+        self.hub._track(self.connection, True)
+
+    def finish(self):
+        self.hub._track(self.connection, False)
+        try:
+            super().finish()
+        except OSError:  # a connection severed by stop(): nothing left to flush
+            pass
+
+    def handle(self):
+        try:
+            super().handle()
+        except OSError:  # severed by stop() between requests
+            self.close_connection = True
 
     def log_message(self, format, *args):  # silence stderr
         pass
@@ -165,7 +221,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._route()
         except HubError as e:
             self._send_error(e)
-        except (BrokenPipeError, ConnectionResetError):
+        except OSError:  # the client went away, or stop() severed the connection
             self.close_connection = True
         except Exception as e:  # a bug in the fake: answer 500 loudly rather than hang the client
             traceback.print_exc()
@@ -373,10 +429,14 @@ class _Handler(BaseHTTPRequestHandler):
             view = view[:drop]
         rate = self.hub.faults.rate_for(self.path)
         step = CHUNK if rate is None else max(1, min(CHUNK, int(rate / 20)))
-        for off in range(0, len(view), step):  # stream: no per-request copy of a large body
-            self.wfile.write(view[off:off + step])
-            if rate is not None:
-                time.sleep(step / rate)
+        self.hub._body(+1)
+        try:
+            for off in range(0, len(view), step):  # stream: no per-request copy of a large body
+                self.wfile.write(view[off:off + step])
+                if rate is not None:
+                    time.sleep(step / rate)
+        finally:
+            self.hub._body(-1)
         if drop is not None:
             # Short body then EOF: the client sees fewer bytes than Content-Length promised.
             self.wfile.flush()
