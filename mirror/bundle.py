@@ -1,7 +1,7 @@
 """bundle / import: carry a staged set across an air gap in one self-describing tar.
 
 The archive holds `frt-bundle.json` first (the ledger rows that describe the set, and the list
-of blobs), then `blobs/<sha256>` for every blob a selected staged row needs. Import trusts
+of blobs, and the upstream's trustedKernelPublisher per org), then `blobs/<sha256>` for every blob a selected staged row needs. Import trusts
 nothing in it: every member is streamed into tmp/ and hashed, and only when all of them match
 the manifest does anything enter the store, the ledger or the views. The bundle is not signed:
 this catches damage and tampering with the blobs, not a forged manifest.
@@ -29,6 +29,7 @@ from sqlalchemy.orm import selectinload
 
 from frt.resolver import FileEntry, Ledger, Request, Resolution, parse_target
 from frt.resolver.errors import BadInput, VerificationFailed
+from frt.resolver.ledger import PublisherInfo
 from frt.resolver.repo_ids import check_repo_id
 from frt.resolver.resolution import VariantInfo
 from frt.resolver.schema import Commit, Ref, Repo, Variant, utcnow
@@ -43,6 +44,7 @@ MANIFEST = "frt-bundle.json"
 MAX_MANIFEST = 256 << 20  # read into memory: refuse a hostile giant before reading it
 _BLOB = re.compile(r"blobs/([0-9a-f]{64})")
 _HEX40, _HEX64 = re.compile(r"[0-9a-f]{40}"), re.compile(r"[0-9a-f]{64}")
+_ORG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
 _VARIANT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _REGULAR = (tarfile.REGTYPE, tarfile.AREGTYPE)  # never links, devices or dirs
 
@@ -120,7 +122,9 @@ def bundle(out: Path, home: Path, ledger: Ledger, targets: list[str] | None = No
     doc = {"format": FORMAT, "created": utcnow().isoformat(), "frt_mirror": dist_version("frt-mirror"),
            "blobs": [{"sha256": d.sha256, "size": d.size, "git_oid": d.git_oid} for d in blobs],
            "repos": [_repo_doc(ledger, repo) for repo in sorted({r.repo for r in rows})],
-           "staged": [dict(r.__dict__) for r in rows]}
+           "staged": [dict(r.__dict__) for r in rows],
+           # The upstream's trustedKernelPublisher per org, so `serve` on the other side repeats it.
+           "publishers": [p.to_json() for p in ledger.publishers({r.repo.split("/", 1)[0] for r in rows}).values()]}
     _write_tar(out, doc, blobs, store)
     return BundleReport(out, len(blobs), sum(d.size for d in blobs), rows)
 
@@ -184,7 +188,7 @@ def import_bundle(src: Path, home: Path, ledger: Ledger) -> BundleReport:
     store.sweep_parts("*.import-*.part")  # left by a killed import; a running one's are recent
     parts: dict[str, Path | None] = {}  # sha -> its .part in tmp/ (None: already in the store)
     try:
-        listed, repos, staged = _read_and_verify(src, store, parts)
+        listed, repos, staged, publishers = _read_and_verify(src, store, parts)
     except BaseException as e:
         for p in parts.values():
             if p is not None:
@@ -201,6 +205,8 @@ def import_bundle(src: Path, home: Path, ledger: Ledger) -> BundleReport:
     record_blobs(ledger, listed.values())
     for repo in repos:
         _record_repo(ledger, repo)
+    for pub in publishers:
+        ledger.record_publisher(pub.org, pub.trusted, endpoint=pub.endpoint, seen_at=pub.seen_at)
     views = Views(home, store)
     for row, pairs in staged:
         views.link(row.repo, row.commit, row.variant, pairs)
@@ -219,7 +225,7 @@ def _read_and_verify(src: Path, store: BlobStore, parts: dict[str, Path | None])
         if first is None or first.name != MANIFEST or first.type not in _REGULAR or first.size > MAX_MANIFEST:
             raise BundleRejected(f"the first member must be a regular file named {MANIFEST}")
         try:
-            listed, repos, staged = _check_manifest(json.loads(tf.extractfile(first).read()))
+            listed, repos, staged, publishers = _check_manifest(json.loads(tf.extractfile(first).read()))
         except (ValueError, KeyError, TypeError, AttributeError, RecursionError, BadInput) as e:
             raise BundleRejected(f"malformed {MANIFEST}: {type(e).__name__}: {e}") from None
         for m in members:
@@ -231,7 +237,7 @@ def _read_and_verify(src: Path, store: BlobStore, parts: dict[str, Path | None])
         tf.fileobj.seek(tf.offset)
         if tf.fileobj.read(2 * tarfile.BLOCKSIZE) != bytes(2 * tarfile.BLOCKSIZE):
             raise BundleRejected("no end-of-archive marker: the archive is truncated")
-    return listed, repos, staged
+    return listed, repos, staged, publishers
 
 
 def _verify_member(tf: tarfile.TarFile, m: tarfile.TarInfo, listed: dict[str, Digest],
@@ -299,7 +305,14 @@ def _check_manifest(doc: dict):
             _need(blob is not None and blob.size == f.size, f"{row.repo}: {f.path} has no listed blob")
             pairs.append((f, blob.sha256))
         staged.append((row, pairs))
-    return listed, repos, staged
+    publishers = [_parse_publisher(p) for p in doc.get("publishers", [])]  # absent in older bundles
+    return listed, repos, staged, publishers
+
+
+def _parse_publisher(p: dict) -> PublisherInfo:
+    _need(isinstance(p["org"], str) and _ORG.fullmatch(p["org"]) and type(p["trusted"]) is bool
+          and isinstance(p["endpoint"], (str, type(None))) and isinstance(p["seen_at"], str), f"bad publisher {p}")
+    return PublisherInfo(p["org"], p["trusted"], p["endpoint"], _when(p["seen_at"]))
 
 
 def _parse_repo(d: dict) -> _RepoRows:

@@ -69,6 +69,17 @@ def _targets(_ctx, _param, values):
     return tuple(parse_target(v) for v in values)
 
 
+def _repo_versions(_ctx, _param, values) -> dict[str, int]:
+    out = {}
+    for v in values or ():
+        repo, sep, n = v.rpartition("=")
+        if not sep or not repo or not n.isdigit():
+            raise BadInput(f"--version {v!r}: expected REPO=N, e.g. --version kernels-community/activation=1")
+        check_repo_id(repo)
+        out[repo] = int(n)
+    return out
+
+
 def _emit_json(doc) -> None:
     click.echo(json.dumps(doc, indent=2, default=str))
 
@@ -239,9 +250,12 @@ def verify_cmd(app: App, as_json):
 @click.option("--python-dir", "python_dir", type=click.Path(file_okay=False, path_type=Path),
               help="With --engine: where to write the frt package and its plugin dist-info "
                    "[default: HOME/python].")
+@click.option("--version", "versions", multiple=True, metavar="REPO=N", callback=_repo_versions,
+              help="With --target: the staged version LOCAL_KERNELS points at for REPO (repeatable); "
+                   "needed where several versions of a repo are staged.")
 @click.option("--format", "fmt", type=click.Choice(["sh", "json"]), default="sh", show_default=True)
 @click.pass_obj
-def env_cmd(app: App, target, serve_url, engine, seats, python_dir, fmt):
+def env_cmd(app: App, target, serve_url, engine, seats, python_dir, versions, fmt):
     """What a cluster sets: LOCAL_KERNELS for a target's staged set (one commit per repo: the resolved
     one, or the pin), or with --serve, HF_ENDPOINT for a running mirror. With --engine, also what a
     vLLM or SGLang job sets to attach seats in its workers without installing anything: PYTHONPATH
@@ -253,10 +267,14 @@ def env_cmd(app: App, target, serve_url, engine, seats, python_dir, fmt):
         raise BadInput("--seats and --python-dir go with --engine vllm|sglang")
     values: dict[str, str] = {}
     entries: list = []
+    warnings: list[str] = []
+    if versions and (serve_url or target is None):
+        raise BadInput("--version REPO=N goes with --target (it picks what LOCAL_KERNELS points at)")
     if serve_url:
         values = endpoint_vars(serve_url)
     elif target is not None:
-        entries = local_kernels(app.home.absolute(), app.ledger, target)
+        chosen = local_kernels(app.home.absolute(), app.ledger, target, versions=versions)
+        entries, warnings = chosen.entries, chosen.warnings
         values = env_vars(entries)
     elif not engine:
         raise BadInput("give --target T (LOCAL_KERNELS), --serve URL (HF_ENDPOINT) or --engine vllm|sglang")
@@ -268,10 +286,12 @@ def env_cmd(app: App, target, serve_url, engine, seats, python_dir, fmt):
         values.update(engine_vars(engine, where, app.home.absolute(), catalog))  # checks before writing
         write_python_dir(where)
     if fmt == "json":
-        _emit_json({"env": values, "warnings": [TELEMETRY_WARNING], "kernels": [
+        _emit_json({"env": values, "warnings": [*warnings, TELEMETRY_WARNING], "kernels": [
             {"repo": e.repo, "requested": e.requested, "commit": e.commit, "variant": e.variant, "path": str(e.path)}
             for e in entries], **({"engine": engine, "python_dir": values["PYTHONPATH"]} if engine else {})})
         return
+    for w in warnings:
+        click.echo(f"frt-mirror: warning: {w}", err=True)
     for e in entries:
         click.echo(f"# {e.repo} {e.requested} → {e.commit[:12]} {e.variant}")
     click.echo(f"# warning: {TELEMETRY_WARNING}")
@@ -425,14 +445,18 @@ def bisect_cmd(app: App, repo, good, bad, target, timeout, refresh, offline, end
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8470, show_default=True, type=click.IntRange(1, 65535))
 @click.option("--trust", "trust", multiple=True, metavar="ORG",
-              help="Answer trustedKernelPublisher for ORG (repeatable; default: the last staged manifest's [trust]).")
+              help="Operator override: answer trustedKernelPublisher=true for ORG whatever the upstream said "
+                   "(repeatable). Without it, serve answers exactly what the upstream said when it was scanned.")
 @click.pass_obj
 def serve_cmd(app: App, host, port, trust):
     """Serve the staged set as a read-only Hub endpoint: point HF_ENDPOINT at it."""
     from .serve import serve
 
+    for org in trust:
+        click.echo(f"frt-mirror: --trust {org}: answering trustedKernelPublisher=true for {org} "
+                   "(an operator override, not the upstream's word)", err=True)
     click.echo(f"frt-mirror: serving {app.home} on http://{host}:{port} (HF_ENDPOINT=http://{host}:{port})", err=True)
-    serve(app.home, app.ledger, host=host, port=port, trusted=frozenset(trust) if trust else None)
+    serve(app.home, app.ledger, host=host, port=port, trust_override=frozenset(trust))
 
 
 @cli.group("token")

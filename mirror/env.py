@@ -24,13 +24,31 @@ class EnvEntry:
     path: Path
 
 
-def choose_staged(rows: list[StagedRow], environ: Mapping[str, str] | None = None) -> dict[str, StagedRow]:
-    """Per repo, the staged row a cluster should load: the pinned commit if a pin is set, else the
-    highest staged version, else the most recently listed revision."""
+@dataclass(frozen=True)
+class EnvSet:
+    """What `env --target` hands a cluster: one entry per repo, and what it had to choose silently."""
+
+    entries: list[EnvEntry]
+    warnings: list[str]
+
+
+def choose_staged(rows: list[StagedRow], environ: Mapping[str, str] | None = None,
+                  versions: Mapping[str, int] | None = None) -> tuple[dict[str, StagedRow], list[str]]:
+    """Per repo, the staged row a cluster should load, and a warning for every repo where that was a
+    guess. LOCAL_KERNELS carries one path per repo and `kernels` does no version check on it, so
+    with v1 and v2 staged, `get_kernel(version=1)` would load whichever path is given.
+
+    Order: a pin (FRT_KERNEL_REV_<ID>), then `versions` (env --version REPO=N), then the one staged
+    commit; with several, the highest staged version (else the most recently listed revision) and a
+    warning that names it and how to choose."""
+    versions = dict(versions or {})
     by_repo: dict[str, list[StagedRow]] = {}
     for r in rows:
         by_repo.setdefault(r.repo, []).append(r)
-    chosen = {}
+    unknown = sorted(set(versions) - set(by_repo))
+    if unknown:
+        raise BadInput(f"--version {unknown[0]}=…: that repo is not staged for this target")
+    chosen, warnings = {}, []
     for repo, candidates in by_repo.items():
         pin = pinned_revision(repo, environ)
         if pin:
@@ -40,24 +58,39 @@ def choose_staged(rows: list[StagedRow], environ: Mapping[str, str] | None = Non
                                f"run 'frt-mirror stage' with the pin set")
             chosen[repo] = match[0]
             continue
-        versions = [r for r in candidates if r.version is not None]
-        chosen[repo] = max(versions, key=lambda r: r.version) if versions else candidates[-1]
-    return chosen
+        if repo in versions:
+            match = [r for r in candidates if r.version == versions[repo]]
+            if not match:
+                have = ", ".join(sorted(r.requested for r in candidates))
+                raise BadInput(f"--version {repo}={versions[repo]}: not staged for this target (staged: {have})")
+            chosen[repo] = match[0]
+            continue
+        staged_versions = [r for r in candidates if r.version is not None]
+        chosen[repo] = max(staged_versions, key=lambda r: r.version) if staged_versions else candidates[-1]
+        if len({r.commit for r in candidates}) > 1:
+            others = ", ".join(sorted(r.requested for r in candidates if r is not chosen[repo]))
+            warnings.append(
+                f"{repo}: {len(candidates)} staged requests ({chosen[repo].requested}, {others}) and LOCAL_KERNELS "
+                f"carries one: chose {chosen[repo].requested} ({chosen[repo].commit[:12]}), which get_kernel loads "
+                f"whatever version it asks for; choose with --version {repo}=N or {pin_variable(repo)}=<commit>, "
+                "or hand off with export-cache or serve, which keep every version")
+    return chosen, warnings
 
 
-def local_kernels(home: Path, ledger: Ledger, target: Target,
-                  environ: Mapping[str, str] | None = None) -> list[EnvEntry]:
+def local_kernels(home: Path, ledger: Ledger, target: Target, environ: Mapping[str, str] | None = None,
+                  versions: Mapping[str, int] | None = None) -> EnvSet:
     rows = staged_rows(ledger, str(target))
     if not rows:
         raise BadInput(f"nothing is staged for {target}: run 'frt-mirror stage --target {target}' first")
     views = Views(home, BlobStore(home))
+    chosen, warnings = choose_staged(rows, environ, versions)
     out = []
-    for repo, row in sorted(choose_staged(rows, environ).items()):
+    for repo, row in sorted(chosen.items()):
         path = views.variant_dir(repo, row.commit, row.variant)
         if ":" in str(path) or "=" in str(path):
             raise BadInput(f"home path {home} contains ':' or '=', which LOCAL_KERNELS cannot carry")
         out.append(EnvEntry(repo, row.requested, row.commit, row.variant, path))
-    return out
+    return EnvSet(out, warnings)
 
 
 def env_vars(entries: list[EnvEntry]) -> dict[str, str]:

@@ -37,7 +37,7 @@ def pin_env(repo: str, revision: str, target: Target, *, home: Path, ledger: Led
 
         raise KernelUnavailable(Refusal(res.request, target, "StageFailed", bad.detail, detail=bad.detail,
                                         commit=res.commit))
-    entries = local_kernels(home, ledger, target, environ=pin)
+    entries = local_kernels(home, ledger, target, environ=pin).entries
     return PinnedEnv(repo, res.commit, res.variant, {**env_vars(entries), **pin}, entries,
                      report.downloaded_bytes if report else 0)
 

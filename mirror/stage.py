@@ -7,8 +7,6 @@ Idempotent: a rerun downloads nothing that is already verified in the store, and
 
 from __future__ import annotations
 
-import json
-import os
 import threading
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -61,8 +59,6 @@ def stage(requests: list[Request], targets: list[Target], *, home: Path, ledger:
     store = BlobStore(home)
     views = Views(home, store)
     views.sweep_tmp()
-    if publishers is not None:
-        _write_trust(home, publishers)
     outcomes = _resolve_closure(requests, targets, ledger=ledger, hub=hub, publishers=publishers)
     resolutions = [o for o in outcomes if isinstance(o, Resolution)]
     report = StageReport()
@@ -104,13 +100,6 @@ def stage(requests: list[Request], targets: list[Target], *, home: Path, ledger:
     if dead is not None:  # what completed is kept and recorded; the cause is one line, not a row per file
         raise dead
     return report
-
-
-def _write_trust(home: Path, publishers: tuple[str, ...]) -> None:
-    """`serve` answers trustedKernelPublisher from the trust policy of the last staged manifest."""
-    tmp = home / f"trust.json.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps({"publishers": sorted(publishers)}))
-    os.replace(tmp, home / "trust.json")
 
 
 def _resolve_closure(requests, targets, *, ledger, hub, publishers) -> list[Resolution | Refusal]:

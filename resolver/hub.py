@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
+from urllib.parse import quote
 
 from huggingface_hub import HfApi, get_session, hf_hub_url
 from huggingface_hub.errors import (
@@ -75,12 +76,34 @@ class HubClient:
         self.api = HfApi(endpoint=self.endpoint, token=token)
         self.token = token
         self.retry = retry or RetryPolicy.from_env()
+        self._publishers: dict[str, bool | None] = {}
 
     def refs(self, repo_id: str, repo_type: str = "kernel") -> dict[tuple[str, str], str]:
         r = self._call(lambda: self.api.list_repo_refs(repo_id, repo_type=repo_type), repo_id)
         out = {("branch", b.name): b.target_commit for b in r.branches}
         out.update({("tag", t.name): t.target_commit for t in r.tags})
         return out
+
+    def publisher_trusted(self, org: str) -> bool | None:
+        """The upstream's `trustedKernelPublisher` for an org; None when the upstream has no
+        overview for it (a user namespace, or a Hub without the route)."""
+        if org in self._publishers:
+            return self._publishers[org]
+
+        def overview() -> bool | None:
+            # Not HfApi.get_organization_overview: huggingface_hub 1.x sends it to the global
+            # endpoint, whatever HfApi(endpoint=...) says. The same route and JSON key kernels reads.
+            r = get_session().get(f"{self.endpoint}/api/organizations/{quote(org, safe='')}/overview",
+                                  headers=build_hf_headers(token=self.token))
+            if r.status_code in (401, 404):
+                return None
+            hf_raise_for_status(r)
+            doc = r.json()
+            return doc.get("trustedKernelPublisher") is True if isinstance(doc, dict) else False
+
+        trusted = self._call(overview, org)
+        self._publishers[org] = trusted  # once per run: every repo of an org asks the same question
+        return trusted
 
     def revision_sha(self, repo_id: str, revision: str, repo_type: str = "kernel") -> str:
         info = self._call(lambda: self.api.repo_info(repo_id, revision=revision, repo_type=repo_type), repo_id)

@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from .errors import LedgerCorrupt
 from .resolution import CommitInfo, FileEntry, Refusal, VariantInfo
-from .schema import Commit, File, Ref, RefusalRow, Repo, Variant, migrate, utcnow
+from .schema import Commit, File, Publisher, Ref, RefusalRow, Repo, Variant, migrate, utcnow
 from .variants import parse_fields
 
 BUSY_TIMEOUT_MS = 30_000
@@ -36,6 +36,18 @@ class CommitRow:
     title: str
     scanned: bool
     variants: list[str]
+
+
+@dataclass(frozen=True)
+class PublisherInfo:
+    org: str
+    trusted: bool
+    endpoint: str | None
+    seen_at: datetime
+
+    def to_json(self) -> dict:
+        return {"org": self.org, "trusted": self.trusted, "endpoint": self.endpoint,
+                "seen_at": self.seen_at.isoformat()}
 
 
 class Ledger:
@@ -154,6 +166,25 @@ class Ledger:
                 "detail": r.detail, "version": r.request.version, "revision": r.request.revision,
                 "commit_sha": r.commit, "message": r.message, "count": 1, "first_seen": now, "last_seen": now,
             })
+
+    def record_publisher(self, org: str, trusted: bool, *, endpoint: str | None,
+                         seen_at: datetime | None = None) -> None:
+        """The upstream's trustedKernelPublisher for `org` (a later answer replaces an earlier one;
+        an import keeps the newer of its own and the bundle's)."""
+        seen = seen_at or utcnow()
+        with self.session() as s:
+            row = s.get(Publisher, org)
+            if row is None:
+                s.add(Publisher(org=org, trusted=trusted, endpoint=endpoint, seen_at=seen))
+            elif row.seen_at <= seen:
+                row.trusted, row.endpoint, row.seen_at = trusted, endpoint, seen
+
+    def publishers(self, orgs: set[str] | None = None) -> dict[str, PublisherInfo]:
+        with self.session(write=False) as s:
+            q = select(Publisher)
+            if orgs is not None:
+                q = q.where(Publisher.org.in_(orgs))
+            return {p.org: PublisherInfo(p.org, p.trusted, p.endpoint, p.seen_at) for p in s.scalars(q)}
 
     def known_metadata(self, oids: set[str]) -> dict[str, dict]:
         """metadata.json contents already recorded, by git oid: identical files are not refetched."""

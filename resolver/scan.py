@@ -36,6 +36,8 @@ def scan(repo_id: str, *, hub: HubClient, ledger: Ledger, jobs: int = 8, repo_ty
     check_repo_id(repo_id)
     refs = hub.refs(repo_id, repo_type)
     ledger.record_refs(repo_id, refs, endpoint=hub.endpoint, repo_type=repo_type)
+    if repo_type == "kernel":
+        _record_publisher(repo_id.split("/", 1)[0], hub=hub, ledger=ledger)
     heads = sorted(set(refs.values()))
     for rev in extra_revisions:
         heads.append(hub.revision_sha(repo_id, rev, repo_type))
@@ -56,6 +58,13 @@ def scan(repo_id: str, *, hub: HubClient, ledger: Ledger, jobs: int = 8, repo_ty
     with ledger.view() as v:
         n_commits = v.commit_count(repo_id)
     return ScanReport(repo_id, len(refs), n_commits, len(todo), variants_found)
+
+
+def _record_publisher(org: str, *, hub: HubClient, ledger: Ledger) -> None:
+    """What the upstream says of the org's trust, kept so `serve` and bundles repeat exactly that."""
+    trusted = hub.publisher_trusted(org)
+    if trusted is not None:
+        ledger.record_publisher(org, trusted, endpoint=hub.endpoint)
 
 
 def _heads_without_history(ledger: Ledger, repo_id: str, heads: list[str]) -> list[str]:

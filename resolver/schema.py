@@ -133,6 +133,18 @@ class RefusalRow(Base):
     last_seen: Mapped[datetime] = mapped_column(default=utcnow)
 
 
+class Publisher(Base):
+    """An org's `trustedKernelPublisher` as the upstream last answered it: the upstream's word, which
+    `serve` repeats and a bundle carries. `kernels` refuses an untrusted publisher's kernel unless
+    the caller passes trust_remote_code; the mirror must neither grant nor withdraw that."""
+
+    __tablename__ = "publishers"
+    org: Mapped[str] = mapped_column(String(96), primary_key=True)
+    trusted: Mapped[bool]
+    endpoint: Mapped[str | None]
+    seen_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
 class Blob(Base):
     """A verified file in the mirror's content-addressed store."""
 
@@ -169,7 +181,7 @@ class Token(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 
 def _v2_store(conn: Connection) -> None:
@@ -182,9 +194,14 @@ def _v3_tokens(conn: Connection) -> None:
     Base.metadata.create_all(conn, tables=[Token.__table__])
 
 
+def _v4_publishers(conn: Connection) -> None:
+    """Version 4: each org's trustedKernelPublisher, recorded from the upstream."""
+    Base.metadata.create_all(conn, tables=[Publisher.__table__])
+
+
 # version -> step that brings a ledger at version-1 up to version; `test_ledger` checks
 # that every version after 1 has one.
-MIGRATIONS: dict[int, Callable[[Connection], None]] = {2: _v2_store, 3: _v3_tokens}
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {2: _v2_store, 3: _v3_tokens, 4: _v4_publishers}
 
 
 def migrate(conn: Connection) -> None:

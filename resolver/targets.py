@@ -52,7 +52,7 @@ def parse_target(text: str, *, name: str | None = None) -> Target:
     """Parse a target string, or ``host``; raise `BadInput` with the expected syntax otherwise."""
     text = text.strip()
     if text == "host":
-        return host_target()
+        return _host_as_named_target()
     m = _TARGET_RE.fullmatch(text)
     if not m:
         raise BadInput(
@@ -83,6 +83,20 @@ def make_target(*, torch: str | None, backend: str, cpu: str, os: str, name: str
     if not re.fullmatch(r"[a-z0-9_]+", cpu) or not re.fullmatch(r"[a-z]+", os):
         raise BadInput(f"bad cpu/os {cpu!r}/{os!r} in target: expected e.g. x86_64/linux")
     return Target(torch=version, backend=backend, cpu=cpu, os=os, name=name)
+
+
+def _host_as_named_target() -> Target:
+    """`host` as a user's target: only where this machine is one a kernel can be built for.
+
+    Without torch, `host_target()` is the noarch-only system kernels itself sees here (useful to
+    compare choices), but it is no target a cluster has: recorded, staged and bundled under a
+    name like ``notorch-cu130-x86_64-linux`` it would be refused by every parser downstream.
+    """
+    target = host_target()
+    if target.torch is None:
+        raise BadInput("--target host needs torch on this box, and it has none (a stager need not be the "
+                       "target): name the cluster's target instead, e.g. --target torch2.11-cu130-x86_64-linux")
+    return target
 
 
 def host_target() -> Target:

@@ -93,8 +93,10 @@ class MirrorApp:
             raise HubError(404, None, "Not found")
         if len(segs) == 3 and segs[0] == "organizations" and segs[2] == "overview" and method == "GET":
             org = segs[1]
-            return JSONResponse({"name": org, "fullname": org,
-                                 "trustedKernelPublisher": org in self.catalog().trusted})
+            trusted = self.catalog().publisher_trusted(org)
+            if trusted is None:  # never recorded: not ours to vouch for (kernels then refuses, as online)
+                raise HubError(404, None, f"Organization {org!r} not found on this mirror")
+            return JSONResponse({"name": org, "fullname": org, "trustedKernelPublisher": trusted})
         if len(segs) < 3 or segs[0] not in REPO_TYPES:
             raise HubError(404, None, "Not found")
         repo = self.repo(REPO_TYPES[segs[0]], f"{segs[1]}/{segs[2]}")

@@ -77,13 +77,18 @@ class ServedRepo:
 @dataclass
 class Catalog:
     repos: dict[tuple[str, str], ServedRepo]
-    trusted: frozenset[str]
+    publishers: dict[str, bool]  # org -> the upstream's trustedKernelPublisher, as recorded
+    trust_override: frozenset[str] = frozenset()  # serve --trust: the operator's word, not the upstream's
+
+    def publisher_trusted(self, org: str) -> bool | None:
+        """What to answer for the org's overview; None: the upstream never told us (404)."""
+        return True if org in self.trust_override else self.publishers.get(org)
 
     def repo(self, repo_type: str, repo_id: str) -> ServedRepo | None:
         return self.repos.get((repo_type, repo_id))
 
 
-def load_catalog(home: Path, ledger: Ledger, trusted: frozenset[str] = frozenset()) -> Catalog:
+def load_catalog(home: Path, ledger: Ledger, trust_override: frozenset[str] = frozenset()) -> Catalog:
     store = BlobStore(home)
     rows = staged_rows(ledger)
     repos: dict[tuple[str, str], ServedRepo] = {}
@@ -109,7 +114,8 @@ def load_catalog(home: Path, ledger: Ledger, trusted: frozenset[str] = frozenset
                         commit.files[f.path] = ServedFile(f.path, f.size, f.git_oid, content, f.sha256 is not None,
                                                           store.path(content))
             _refs(v, served, [r for r in rows if r.repo == repo_id])
-    return Catalog(repos, frozenset(trusted))
+    publishers = {org: p.trusted for org, p in ledger.publishers().items()}
+    return Catalog(repos, publishers, frozenset(trust_override))
 
 
 def _refs(view, served: ServedRepo, rows) -> None:
