@@ -38,7 +38,8 @@ class Faults:
             self._fails.append(_Fail(n, status, match))
 
     def drop_after(self, match: str, nbytes: int, times: int = 1) -> None:
-        """The next `times` resolve GETs matching `match` send full headers, `nbytes` of body, then EOF."""
+        """The next `times` file-body GETs (resolve, resolve-cache or CDN) matching `match` send full
+        headers, `nbytes` of body, then EOF. A redirect carries no body and takes no drop."""
         with self._lock:
             self._drops.append(_Drop(times, match, nbytes))
 
@@ -48,8 +49,8 @@ class Faults:
             self._delays.append((match, seconds))
 
     def throttle(self, match: str, bytes_per_s: float) -> None:
-        """Serve matching resolve bodies at most this fast per connection (until `clear()`): a WAN
-        link, and a window wide enough for a test to kill a client mid-file."""
+        """Serve matching file bodies (resolve, resolve-cache, CDN) at most this fast per connection
+        (until `clear()`): a WAN link, and a window wide enough for a test to kill a client mid-file."""
         with self._lock:
             self._rates.append((match, bytes_per_s))
 

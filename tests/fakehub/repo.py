@@ -80,6 +80,8 @@ class FakeRepo:
         self.commits: dict[str, Commit] = {}
         self.branches: dict[str, str] = {}
         self.tags: dict[str, str] = {}
+        # branch -> [old head, info answers left]: see force_push(stale_for=...)
+        self.stale: dict[str, list] = {}
 
     @property
     def author(self) -> str:
@@ -135,6 +137,37 @@ class FakeRepo:
         sha = self._must_resolve(ref)
         self.tags[name] = sha
         return sha
+
+    def force_push(self, branch: str, new_head: str, *, stale_for: int = 0) -> str:
+        """`git push --force`: point `branch` at `new_head` (a ref or sha: build the new history on a
+        scratch branch first) and forget every commit no branch or tag reaches any more. Returns the
+        old head.
+
+        `stale_for=N`: the next N repo-info answers for `branch` (`/api/{t}s/{repo}` for main,
+        `/revision/{branch}`) still name the old head, as the real Hub's `/revision/main` briefly can
+        after a force-push (huggingface_hub#3406), while `/refs` already shows the new one and the old
+        head's tree and files answer 404 RevisionNotFound. `repo.stale.clear()` ends it early.
+        """
+        old = self.branches[branch]
+        self.branches[branch] = self._must_resolve(new_head)
+        reachable = {c.sha for head in {*self.branches.values(), *self.tags.values()}
+                     for c in self.history(head)}
+        old_commit = self.commits[old]
+        for sha in [s for s in self.commits if s not in reachable]:
+            del self.commits[sha]
+        if stale_for > 0:
+            self.stale[branch] = [old_commit, stale_for]
+        return old
+
+    def take_stale(self, rev: str) -> Commit | None:
+        """The stale head to name for `rev` in one info answer, if force_push left one (counts down)."""
+        entry = self.stale.get(rev)
+        if entry is None:
+            return None
+        entry[1] -= 1
+        if entry[1] <= 0:
+            self.stale.pop(rev, None)
+        return entry[0]
 
     def resolve_ref(self, rev: str) -> str | None:
         """Branch, then tag, then full 40-hex commit sha (as the Hub: no short shas)."""

@@ -3,6 +3,15 @@
 Shapes, headers and error codes follow what the real Hub sends and what huggingface_hub / kernels
 read (see /work/shared/research/hub-protocol.md, sections 1 and 5). It is deliberately not a copy
 of our own mirror server, so that tests against it judge the mirror instead of echoing it.
+
+By default it serves every file straight from `/resolve` (200/206) and never limits anyone: the
+simple form of the protocol. The real Hub's transport is there behind switches, each off by default
+(see DESIGN.md, "The real Hub's transport"):
+- `redirects=True`: small files 307 to the same host's `/api/resolve-cache/…`, LFS files 302 to a
+  CDN on a second host with expiring signed URLs (`cdn.py`, `cdn_url_ttl`);
+- `rate_limits=RateLimits(...)`: fixed-window quotas per bucket, 429 over quota (`ratelimit.py`);
+- `FakeRepo.force_push(..., stale_for=N)`: `/revision/<branch>` names the removed old head for the
+  next N info answers while `/refs` already shows the new one.
 """
 
 from __future__ import annotations
@@ -12,17 +21,18 @@ import json
 import socket
 import threading
 import time
-import traceback
 from datetime import datetime, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import parse_qs, parse_qsl, unquote, urlencode, urlsplit
+from http.server import ThreadingHTTPServer
+from urllib.parse import parse_qs, parse_qsl, quote, urlencode, urlsplit
 
+from .cdn import UrlSigner, make_cdn_server
 from .faults import Faults
-from .repo import Commit, FakeRepo, git_blob_oid
+from .ratelimit import RateLimiter, RateLimits
+from .repo import Commit, FakeRepo, FileMeta, git_blob_oid
+from .wire import BaseHandler, HubError, LoggedRequest
 
 REPO_TYPES = {"models": "model", "kernels": "kernel", "datasets": "dataset", "spaces": "space"}
 RESOLVE_PREFIXES = {"kernels": "kernel", "datasets": "dataset", "spaces": "space"}  # models: none
-CHUNK = 1 << 20
 
 
 def iso(dt: datetime) -> str:
@@ -36,15 +46,18 @@ def lfs_pointer(sha256: str, size: int) -> bytes:
     return f"version https://git-lfs.github.com/spec/v1\noid sha256:{sha256}\nsize {size}\n".encode()
 
 
-class HubError(Exception):
-    """An error answer; `code` becomes X-Error-Code (None: a bare status, as for injected faults)."""
-
-    def __init__(self, status: int, code: str | None, message: str, headers: dict | None = None):
-        super().__init__(message)
-        self.status, self.code, self.message, self.headers = status, code, message, headers or {}
-
-
 class FakeHub:
+    """The Hub on 127.0.0.1 (and, with redirects, its CDN on `cdn_host`).
+
+    Switches (constructor keywords, and attributes a test may change while the hub runs):
+    - `redirects`: answer `/resolve` with the real Hub's 307 (small files) / 302 (LFS, to the CDN).
+    - `cdn_url_ttl`: seconds a CDN URL stays valid (the Hub's is about an hour); then 403.
+    - `rate_limits`: a `RateLimits` to enforce, or None; assigning one starts fresh windows.
+      Injected faults (`faults.fail_next`) answer before the limiter counts, as a proxy in front would.
+    Faults also apply on the CDN: its URLs carry the file name (in `response-content-disposition`), so
+    `faults.drop_after("weights.bin", n)` cuts the CDN body when redirects are on.
+    """
+
     def __init__(
         self,
         repos: list[FakeRepo] | tuple = (),
@@ -52,6 +65,10 @@ class FakeHub:
         trusted_orgs=(),
         page_size: int = 5,
         lfs_threshold: int = 64 * 1024,
+        redirects: bool = False,
+        cdn_host: str = "127.0.0.2",
+        cdn_url_ttl: float = 3600.0,
+        rate_limits: RateLimits | None = None,
     ):
         self.repos: dict[tuple[str, str], FakeRepo] = {}
         for r in repos:
@@ -59,13 +76,29 @@ class FakeHub:
         self.trusted_orgs = set(trusted_orgs)
         self.page_size = page_size
         self.lfs_threshold = lfs_threshold
+        self.redirects = redirects
+        self.cdn_host = cdn_host
+        self.cdn_url_ttl = cdn_url_ttl
+        self.rate_limits = rate_limits
         self.faults = Faults()
         self._log_lock = threading.Lock()
-        self._requests: list[tuple[str, str, int]] = []
+        self._requests: list[LoggedRequest] = []
         self._server: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
-        self._conns: set[socket.socket] = set()  # open client connections, severed by stop()
+        self._cdn: ThreadingHTTPServer | None = None
+        self._threads: list[threading.Thread] = []
+        self._start_lock = threading.Lock()
+        self._conns: set[socket.socket] = set()  # open client connections (both hosts), severed by stop()
         self._bodies = 0  # file bodies being streamed right now
+        self._signer = UrlSigner()
+        self._cdn_objects: dict[str, tuple[Commit, str]] = {}  # sha256 -> where its served bytes live
+
+    @property
+    def rate_limits(self) -> RateLimits | None:
+        return self._limiter.limits if self._limiter else None
+
+    @rate_limits.setter
+    def rate_limits(self, limits: RateLimits | None) -> None:
+        self._limiter = RateLimiter(limits) if limits else None
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -73,25 +106,45 @@ class FakeHub:
         server = ThreadingHTTPServer((host, port), _Handler)
         server.daemon_threads = True
         server.hub = self  # type: ignore[attr-defined]
-        self._server = server
-        self._thread = threading.Thread(
-            target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="fakehub", daemon=True
-        )
-        self._thread.start()
+        with self._start_lock:
+            self._server = server
+        self._serve(server, "fakehub")
+        if self.redirects:
+            self._ensure_cdn()
         return self.url
 
+    def _serve(self, server: ThreadingHTTPServer, name: str) -> None:
+        t = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, name=name,
+                             daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def _ensure_cdn(self) -> ThreadingHTTPServer:
+        """The CDN host, started on first need (redirects may be switched on while running)."""
+        with self._start_lock:
+            if self._server is None:  # never (re)start a CDN for a hub that is stopped
+                raise RuntimeError("FakeHub is not started")
+            if self._cdn is None:
+                self._cdn = make_cdn_server(self, self.cdn_host)
+                self._serve(self._cdn, "fakehub-cdn")
+            return self._cdn
+
     def stop(self) -> None:
-        """Die as a host dies: stop accepting *and* sever every open connection.
+        """Die as a host dies: stop accepting *and* sever every open connection, on both hosts.
 
         `shutdown()` + `server_close()` alone only close the listening socket; the handler threads
         would go on serving their keep-alive connections, so a client that had opened its downloads
         would finish them against an upstream that is supposedly gone.
         """
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._thread.join(timeout=5)
-            self._server = self._thread = None
+        with self._start_lock:
+            servers, self._server, self._cdn = [self._server, self._cdn], None, None
+            threads, self._threads = self._threads, []
+        for server in servers:
+            if server is not None:
+                server.shutdown()
+                server.server_close()
+        for t in threads:
+            t.join(timeout=5)
         with self._log_lock:
             conns, self._conns = list(self._conns), set()
         for conn in conns:
@@ -114,15 +167,37 @@ class FakeHub:
         host, port = self._server.server_address[:2]
         return f"http://{host}:{port}"
 
+    @property
+    def cdn_url(self) -> str:
+        host, port = self._ensure_cdn().server_address[:2]
+        return f"http://{host}:{port}"
+
     def add_repo(self, repo: FakeRepo) -> FakeRepo:
         self.repos[(repo.repo_type, repo.repo_id)] = repo
         return repo
+
+    def _cdn_location(self, c: Commit, path: str, meta: FileMeta) -> str:
+        """A fresh signed CDN URL for an LFS file (its served bytes, looked up by sha256)."""
+        self._cdn_objects[meta.sha256] = (c, path)
+        name = path.rsplit("/", 1)[-1]
+        # As cdn-lfs URLs do: the file name rides in the query (so fault rules matching it apply here).
+        disposition = f"inline; filename*=UTF-8''{quote(name)}; filename=\"{name}\";"
+        signed = self._signer.sign(f"/cdn/{meta.sha256}", {"response-content-disposition": disposition},
+                                   self.cdn_url_ttl)
+        return self.cdn_url + signed
 
     # -- request log ---------------------------------------------------------------------------
 
     @property
     def requests(self) -> list[tuple[str, str, int]]:
-        """(method, raw path with query, status) of every answered request, oldest first (a copy)."""
+        """(method, raw path with query, status) of every answered request, oldest first (a copy),
+        CDN requests included (their paths start with /cdn/)."""
+        with self._log_lock:
+            return [r[:3] for r in self._requests]
+
+    @property
+    def request_log(self) -> list[LoggedRequest]:
+        """Like `requests`, with the answering server ("hub"/"cdn") and the request's headers."""
         with self._log_lock:
             return list(self._requests)
 
@@ -130,14 +205,14 @@ class FakeHub:
         with self._log_lock:
             self._requests.clear()
 
-    def _log(self, method: str, path: str, status: int) -> None:
+    def _log(self, entry: LoggedRequest) -> None:
         with self._log_lock:
-            self._requests.append((method, path, status))
+            self._requests.append(entry)
 
     @property
     def bodies_in_flight(self) -> int:
-        """File bodies (resolve GETs) being streamed at this moment: evidence that a client is
-        mid-download, for a test that must kill the upstream then and not before."""
+        """File bodies (resolve, resolve-cache and CDN GETs) being streamed at this moment: evidence
+        that a client is mid-download, for a test that must kill the upstream then and not before."""
         with self._log_lock:
             return self._bodies
 
@@ -159,99 +234,7 @@ class FakeHub:
             self._bodies += delta
 
 
-class _Handler(BaseHTTPRequestHandler):
-    # Headers and body go out in separate writes; without TCP_NODELAY every keep-alive
-    # request stalls ~40 ms on the client's delayed ACK.
-    disable_nagle_algorithm = True
-    protocol_version = "HTTP/1.1"  # keep-alive; so every answer carries Content-Length
-    server_version = "FakeHub/1.0"
-    timeout = 60  # idle keep-alive connections give their thread back eventually
-
-    # -- plumbing ------------------------------------------------------------------------------
-
-    @property
-    def hub(self) -> FakeHub:
-        return self.server.hub  # type: ignore[attr-defined]
-
-    def setup(self):
-        super().setup()
-        self.hub._track(self.connection, True)
-
-    def finish(self):
-        self.hub._track(self.connection, False)
-        try:
-            super().finish()
-        except OSError:  # a connection severed by stop(): nothing left to flush
-            pass
-
-    def handle(self):
-        try:
-            super().handle()
-        except OSError:  # severed by stop() between requests
-            self.close_connection = True
-
-    def log_message(self, format, *args):  # silence stderr
-        pass
-
-    def log_request(self, code="-", size="-"):  # called by send_response: one log entry per answer
-        self.hub._log(self.command or "-", getattr(self, "path", "-"), int(code))
-
-    def do_GET(self):
-        self._handle()
-
-    def do_HEAD(self):
-        self._handle()
-
-    def do_POST(self):
-        self._handle()
-
-    def _handle(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        self.body = self.rfile.read(length) if length else b""  # drain it, or keep-alive desyncs
-        self._sent_headers = False
-        parts = urlsplit(self.path)
-        self.query = dict(parse_qsl(parts.query, keep_blank_values=True))
-        # Split the *raw* path first, then decode each segment: "release%2Fv1" stays one segment.
-        self.segs = [unquote(s) for s in parts.path.split("/")[1:]]
-        try:
-            if (pause := self.hub.faults.delay_for(self.path)) > 0:
-                time.sleep(pause)
-            if (status := self.hub.faults.take_failure(self.path)) is not None:
-                raise HubError(status, None, f"injected fault {status}")
-            self._route()
-        except HubError as e:
-            self._send_error(e)
-        except OSError:  # the client went away, or stop() severed the connection
-            self.close_connection = True
-        except Exception as e:  # a bug in the fake: answer 500 loudly rather than hang the client
-            traceback.print_exc()
-            if self._sent_headers:
-                self.close_connection = True
-            else:
-                self._send_error(HubError(500, None, f"fakehub bug: {e!r}"))
-
-    def _send(self, status: int, body: bytes, headers: dict, content_type: str | None = None) -> None:
-        self.send_response(status)
-        if content_type:
-            self.send_header("Content-Type", content_type)
-        for k, v in headers.items():
-            self.send_header(k, str(v))
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self._sent_headers = True
-        if self.command != "HEAD":
-            self.wfile.write(body)
-
-    def _send_json(self, obj, headers: dict | None = None, status: int = 200) -> None:
-        self._send(status, json.dumps(obj).encode(), headers or {}, "application/json; charset=utf-8")
-
-    def _send_error(self, e: HubError) -> None:
-        headers = dict(e.headers)
-        if e.code:
-            headers["X-Error-Code"] = e.code
-            headers["X-Error-Message"] = e.message
-        self._send_json({"error": e.message}, headers, e.status)
-
+class _Handler(BaseHandler):
     def _not_found(self) -> None:
         self._send(404, b"Not Found", {}, "text/plain; charset=utf-8")
 
@@ -259,6 +242,21 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _route(self) -> None:
         s, m = self.segs, self.command
+        resolve = None  # (repo type, repo id, rev, path) of a /resolve URL
+        # /{prefix}{org}/{name}/resolve/{rev}/{path}; "kernels/x/resolve/..." is a *model* "kernels/x".
+        if len(s) >= 6 and s[0] in RESOLVE_PREFIXES and s[3] == "resolve":
+            resolve = (RESOLVE_PREFIXES[s[0]], f"{s[1]}/{s[2]}", s[4], "/".join(s[5:]))
+        elif len(s) >= 5 and s[2] == "resolve":
+            resolve = ("model", f"{s[0]}/{s[1]}", s[3], "/".join(s[4:]))
+        cache = s[:2] == ["api", "resolve-cache"]
+        if self.hub._limiter is not None:
+            bucket = "resolvers" if resolve or cache else "api" if s[:1] == ["api"] else None
+            if bucket:
+                self.extra_headers = self.hub._limiter.take(bucket)  # or raises the 429
+        if resolve:
+            return self._resolve(*resolve)
+        if cache:
+            return self._resolve_cache(s[2:])
         if s[:1] == ["api"] and len(s) >= 4 and s[1] in REPO_TYPES:
             return self._api_repo(REPO_TYPES[s[1]], f"{s[2]}/{s[3]}", s[4:])
         if s[:2] == ["api", "organizations"] and len(s) == 4 and s[3] == "overview" and m == "GET":
@@ -266,11 +264,6 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send_json(
                 {"name": org, "fullname": org, "trustedKernelPublisher": org in self.hub.trusted_orgs}
             )
-        # /{prefix}{org}/{name}/resolve/{rev}/{path}; "kernels/x/resolve/..." is a *model* "kernels/x".
-        if len(s) >= 6 and s[0] in RESOLVE_PREFIXES and s[3] == "resolve":
-            return self._resolve(RESOLVE_PREFIXES[s[0]], f"{s[1]}/{s[2]}", s[4], "/".join(s[5:]))
-        if len(s) >= 5 and s[2] == "resolve":
-            return self._resolve("model", f"{s[0]}/{s[1]}", s[3], "/".join(s[4:]))
         return self._not_found()  # includes /api/agent-harnesses, as a Hub that lacks it
 
     def _api_repo(self, repo_type: str, repo_id: str, rest: list[str]) -> None:
@@ -306,7 +299,7 @@ class _Handler(BaseHTTPRequestHandler):
     # -- API routes ----------------------------------------------------------------------------
 
     def _info(self, repo: FakeRepo, rev: str) -> None:
-        c = self._commit(repo, rev)
+        c = repo.take_stale(rev) or self._commit(repo, rev)  # a stale answer after a force-push
         self._send_json({
             "id": repo.repo_id, "sha": c.sha, "private": False, "lastModified": iso(c.date),
             "author": repo.author, "siblings": [{"rfilename": p} for p in sorted(c.files)],
@@ -395,78 +388,47 @@ class _Handler(BaseHTTPRequestHandler):
             return self._not_found()
         repo = self._repo(repo_type, repo_id)
         c = self._commit(repo, rev)
+        meta, headers = self._file_headers(c, path, rev)
+        lfs = meta.size >= self.hub.lfs_threshold
+        if not self.hub.redirects:
+            return self._serve_bytes(c.files[path], headers)
+        del headers["Accept-Ranges"]
+        if lfs:
+            # The real Hub: 302 to a signed CDN URL; the metadata rides on the 302 itself.
+            return self._redirect(302, "Found", self.hub._cdn_location(c, path, meta), headers)
+        # The real Hub: 307 to its own resolve-cache, a *relative* Location on the same host.
+        location = (f"/api/resolve-cache/{repo_type}s/{quote(repo_id)}/{c.sha}/{quote(path)}"
+                    f"?etag=%22{meta.oid}%22")
+        return self._redirect(307, "Temporary Redirect", location, headers)
+
+    def _resolve_cache(self, rest: list[str]) -> None:
+        """`/api/resolve-cache/{type}s/{org}/{name}/{sha}/{path}`: where a small file's 307 points."""
+        if self.command not in ("GET", "HEAD") or len(rest) < 5 or rest[0] not in REPO_TYPES:
+            return self._not_found()
+        repo = self._repo(REPO_TYPES[rest[0]], f"{rest[1]}/{rest[2]}")
+        sha, path = rest[3], "/".join(rest[4:])
+        if repo.resolve_ref(sha) != sha:  # a commit sha only; a force-pushed-away one is gone
+            raise HubError(404, "RevisionNotFound", f"Invalid rev id: {sha}")
+        c = repo.commits[sha]
+        _, headers = self._file_headers(c, path, sha)
+        self._serve_bytes(c.files[path], headers)
+
+    def _file_headers(self, c: Commit, path: str, rev: str) -> tuple[FileMeta, dict]:
         if path not in c.meta:
             raise HubError(404, "EntryNotFound", f"{path} does not exist on \"{rev}\"",
                            {"X-Repo-Commit": c.sha})  # lets the client record .no_exist/<sha>/<path>
-        meta, data = c.meta[path], c.files[path]
+        meta = c.meta[path]
         headers = {"X-Repo-Commit": c.sha, "Accept-Ranges": "bytes"}
         if meta.size >= self.hub.lfs_threshold:
             headers.update({"ETag": f'"{meta.sha256}"', "X-Linked-Etag": f'"{meta.sha256}"',
                             "X-Linked-Size": meta.size})
         else:
             headers["ETag"] = f'"{meta.oid}"'
-        status, start, end = 200, 0, len(data)  # served bytes: may differ from meta after tampering
-        rng = _parse_range(self.headers.get("Range"), len(data))
-        if rng == "unsatisfiable":
-            raise HubError(416, None, "Requested Range Not Satisfiable",
-                           {"Content-Range": f"bytes */{len(data)}", "X-Repo-Commit": c.sha})
-        if rng is not None:
-            status, (start, end) = 206, rng
-            headers["Content-Range"] = f"bytes {start}-{end - 1}/{len(data)}"
-        drop = self.hub.faults.take_drop(self.path) if self.command == "GET" else None
+        return meta, headers
 
-        self.send_response(status)
-        self.send_header("Content-Type", "application/octet-stream")
-        for k, v in headers.items():
-            self.send_header(k, str(v))
-        self.send_header("Content-Length", str(end - start))
-        self.end_headers()
-        self._sent_headers = True
-        if self.command == "HEAD":
-            return
-        view = memoryview(data)[start:end]
-        if drop is not None:
-            view = view[:drop]
-        rate = self.hub.faults.rate_for(self.path)
-        step = CHUNK if rate is None else max(1, min(CHUNK, int(rate / 20)))
-        self.hub._body(+1)
-        try:
-            for off in range(0, len(view), step):  # stream: no per-request copy of a large body
-                self.wfile.write(view[off:off + step])
-                if rate is not None:
-                    time.sleep(step / rate)
-        finally:
-            self.hub._body(-1)
-        if drop is not None:
-            # Short body then EOF: the client sees fewer bytes than Content-Length promised.
-            self.wfile.flush()
-            try:
-                self.connection.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            self.close_connection = True
-
-
-def _parse_range(header: str | None, size: int):
-    """A single `bytes=s-e` / `bytes=s-` / `bytes=-n` range -> (start, end_exclusive).
-
-    None: no usable Range (serve 200, as servers ignore syntax they do not understand);
-    "unsatisfiable": answer 416.
-    """
-    if not header or not header.startswith("bytes=") or "," in header:
-        return None
-    first, _, last = header[6:].strip().partition("-")
-    try:
-        if first == "":  # suffix: the last n bytes
-            n = int(last)
-            return (max(size - n, 0), size) if n > 0 and size > 0 else "unsatisfiable"
-        start = int(first)
-        end = int(last) + 1 if last else size
-    except ValueError:
-        return None
-    if start >= size or end <= start:
-        return "unsatisfiable"
-    return start, min(end, size)
+    def _redirect(self, status: int, reason: str, location: str, headers: dict) -> None:
+        body = f"{reason}. Redirecting to {location}".encode()  # Content-Length: this body's
+        self._send(status, body, {**headers, "Location": location}, "text/plain; charset=utf-8")
 
 
 def _last_touch(repo: FakeRepo, c: Commit, path: str) -> Commit:
