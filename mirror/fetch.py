@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from frt.resolver.errors import UpstreamUnavailable, VerificationFailed
-from frt.resolver.hub import ContentTooLarge, HubClient, is_transient
+from frt.resolver.errors import VerificationFailed
 from frt.resolver.resolution import FileEntry
 
 from .store import BlobStore, Digest, digest_file
+from .transport import ContentTooLarge, Transport
 
 
 class IntegrityError(VerificationFailed):
@@ -43,7 +43,7 @@ def matches(entry: FileEntry, d: Digest) -> bool:
     return d.sha256 == entry.sha256 if entry.sha256 else d.git_oid == entry.git_oid
 
 
-def fetch_file(hub: HubClient, store: BlobStore, repo_id: str, commit: str, entry: FileEntry, *,
+def fetch_file(transport: Transport, store: BlobStore, repo_id: str, commit: str, entry: FileEntry, *,
                known_sha256: str | None = None, on_bytes: Callable[[int], None] = lambda n: None,
                repo_type: str = "kernel") -> Fetched:
     """Make sure `entry`'s verified bytes are in the store; download only what is missing."""
@@ -54,53 +54,36 @@ def fetch_file(hub: HubClient, store: BlobStore, repo_id: str, commit: str, entr
     with store.lock(key):
         if sha and store.has(sha):  # another stager finished it while we waited for the lock
             return Fetched(entry, Digest(sha, entry.git_oid, entry.size), 0)
-        return _download_verified(hub, store, repo_id, commit, entry, key, on_bytes, repo_type)
+        return _download_verified(transport, store, repo_id, commit, entry, key, on_bytes, repo_type)
 
 
-def _download_verified(hub, store, repo_id, commit, entry, key, on_bytes, repo_type) -> Fetched:
+def _download_verified(transport, store, repo_id, commit, entry, key, on_bytes, repo_type) -> Fetched:
     part = store.part_path(key)
-    downloaded, fresh_retry_left = 0, True
+    downloaded = 0
     where = f"{repo_id}/{entry.path}@{commit[:12]}"
-    for attempt in range(1, hub.retry.attempts + 1):
-        have = part.stat().st_size if part.exists() else 0
-        if have > entry.size:
-            part.unlink()
-            have = 0
+
+    def count(n: int) -> None:
+        nonlocal downloaded
+        downloaded += n
+        on_bytes(n)
+
+    for clean_retry in (False, True):
+        had = part.exists() and part.stat().st_size > 0
         try:
-            if have < entry.size or not part.exists():
-
-                def count(n: int) -> None:
-                    nonlocal downloaded
-                    downloaded += n
-                    on_bytes(n)
-
-                hub.download(repo_id, entry.path, commit, part, offset=have, limit=entry.size, on_bytes=count,
-                             repo_type=repo_type)
+            transport.fetch(repo_id, entry.path, commit, part, size=entry.size, on_bytes=count,
+                            repo_type=repo_type)
         except ContentTooLarge as e:
             part.unlink(missing_ok=True)
             raise IntegrityError(str(e), repo=repo_id, path=entry.path, commit=commit) from None
-        except Exception as e:
-            if not is_transient(e):
-                raise UpstreamUnavailable(f"{where}: upstream {hub.endpoint} refused: {_line(e)}") from None
-            if attempt == hub.retry.attempts:
-                raise UpstreamUnavailable(f"{where}: gave up after {attempt} attempts: {_line(e)}") from None
-            hub.retry.sleep(attempt)
-            continue
         digest = digest_file(part)
         if matches(entry, digest):
             store.commit(part, digest)
             return Fetched(entry, digest, downloaded)
         part.unlink()
-        if have and fresh_retry_left:  # a stale prefix from an earlier run: one clean try
-            fresh_retry_left = False
+        if had and not clean_retry:  # a stale prefix from an earlier run: one clean try
             continue
         want = f"sha256 {entry.sha256}" if entry.sha256 else f"git oid {entry.git_oid}"
         got = f"sha256 {digest.sha256}" if entry.sha256 else f"git oid {digest.git_oid}"
         raise IntegrityError(f"{where}: upstream advertised {want}, {entry.size} bytes; served {got}, "
                              f"{digest.size} bytes", repo=repo_id, path=entry.path, commit=commit)
-    raise UpstreamUnavailable(f"{where}: gave up after {hub.retry.attempts} attempts")
-
-
-def _line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0] if text else type(e).__name__
+    raise AssertionError("unreachable")

@@ -20,6 +20,7 @@ from .fetch import Fetched, IntegrityError, expected_key, fetch_file
 from .progress import Progress
 from .records import record_blobs, record_staged, sha256_by_git_oid
 from .store import BlobStore
+from .transport import Transport
 from .views import Views
 
 
@@ -74,7 +75,8 @@ def stage(requests: list[Request], targets: list[Target], *, home: Path, ledger:
             unique.setdefault(expected_key(f), (r, f))
     known = sha256_by_git_oid(ledger, [f.git_oid for _, f in unique.values() if not f.sha256])
     report.needed_bytes = sum(f.size for _, f in unique.values())
-    fetched, failures = _fetch_all(unique, known, hub=hub, store=store, jobs=jobs, progress=progress)
+    fetched, failures = _fetch_all(unique, known, transport=Transport(hub), store=store, jobs=jobs,
+                                   progress=progress)
     report.downloaded_bytes = sum(x.downloaded for x in fetched.values())
     record_blobs(ledger, (x.digest for x in fetched.values()))
 
@@ -156,7 +158,7 @@ def _untrusted(request: Request, target: Target, publishers: tuple[str, ...], le
     return refusal
 
 
-def _fetch_all(unique, known, *, hub, store, jobs, progress) -> tuple[dict[str, Fetched], dict[str, Exception]]:
+def _fetch_all(unique, known, *, transport, store, jobs, progress) -> tuple[dict[str, Fetched], dict[str, Exception]]:
     meter = Progress(sum(f.size for _, f in unique.values()), len(unique)) if progress else None
     stop = threading.Event()
 
@@ -168,7 +170,8 @@ def _fetch_all(unique, known, *, hub, store, jobs, progress) -> tuple[dict[str, 
 
     def one(key: str) -> Fetched:
         r, f = unique[key]
-        out = fetch_file(hub, store, r.repo, r.commit, f, known_sha256=known.get(f.git_oid), on_bytes=on_bytes)
+        out = fetch_file(transport, store, r.repo, r.commit, f, known_sha256=known.get(f.git_oid),
+                         on_bytes=on_bytes)
         if meter:
             meter.file_done()
         return out

@@ -1,4 +1,5 @@
-"""A thin client of the upstream Hub (or of another frt-mirror) over `huggingface_hub.HfApi`.
+"""A thin client of the upstream Hub (or of another frt-mirror) over `huggingface_hub.HfApi`: refs,
+history, listings, small files, each org's trust. File bodies are `frt.mirror.transport`'s.
 
 Why our own retry: `huggingface_hub` (1.x and 2.x) does not retry a 503 or a refused
 connection on plain API calls such as `list_repo_refs`, and a stager on a flaky link
@@ -12,7 +13,6 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TypeVar
 from urllib.parse import quote
 
@@ -28,6 +28,7 @@ from huggingface_hub.hf_api import RepoFile
 from huggingface_hub.utils import build_hf_headers, hf_raise_for_status
 
 from .errors import BadInput, FrtError, UpstreamUnavailable
+from .pacing import Pacer
 from .resolution import CommitInfo, FileEntry
 
 try:  # huggingface_hub 2.x speaks httpx2, 1.x httpx; both name their transport errors alike.
@@ -77,6 +78,7 @@ class HubClient:
         self.token = token
         self.retry = retry or RetryPolicy.from_env()
         self._publishers: dict[str, bool | None] = {}
+        self.pacer = Pacer()  # shared by every thread of a run, API calls and file transfers alike
 
     def refs(self, repo_id: str, repo_type: str = "kernel") -> dict[tuple[str, str], str]:
         r = self._call(lambda: self.api.list_repo_refs(repo_id, repo_type=repo_type), repo_id)
@@ -150,47 +152,17 @@ class HubClient:
             hf_raise_for_status(r)
             return r.content
 
-        return self._call(get, repo_id)
+        return self._call(get, repo_id, bucket="resolvers")
 
     def file_url(self, repo_id: str, path: str, revision: str, repo_type: str = "kernel") -> str:
         return hf_hub_url(repo_id, path, repo_type=repo_type, revision=revision, endpoint=self.endpoint)
 
-    def download(self, repo_id: str, path: str, revision: str, dest: Path, *, offset: int = 0,
-                 limit: int | None = None, on_bytes: Callable[[int], None] = lambda n: None,
-                 repo_type: str = "kernel") -> None:
-        """One attempt to stream a file into `dest`, resuming at `offset` with a Range request.
-
-        Raises the transport or HTTP error as it comes (the caller retries and verifies). A server
-        that ignores Range answers 200: the file then restarts from byte 0. More than `limit`
-        bytes is an error: a file larger than advertised is never what was asked for.
-        """
-        headers = build_hf_headers(token=self.token)
-        if offset:
-            headers["Range"] = f"bytes={offset}-"
-        url = self.file_url(repo_id, path, revision, repo_type)
-        with get_session().stream("GET", url, headers=headers, follow_redirects=True,
-                                  timeout=_httpx.Timeout(30.0, read=120.0)) as r:
-            if r.status_code == 416:
-                dest.unlink(missing_ok=True)
-                raise _httpx.RemoteProtocolError("416 Range Not Satisfiable: restarting from byte 0")
-            if r.status_code >= 400:
-                r.read()
-                hf_raise_for_status(r)
-            written = offset if r.status_code == 206 and offset else 0
-            if offset and not written:
-                on_bytes(-offset)
-            with open(dest, "ab" if written else "wb") as f:
-                for chunk in r.iter_bytes(1 << 16):  # small writes: a kill loses little of a .part
-                    written += len(chunk)
-                    if limit is not None and written > limit:
-                        raise ContentTooLarge(f"{repo_id}/{path}@{revision[:12]}: more than the advertised "
-                                              f"{limit} bytes")
-                    f.write(chunk)
-                    on_bytes(len(chunk))
-
-    def _call(self, fn: Callable[[], T], repo_id: str) -> T:
-        """Run one upstream call with retries; map the Hub's errors to ours."""
-        for attempt in range(1, self.retry.attempts + 1):
+    def _call(self, fn: Callable[[], T], repo_id: str, bucket: str = "api") -> T:
+        """Run one upstream call with retries and rate-limit pacing; map the Hub's errors to ours."""
+        attempt = 0
+        while True:
+            attempt += 1
+            self.pacer.wait(bucket)
             try:
                 return fn()
             except RepositoryNotFoundError as e:
@@ -204,18 +176,21 @@ class HubClient:
                     "HF_HUB_OFFLINE is set, so upstream cannot be asked; use --offline to answer from the ledger"
                 ) from None
             except (HfHubHTTPError, _httpx.TransportError, ConnectionError, TimeoutError) as e:
+                if rate_limited(e):  # a wait, not a failed attempt
+                    self.pacer.hold(e.response.headers, bucket, repo_id)
+                    attempt -= 1
+                    continue
                 if not is_transient(e):
                     raise UpstreamUnavailable(f"upstream {self.endpoint} refused: {_first_line(e)}") from None
-                if attempt == self.retry.attempts:
+                if attempt >= self.retry.attempts:
                     raise UpstreamUnavailable(
                         f"upstream {self.endpoint} unreachable after {attempt} attempts: {_first_line(e)}"
                     ) from None
                 self.retry.sleep(attempt)
-        raise AssertionError("unreachable")
 
 
-class ContentTooLarge(FrtError):
-    """Upstream sent more bytes than it advertised for a file."""
+def rate_limited(e: BaseException) -> bool:
+    return isinstance(e, HfHubHTTPError) and getattr(e.response, "status_code", None) == 429
 
 
 def is_transient(e: BaseException) -> bool:

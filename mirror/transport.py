@@ -1,0 +1,148 @@
+"""File bodies from the upstream into a `.part` file: the one place that speaks the Hub's transport.
+
+What the real Hub does on `GET /{repo}/resolve/{commit}/{path}`, and what this answers with:
+- a small file: **307** with a relative `Location` to `/api/resolve-cache/…` on the same host —
+  followed;
+- an LFS file: **302** to a signed URL on a CDN host, expiring after about an hour — followed, and
+  `Authorization` is not carried across (httpx drops it on a cross-origin redirect). A **403 from
+  the CDN** means the signature expired (a stalled or resumed transfer): ask the Hub again for a
+  fresh one and resume at the bytes already in the `.part`;
+- **429**: the bucket's window is spent — wait until it resets (`frt.resolver.pacing`), which does
+  not count as a failed attempt;
+- a dropped connection, a timeout, 5xx: retried with backoff, resuming with `Range`.
+A local write that fails (disk full, permission, read-only mount) is `LocalWriteFailed`, never
+reported as the upstream refusing. The bytes are judged by the caller (`fetch`), not here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from huggingface_hub import get_session
+from huggingface_hub.utils import build_hf_headers, hf_raise_for_status
+
+from frt.resolver.errors import FrtError, UpstreamUnavailable
+from frt.resolver.hub import HubClient, is_transient, rate_limited
+
+try:  # huggingface_hub 2.x speaks httpx2, 1.x httpx
+    import httpx2 as _httpx
+except ImportError:  # pragma: no cover - exercised in the 1.x environment
+    import httpx as _httpx
+
+WRITE_CHUNK = 1 << 16  # small writes: a kill loses little of a .part
+MAX_RESIGNS = 5
+
+
+class ContentTooLarge(FrtError):
+    """Upstream sent more bytes than it advertised for a file."""
+
+
+class LocalWriteFailed(FrtError):
+    """Writing a download to the local disk failed: the home's problem, not the upstream's."""
+
+
+class _SignatureExpired(Exception):
+    pass
+
+
+class Transport:
+    def __init__(self, hub: HubClient):
+        self.hub = hub
+
+    def fetch(self, repo_id: str, path: str, commit: str, part: Path, *, size: int,
+              on_bytes: Callable[[int], None] = lambda n: None, repo_type: str = "kernel") -> None:
+        """Make `part` hold the file's `size` bytes as served (resuming what it has), or raise."""
+        where = f"{repo_id}/{path}@{commit[:12]}"
+        attempt = resigns = 0
+        while True:
+            have = _size(part)
+            if have > size:
+                part.unlink()
+                have = 0
+            if have == size and part.exists():
+                return
+            attempt += 1
+            try:
+                self._get(repo_id, path, commit, part, offset=have, limit=size, on_bytes=on_bytes,
+                          repo_type=repo_type)
+                return
+            except (ContentTooLarge, LocalWriteFailed):
+                raise
+            except _SignatureExpired:
+                resigns += 1
+                if resigns > MAX_RESIGNS:
+                    raise UpstreamUnavailable(f"{where}: the CDN refused {resigns} freshly signed URLs") from None
+                attempt -= 1  # the Hub signs a new URL on the next request
+            except Exception as e:
+                if rate_limited(e):
+                    self.hub.pacer.hold(e.response.headers, "resolvers", where)
+                    attempt -= 1
+                    continue
+                if not is_transient(e):
+                    raise UpstreamUnavailable(f"{where}: upstream {self.hub.endpoint} refused: {_line(e)}") from None
+                if attempt >= self.hub.retry.attempts:
+                    raise UpstreamUnavailable(f"{where}: gave up after {attempt} attempts: {_line(e)}") from None
+                self.hub.retry.sleep(attempt)
+
+    def _get(self, repo_id, path, commit, dest: Path, *, offset, limit, on_bytes, repo_type) -> None:
+        """One request, following the Hub's redirects, streaming into `dest` from `offset`."""
+        headers = build_hf_headers(token=self.hub.token)
+        if offset:
+            headers["Range"] = f"bytes={offset}-"
+        url = self.hub.file_url(repo_id, path, commit, repo_type)
+        self.hub.pacer.wait("resolvers")
+        with get_session().stream("GET", url, headers=headers, follow_redirects=True,
+                                  timeout=_httpx.Timeout(30.0, read=120.0)) as r:
+            if r.status_code == 403 and _left_host(r, self.hub.endpoint):
+                r.read()
+                raise _SignatureExpired()
+            if r.status_code == 416:
+                dest.unlink(missing_ok=True)
+                raise _httpx.RemoteProtocolError("416 Range Not Satisfiable: restarting from byte 0")
+            if r.status_code >= 400:
+                r.read()
+                hf_raise_for_status(r)
+            written = offset if r.status_code == 206 and offset else 0
+            if offset and not written:
+                on_bytes(-offset)  # the server ignored Range: the file restarts from byte 0
+            with _open(dest, "ab" if written else "wb") as f:
+                for chunk in r.iter_bytes(WRITE_CHUNK):
+                    written += len(chunk)
+                    if written > limit:
+                        raise ContentTooLarge(f"{repo_id}/{path}@{commit[:12]}: more than the advertised "
+                                              f"{limit} bytes")
+                    _write(f, chunk, dest)
+                    on_bytes(len(chunk))
+
+
+def _left_host(r, endpoint: str) -> bool:
+    """The answer came from another host than the Hub's (a redirect to the CDN)."""
+    return bool(r.history) and urlsplit(str(r.url)).netloc != urlsplit(endpoint).netloc
+
+
+def _open(dest: Path, mode: str):
+    try:
+        return open(dest, mode)
+    except OSError as e:
+        raise LocalWriteFailed(f"cannot write {dest}: {e.strerror or e} (a local disk error)") from None
+
+
+def _write(f, chunk: bytes, dest: Path) -> None:
+    try:
+        f.write(chunk)
+    except OSError as e:
+        raise LocalWriteFailed(f"cannot write {dest}: {e.strerror or e} (a local disk error)") from None
+
+
+def _size(p: Path) -> int:
+    try:
+        return p.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def _line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__

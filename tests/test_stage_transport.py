@@ -1,0 +1,123 @@
+"""The stager against the real Hub's transport (the fake Hub's switches, judged by the real clients in
+tests/test_fakehub_transport.py): 307s to the resolve cache, 302s to a CDN host with signed URLs that
+expire, 429s with `RateLimit` over fixed windows, a stale `revision/main` after a force-push, and a
+local disk that fails — which must be reported as that, never as the upstream refusing."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ACTIVATION, RELU, cli_env, run_cli
+from tests.fakehub import FakeHub, FakeRepo
+from tests.fakehub.ratelimit import RateLimits
+from tests.kernel_fixtures import ORG, X86_CPU, blob, build, demo_repos
+from tests.test_stage import LAYERNORM, X86, stage_json, write_manifest
+
+BIG = f"{ORG}/big-lfs"
+
+
+def big_repo() -> FakeRepo:
+    """Files above the LFS threshold (so they take the CDN hop) and small ones (the 307 hop)."""
+    repo = FakeRepo(BIG)
+    extra = {f"_big_{i}.abi3.so": blob(f"lfs-{i}", 400_000 + 50_000 * i) for i in range(3)}
+    repo.commit(build("big", [X86_CPU], version=1, note="big", extra=extra), title="big", branch="v1")
+    return repo
+
+
+@pytest.fixture
+def real_hub():
+    with FakeHub([*demo_repos(), big_repo()], trusted_orgs=[ORG], page_size=5, redirects=True) as h:
+        yield h
+
+
+@pytest.fixture
+def manifest(tmp_path):
+    return write_manifest(tmp_path / "m.toml", {BIG: {"version": 1}, LAYERNORM: {"version": 1},
+                                                RELU: {"version": 1}}, [X86])
+
+
+def test_stage_follows_both_redirects_and_verifies(real_hub, home, manifest):
+    p, doc = stage_json(home, manifest, real_hub, env=cli_env(HF_TOKEN="hf_secret_for_the_hub_only"))
+    assert p.returncode == 0, p.stderr
+    assert doc["downloaded_bytes"] == doc["needed_bytes"] > 1_000_000
+    log = real_hub.request_log
+    cdn = [r for r in log if r.server == "cdn" and r.method == "GET"]
+    assert len(cdn) >= 3 and len({r.path.split("?")[0] for r in cdn}) == len(cdn), "each LFS body, once"
+    assert all("authorization" not in {k.lower() for k in r.headers} for r in cdn), "the token stays with the Hub"
+    assert any(r.status == 307 for r in log) and any(r.status == 302 for r in log)
+    assert any("/api/resolve-cache/" in r.path and r.status == 200 for r in log)
+    assert run_cli("verify", home=home).returncode == 0
+
+
+def test_an_expired_cdn_url_is_signed_again_by_asking_the_hub(real_hub, home, manifest):
+    # Every URL the Hub signs is already expired, until the CDN has refused one: then they last.
+    real_hub.cdn_url_ttl = -10.0
+
+    def renew_after_first_refusal():
+        while not any(r.server == "cdn" and r.status == 403 for r in real_hub.request_log):
+            time.sleep(0.01)
+        real_hub.cdn_url_ttl = 3600.0
+
+    watcher = threading.Thread(target=renew_after_first_refusal, daemon=True)
+    watcher.start()
+    real_hub.faults.drop_after("_big_2", nbytes=200_000, times=1)  # and one body cut: resumed, re-signed
+    p, doc = stage_json(home, manifest, real_hub)
+    assert p.returncode == 0, p.stderr
+    watcher.join(timeout=5)
+    cdn = [r for r in real_hub.request_log if r.server == "cdn"]
+    assert any(r.status == 403 for r in cdn), "the test must have made a URL expire"
+    assert any(r.status == 206 for r in cdn), "the cut body was resumed with Range, through a fresh 302"
+    assert doc["downloaded_bytes"] == doc["needed_bytes"], "resumed, not restarted"
+    assert run_cli("verify", home=home).returncode == 0
+
+
+def test_rate_limits_are_waited_out_not_failed(home, manifest):
+    limits = RateLimits(api=6, resolvers=8, window=3)
+    with FakeHub([*demo_repos(), big_repo()], trusted_orgs=[ORG], page_size=5, redirects=True,
+                 rate_limits=limits) as hub:
+        t = time.monotonic()
+        p, doc = stage_json(home, manifest, hub, env=cli_env(FRT_RETRY_ATTEMPTS="2"))
+        took = time.monotonic() - t
+        statuses = [r.status for r in hub.request_log]
+    assert p.returncode == 0, p.stderr
+    assert statuses.count(429) >= 2, "the quotas must have been hit"
+    assert took >= 3, "it waited for a window to reset"
+    assert doc["downloaded_bytes"] == doc["needed_bytes"]
+    assert run_cli("verify", home=home).returncode == 0
+
+
+def test_a_stale_revision_main_after_a_force_push_does_not_derail_the_stage(real_hub, home, tmp_path):
+    repo = real_hub.repos[("kernel", RELU)]
+    repo.branch("rewrite", repo.branches["v1"])
+    repo.commit(build("relu", ["torch-universal", X86_CPU], version=1, note="rewritten"), title="rewritten",
+                branch="rewrite")
+    new_head = repo.branches.pop("rewrite")
+    repo.force_push("main", new_head, stale_for=50)
+    m = write_manifest(tmp_path / "m.toml", {RELU: {"revision": "main"}}, [X86])
+    p, doc = stage_json(home, m, real_hub)
+    assert p.returncode == 0, p.stderr
+    assert [r["commit"] for r in doc["rows"]] == [new_head]
+
+
+def test_a_full_disk_is_a_local_error_not_an_upstream_refusal(real_hub, home, manifest, tmp_path):
+    """The home on a 1 MiB tmpfs: the stage's downloads fill it."""
+    if os.geteuid() != 0:
+        pytest.fail("needs root for a tmpfs mount namespace (CI runs as root)")
+    exe = str(Path(sys.executable).with_name("frt-mirror"))
+    home.mkdir(parents=True)
+    script = (f"mount -t tmpfs -o size=1m tmpfs {home} && "
+              f"{exe} --home {home} --endpoint {real_hub.url} stage {manifest}")
+    p = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, env=cli_env(),
+                       timeout=120)
+    assert p.returncode == 2
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and "No space left on device" in lines[0], p.stderr
+    assert "upstream" not in lines[0] and "refused" not in lines[0], lines[0]
