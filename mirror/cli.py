@@ -216,6 +216,10 @@ def stage_cmd(app: App, manifest, targets, jobs, endpoint, as_json):
                          [(r.repo, r.requested, r.target, (r.commit or "")[:12], r.variant or "", r.files,
                            human_bytes(r.bytes), r.status) for r in report.rows]))
         click.echo(f"downloaded {human_bytes(report.downloaded_bytes)} of {human_bytes(report.needed_bytes)} needed")
+        bare = sorted({f"{r.repo}@{r.commit[:12]} {r.variant}" for r in report.rows if r.publisher_digest is False})
+        if bare:
+            click.echo(f"note: {len(bare)} staged variant(s) carry no publisher digest in metadata.json (checked "
+                       f"against the upstream's hashes only): {', '.join(bare)}")
         for r in report.rows:
             if r.status != "staged":
                 click.echo(f"frt-mirror: {r.status}: {r.detail}", err=True)
@@ -234,7 +238,8 @@ def verify_cmd(app: App, as_json):
         _emit_json(report.to_json())
     else:
         click.echo(f"{report.blobs} blobs ({human_bytes(report.bytes)}) re-hashed, {report.view_files} view files "
-                   f"checked: {'ok' if report.ok else f'{len(report.problems)} problem(s)'}")
+                   f"checked, publishers' digests checked ({report.no_digest} variant(s) have none): "
+                   f"{'ok' if report.ok else f'{len(report.problems)} problem(s)'}")
         for p in report.problems:
             click.echo(f"  {p}")
     sys.exit(0 if report.ok else 1)

@@ -20,9 +20,9 @@ from .transport import ContentTooLarge, Transport
 class IntegrityError(VerificationFailed):
     """Upstream served bytes that do not match what it advertised for the file."""
 
-    def __init__(self, message: str, *, repo: str, path: str, commit: str):
+    def __init__(self, message: str, *, repo: str, path: str, commit: str, error: str = "IntegrityMismatch"):
         super().__init__(message)
-        self.repo, self.path, self.commit = repo, path, commit
+        self.repo, self.path, self.commit, self.error = repo, path, commit, error
 
 
 @dataclass(frozen=True)
@@ -44,20 +44,28 @@ def matches(entry: FileEntry, d: Digest) -> bool:
 
 
 def fetch_file(transport: Transport, store: BlobStore, repo_id: str, commit: str, entry: FileEntry, *,
-               known_sha256: str | None = None, on_bytes: Callable[[int], None] = lambda n: None,
-               repo_type: str = "kernel") -> Fetched:
-    """Make sure `entry`'s verified bytes are in the store; download only what is missing."""
+               known_sha256: str | None = None, publisher: set[str] | None = None,
+               on_bytes: Callable[[int], None] = lambda n: None, repo_type: str = "kernel") -> Fetched:
+    """Make sure `entry`'s verified bytes are in the store; download only what is missing.
+
+    `publisher`: the sha256 values publishers' digests expect of these bytes (None: no digest
+    lists the file). Bytes that match the upstream's word but none of those are never stored."""
+    where = f"{repo_id}/{entry.path}@{commit[:12]}"
     sha = entry.sha256 or known_sha256
+    if sha and publisher and sha not in publisher:
+        raise IntegrityError(f"{where}: the upstream advertises sha256 {sha}; the publisher's digest (metadata.json) "
+                             f"says {' or '.join(sorted(publisher))}", repo=repo_id, path=entry.path, commit=commit,
+                             error="PublisherDigestMismatch")
     if sha and store.has(sha):
         return Fetched(entry, Digest(sha, entry.git_oid, entry.size), 0)
     key = expected_key(entry)
     with store.lock(key):
         if sha and store.has(sha):  # another stager finished it while we waited for the lock
             return Fetched(entry, Digest(sha, entry.git_oid, entry.size), 0)
-        return _download_verified(transport, store, repo_id, commit, entry, key, on_bytes, repo_type)
+        return _download_verified(transport, store, repo_id, commit, entry, key, on_bytes, repo_type, publisher)
 
 
-def _download_verified(transport, store, repo_id, commit, entry, key, on_bytes, repo_type) -> Fetched:
+def _download_verified(transport, store, repo_id, commit, entry, key, on_bytes, repo_type, publisher) -> Fetched:
     part = store.part_path(key)
     downloaded = 0
     where = f"{repo_id}/{entry.path}@{commit[:12]}"
@@ -76,6 +84,12 @@ def _download_verified(transport, store, repo_id, commit, entry, key, on_bytes, 
             part.unlink(missing_ok=True)
             raise IntegrityError(str(e), repo=repo_id, path=entry.path, commit=commit) from None
         digest = digest_file(part)
+        if matches(entry, digest) and publisher and digest.sha256 not in publisher:
+            part.unlink()
+            raise IntegrityError(f"{where}: served bytes match the upstream's git oid {entry.git_oid} but hash to "
+                                 f"sha256 {digest.sha256}; the publisher's digest (metadata.json) says "
+                                 f"{' or '.join(sorted(publisher))}", repo=repo_id, path=entry.path, commit=commit,
+                                 error="PublisherDigestMismatch")
         if matches(entry, digest):
             store.commit(part, digest)
             return Fetched(entry, digest, downloaded)

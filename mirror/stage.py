@@ -14,10 +14,11 @@ from pathlib import Path
 
 from frt.resolver import HubClient, Ledger, Refusal, Request, Resolution, Target, refresh_and_decide
 from frt.resolver.errors import FrtError, UpstreamUnavailable
-from frt.resolver.repo_ids import pinned_revision
+from frt.resolver.kernel_metadata import MetadataInvalid, dependency_request
 
 from .fetch import Fetched, IntegrityError, expected_key, fetch_file
 from .progress import Progress
+from .publisher import digest_mismatch, metadata_refusal, publisher_expectations, variant_metadata, view_check
 from .records import record_blobs, record_staged, sha256_by_git_oid
 from .store import BlobStore
 from .transport import Transport
@@ -35,6 +36,7 @@ class StageRow:
     bytes: int
     status: str  # staged | refused | failed
     detail: str = ""
+    publisher_digest: bool | None = None  # staged: whether metadata.json carried the publisher's digest
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -61,7 +63,8 @@ def stage(requests: list[Request], targets: list[Target], *, home: Path, ledger:
     views = Views(home, store)
     views.sweep_tmp()
     outcomes = _resolve_closure(requests, targets, ledger=ledger, hub=hub, publishers=publishers)
-    resolutions = [o for o in outcomes if isinstance(o, Resolution)]
+    metas = {_key(o): o.metadata_parsed for o in outcomes if isinstance(o, _Checked)}
+    resolutions = [o.resolution for o in outcomes if isinstance(o, _Checked)]
     report = StageReport()
     for o in outcomes:
         if isinstance(o, Refusal):
@@ -74,28 +77,29 @@ def stage(requests: list[Request], targets: list[Target], *, home: Path, ledger:
         for f in r.files:
             unique.setdefault(expected_key(f), (r, f))
     known = sha256_by_git_oid(ledger, [f.git_oid for _, f in unique.values() if not f.sha256])
+    expect = publisher_expectations((r, metas[_key(r)]) for r in resolutions)
     report.needed_bytes = sum(f.size for _, f in unique.values())
-    fetched, failures = _fetch_all(unique, known, transport=Transport(hub), store=store, jobs=jobs,
+    fetched, failures = _fetch_all(unique, known, expect, transport=Transport(hub), store=store, jobs=jobs,
                                    progress=progress)
     report.downloaded_bytes = sum(x.downloaded for x in fetched.values())
     record_blobs(ledger, (x.digest for x in fetched.values()))
 
     good = []
     for r in resolutions:
-        failed = next((failures[expected_key(f)] for f in r.files if expected_key(f) in failures), None)
-        if failed is not None:
-            status = "refused" if isinstance(failed, IntegrityError) else "failed"
-            if isinstance(failed, IntegrityError):
-                ledger.record_refusal(Refusal(r.request, r.target, "IntegrityMismatch", str(failed),
-                                              detail=str(failed), commit=r.commit))
+        meta = metas[_key(r)]
+        try:
+            _link_checked(r, meta, fetched, failures, views)
+        except (IntegrityError, UpstreamUnavailable) as failed:
+            status = "failed" if isinstance(failed, UpstreamUnavailable) else "refused"
+            if status == "refused":
+                ledger.record_refusal(Refusal(r.request, r.target, failed.error, str(failed), detail=str(failed),
+                                              commit=r.commit))
             report.rows.append(StageRow(r.repo, r.request.label, str(r.target), r.commit, r.variant, 0, 0, status,
                                         str(failed)))
             continue
-        pairs = [(f, fetched[expected_key(f)].digest.sha256) for f in r.files]
-        views.link(r.repo, r.commit, r.variant, pairs)
         good.append(r)
         report.rows.append(StageRow(r.repo, r.request.label, str(r.target), r.commit, r.variant, len(r.files),
-                                    sum(f.size for f in r.files), "staged"))
+                                    sum(f.size for f in r.files), "staged", publisher_digest=meta.has_digest))
     record_staged(ledger, good)
     report.rows.sort(key=lambda row: (row.repo, row.requested, row.target))
     dead = next((e for e in failures.values() if isinstance(e, UpstreamUnavailable)), None)
@@ -104,7 +108,50 @@ def stage(requests: list[Request], targets: list[Target], *, home: Path, ledger:
     return report
 
 
-def _resolve_closure(requests, targets, *, ledger, hub, publishers) -> list[Resolution | Refusal]:
+def _link_checked(r: Resolution, meta, fetched: dict[str, Fetched], failures: dict[str, Exception],
+                  views: Views) -> None:
+    """Lay out a variant's view from its verified blobs, if its publisher's digest holds for them."""
+    failed = next((failures[expected_key(f)] for f in r.files if expected_key(f) in failures), None)
+    if failed is not None:
+        raise failed
+    mismatch = digest_mismatch(r, meta, lambda f: fetched[expected_key(f)].digest.sha256)
+    if mismatch:
+        raise IntegrityError(mismatch, repo=r.repo, path="", commit=r.commit, error="PublisherDigestMismatch")
+    pairs = [(f, fetched[expected_key(f)].digest.sha256) for f in r.files]
+    problems = views.link(r.repo, r.commit, r.variant, pairs, check=view_check(meta))
+    if problems:
+        text = "; ".join(problems)
+        raise IntegrityError(f"{r.repo}@{r.commit[:12]} {r.variant}: the publisher's digest does not hold: {text}",
+                             repo=r.repo, path="", commit=r.commit, error="PublisherDigestMismatch")
+
+
+@dataclass(frozen=True)
+class _Checked:
+    """A resolution whose metadata.json `kernels` can read (the mirror stages nothing it would not load)."""
+
+    resolution: Resolution
+    metadata_parsed: object
+
+    def __getattr__(self, name):
+        return getattr(self.resolution, name)
+
+
+def _key(r) -> tuple:
+    return (r.repo, r.commit, r.variant)
+
+
+def _checked(outcome: Resolution | Refusal, ledger: Ledger) -> _Checked | Refusal:
+    if isinstance(outcome, Refusal):
+        return outcome
+    try:
+        return _Checked(outcome, variant_metadata(outcome))
+    except MetadataInvalid as e:
+        refusal = metadata_refusal(outcome, e)
+        ledger.record_refusal(refusal)
+        return refusal
+
+
+def _resolve_closure(requests, targets, *, ledger, hub, publishers) -> list[_Checked | Refusal]:
     """Resolve requests for every target, then their kernel-depends (recursively) for the same target.
     With a trust policy, a kernel from another publisher is refused before upstream is asked about it."""
     refreshed: set[str] = set()
@@ -114,40 +161,25 @@ def _resolve_closure(requests, targets, *, ledger, hub, publishers) -> list[Reso
         out = [_untrusted(r, t, publishers, ledger) for r in reqs if r not in trusted for t in tgts]
         if trusted:
             out += refresh_and_decide(trusted, targets=tgts, ledger=ledger, hub=hub, refreshed=refreshed)
-        return out
+        return [_checked(o, ledger) for o in out]
 
     outcomes = resolve_trusted(requests, targets)
     seen = {(r.repo, r.label, str(t)) for r in requests for t in targets}
-    frontier = [o for o in outcomes if isinstance(o, Resolution)]
+    frontier = [o for o in outcomes if isinstance(o, _Checked)]
     while frontier:
         by_target: dict[Target, list[Request]] = {}
         for res in frontier:
-            for dep in res.metadata.get("kernel-depends") or []:
-                req = _dependency_request(dep)
-                if req is not None and (req.repo, req.label, str(res.target)) not in seen:
+            for dep in res.metadata_parsed.depends:
+                req = dependency_request(dep)
+                if (req.repo, req.label, str(res.target)) not in seen:
                     seen.add((req.repo, req.label, str(res.target)))
                     by_target.setdefault(res.target, []).append(req)
         frontier = []
         for target, reqs in by_target.items():
             more = resolve_trusted(reqs, [target])
             outcomes += more
-            frontier += [o for o in more if isinstance(o, Resolution)]
+            frontier += [o for o in more if isinstance(o, _Checked)]
     return outcomes
-
-
-def _dependency_request(dep: dict) -> Request | None:
-    """A `kernel-depends` entry of metadata.json as a request (a pin on the dependency still wins)."""
-    repo = dep.get("repo-id") or dep.get("repo_id")
-    if not isinstance(repo, str):
-        return None
-    pin = pinned_revision(repo)
-    if pin:
-        return Request(repo, revision=pin, pinned=True)
-    if isinstance(dep.get("version"), int):
-        return Request(repo, version=dep["version"])
-    if isinstance(dep.get("revision"), str):
-        return Request(repo, revision=dep["revision"])
-    return None
 
 
 def _untrusted(request: Request, target: Target, publishers: tuple[str, ...], ledger: Ledger) -> Refusal:
@@ -158,7 +190,7 @@ def _untrusted(request: Request, target: Target, publishers: tuple[str, ...], le
     return refusal
 
 
-def _fetch_all(unique, known, *, transport, store, jobs, progress) -> tuple[dict[str, Fetched], dict[str, Exception]]:
+def _fetch_all(unique, known, expect, *, transport, store, jobs, progress) -> tuple[dict[str, Fetched], dict[str, Exception]]:
     meter = Progress(sum(f.size for _, f in unique.values()), len(unique)) if progress else None
     stop = threading.Event()
 
@@ -171,7 +203,7 @@ def _fetch_all(unique, known, *, transport, store, jobs, progress) -> tuple[dict
     def one(key: str) -> Fetched:
         r, f = unique[key]
         out = fetch_file(transport, store, r.repo, r.commit, f, known_sha256=known.get(f.git_oid),
-                         on_bytes=on_bytes)
+                         publisher=expect.get(key), on_bytes=on_bytes)
         if meter:
             meter.file_done()
         return out

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from frt.resolver import Ledger
+from frt.resolver.kernel_metadata import MetadataInvalid, parse_metadata, validate_variant
 
 from .records import all_blobs, record_blobs, sha256_by_git_oid, staged_rows
 from .store import BlobStore, digest_file
@@ -20,6 +21,7 @@ class VerifyReport:
     view_files: int = 0
     problems: list[str] = field(default_factory=list)
     adopted: int = 0  # verified blobs an interrupted stage stored but did not record
+    no_digest: int = 0  # staged variants whose metadata.json carries no publisher digest
 
     @property
     def ok(self) -> bool:
@@ -59,7 +61,26 @@ def verify(home: Path, ledger: Ledger) -> VerifyReport:
     record_blobs(ledger, adopt)
     report.adopted = len(adopt)
     _check_views(ledger, store, views, report)
+    if not any("view " in p for p in report.problems):
+        _check_publisher_digests(ledger, views, report)
     return report
+
+
+def _check_publisher_digests(ledger: Ledger, views: Views, report: VerifyReport) -> None:
+    """Each staged variant against its publisher's digest, by kernels' rule: needs no network, so it
+    holds on the cluster too, whatever mirrors the bytes passed through."""
+    with ledger.view() as v:
+        rows = sorted({(r.repo, r.commit, r.variant) for r in staged_rows(ledger)})
+        metadata = {key: v.variant(*key)[1] for key in rows}
+    for (repo, commit, variant), doc in metadata.items():
+        try:
+            meta = parse_metadata(doc or None)
+        except MetadataInvalid as e:
+            report.problems.append(f"{repo}@{commit[:12]} {variant}: {e}")
+            continue
+        report.no_digest += not meta.has_digest
+        for problem in validate_variant(meta, views.variant_dir(repo, commit, variant)):
+            report.problems.append(f"{repo}@{commit[:12]} {variant}: publisher's digest: {problem}")
 
 
 def _check_views(ledger: Ledger, store: BlobStore, views: Views, report: VerifyReport) -> None:

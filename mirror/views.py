@@ -11,6 +11,7 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 from frt.resolver.resolution import FileEntry
@@ -44,11 +45,13 @@ class Views:
         except OSError:
             return False
 
-    def link(self, repo_id: str, commit: str, variant: str, files: list[tuple[FileEntry, str]]) -> Path:
-        """Hard-link a variant's verified blobs into its view; return the variant dir."""
+    def link(self, repo_id: str, commit: str, variant: str, files: list[tuple[FileEntry, str]],
+             check: Callable[[Path], list[str]] | None = None) -> list[str]:
+        """Hard-link a variant's verified blobs into its view. `check` judges the laid-out variant dir
+        before it becomes visible; its problems are returned and nothing is put in place."""
         final = self.variant_dir(repo_id, commit, variant)
         if self.is_complete(repo_id, commit, files):
-            return final
+            return []
         self.tmp.mkdir(parents=True, exist_ok=True)
         scratch = self.tmp / uuid.uuid4().hex
         prefix = f"build/{variant}/"
@@ -56,6 +59,9 @@ class Views:
             dest = scratch / f.path[len(prefix):] if f.path.startswith(prefix) else scratch / f.path
             dest.parent.mkdir(parents=True, exist_ok=True)
             os.link(self.store.path(sha), dest)
+        if check is not None and (problems := check(scratch)):
+            shutil.rmtree(scratch, ignore_errors=True)
+            return problems
         final.parent.mkdir(parents=True, exist_ok=True)
         if final.exists():  # incomplete (a user removed files): set it aside, then replace it
             stale = self.tmp / f"stale-{uuid.uuid4().hex}"
@@ -68,7 +74,7 @@ class Views:
             os.rename(scratch, final)
         except OSError:  # another stager put the same view in place first
             shutil.rmtree(scratch, ignore_errors=True)
-        return final
+        return []
 
     def files(self) -> list[Path]:
         return sorted(p for p in self.root.rglob("*") if p.is_file()) if self.root.exists() else []

@@ -8,6 +8,7 @@ by git oid, so a file unchanged across commits is fetched once.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -92,6 +93,8 @@ def _fetch_metadata(repo_id, listings, *, hub, ledger, pool, repo_type) -> dict[
     def fetch(oid: str) -> dict | None:
         path, sha = wanted[oid]
         raw = hub.fetch_small_file(repo_id, path, sha, repo_type)
+        if _git_blob_oid(raw) != oid:  # not the file the listing names: never read as the publisher's word
+            return None
         try:
             doc = json.loads(raw)
         except ValueError:
@@ -100,6 +103,10 @@ def _fetch_metadata(repo_id, listings, *, hub, ledger, pool, repo_type) -> dict[
 
     known.update(zip(missing, pool.map(fetch, missing)))
     return known
+
+
+def _git_blob_oid(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
 def _variant_info(name: str, files: list[FileEntry], metadata: dict[str, dict | None]) -> VariantInfo:

@@ -66,18 +66,17 @@ class KernelSource:
         res = self._staged(ref.repo, version=ref.version, revision=ref.revision)
         # kernel-depends are loaded from their staged views too, never fetched.
         deps: dict[str, Path] = {}
-        todo = list(res.metadata.get("kernel-depends") or [])
+        todo = list(_depends(ref, res))
         while todo:
             dep = todo.pop()
-            repo = dep.get("repo-id") or dep.get("repo_id")
-            if not isinstance(repo, str) or repo in deps:
+            if dep.repo in deps:
                 continue
             try:
-                dep_res = self._staged(repo, version=dep.get("version"), revision=dep.get("revision"))
+                dep_res = self._staged(dep.repo, version=dep.version, revision=dep.revision)
             except SiteRefused as e:
                 raise SiteRefused(f"{ref.label}: its kernel-depends {e}") from None
-            deps[repo] = self._view(dep_res)
-            todo += dep_res.metadata.get("kernel-depends") or []
+            deps[dep.repo] = self._view(dep_res)
+            todo += _depends(ref, dep_res)
         path = self._view(res)
         try:
             module = _import_staged(ref.repo, path, deps)
@@ -109,6 +108,16 @@ class KernelSource:
 
     def _view(self, res: Resolution) -> Path:
         return self.views.variant_dir(res.repo, res.commit, res.variant)
+
+
+def _depends(ref: KernelRef, res: Resolution):
+    """kernel-depends as `kernels` parses them (the same reading as stage's)."""
+    from frt.resolver.kernel_metadata import MetadataInvalid, parse_metadata
+
+    try:
+        return parse_metadata(res.metadata or None).depends
+    except MetadataInvalid as e:
+        raise SiteRefused(f"{ref.label}: {res.repo}@{res.commit[:12]}: {e}") from None
 
 
 def _import_staged(repo: str, path: Path, deps: dict[str, Path]) -> ModuleType:

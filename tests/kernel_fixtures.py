@@ -12,6 +12,7 @@ in every commit, so no target is ever refused for it.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 
@@ -50,13 +51,22 @@ def backend_type(variant: str) -> str:
     return "cpu"
 
 
+def publisher_digest(files: dict[str, bytes]) -> dict:
+    """metadata.json `digest` as kernel-builder writes it: base64 of each file's raw sha256, over the
+    variant's files (paths inside it) except metadata.json, its .sigstore and __pycache__/."""
+    return {"algorithm": "sha256", "files": {
+        rel: base64.b64encode(hashlib.sha256(data).digest()).decode() for rel, data in sorted(files.items())
+        if rel not in ("metadata.json", "metadata.json.sigstore") and not rel.startswith("__pycache__/")}}
+
+
 def variant_files(name: str, variant: str, *, version: int, note: str = "", extra: dict | None = None,
-                  depends: list | None = None) -> dict[str, bytes]:
-    """The files of one build variant directory, keyed by repo path."""
+                  depends: list | None = None, digest: bool = True) -> dict[str, bytes]:
+    """The files of one build variant directory, keyed by repo path; metadata.json carries the
+    publisher's digest of the others unless `digest=False` (as older builds have none)."""
     kind = backend_type(variant)
-    digest = hashlib.sha1(f"{name}/{variant}/{version}".encode()).hexdigest()[:8]
+    tag = hashlib.sha1(f"{name}/{variant}/{version}".encode()).hexdigest()[:8]
     meta = {
-        "id": f"_{name.replace('-', '_')}_{digest}",
+        "id": f"_{name.replace('-', '_')}_{tag}",
         "name": name,
         "version": version,
         "license": "apache-2.0",
@@ -65,21 +75,19 @@ def variant_files(name: str, variant: str, *, version: int, note: str = "", extr
     }
     if depends:
         meta["kernel-depends"] = depends
-    base = f"build/{variant}"
-    files = {
-        f"{base}/__init__.py": _INIT.format(name=name, variant=variant, version=version, note=note).encode(),
-        f"{base}/metadata.json": json.dumps(meta, indent=2).encode(),
-    }
-    for rel, data in (extra or {}).items():
-        files[f"{base}/{rel}"] = data
-    return files
+    inner = {"__init__.py": _INIT.format(name=name, variant=variant, version=version, note=note).encode(),
+             **(extra or {})}
+    if digest:
+        meta["digest"] = publisher_digest(inner)
+    inner["metadata.json"] = json.dumps(meta, indent=2).encode()
+    return {f"build/{variant}/{rel}": data for rel, data in inner.items()}
 
 
 def build(name: str, variants: list[str], *, version: int, note: str = "", extra: dict | None = None,
-          depends: list | None = None) -> dict:
+          depends: list | None = None, digest: bool = True) -> dict:
     out: dict[str, bytes] = {"README.md": f"# {name}\n".encode(), "build/": None}
     for v in variants:
-        out.update(variant_files(name, v, version=version, note=note, extra=extra, depends=depends))
+        out.update(variant_files(name, v, version=version, note=note, extra=extra, depends=depends, digest=digest))
     return out
 
 

@@ -1,0 +1,110 @@
+"""A variant's `metadata.json` as the `kernels` library reads it: the one module that wraps its parser
+and its digest (kernels 0.17: `kernels._rust.Metadata`, `Digest.hash_variant`, `Digest.validate`).
+
+Why the library's own parser: the mirror must never stage what `kernels` would refuse to load (it
+rejects, say, a `kernel-depends` entry spelled `repo_id`), and must read the publisher's digest by
+the same rule `kernels verify-signature` applies — every file of the variant except `metadata.json`,
+`metadata.json.sigstore` and `__pycache__/`, base64 of the raw sha256 — rather than a copy of it.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import FrtError
+
+DIGEST_EXEMPT = ("metadata.json", "metadata.json.sigstore")
+
+
+class MetadataInvalid(FrtError):
+    """`kernels` cannot parse this metadata.json: it would not load the variant either."""
+
+
+@dataclass(frozen=True)
+class Dependency:
+    """A `kernel-depends` entry: a repo and exactly one of a version or a revision."""
+
+    repo: str
+    version: int | None = None
+    revision: str | None = None
+
+
+@dataclass(frozen=True)
+class KernelMetadata:
+    depends: tuple[Dependency, ...]
+    digest_algorithm: str | None  # "sha256"; None: the publisher recorded no digest
+    digest: dict[str, str]  # path inside the variant -> hex sha256 (as the publisher computed it)
+    raw: object = field(default=None, compare=False, repr=False)  # the library's Metadata (validate_variant)
+
+    @property
+    def has_digest(self) -> bool:
+        return self.digest_algorithm is not None
+
+    def expected_sha256(self, path_in_variant: str) -> str | None:
+        return self.digest.get(path_in_variant)
+
+
+def digest_exempt(path_in_variant: str) -> bool:
+    return path_in_variant in DIGEST_EXEMPT or path_in_variant.split("/", 1)[0] == "__pycache__"
+
+
+def parse_metadata(doc: dict | bytes | None) -> KernelMetadata:
+    """Parse with `kernels`; a variant without metadata.json has no digest and no dependencies."""
+    if doc is None or doc == {}:
+        return KernelMetadata((), None, {})
+    from kernels._rust import Metadata
+
+    raw = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
+    try:
+        meta = Metadata.from_bytes(raw)
+    except (ValueError, OSError) as e:
+        raise MetadataInvalid(f"kernels cannot parse metadata.json: {e}") from None
+    deps = tuple(_dependency(d) for d in meta.kernel_depends)
+    if meta.digest is None:
+        return KernelMetadata(deps, None, {}, meta)
+    algorithm = str(meta.digest.algorithm).rsplit(".", 1)[-1].lower()
+    files = {}
+    for path, b64 in meta.digest.files.items():
+        try:
+            raw_hash = base64.b64decode(b64, validate=True)
+        except (binascii.Error, ValueError):
+            raise MetadataInvalid(f"metadata.json digest: {path}: not base64: {b64!r}") from None
+        files[path] = raw_hash.hex() if algorithm == "sha256" else ""
+    return KernelMetadata(deps, algorithm, files, meta)
+
+
+def validate_variant(meta: KernelMetadata, variant_dir: Path) -> list[str]:
+    """Re-hash a variant directory and check it against the publisher's digest, by kernels' rule
+    (every violation: a missing file, an unknown one, a hash that differs). [] when it holds."""
+    if not meta.has_digest:
+        return []
+    from kernels._rust import Digest, DigestValidationError
+
+    current = Digest.hash_variant(meta.raw.digest.algorithm, variant_dir)
+    try:
+        meta.raw.digest.validate(current)
+    except DigestValidationError as e:
+        return [str(v) for v in e.violations]
+    return []
+
+
+def _dependency(dep) -> Dependency:
+    v = dep.version
+    if hasattr(v, "version"):
+        return Dependency(dep.repo_id, version=int(v.version))
+    return Dependency(dep.repo_id, revision=str(v.revision))
+
+
+def dependency_request(dep: Dependency, environ=None):
+    """A `kernel-depends` entry as the request to resolve (a pin on the dependency still wins)."""
+    from .repo_ids import pinned_revision
+    from .resolution import Request
+
+    pin = pinned_revision(dep.repo, environ)
+    if pin:
+        return Request(dep.repo, revision=pin, pinned=True)
+    return Request(dep.repo, version=dep.version) if dep.version is not None else Request(dep.repo, revision=dep.revision)
