@@ -24,7 +24,8 @@ $(VENV)/.torch: $(VENV)/.base
 # The same protocol-facing tests under huggingface_hub 1.x (httpx) — 2.x (httpx2) is the main venv's.
 VENV1 := .venv-hub1
 HUB1_TESTS := tests/test_fakehub.py tests/test_scan_resolve.py tests/test_cli.py tests/test_packaging.py \
-	tests/test_ledger.py tests/test_stage.py tests/test_stage_faults.py tests/test_serve.py
+	tests/test_ledger.py tests/test_stage.py tests/test_stage_faults.py tests/test_serve.py \
+	tests/test_serve_clients.py
 $(VENV1)/.base: pyproject.toml
 	$(PY) -m venv $(VENV1)
 	$(VENV1)/bin/python -m pip install -q --upgrade pip

@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from .catalog import Catalog, ServedCommit, ServedFile, ServedRepo, dir_oid, etag_of
-from .protocol import HubError, parse_range, split_raw_path
+from .protocol import HubError, parse_range, split_raw_path, split_revision
 
 REPO_TYPES = {"models": "model", "kernels": "kernel", "datasets": "dataset", "spaces": "space"}
 PREFIXES = {"kernels": "kernel", "datasets": "dataset", "spaces": "space"}
@@ -85,7 +85,8 @@ class MirrorApp:
             typed = len(segs) >= 5 and segs[0] in PREFIXES and segs[3] == "resolve"
             if typed or (len(segs) >= 4 and segs[2] == "resolve"):
                 repo_type, rest = (PREFIXES[segs[0]], segs[1:]) if typed else ("model", segs)
-                return self.resolve(request, repo_type, f"{rest[0]}/{rest[1]}", rest[3], "/".join(rest[4:]))
+                rev, path = split_revision(rest[3:])
+                return self.resolve(request, repo_type, f"{rest[0]}/{rest[1]}", rev, "/".join(path))
         raise HubError(404, None, "Not found")
 
     async def api(self, request: Request, segs: list[str], method: str) -> Response:
@@ -98,17 +99,21 @@ class MirrorApp:
         if len(segs) < 3 or segs[0] not in REPO_TYPES:
             raise HubError(404, None, "Not found")
         repo = self.repo(REPO_TYPES[segs[0]], f"{segs[1]}/{segs[2]}")
-        rest = segs[3:]
-        if method == "GET" and (not rest or (rest[0] == "revision" and len(rest) == 2)):
-            return self.info(repo, rest[1] if rest else "main")
-        if method == "GET" and rest == ["refs"]:
+        if method == "GET" and len(segs) == 3:
+            return self.info(repo, repo.default())
+        if method == "GET" and segs[3:] == ["refs"]:
             return self.refs(request, repo)
-        if method == "GET" and len(rest) >= 2 and rest[0] == "tree":
-            return self.tree(request, repo, rest[1], "/".join(rest[2:]))
-        if method == "POST" and len(rest) == 2 and rest[0] == "paths-info":
-            return await self.paths_info(request, repo, rest[1])
-        if method == "GET" and len(rest) == 2 and rest[0] == "commits":
-            return self.commits(request, repo, rest[1])
+        if len(segs) < 5:
+            raise HubError(404, None, "Not found")
+        route, (rev, rest) = segs[3], split_revision(segs[4:])
+        if method == "GET" and route == "revision" and not rest:
+            return self.info(repo, rev)
+        if method == "GET" and route == "tree":
+            return self.tree(request, repo, rev, "/".join(rest))
+        if method == "POST" and route == "paths-info" and not rest:
+            return await self.paths_info(request, repo, rev)
+        if method == "GET" and route == "commits" and not rest:
+            return self.commits(request, repo, rev)
         raise HubError(404, None, "Not found")
 
     # -- repos and revisions -------------------------------------------------------------------
