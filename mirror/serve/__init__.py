@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 
 from frt.resolver import Ledger
 
 from ..tokens import TokenCheck
+from .accesslog import AccessLog, open_sink
 from .app import MirrorApp
 from .catalog import Catalog, load_catalog
+from .listen import listen
+
+__all__ = ["AccessLog", "MirrorApp", "listen", "make_app", "open_sink", "serve", "trusted_publishers"]
 
 TRUST_FILE = "trust.json"
 
@@ -22,15 +27,20 @@ def trusted_publishers(home: Path) -> frozenset[str]:
         return frozenset()
 
 
-def make_app(home: Path, ledger: Ledger, trusted: frozenset[str] | None = None) -> MirrorApp:
+def make_app(home: Path, ledger: Ledger, trusted: frozenset[str] | None = None,
+             log: AccessLog | None = None) -> MirrorApp:
     catalog: Catalog = load_catalog(home, ledger, trusted if trusted is not None else trusted_publishers(home))
-    return MirrorApp(lambda: catalog, TokenCheck(ledger))
+    return MirrorApp(lambda: catalog, TokenCheck(ledger), log)
 
 
-def serve(home: Path, ledger: Ledger, *, host: str, port: int, trusted: frozenset[str] | None = None,
-          workers_log: bool = True) -> None:
+def serve(app: MirrorApp, sockets: list[socket.socket]) -> None:
+    """Run uvicorn on sockets already bound (see listen.py); then write out the access log's last lines."""
     import uvicorn
 
-    app = make_app(home, ledger, trusted)
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False, lifespan="on",
-                server_header=False, date_header=True)
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", server_header=False,
+                            date_header=True)
+    try:
+        uvicorn.Server(config).run(sockets=sockets)
+    finally:
+        if app.log:
+            app.log.sink.close()
