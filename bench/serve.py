@@ -179,6 +179,14 @@ def child_heads(port: int, path: str, total: int) -> dict:
     return {"latencies": latencies, "wall": wall}
 
 
+def emit(doc: dict) -> None:
+    """The child's one result line, written in full: after the HEAD run, print() of the ~140 kB line to a
+    pipe the parent was slow to drain stopped at the first partial write (64 KiB) and still exited 0."""
+    data = (json.dumps(doc) + "\n").encode()
+    while data:
+        data = data[os.write(1, data):]
+
+
 def run_child(*args: str) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
     env.update(HF_HUB_DISABLE_XET="1", HF_HUB_DISABLE_PROGRESS_BARS="1")
@@ -215,8 +223,8 @@ def main() -> None:
     if args.child:
         kind, *rest = args.child
         if kind == "download":
-            return print(json.dumps(child_download(*rest)))
-        return print(json.dumps(child_heads(int(rest[0]), rest[1], int(rest[2]))))
+            return emit(child_download(*rest))
+        return emit(child_heads(int(rest[0]), rest[1], int(rest[2])))
 
     size, heads = (64 * MiB, 20 * CLIENTS) if args.quick else (1024 * MiB, 100 * CLIENTS)
     with tempfile.TemporaryDirectory(prefix="frt-bench-serve-") as tmp_name:

@@ -452,16 +452,31 @@ def bisect_cmd(app: App, repo, good, bad, target, timeout, refresh, offline, end
 @click.option("--trust", "trust", multiple=True, metavar="ORG",
               help="Operator override: answer trustedKernelPublisher=true for ORG whatever the upstream said "
                    "(repeatable). Without it, serve answers exactly what the upstream said when it was scanned.")
+@click.option("--access-log", "access_log", metavar="FILE|-",
+              help="Where the access log goes, one line per request: FILE (appended to) or - for stdout "
+                   "(default: stderr, with serve's other messages).")
 @click.pass_obj
-def serve_cmd(app: App, host, port, trust):
-    """Serve the staged set as a read-only Hub endpoint: point HF_ENDPOINT at it."""
-    from .serve import serve
+def serve_cmd(app: App, host, port, trust, access_log):
+    """Serve the staged set as a read-only Hub endpoint: point HF_ENDPOINT at it.
 
+    Exits 2 without serving when it cannot listen (the port is in use) or open the access log."""
+    from .serve import AccessLog, listen, make_app, open_sink, serve
+
+    sockets = listen(host, port)  # first: a busy port is one line and exit 2, before anything is said
+    try:
+        sink = open_sink(access_log)
+    except OSError as e:
+        raise BadInput(f"cannot open the access log {access_log}: {e.strerror}") from None
+    mirror = make_app(app.home, app.ledger, frozenset(trust), log=AccessLog(sink))
+    if not mirror.catalog().repos:
+        click.echo(f"frt-mirror: warning: nothing is staged in {app.home}: every repo will be answered "
+                   "RepoNotFound (stage first: frt-mirror stage MANIFEST)", err=True)
     for org in trust:
         click.echo(f"frt-mirror: --trust {org}: answering trustedKernelPublisher=true for {org} "
                    "(an operator override, not the upstream's word)", err=True)
-    click.echo(f"frt-mirror: serving {app.home} on http://{host}:{port} (HF_ENDPOINT=http://{host}:{port})", err=True)
-    serve(app.home, app.ledger, host=host, port=port, trust_override=frozenset(trust))
+    url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+    click.echo(f"frt-mirror: serving {app.home} on {url} (HF_ENDPOINT={url})", err=True)
+    serve(mirror, sockets)
 
 
 @cli.group("token")

@@ -6,9 +6,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -30,6 +32,14 @@ class Served:
     url: str
     port: int
     proc: subprocess.Popen
+    out: Path  # the process's stdout and stderr, as files: the access log goes to one of them, and a
+    err: Path  # pipe nobody drains would fill after a few hundred lines and stall the server
+
+    def stderr(self) -> str:
+        return self.err.read_text(errors="replace")
+
+    def stdout(self) -> str:
+        return self.out.read_text(errors="replace")
 
 
 @contextlib.contextmanager
@@ -37,13 +47,17 @@ def serving(home: Path, *args: str, env: dict | None = None, timeout: float = 30
     """Run `frt-mirror --home HOME serve --port P ARGS` as a user would; yield once it answers HTTP."""
     exe = str(Path(sys.executable).with_name("frt-mirror"))
     port = free_port()
-    proc = subprocess.Popen([exe, "--home", str(home), "serve", "--port", str(port), *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env or _base_env())
+    logs = Path(tempfile.mkdtemp(prefix="frt-serve-"))
+    out, err = logs / "stdout", logs / "stderr"
+    with open(out, "wb") as o, open(err, "wb") as e:
+        proc = subprocess.Popen([exe, "--home", str(home), "serve", "--port", str(port), *args],
+                                stdout=o, stderr=e, env=env or _base_env())
+    served = Served(f"http://127.0.0.1:{port}", port, proc, out, err)
     try:
         deadline = time.monotonic() + timeout
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"serve exited {proc.returncode}: {proc.stderr.read().decode()[-2000:]}")
+                raise RuntimeError(f"serve exited {proc.returncode}: {served.stderr()[-2000:]}")
             try:
                 status, _, _ = raw_http(port, raw_request("GET", "/api/agent-harnesses"), timeout=2)
                 if status:
@@ -53,7 +67,7 @@ def serving(home: Path, *args: str, env: dict | None = None, timeout: float = 30
             if time.monotonic() > deadline:
                 raise RuntimeError("serve did not answer in time")
             time.sleep(0.1)
-        yield Served(f"http://127.0.0.1:{port}", port, proc)
+        yield served
     finally:
         proc.terminate()
         try:
@@ -61,8 +75,7 @@ def serving(home: Path, *args: str, env: dict | None = None, timeout: float = 30
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-        proc.stdout.close()
-        proc.stderr.close()
+        shutil.rmtree(logs, ignore_errors=True)
 
 
 def _base_env() -> dict[str, str]:

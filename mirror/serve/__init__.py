@@ -2,23 +2,33 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 from frt.resolver import Ledger
 
 from ..tokens import TokenCheck
+from .accesslog import AccessLog, open_sink
 from .app import MirrorApp
 from .catalog import Catalog, load_catalog
+from .listen import listen
 
-def make_app(home: Path, ledger: Ledger, trust_override: frozenset[str] = frozenset()) -> MirrorApp:
+__all__ = ["AccessLog", "MirrorApp", "listen", "make_app", "open_sink", "serve"]
+
+def make_app(home: Path, ledger: Ledger, trust_override: frozenset[str] = frozenset(),
+             log: AccessLog | None = None) -> MirrorApp:
     catalog: Catalog = load_catalog(home, ledger, trust_override)
-    return MirrorApp(lambda: catalog, TokenCheck(ledger))
+    return MirrorApp(lambda: catalog, TokenCheck(ledger), log)
 
 
-def serve(home: Path, ledger: Ledger, *, host: str, port: int, trust_override: frozenset[str] = frozenset(),
-          workers_log: bool = True) -> None:
+def serve(app: MirrorApp, sockets: list[socket.socket]) -> None:
+    """Run uvicorn on sockets already bound (see listen.py); then write out the access log's last lines."""
     import uvicorn
 
-    app = make_app(home, ledger, trust_override)
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False, lifespan="on",
-                server_header=False, date_header=True)
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", server_header=False,
+                            date_header=True)
+    try:
+        uvicorn.Server(config).run(sockets=sockets)
+    finally:
+        if app.log:
+            app.log.sink.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import time
 from collections.abc import Callable
 from urllib.parse import parse_qs
 
@@ -18,8 +19,9 @@ import anyio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from .accesslog import AccessLog, Counted
 from .catalog import Catalog, ServedCommit, ServedFile, ServedRepo, dir_oid, etag_of
-from .protocol import HubError, parse_range, split_raw_path
+from .protocol import HubError, parse_range, split_raw_path, split_revision
 
 REPO_TYPES = {"models": "model", "kernels": "kernel", "datasets": "dataset", "spaces": "space"}
 PREFIXES = {"kernels": "kernel", "datasets": "dataset", "spaces": "space"}
@@ -30,11 +32,14 @@ PAGE, PAGE_EXPAND, COMMITS_PAGE = 1000, 50, 100
 
 
 class MirrorApp:
-    """ASGI app. `catalog()` returns the current index; `authorized(header)` checks a bearer token."""
+    """ASGI app. `catalog()` returns the current index; `authorized(header)` checks a bearer token;
+    `log`, if given, gets one record per request (serve's access log)."""
 
-    def __init__(self, catalog: Callable[[], Catalog], authorized: Callable[[str | None], bool]):
+    def __init__(self, catalog: Callable[[], Catalog], authorized: Callable[[str | None], bool],
+                 log: AccessLog | None = None):
         self.catalog = catalog
         self.authorized = authorized
+        self.log = log
         self._hot: dict[bytes, tuple] = {}  # raw path -> (catalog, file, headers): see hot()
 
     async def __call__(self, scope, receive, send):
@@ -45,8 +50,20 @@ class MirrorApp:
             return
         if scope["type"] != "http":
             return
-        if scope["method"] in ("GET", "HEAD") and await self.hot(scope, receive, send):
+        t0, log = time.perf_counter(), self.log
+        if scope["method"] in ("GET", "HEAD") and (sent := await self.hot(scope, receive, send)) is not None:
+            if log:  # logged here, not by wrapping send: that wrapper would cost more than the hit itself
+                log.record(scope, 200, sent, t0)
             return
+        counted = Counted(send) if log else send
+        try:
+            await self.answer(scope, receive, counted)
+        finally:
+            if log:
+                log.record(scope, counted.status, counted.nbytes, t0)
+
+    async def answer(self, scope, receive, send):
+        """Every request the hot path did not take: routing, then a response or a HubError's."""
         request = Request(scope, receive)
         try:
             if not self.authorized(request.headers.get("authorization")):
@@ -56,25 +73,26 @@ class MirrorApp:
             response = e.response(head=request.method == "HEAD")
         await response(scope, receive, send)
 
-    async def hot(self, scope, receive, send) -> bool:
+    async def hot(self, scope, receive, send) -> int | None:
         """Answer a whole-file resolve URL that was answered before, from a cache keyed by the raw path:
         no routing, no Starlette. A HEAD per file per snapshot is most of a client's traffic; this path
         takes about a third off the server's time per HEAD (bench/serve.py). The token is still checked
-        every time. False: not cached, a Range to parse, or a token that fails (the slow way says 401)."""
+        every time. The body bytes sent; None: not cached, a Range to parse, or a token that fails (the
+        slow way says 401)."""
         hit = self._hot.get(scope.get("raw_path"))
         if hit is None or hit[0] is not self.catalog():
-            return False
+            return None
         auth = None
         for name, value in scope["headers"]:
             if name == b"range":
-                return False
+                return None
             if name == b"authorization" and auth is None:
                 auth = value.decode("latin-1")
         if not self.authorized(auth):
-            return False
+            return None
         _, f, headers = hit
-        await BlobResponse(f, 0, f.size, 200, headers, head=scope["method"] == "HEAD")(scope, receive, send)
-        return True
+        response = BlobResponse(f, 0, f.size, 200, headers, head=scope["method"] == "HEAD")
+        return await response(scope, receive, send)
 
     async def dispatch(self, request: Request) -> Response:
         segs = split_raw_path(request.scope.get("raw_path") or request.scope["path"].encode())
@@ -85,7 +103,8 @@ class MirrorApp:
             typed = len(segs) >= 5 and segs[0] in PREFIXES and segs[3] == "resolve"
             if typed or (len(segs) >= 4 and segs[2] == "resolve"):
                 repo_type, rest = (PREFIXES[segs[0]], segs[1:]) if typed else ("model", segs)
-                return self.resolve(request, repo_type, f"{rest[0]}/{rest[1]}", rest[3], "/".join(rest[4:]))
+                rev, path = split_revision(rest[3:])
+                return self.resolve(request, repo_type, f"{rest[0]}/{rest[1]}", rev, "/".join(path))
         raise HubError(404, None, "Not found")
 
     async def api(self, request: Request, segs: list[str], method: str) -> Response:
@@ -100,17 +119,21 @@ class MirrorApp:
         if len(segs) < 3 or segs[0] not in REPO_TYPES:
             raise HubError(404, None, "Not found")
         repo = self.repo(REPO_TYPES[segs[0]], f"{segs[1]}/{segs[2]}")
-        rest = segs[3:]
-        if method == "GET" and (not rest or (rest[0] == "revision" and len(rest) == 2)):
-            return self.info(repo, rest[1] if rest else "main")
-        if method == "GET" and rest == ["refs"]:
+        if method == "GET" and len(segs) == 3:
+            return self.info(repo, repo.default())
+        if method == "GET" and segs[3:] == ["refs"]:
             return self.refs(request, repo)
-        if method == "GET" and len(rest) >= 2 and rest[0] == "tree":
-            return self.tree(request, repo, rest[1], "/".join(rest[2:]))
-        if method == "POST" and len(rest) == 2 and rest[0] == "paths-info":
-            return await self.paths_info(request, repo, rest[1])
-        if method == "GET" and len(rest) == 2 and rest[0] == "commits":
-            return self.commits(request, repo, rest[1])
+        if len(segs) < 5:
+            raise HubError(404, None, "Not found")
+        route, (rev, rest) = segs[3], split_revision(segs[4:])
+        if method == "GET" and route == "revision" and not rest:
+            return self.info(repo, rev)
+        if method == "GET" and route == "tree":
+            return self.tree(request, repo, rev, "/".join(rest))
+        if method == "POST" and route == "paths-info" and not rest:
+            return await self.paths_info(request, repo, rev)
+        if method == "GET" and route == "commits" and not rest:
+            return self.commits(request, repo, rev)
         raise HubError(404, None, "Not found")
 
     # -- repos and revisions -------------------------------------------------------------------
@@ -243,11 +266,12 @@ class BlobResponse(Response):
         self.status_code, self.raw_headers, self.background = status, headers, None
         self.file, self.start, self.end, self.head = f, start, end, head
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope, receive, send) -> int:
+        """Sends the answer; returns the body bytes sent."""
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         if self.head:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
-            return
+            return 0
         fd = os.open(self.file.blob, os.O_RDONLY)
         try:
             off = self.start
@@ -265,6 +289,7 @@ class BlobResponse(Response):
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             os.close(fd)
+        return off - self.start
 
 
 def paginate(request: Request, items: list, size: int) -> Response:

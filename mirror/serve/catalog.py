@@ -69,9 +69,22 @@ class ServedRepo:
     meta: dict[str, tuple[datetime | None, str]] = field(default_factory=dict)
 
     def resolve(self, rev: str) -> str | None:
-        """A branch, a tag or a full sha, to a staged commit."""
-        sha = self.branches.get(rev) or self.tags.get(rev) or (rev if len(rev) == 40 else None)
+        """A branch, a tag or a full sha, to a staged commit; also the full ref names the Hub takes
+        (`refs/heads/v1`, `refs/tags/v1.0.0`: what `kernels versions` sends, from `/refs`' `ref`).
+        Other refs (`refs/pr/N`, `refs/convert/…`) are never staged: None, as for any unknown name."""
+        if rev.startswith("refs/"):
+            kind, _, name = rev[5:].partition("/")
+            sha = {"heads": self.branches, "tags": self.tags}.get(kind, {}).get(name)
+        else:
+            sha = self.branches.get(rev) or self.tags.get(rev) or (rev if len(rev) == 40 else None)
         return sha if sha in self.commits else None
+
+    def default(self) -> str:
+        """The commit `GET /api/{t}s/{repo}` (no revision) describes: `main` where it is staged, else the
+        newest staged commit. The Hub answers that route for every repo that exists; a 404 there makes
+        `repo_exists` raise RevisionNotFoundError instead of returning True (main often is not staged)."""
+        newest = max(self.commits.values(), key=lambda c: (c.date is not None, c.date, c.sha))
+        return self.resolve("main") or newest.sha
 
 
 @dataclass

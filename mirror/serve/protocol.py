@@ -62,6 +62,21 @@ def split_raw_path(raw: bytes) -> list[str]:
     return out
 
 
+# `refs/<kind>/<name>` arrives raw (three segments) as well as encoded (one, `refs%2Fheads%2Fv1`).
+REF_KINDS = ("heads", "tags", "pr", "convert")
+
+
+def split_revision(segs: list[str]) -> tuple[str, list[str]]:
+    """The revision at the head of `segs` (split, decoded path segments) and the segments after it.
+
+    Clients encode a revision as one segment (`refs%2Fheads%2Fv1`, `release%2Fv1`); the Hub also takes
+    a raw `refs/heads/v1` or `refs/pr/1`, so a leading `refs/<kind>/` takes the next segment with it.
+    A slash in the name itself must then be encoded (`refs/heads/release%2Fv1`), as clients do."""
+    if len(segs) >= 3 and segs[0] == "refs" and segs[1] in REF_KINDS:
+        return "/".join(segs[:3]), segs[3:]
+    return segs[0], segs[1:]
+
+
 def parse_range(header: str | None, size: int):
     """`bytes=s-e`, `bytes=s-` or `bytes=-n` → (start, end_exclusive); None: serve it all;
     "unsatisfiable" → 416. A multi-range request is answered with the whole file, as RFC 9110 allows."""

@@ -1,0 +1,123 @@
+"""`frt-mirror serve`'s operator surface, through the real CLI in a subprocess: the access log
+(`--access-log FILE|-`, default stderr), the warning for an empty home, and a busy port (one line,
+exit 2, nothing served or said before it)."""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.conftest import ACTIVATION, cli_env
+from tests.serve_helpers import free_port, raw_http, raw_request, serving
+from tests.test_serve import SO, staged  # noqa: F401 (fixture)
+
+LINE = re.compile(r'(?P<client>\S+) - - \[(?P<time>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)\] '
+                  r'"(?P<method>[A-Z]+) (?P<path>\S+) HTTP/1\.1" (?P<status>\d{3}) (?P<bytes>\d+) '
+                  r'(?P<ms>\d+\.\d{3})ms')
+SERVE = str(Path(sys.executable).with_name("frt-mirror"))
+
+
+PROBE = "/api/agent-harnesses"  # what serving() asks until serve answers
+
+
+def access_lines(read, n: int, timeout: float = 10) -> list[dict]:
+    """The access lines in `read()` but serving()'s probes, once there are `n` (lines go out at the next
+    turn of serve's loop)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        lines = [m.groupdict() for ln in read().splitlines()
+                 if (m := LINE.fullmatch(ln)) and m["path"] != PROBE]
+        if len(lines) >= n or time.monotonic() > deadline:
+            return lines
+        time.sleep(0.05)
+
+
+def test_access_log_to_a_file(staged, tmp_path):
+    log = tmp_path / "logs" / "access.log"
+    log.parent.mkdir()
+    log.write_text("an earlier line\n")  # appended to, never truncated
+    so = f"/kernels/{ACTIVATION}/resolve/refs%2Fheads%2Fv1/{SO}"
+    size = len(staged.repos[ACTIVATION].commits[staged.repos[ACTIVATION].branches["v1"]].files[SO])
+    requests = [  # (method, raw path, extra headers, status, body bytes; None: whatever the body was)
+        ("HEAD", so, [], 200, 0),
+        ("HEAD", so, [], 200, 0),  # the second one is answered by the hot path: logged the same
+        ("GET", so, [], 200, size),
+        ("GET", so, ["Range: bytes=10-19"], 206, 10),
+        ("GET", f"/api/kernels/{ACTIVATION}/tree/refs%2Fheads%2Fv1/build?recursive=true&expand=false", [], 200,
+         None),
+        ("GET", f"/api/kernels/{ACTIVATION}/revision/refs%2Fpr%2F1", [], 404, None),
+        ("GET", '/api/kernels/a"b/c\\d', [], 404, None),  # a quote or backslash cannot break a field
+        ("DELETE", "/kernels/x/y/resolve/main/f", [], 404, None),
+    ]
+    with serving(staged.home, "--access-log", str(log)) as m:
+        bodies = []
+        for method, path, headers, _, _ in requests:
+            bodies.append(raw_http(m.port, raw_request(method, path, *headers))[2])
+        lines = access_lines(log.read_text, len(requests))
+        stderr = m.stderr()
+    assert log.read_text().startswith("an earlier line\n")
+    assert len(lines) == len(requests), log.read_text()
+    for line, (method, path, _, status, nbytes), body in zip(lines, requests, bodies):
+        want_path = path.replace('"', "\\x22").replace("\\d", "\\x5cd")
+        assert (line["method"], line["path"], int(line["status"])) == (method, want_path, status), line
+        assert int(line["bytes"]) == (len(body) if nbytes is None else nbytes), (line, len(body))
+        assert line["client"] == "127.0.0.1" and float(line["ms"]) > 0
+    assert not LINE.search(stderr)  # with a file, nothing of it on stderr
+
+
+def test_access_log_default_is_stderr_and_dash_is_stdout(staged):
+    path = f"/api/kernels/{ACTIVATION}/refs"
+    with serving(staged.home) as m:
+        raw_http(m.port, raw_request("GET", path))
+        assert [ln["path"] for ln in access_lines(m.stderr, 1)] == [path]
+        assert m.stderr().splitlines()[0].startswith("frt-mirror: serving ")
+        assert m.stdout() == ""
+    with serving(staged.home, "--access-log", "-") as m:
+        raw_http(m.port, raw_request("GET", path))
+        assert [ln["path"] for ln in access_lines(m.stdout, 1)] == [path]
+        assert not LINE.search(m.stderr())
+
+
+def test_access_log_that_cannot_be_opened(staged, tmp_path):
+    p = run_serve(staged.home, free_port(), "--access-log", str(tmp_path / "no" / "such" / "dir" / "a.log"))
+    assert p.returncode == 2 and p.stdout == ""
+    assert p.stderr.splitlines() == [f"frt-mirror: cannot open the access log {tmp_path}/no/such/dir/a.log: "
+                                     "No such file or directory"]
+
+
+def test_empty_home_warns_once(staged, tmp_path):
+    with serving(tmp_path / "empty") as m:
+        status, headers, _ = raw_http(m.port, raw_request("GET", f"/api/kernels/{ACTIVATION}/refs"))
+        first, second = m.stderr().splitlines()[:2]
+    assert (status, headers.get("x-error-code")) == (404, "RepoNotFound")
+    assert first == (f"frt-mirror: warning: nothing is staged in {tmp_path / 'empty'}: every repo will be "
+                     "answered RepoNotFound (stage first: frt-mirror stage MANIFEST)")
+    assert second.startswith("frt-mirror: serving ")
+    with serving(staged.home) as m:
+        assert "warning" not in m.stderr()
+
+
+def run_serve(home: Path, port: int, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([SERVE, "--home", str(home), "serve", "--port", str(port), *args], capture_output=True,
+                          text=True, env=cli_env(), timeout=60)
+
+
+def test_busy_port_is_one_line_and_exit_2(staged, tmp_path):
+    with serving(staged.home) as m:  # another serve holds the port
+        p = run_serve(staged.home, m.port)
+        assert m.proc.poll() is None  # and keeps it
+    assert p.returncode == 2 and p.stdout == ""
+    assert p.stderr.splitlines() == [f"frt-mirror: port {m.port} on 127.0.0.1 is in use (another frt-mirror "
+                                     "serve? choose another with --port)"]
+    with socket.socket() as other:  # any program listening there
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        p = run_serve(tmp_path / "empty", port)  # the busy port wins over the empty home's warning
+    assert p.returncode == 2 and len(p.stderr.splitlines()) == 1 and "is in use" in p.stderr
+    p = run_serve(staged.home, free_port(), "--host", "no-such-host.invalid")
+    assert p.returncode == 2 and len(p.stderr.splitlines()) == 1 and "cannot listen on no-such-host" in p.stderr
