@@ -1,7 +1,8 @@
 """The `frt-mirror` command: a thin shell over `frt.resolver` and `frt.mirror`.
 
 Each command parses arguments, calls one function, renders a table or JSON.
-Exit codes: 0 ok, 1 refused or failed verification, 2 bad usage or bad input.
+Exit codes: 0 ok, 1 refused or failed verification, 2 bad usage or bad input, 3 the upstream (or the
+ledger's database) unavailable: try again later.
 """
 
 from __future__ import annotations
@@ -56,6 +57,10 @@ class _Group(click.Group):
         except FrtError as e:
             click.echo(f"frt-mirror: {e}", err=True)
             ctx.exit(exit_code(e))
+        except OSError as e:  # a local file the user named or the home holds: unwritable, missing, full
+            where = f"{e.filename}: " if e.filename else ""
+            click.echo(f"frt-mirror: {where}{e.strerror or e}", err=True)
+            ctx.exit(2)
         except KeyboardInterrupt:
             click.echo("frt-mirror: interrupted", err=True)
             ctx.exit(130)
@@ -88,7 +93,9 @@ endpoint_option = click.option("--endpoint", metavar="URL", help="Upstream Hub o
 json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 
 
-@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]},
+             epilog="Exit codes: 0 ok; 1 refused or failed verification; 2 bad usage or input; 3 the upstream "
+                    "(or the ledger's database) unavailable: try again later.")
 @click.option("--home", type=click.Path(file_okay=False, path_type=Path), help="State directory "
               "(default: $FRT_MIRROR_HOME, else the platform's user data dir).")
 @endpoint_option

@@ -7,7 +7,7 @@ sizes, so this is the one place where a tampered or truncated file is caught.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from frt.resolver.errors import VerificationFailed
@@ -45,6 +45,7 @@ def matches(entry: FileEntry, d: Digest) -> bool:
 
 def fetch_file(transport: Transport, store: BlobStore, repo_id: str, commit: str, entry: FileEntry, *,
                known_sha256: str | None = None, publisher: set[str] | None = None,
+               recorded: Mapping[str, Digest] | None = None,
                on_bytes: Callable[[int], None] = lambda n: None, repo_type: str = "kernel") -> Fetched:
     """Make sure `entry`'s verified bytes are in the store; download only what is missing.
 
@@ -57,12 +58,23 @@ def fetch_file(transport: Transport, store: BlobStore, repo_id: str, commit: str
                              f"says {' or '.join(sorted(publisher))}", repo=repo_id, path=entry.path, commit=commit,
                              error="PublisherDigestMismatch")
     if sha and store.has(sha):
-        return Fetched(entry, Digest(sha, entry.git_oid, entry.size), 0)
+        return Fetched(entry, _stored_digest(store, entry, sha, recorded), 0)
     key = expected_key(entry)
     with store.lock(key):
         if sha and store.has(sha):  # another stager finished it while we waited for the lock
-            return Fetched(entry, Digest(sha, entry.git_oid, entry.size), 0)
+            return Fetched(entry, _stored_digest(store, entry, sha, recorded), 0)
         return _download_verified(transport, store, repo_id, commit, entry, key, on_bytes, repo_type, publisher)
+
+
+def _stored_digest(store: BlobStore, entry: FileEntry, sha: str, recorded: Mapping[str, Digest] | None) -> Digest:
+    """The digest of a blob already in the store. An LFS file's listing names its *pointer's* git oid,
+    so that is never the blob's: take the ledger's record, or re-hash a blob stored but not recorded
+    (a run killed between the two, or another stager's)."""
+    if recorded and sha in recorded:
+        return recorded[sha]
+    if not entry.sha256:  # known by its git oid: that oid is the content's
+        return Digest(sha, entry.git_oid, entry.size)
+    return digest_file(store.path(sha))
 
 
 def _download_verified(transport, store, repo_id, commit, entry, key, on_bytes, repo_type, publisher) -> Fetched:

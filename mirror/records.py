@@ -42,6 +42,17 @@ def sha256_by_git_oid(ledger: Ledger, oids: Iterable[str]) -> dict[str, str]:
     return out
 
 
+def recorded_blobs(ledger: Ledger, shas: Iterable[str]) -> dict[str, Digest]:
+    """The ledger's record of these stored blobs (sha256, content git oid, size), where it has one."""
+    shas = list(set(shas))
+    out: dict[str, Digest] = {}
+    with ledger.session(write=False) as s:
+        for i in range(0, len(shas), 500):
+            out.update((sha, Digest(sha, oid, size)) for sha, oid, size in s.execute(
+                select(Blob.sha256, Blob.git_oid, Blob.size).where(Blob.sha256.in_(shas[i:i + 500]))))
+    return out
+
+
 def all_blobs(ledger: Ledger) -> list[Digest]:
     with ledger.session(write=False) as s:
         return [Digest(sha, oid, size) for sha, oid, size in

@@ -19,7 +19,7 @@ from frt.resolver.kernel_metadata import MetadataInvalid, dependency_request
 from .fetch import Fetched, IntegrityError, expected_key, fetch_file
 from .progress import Progress
 from .publisher import digest_mismatch, metadata_refusal, publisher_expectations, variant_metadata, view_check
-from .records import record_blobs, record_staged, sha256_by_git_oid
+from .records import record_blobs, record_staged, recorded_blobs, sha256_by_git_oid
 from .store import BlobStore
 from .transport import Transport
 from .views import Views
@@ -77,10 +77,11 @@ def stage(requests: list[Request], targets: list[Target], *, home: Path, ledger:
         for f in r.files:
             unique.setdefault(expected_key(f), (r, f))
     known = sha256_by_git_oid(ledger, [f.git_oid for _, f in unique.values() if not f.sha256])
+    recorded = recorded_blobs(ledger, [f.sha256 for _, f in unique.values() if f.sha256])
     expect = publisher_expectations((r, metas[_key(r)]) for r in resolutions)
     report.needed_bytes = sum(f.size for _, f in unique.values())
-    fetched, failures = _fetch_all(unique, known, expect, transport=Transport(hub), store=store, jobs=jobs,
-                                   progress=progress)
+    fetched, failures = _fetch_all(unique, known, expect, recorded, transport=Transport(hub), store=store,
+                                   jobs=jobs, progress=progress)
     report.downloaded_bytes = sum(x.downloaded for x in fetched.values())
     record_blobs(ledger, (x.digest for x in fetched.values()))
 
@@ -190,7 +191,7 @@ def _untrusted(request: Request, target: Target, publishers: tuple[str, ...], le
     return refusal
 
 
-def _fetch_all(unique, known, expect, *, transport, store, jobs, progress) -> tuple[dict[str, Fetched], dict[str, Exception]]:
+def _fetch_all(unique, known, expect, recorded, *, transport, store, jobs, progress) -> tuple[dict[str, Fetched], dict[str, Exception]]:
     meter = Progress(sum(f.size for _, f in unique.values()), len(unique)) if progress else None
     stop = threading.Event()
 
@@ -203,7 +204,7 @@ def _fetch_all(unique, known, expect, *, transport, store, jobs, progress) -> tu
     def one(key: str) -> Fetched:
         r, f = unique[key]
         out = fetch_file(transport, store, r.repo, r.commit, f, known_sha256=known.get(f.git_oid),
-                         publisher=expect.get(key), on_bytes=on_bytes)
+                         publisher=expect.get(key), recorded=recorded, on_bytes=on_bytes)
         if meter:
             meter.file_done()
         return out

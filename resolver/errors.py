@@ -42,14 +42,21 @@ class VerificationFailed(FrtError):
     """Bytes did not match what was advertised or recorded (a tampered download or bundle)."""
 
 
-# Exit codes of the contract: 0 ok, 1 refused or failed verification, 2 bad usage or input.
-EXIT_OK, EXIT_REFUSED, EXIT_BAD_INPUT = 0, 1, 2
+class LedgerUnavailable(FrtError):
+    """The ledger's database could not be had in time (locked past the busy timeout, or down)."""
+
+
+# Exit codes of the contract: 0 ok, 1 refused or failed verification, 2 bad usage or input,
+# 3 the upstream or the ledger's database unavailable: the same command may work later.
+EXIT_OK, EXIT_REFUSED, EXIT_BAD_INPUT, EXIT_UNAVAILABLE = 0, 1, 2, 3
 
 
 def exit_code(exc: BaseException) -> int:
     """Map an error to the CLI exit code. Unknown errors are bugs, not refusals."""
     if isinstance(exc, (KernelUnavailable, VerificationFailed)):
         return EXIT_REFUSED
+    if isinstance(exc, (UpstreamUnavailable, LedgerUnavailable)):
+        return EXIT_UNAVAILABLE
     if isinstance(exc, FrtError):
         return EXIT_BAD_INPUT
     raise exc

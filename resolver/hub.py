@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 from huggingface_hub import HfApi, get_session, hf_hub_url
 from huggingface_hub.errors import (
@@ -29,6 +29,7 @@ from huggingface_hub.utils import build_hf_headers, hf_raise_for_status
 
 from .errors import BadInput, FrtError, UpstreamUnavailable
 from .pacing import Pacer
+from .settings import env_number
 from .resolution import CommitInfo, FileEntry
 
 try:  # huggingface_hub 2.x speaks httpx2, 1.x httpx; both name their transport errors alike.
@@ -63,12 +64,19 @@ class RetryPolicy:
     @classmethod
     def from_env(cls) -> RetryPolicy:
         """FRT_RETRY_ATTEMPTS / FRT_RETRY_BASE_WAIT let tests and impatient users shorten it."""
-        return cls(attempts=max(1, int(os.environ.get("FRT_RETRY_ATTEMPTS", cls.attempts))),
-                   base_wait=float(os.environ.get("FRT_RETRY_BASE_WAIT", cls.base_wait)))
+        return cls(attempts=max(1, int(env_number("FRT_RETRY_ATTEMPTS", cls.attempts, int))),
+                   base_wait=env_number("FRT_RETRY_BASE_WAIT", cls.base_wait, float))
 
 
 def resolve_endpoint(endpoint: str | None) -> str:
-    return (endpoint or os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
+    """The upstream's URL, checked here: a malformed one is bad input at once, not seconds of retries."""
+    url = (endpoint or os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc or parts.query or parts.fragment:
+        where = "--endpoint" if endpoint else "HF_ENDPOINT"
+        raise BadInput(f"{where} {url!r} is not an upstream URL: expected http(s)://host[:port], "
+                       "e.g. https://huggingface.co or http://mirror:8470")
+    return url
 
 
 class HubClient:

@@ -21,7 +21,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import DatabaseError
 from sqlalchemy.orm import Session, sessionmaker
 
-from .errors import LedgerCorrupt
+from .errors import BadInput, LedgerCorrupt, LedgerUnavailable
 from .resolution import CommitInfo, FileEntry, Refusal, VariantInfo
 from .schema import Commit, File, Publisher, Ref, RefusalRow, Repo, Variant, migrate, utcnow
 from .variants import parse_fields
@@ -53,7 +53,10 @@ class PublisherInfo:
 class Ledger:
     def __init__(self, path: Path | str):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:  # a file where the home should be, a parent without write permission
+            raise BadInput(f"home {self.path.parent} cannot be created or used: {e.strerror}") from None
         self.engine = create_engine(f"sqlite:///{self.path}", connect_args={"timeout": BUSY_TIMEOUT_MS / 1000})
         event.listen(self.engine, "connect", _configure_connection)
         event.listen(self.engine, "begin", _begin)
@@ -104,8 +107,11 @@ class Ledger:
             yield
         except (DatabaseError, sqlite3.DatabaseError) as e:
             orig = getattr(e, "orig", e)
+            if isinstance(orig, sqlite3.OperationalError) and "locked" in str(orig):
+                raise LedgerUnavailable(f"ledger {self.path} is locked by another process past the "
+                                        f"{BUSY_TIMEOUT_MS // 1000} s busy timeout: try again later") from None
             if isinstance(orig, (sqlite3.IntegrityError, sqlite3.OperationalError)):
-                raise  # a constraint or a lock is a bug or contention, not a corrupt file
+                raise  # a constraint is a bug, not a corrupt file
             raise LedgerCorrupt(f"ledger {self.path} {failure}: {_short(e)}") from None
 
     # -- writes -------------------------------------------------------------------------

@@ -12,7 +12,6 @@ minutes: a 5-minute window, twice over, and some).
 
 from __future__ import annotations
 
-import os
 import random
 import threading
 import time
@@ -21,6 +20,7 @@ from collections.abc import Mapping
 from huggingface_hub.utils import parse_ratelimit_headers
 
 from .errors import UpstreamUnavailable
+from .settings import env_number
 
 DEFAULT_MAX_WAIT = 900.0
 _FALLBACK_WAIT = 5.0  # a 429 that says nothing about when to come back
@@ -33,8 +33,7 @@ def bucket_of(url: str) -> str:
 
 class Pacer:
     def __init__(self, max_wait: float | None = None):
-        self.max_wait = float(os.environ.get("FRT_RATE_LIMIT_MAX_WAIT", DEFAULT_MAX_WAIT)) \
-            if max_wait is None else max_wait
+        self.max_wait = env_number("FRT_RATE_LIMIT_MAX_WAIT", DEFAULT_MAX_WAIT) if max_wait is None else max_wait
         self._lock = threading.Lock()
         self._until: dict[str, float] = {}  # bucket -> monotonic time its window resets
         self.waited = 0.0  # seconds spent waiting on 429s in this run, all threads together

@@ -17,6 +17,11 @@ from .errors import BadInput
 
 _TARGET_RE = re.compile(r"torch(?P<major>\d+)\.(?P<minor>\d+)-(?P<backend>[a-z0-9]+)-(?P<cpu>[a-z0-9_]+)-(?P<os>[a-z]+)")
 
+# What build variants name and kernels normalizes a system to (kernels.variants: arm64 -> aarch64 on
+# darwin, AMD64 -> x86_64 on windows); kernel-builder builds for no other.
+CPUS = ("x86_64", "aarch64")
+OSES = ("linux", "darwin", "windows")
+
 # pip wheels of torch on Linux use the C++11 ABI from 2.7 on (older ones were cxx98);
 # a target names no ABI, so we assume the one the official wheels of that minor have.
 _CXX11_SINCE = Version("2.7")
@@ -69,10 +74,14 @@ def make_target(*, torch: str | None, backend: str, cpu: str, os: str, name: str
     from kernels.backends import parse_backend
 
     try:
-        parse_backend(backend)
+        parsed = parse_backend(backend)
     except ValueError:
+        parsed = None
+    # kernels reads "cu13" as CUDA 1.3: no torch was ever built for it. A build variant names CUDA
+    # by its major (11+) and minor, cu<MM><m>.
+    if parsed is None or (parsed.name == "cuda" and parsed.version.major < 11):
         raise BadInput(
-            f"unknown backend {backend!r} in target: expected cpu, cu<MM><m>, rocm<M><m>, "
+            f"unknown backend {backend!r} in target: expected cpu, cu<MM><m> (cu126, cu130), rocm<M><m>, "
             "xpu<YYYY><n>, cann<M><m>, metal, neuron or tpu"
         ) from None
     version = None
@@ -80,8 +89,9 @@ def make_target(*, torch: str | None, backend: str, cpu: str, os: str, name: str
         if not re.fullmatch(r"\d+\.\d+", str(torch)):
             raise BadInput(f"bad torch version {torch!r} in target: expected <major>.<minor>, e.g. 2.11")
         version = Version(str(torch))
-    if not re.fullmatch(r"[a-z0-9_]+", cpu) or not re.fullmatch(r"[a-z]+", os):
-        raise BadInput(f"bad cpu/os {cpu!r}/{os!r} in target: expected e.g. x86_64/linux")
+    if cpu not in CPUS or os not in OSES:
+        raise BadInput(f"unknown cpu/os {cpu!r}/{os!r} in target: expected a cpu of {', '.join(CPUS)} and an "
+                       f"os of {', '.join(OSES)}")
     return Target(torch=version, backend=backend, cpu=cpu, os=os, name=name)
 
 

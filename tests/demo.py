@@ -64,6 +64,17 @@ def main() -> int:
                    "torch2.13-cpu-x86_64-linux", env=env)
         ok &= step("Refusals on record", "report", env=env)
     print("\ndemo " + ("done" if ok else "FAILED"))
+    if ok:
+        exe = Path(sys.executable).with_name("frt-mirror")
+        rel = exe.relative_to(Path.cwd()) if exe.is_relative_to(Path.cwd()) else exe
+        home = HOME.relative_to(Path.cwd()) if HOME.is_relative_to(Path.cwd()) else HOME
+        print(f"""
+Go on by hand (the demo upstream has stopped; everything below reads the staged home):
+  {rel} --home {home} matrix {ACT}
+  {rel} --home {home} env --target torch2.13-cpu-x86_64-linux      # LOCAL_KERNELS for a node
+  {rel} --home {home} bundle kernels.tar                           # to carry across an air gap
+  {rel} --home {home} serve --port 8470                            # a Hub endpoint: HF_ENDPOINT=http://127.0.0.1:8470
+  {rel} --help""")
     return 0 if ok else 1
 
 

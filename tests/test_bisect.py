@@ -39,10 +39,8 @@ def drift_repo() -> tuple[FakeRepo, list[str]]:
         files = build("drift", [], version=1)
         mode = "hang" if i == HANG else "crash" if i >= CRASH_FROM else "ok"
         for v in variants:
-            vf = variant_files("drift", v, version=1)
-            vf[f"build/{v}/__init__.py"] = KERNEL.format(variant=v, i=i, mode=mode,
-                                                         offset=int(i >= REGRESSION)).encode()
-            files.update(vf)
+            init = KERNEL.format(variant=v, i=i, mode=mode, offset=int(i >= REGRESSION)).encode()
+            files.update(variant_files("drift", v, version=1, extra={"__init__.py": init}))  # in the digest
         shas.append(repo.commit(files, title=f"drift build {i}", branch="v1"))
     return repo, shas
 

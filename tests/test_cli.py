@@ -6,6 +6,9 @@ import json
 import shutil
 import sqlite3
 import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -97,7 +100,7 @@ def test_bad_input_is_one_line_and_exit_2(home, args, needle):
 def test_dead_upstream_is_one_line(home):
     env = cli_env(FRT_RETRY_ATTEMPTS="2")
     p = run_cli("--endpoint", "http://127.0.0.1:9", "scan", ACTIVATION, home=home, env=env)
-    assert p.returncode == 2
+    assert p.returncode == 3  # try again later: not bad input
     assert "upstream http://127.0.0.1:9 unreachable after 2 attempts" in one_line_error(p)
 
 
@@ -124,7 +127,7 @@ def test_resolve_offline_answers_from_the_ledger_with_no_network(hub, home):
     # Without --offline, the missing network is one clear line, not a traceback.
     p = run_cli("--endpoint", hub.url, "resolve", ACTIVATION, "--version", "1", "--target", "host", home=home,
                 wrap=NO_NET, env=cli_env(FRT_RETRY_ATTEMPTS="1"))
-    assert p.returncode == 2 and "unreachable" in one_line_error(p)
+    assert p.returncode == 3 and "unreachable" in one_line_error(p)
 
 
 def test_ledger_is_wal_with_a_schema_version(hub, home):
@@ -132,3 +135,45 @@ def test_ledger_is_wal_with_a_schema_version(hub, home):
     con = sqlite3.connect(home / "ledger.sqlite")
     assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert con.execute("SELECT max(version) FROM schema_migrations").fetchone()[0] >= 1
+
+
+# -- one line, never a traceback: what a user's environment gets wrong ------------------------------
+
+
+@pytest.mark.parametrize("setup, args, env, code, needle", [
+    ("file", ["report"], {}, 2, "cannot be created or used"),
+    ("", ["--endpoint", "notaurl", "scan", ACTIVATION], {}, 2, "is not an upstream URL"),
+    ("", ["--endpoint", "ftp://127.0.0.1/x", "scan", ACTIVATION], {}, 2, "is not an upstream URL"),
+    ("", ["scan", ACTIVATION], {"FRT_RETRY_ATTEMPTS": "abc"}, 2, "FRT_RETRY_ATTEMPTS='abc' is not an integer"),
+    ("", ["resolve", ACTIVATION, "--version", "1", "--target", "torch2.11-cu13-x86_64-linux"], {}, 2,
+     "unknown backend 'cu13'"),
+    ("", ["resolve", ACTIVATION, "--version", "1", "--target", "torch2.11-cpu-sparc-linux"], {}, 2,
+     "unknown cpu/os 'sparc'"),
+], ids=["home-is-a-file", "endpoint-not-a-url", "endpoint-ftp", "retry-attempts-abc", "target-cu13",
+        "target-sparc"])
+def test_a_bad_environment_is_one_line(home, tmp_path, setup, args, env, code, needle):
+    t = time.monotonic()
+    if setup == "file":  # FRT_MIRROR_HOME naming a file (--home is click's to check)
+        home.parent.mkdir(parents=True, exist_ok=True)
+        home.write_text("not a directory")
+        exe = str(Path(sys.executable).with_name("frt-mirror"))
+        p = subprocess.run([exe, *args], capture_output=True, text=True, env=cli_env(FRT_MIRROR_HOME=str(home)))
+    else:
+        p = run_cli(*args, home=home, env=cli_env(HF_ENDPOINT="http://127.0.0.1:9", **env))
+    assert p.returncode == code, (p.stdout, p.stderr)
+    assert needle in one_line_error(p)
+    assert time.monotonic() - t < 20, "refused at once, not after retries"
+
+
+def test_an_unwritable_bundle_target_is_one_line(hub, home, tmp_path):
+    from tests.test_stage import X86, write_manifest
+
+    m = write_manifest(tmp_path / "m.toml", {"kernels-test/relu": {"version": 1}}, [X86])
+    assert run_cli("--endpoint", hub.url, "stage", str(m), home=home).returncode == 0
+    p = run_cli("bundle", "/proc/frt-cannot-write-here.tar", home=home)
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr, p.stderr
+
+
+def test_exit_codes_are_in_the_help(home):
+    p = run_cli("--help", home=home)
+    assert "3 the upstream" in " ".join(p.stdout.split())

@@ -61,8 +61,15 @@ def test_wheel_carries_the_engine_plugins_and_their_data(tmp_path):
     p = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
                         "-w", str(tmp_path), str(root)], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
+    assert "Warning" not in p.stderr and "deprecated" not in p.stderr, p.stderr  # an install is quiet
     (wheel,) = tmp_path.glob("frt_mirror-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
+    # Every package of the source tree is in the wheel (frt.mirror.serve once was not).
+    for init in (i for d in ("frt", "resolver", "mirror", "seats", "adapters", "manifests")
+                 for i in (root / d).rglob("__init__.py")):
+        rel = init.relative_to(root)
+        top = "frt" if rel.parts[0] == "frt" else f"frt/{rel.parts[0]}"
+        assert "/".join([top, *rel.parts[1:]]) in names, rel
     assert "frt/adapters/sglang_site/sitecustomize.py" in names
     assert {"frt/manifests/examples/seats-vllm.toml", "frt/manifests/examples/seats-qwen3.toml"} <= set(names)
     (ep,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]

@@ -84,12 +84,20 @@ def test_rescan_is_incremental(hub, client, ledger):
 
 
 def test_identical_metadata_is_fetched_once(hub, client, ledger):
-    scan(RELU, hub=client, ledger=ledger)
+    from tests.fakehub import FakeRepo
+    from tests.kernel_fixtures import build
+
+    # Three commits; the second changes only the README, so its build's metadata.json (whose digest
+    # covers the build's files) is byte-identical to the first's: fetched once, by git oid.
+    repo = FakeRepo("kernels-test/steady")
+    repo.commit(build("steady", ["torch-universal"], version=1, note="a"), title="build", branch="v1")
+    repo.commit({"README.md": b"# steady, documented\n"}, title="docs", branch="v1")
+    repo.commit(build("steady", ["torch-universal"], version=1, note="b"), title="rebuild", branch="v1")
+    hub.add_repo(repo)
+    scan(repo.repo_id, hub=client, ledger=ledger)
     gets = [p for m, p, _ in hub.requests if m == "GET" and p.endswith("metadata.json")]
     assert len(gets) == len(set(gets))
-    # relu's torch-universal metadata.json differs per note only in __init__; metadata is byte-identical
-    # across its two commits, so it is fetched once although both commits have the variant.
-    assert sum("torch-universal" in p for p in gets) == 1
+    assert sum("torch-universal" in p for p in gets) == 2  # three commits, two distinct files
 
 
 def test_aarch64_trap_is_explained(hub, client, ledger):

@@ -91,7 +91,7 @@ def test_upstream_dying_mid_stage_is_one_line_and_keeps_what_is_stored(big_hub, 
     assert proc.poll() is None
     big_hub.stop()  # severs the open connections too, as a dead host does
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 2, err
+    assert proc.returncode == 3, err  # upstream unavailable: try again later
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("frt-mirror: ") and "Traceback" not in err
     assert not any(p.name.endswith(".part") for p in (home / "store").rglob("*"))
@@ -169,6 +169,18 @@ def test_kill_9_at_random_moments_then_rerun_completes(big_hub, home, manifest):
     assert_views_only_link_verified_blobs(home)
     doc = json.loads(p.stdout)
     assert doc["downloaded_bytes"] < doc["needed_bytes"], "the rerun resumes: it never starts from zero"
+    assert_bundle_round_trips(home, home.parent)
+
+
+def assert_bundle_round_trips(home: Path, tmp: Path) -> None:
+    """What was stored by killed or racing runs bundles, imports and verifies: every blob's recorded
+    git oid is its content's (an LFS file's listing names its pointer's)."""
+    tar = tmp / "after.tar"
+    b = run_cli("bundle", str(tar), home=home)
+    assert b.returncode == 0, b.stderr
+    i = run_cli("import", str(tar), home=tmp / "imported")
+    assert i.returncode == 0, i.stderr
+    assert run_cli("verify", home=tmp / "imported").returncode == 0
 
 
 def test_three_stagers_on_one_home_at_once(big_hub, home, manifest):
@@ -187,6 +199,7 @@ def test_three_stagers_on_one_home_at_once(big_hub, home, manifest):
     assert run_cli("verify", home=home).returncode == 0
     rows = json.loads(run_cli("env", "--target", X86, "--format", "json", home=home).stdout)["kernels"]
     assert {r["repo"] for r in rows} == {BIG, f"{ORG}/relu"}
+    assert_bundle_round_trips(home, home.parent)
 
 
 def test_verify_finds_a_corrupt_blob_and_a_broken_view(big_hub, home, manifest):
@@ -206,3 +219,15 @@ def test_verify_finds_a_corrupt_blob_and_a_broken_view(big_hub, home, manifest):
     assert any(str(view_file) in x and "missing" in x for x in problems)
     human = run_cli("verify", home=home)
     assert human.returncode == 1 and "problem(s)" in human.stdout
+
+
+def test_blobs_stored_but_not_recorded_are_recorded_with_their_own_git_oid(big_hub, home, manifest):
+    """A run killed between storing a blob and recording it: the rerun finds the blob in the store and
+    must record the content's git oid, not the LFS pointer's oid from the listing."""
+    import sqlite3
+
+    assert stage_cli(home, manifest, big_hub).returncode == 0
+    with sqlite3.connect(home / "ledger.sqlite") as db:
+        db.execute("DELETE FROM blobs")
+    assert stage_cli(home, manifest, big_hub).returncode == 0
+    assert_bundle_round_trips(home, home.parent)
