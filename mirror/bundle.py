@@ -34,7 +34,7 @@ from frt.resolver.repo_ids import check_repo_id
 from frt.resolver.resolution import VariantInfo
 from frt.resolver.schema import Commit, Ref, Repo, Variant, utcnow
 
-from .records import StagedRow, all_blobs, record_blobs, record_staged, sha256_by_git_oid, staged_rows
+from .records import StagedRow, all_blobs, blob_for, record_blobs, record_staged, staged_rows
 from .render import human_bytes, table
 from .store import CHUNK, BlobStore, Digest, fsync_dir
 from .views import Views
@@ -109,11 +109,11 @@ def bundle(out: Path, home: Path, ledger: Ledger, targets: list[str] | None = No
     store, recorded = BlobStore(home), {d.sha256: d for d in all_blobs(ledger)}
     with ledger.view() as v:
         files = {(r.repo, r.commit, r.variant): v.variant(r.repo, r.commit, r.variant)[0] for r in rows}
-    by_oid = sha256_by_git_oid(ledger, [f.git_oid for fs in files.values() for f in fs if not f.sha256])
+    blobs = blob_for(ledger, (f for fs in files.values() for f in fs))
     needed: dict[str, Digest] = {}
     for (repo, commit, _), entries in files.items():
         for f in entries:
-            sha = f.sha256 or by_oid.get(f.git_oid)
+            sha = blobs[f]
             if sha not in recorded or not store.has(sha):
                 raise BundleRejected(f"{repo}@{commit[:12]}: {f.path} has no verified blob in the store: "
                                      "run 'frt-mirror verify', then 'frt-mirror stage' again")

@@ -9,6 +9,7 @@ from sqlalchemy import select
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from frt.resolver import Ledger, Resolution
+from frt.resolver.resolution import FileEntry
 from frt.resolver.schema import Blob, Staged, utcnow
 
 from .store import Digest
@@ -40,6 +41,15 @@ def sha256_by_git_oid(ledger: Ledger, oids: Iterable[str]) -> dict[str, str]:
         for i in range(0, len(oids), 500):
             out.update(s.execute(select(Blob.git_oid, Blob.sha256).where(Blob.git_oid.in_(oids[i:i + 500]))).all())
     return out
+
+
+def blob_for(ledger: Ledger, entries: Iterable[FileEntry]) -> dict[FileEntry, str | None]:
+    """Which stored blob each listed file is (its sha256), or None where none is recorded. The one
+    place of this rule: an LFS file is known by the sha256 the upstream advertised; a small file only
+    by its git oid, so by the blob recorded under that oid when it was staged."""
+    entries = list(entries)
+    by_oid = sha256_by_git_oid(ledger, [f.git_oid for f in entries if not f.sha256])
+    return {f: f.sha256 or by_oid.get(f.git_oid) for f in entries}
 
 
 def recorded_blobs(ledger: Ledger, shas: Iterable[str]) -> dict[str, Digest]:

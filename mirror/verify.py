@@ -9,7 +9,7 @@ from pathlib import Path
 from frt.resolver import Ledger
 from frt.resolver.kernel_metadata import MetadataInvalid, parse_metadata, validate_variant
 
-from .records import all_blobs, record_blobs, sha256_by_git_oid, staged_rows
+from .records import all_blobs, blob_for, record_blobs, staged_rows
 from .store import BlobStore, digest_file
 from .views import Views
 
@@ -90,10 +90,10 @@ def _check_views(ledger: Ledger, store: BlobStore, views: Views, report: VerifyR
         for repo, commit, variant in sorted(rows):
             files, _ = v.variant(repo, commit, variant)
             entries += [(repo, commit, f) for f in files]
-    by_oid = sha256_by_git_oid(ledger, [f.git_oid for _, _, f in entries if not f.sha256])
+    blobs = blob_for(ledger, (f for _, _, f in entries))
     for repo, commit, f in entries:
         path = views.root / views.repo_folder(repo) / commit / f.path
-        sha = f.sha256 or by_oid.get(f.git_oid)
+        sha = blobs[f]
         report.view_files += 1
         if sha is None:
             report.problems.append(f"view {path}: no verified blob is recorded for it")

@@ -16,7 +16,7 @@ from pathlib import Path
 from types import ModuleType
 
 from frt.manifests import KernelRef
-from frt.mirror.records import sha256_by_git_oid
+from frt.mirror.records import blob_for
 from frt.mirror.store import BlobStore
 from frt.mirror.views import Views
 from frt.resolver import KernelUnavailable, Ledger, Resolution, Target, host_target, resolve
@@ -98,8 +98,7 @@ class KernelSource:
             raise SiteRefused(f"{repo} {label} is not staged for this host ({self.target}): {e}") from None
         except ValueError as e:  # BadInput: a malformed version/revision in kernel-depends
             raise SiteRefused(f"{repo} {label}: {e}") from None
-        known = sha256_by_git_oid(self.ledger, [f.git_oid for f in res.files if not f.sha256])
-        pairs = [(f, f.sha256 or known.get(f.git_oid)) for f in res.files]
+        pairs = list(blob_for(self.ledger, res.files).items())
         if any(sha is None for _, sha in pairs) or not self.views.is_complete(repo, res.commit, pairs):
             raise SiteRefused(f"{repo} {res.request.label} resolves to {res.commit[:12]} ({res.variant}) for "
                               f"{self.target}, which is not staged under {self.home}: "

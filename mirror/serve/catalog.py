@@ -14,7 +14,7 @@ from pathlib import Path
 
 from frt.resolver import Ledger
 
-from ..records import sha256_by_git_oid, staged_rows
+from ..records import blob_for, staged_rows
 from ..store import BlobStore
 
 
@@ -110,7 +110,7 @@ def load_catalog(home: Path, ledger: Ledger, trust_override: frozenset[str] = fr
         for r in rows:
             if (r.repo, r.commit, r.variant) not in entries:
                 entries[(r.repo, r.commit, r.variant)] = v.variant(r.repo, r.commit, r.variant)[0]
-        by_oid = sha256_by_git_oid(ledger, [f.git_oid for fs in entries.values() for f in fs if not f.sha256])
+        blobs = blob_for(ledger, (f for fs in entries.values() for f in fs))
         for repo_id in sorted({r.repo for r in rows}):
             served = repos[("kernel", repo_id)] = ServedRepo(repo_id, "kernel")
             commits = v.commits(repo_id)
@@ -122,7 +122,7 @@ def load_catalog(home: Path, ledger: Ledger, trust_override: frozenset[str] = fr
                 c = meta.get(sha)
                 commit = served.commits.setdefault(sha, ServedCommit(sha, c.date if c else None, c.title if c else ""))
                 for f in files:
-                    content = f.sha256 or by_oid.get(f.git_oid)
+                    content = blobs[f]
                     if content and store.has(content):  # only verified bytes are served
                         commit.files[f.path] = ServedFile(f.path, f.size, f.git_oid, content, f.sha256 is not None,
                                                           store.path(content))
