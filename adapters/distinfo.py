@@ -29,7 +29,7 @@ ENTRY_POINTS = {
     "vllm.general_plugins": "frt.adapters.vllm_engine:register",
     "sglang.srt.plugins": "frt.adapters.sglang_engine:register",
 }
-SUBPACKAGES = ("resolver", "mirror", "seats", "adapters", "manifests")
+SUBPACKAGES = ("cli", "resolver", "mirror", "seats", "adapters", "manifests")
 
 
 def version() -> str:

@@ -38,7 +38,7 @@ def test_resolver_and_mirror_run_without_torch(hub, tmp_path):
     """Scan, resolve and the CLI on a box with no torch: a stager's situation."""
     code = BLOCK_TORCH + textwrap.dedent(f"""
         from frt.resolver import HubClient, Ledger, parse_target, resolve, scan
-        import frt.mirror.cli
+        import frt.cli
         led = Ledger({str(tmp_path / 'l.sqlite')!r})
         scan({ACTIVATION!r}, hub=HubClient({hub.url!r}), ledger=led)
         res = resolve({ACTIVATION!r}, target=parse_target("torch2.11-cu130-aarch64-linux"), ledger=led,

@@ -45,7 +45,7 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 
 def frt_cli(src: Path, *args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
-    code = "import sys; from frt.mirror.cli import main; sys.argv[0] = 'frt-mirror'; main()"
+    code = "import sys; from frt.cli import main; sys.argv[0] = 'frt-mirror'; main()"
     return subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, capture_output=True, text=True,
                           env=clean_env(PYTHONPATH=str(src)), timeout=timeout)
 

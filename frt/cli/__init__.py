@@ -1,0 +1,18 @@
+"""The `frt-mirror` CLI: the top of the house, above every layer it composes (resolver, mirror, seats,
+adapters). Each command parses, calls one API function, and renders its result as a table or JSON.
+
+Exit codes: 0 ok, 1 refused or failed verification, 2 bad usage or bad input, 3 the upstream (or the
+ledger's database) unavailable: try again later.
+"""
+
+from __future__ import annotations
+
+from . import bisect_cmds, env_cmd, ledger_cmds, serve_cmds, stage_cmds  # noqa: F401  (they register)
+from .app import cli
+
+
+def main() -> None:
+    cli(prog_name="frt-mirror")
+
+
+__all__ = ["cli", "main"]

@@ -1,0 +1,105 @@
+"""The `frt-mirror` command group, its options and its one error mapping; the commands live beside it.
+
+Each command parses arguments, calls one function, renders a table or JSON.
+Exit codes: 0 ok, 1 refused or failed verification, 2 bad usage or bad input, 3 the upstream (or the
+ledger's database) unavailable: try again later.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+
+from frt.mirror.home import default_home, ledger_path
+from frt.resolver import (
+    FrtError,
+    HubClient,
+    Ledger,
+    exit_code,
+    parse_target,
+)
+from frt.resolver.errors import BadInput
+from frt.resolver.repo_ids import check_repo_id
+
+
+@dataclass
+class App:
+    home: Path
+    endpoint: str | None
+    _ledger: Ledger | None = None
+
+    @property
+    def ledger(self) -> Ledger:
+        if self._ledger is None:
+            self._ledger = Ledger(ledger_path(self.home))
+        return self._ledger
+
+    def hub(self, endpoint: str | None) -> HubClient:
+        return HubClient(endpoint or self.endpoint)
+
+
+class _Group(click.Group):
+    """Turns every FrtError into one line on stderr and the contract's exit code."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except FrtError as e:
+            click.echo(f"frt-mirror: {e}", err=True)
+            ctx.exit(exit_code(e))
+        except OSError as e:  # a local file the user named or the home holds: unwritable, missing, full
+            where = f"{e.filename}: " if e.filename else ""
+            click.echo(f"frt-mirror: {where}{e.strerror or e}", err=True)
+            ctx.exit(2)
+        except KeyboardInterrupt:
+            click.echo("frt-mirror: interrupted", err=True)
+            ctx.exit(130)
+
+
+def parse_targets(_ctx, _param, values):
+    if values is None:
+        return None
+    if isinstance(values, str):
+        return parse_target(values)
+    return tuple(parse_target(v) for v in values)
+
+
+def parse_repo_versions(_ctx, _param, values) -> dict[str, int]:
+    out = {}
+    for v in values or ():
+        repo, sep, n = v.rpartition("=")
+        if not sep or not repo or not n.isdigit():
+            raise BadInput(f"--version {v!r}: expected REPO=N, e.g. --version kernels-community/activation=1")
+        check_repo_id(repo)
+        out[repo] = int(n)
+    return out
+
+
+def emit_json(doc) -> None:
+    click.echo(json.dumps(doc, indent=2, default=str))
+
+
+endpoint_option = click.option("--endpoint", metavar="URL", help="Upstream Hub or mirror (default: $HF_ENDPOINT).")
+json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]},
+             epilog="Exit codes: 0 ok; 1 refused or failed verification; 2 bad usage or input; 3 the upstream "
+                    "(or the ledger's database) unavailable: try again later.")
+@click.option("--home", type=click.Path(file_okay=False, path_type=Path), help="State directory "
+              "(default: $FRT_MIRROR_HOME, else the platform's user data dir).")
+@endpoint_option
+@click.version_option(package_name="frt-mirror")
+@click.pass_context
+def cli(ctx: click.Context, home: Path | None, endpoint: str | None):
+    """Resolve, stage, verify and serve Hugging Face Hub kernels for offline clusters."""
+    # huggingface_hub logs its own retries ("Retrying in 2s") to stderr; ours report the outcome in
+    # one line, so its chatter would break the one-line error contract.
+    from huggingface_hub.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    ctx.obj = App(home=home or default_home(), endpoint=endpoint)
+    ctx.call_on_close(lambda: ctx.obj._ledger and ctx.obj._ledger.close())

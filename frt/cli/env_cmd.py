@@ -1,0 +1,79 @@
+"""env: what a cluster job sets — LOCAL_KERNELS, HF_ENDPOINT, and the engines' side (the one command
+that composes the mirror and the adapters)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from frt.resolver.errors import BadInput
+
+from .app import App, cli, emit_json, parse_repo_versions, parse_targets
+
+
+@cli.command("env")
+@click.option("--target", "target", callback=parse_targets, help="The cluster's target (for LOCAL_KERNELS).")
+@click.option("--serve", "serve_url", metavar="URL", help="Print the cluster side of 'frt-mirror serve' at URL instead.")
+@click.option("--engine", type=click.Choice(["vllm", "sglang"]),
+              help="Also the serving engine's side: the seat adapters from PYTHONPATH (writes --python-dir).")
+@click.option("--seats", "seats", type=click.Path(dir_okay=False, path_type=Path),
+              help="With --engine: the seat catalog the engine's workers attach (FRT_SEATS).")
+@click.option("--python-dir", "python_dir", type=click.Path(file_okay=False, path_type=Path),
+              help="With --engine: where to write the frt package and its plugin dist-info "
+                   "[default: HOME/python].")
+@click.option("--version", "versions", multiple=True, metavar="REPO=N", callback=parse_repo_versions,
+              help="With --target: the staged version LOCAL_KERNELS points at for REPO (repeatable); "
+                   "needed where several versions of a repo are staged.")
+@click.option("--format", "fmt", type=click.Choice(["sh", "json"]), default="sh", show_default=True)
+@click.pass_obj
+def env_cmd(app: App, target, serve_url, engine, seats, python_dir, versions, fmt):
+    """What a cluster sets: LOCAL_KERNELS for a target's staged set (one commit per repo: the resolved
+    one, or the pin), or with --serve, HF_ENDPOINT for a running mirror. With --engine, also what a
+    vLLM or SGLang job sets to attach seats in its workers without installing anything: PYTHONPATH
+    (the frt package and the plugin's dist-info, written to --python-dir), FRT_MIRROR_HOME, FRT_SEATS
+    and the engine's plugin allow-list."""
+    from frt.adapters.engine_env import check_catalog, engine_vars
+    from frt.mirror.env import TELEMETRY_WARNING, endpoint_vars, env_vars, local_kernels, render_sh
+
+    if (seats or python_dir) and not engine:
+        raise BadInput("--seats and --python-dir go with --engine vllm|sglang")
+    values: dict[str, str] = {}
+    entries: list = []
+    warnings: list[str] = []
+    if versions and (serve_url or target is None):
+        raise BadInput("--version REPO=N goes with --target (it picks what LOCAL_KERNELS points at)")
+    if serve_url:
+        values = endpoint_vars(serve_url)
+    elif target is not None:
+        chosen = local_kernels(app.home.absolute(), app.ledger, target, versions=versions)
+        entries, warnings = chosen.entries, chosen.warnings
+        values = env_vars(entries)
+    elif not engine:
+        raise BadInput("give --target T (LOCAL_KERNELS), --serve URL (HF_ENDPOINT) or --engine vllm|sglang")
+    if engine:
+        from frt.adapters.distinfo import write_python_dir
+
+        catalog = check_catalog(seats) if seats else None
+        where = (python_dir or app.home / "python").absolute()
+        values.update(engine_vars(engine, where, app.home.absolute(), catalog))  # checks before writing
+        write_python_dir(where)
+    if fmt == "json":
+        emit_json({"env": values, "warnings": [*warnings, TELEMETRY_WARNING], "kernels": [
+            {"repo": e.repo, "requested": e.requested, "commit": e.commit, "variant": e.variant, "path": str(e.path)}
+            for e in entries], **({"engine": engine, "python_dir": values["PYTHONPATH"]} if engine else {})})
+        return
+    for w in warnings:
+        click.echo(f"frt-mirror: warning: {w}", err=True)
+    for e in entries:
+        click.echo(f"# {e.repo} {e.requested} → {e.commit[:12]} {e.variant}")
+    click.echo(f"# warning: {TELEMETRY_WARNING}")
+    if engine:
+        click.echo(f"# {engine}: PYTHONPATH holds frt and its plugin; put it before any PYTHONPATH you have. "
+                   "The plugin allow-list is exclusive: add your other plugins, comma-separated.")
+        if not seats:
+            click.echo("# set FRT_SEATS=<catalog.toml> (a seat catalog) to attach seats; unset, the plugin does nothing")
+        if engine == "sglang":
+            click.echo("# SGLang without sglang.srt.plugins (before 0.5.23): frt.adapters.sglang_engine.install(DIR) "
+                       "writes a sitecustomize; put DIR first on PYTHONPATH and set FRT_SGLANG_ATTACH=1")
+    click.echo(render_sh(values))

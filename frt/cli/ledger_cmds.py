@@ -1,0 +1,118 @@
+"""Commands over the ledger: scan, resolve, matrix, report."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from frt.mirror.render import human_bytes, table
+from frt.resolver import KernelUnavailable, build_matrix, exit_code, resolve, scan
+from frt.resolver.errors import BadInput
+from frt.resolver.repo_ids import check_repo_id
+
+from .app import App, cli, emit_json, endpoint_option, json_option, parse_targets
+
+
+@cli.command("scan")
+@click.argument("repos", nargs=-1, required=True)
+@endpoint_option
+@click.option("--jobs", default=8, show_default=True, type=click.IntRange(1, 64))
+@json_option
+@click.pass_obj
+def scan_cmd(app: App, repos, endpoint, jobs, as_json):
+    """Record refs, commit history and per-commit build variants of REPOS in the ledger."""
+    for repo in repos:
+        check_repo_id(repo)
+    hub = app.hub(endpoint)
+    reports = [scan(repo, hub=hub, ledger=app.ledger, jobs=jobs,
+                    progress=None if as_json else lambda m: click.echo(m, err=True)) for repo in repos]
+    if as_json:
+        emit_json([r.__dict__ for r in reports])
+        return
+    click.echo(table(["repo", "refs", "commits", "newly scanned", "variants found"],
+                     [(r.repo, r.refs, r.commits, r.commits_scanned, r.variants) for r in reports]))
+
+
+@cli.command("resolve")
+@click.argument("repo")
+@click.option("--version", "version", type=int, help="Kernel version N (branch vN).")
+@click.option("--revision", help="Branch, tag or commit.")
+@click.option("--target", "target", required=True, callback=parse_targets, help="torch2.11-cu130-x86_64-linux, or host.")
+@click.option("--offline", is_flag=True, help="Answer from the ledger alone; never contact upstream.")
+@endpoint_option
+@json_option
+@click.pass_obj
+def resolve_cmd(app: App, repo, version, revision, target, offline, endpoint, as_json):
+    """Resolve REPO for a target: the commit, the variant and its files. FRT_KERNEL_REV_<ID> pins it."""
+    if version is not None and revision is not None:
+        raise BadInput("give --version or --revision, not both")
+    try:
+        res = resolve(repo, target=target, ledger=app.ledger, version=version, revision=revision,
+                      hub=None if offline else app.hub(endpoint), offline=offline)
+    except KernelUnavailable as e:
+        if as_json:
+            emit_json(e.refusal.to_json())
+        click.echo(f"frt-mirror: refused: {e}", err=True)
+        sys.exit(exit_code(e))
+    if as_json:
+        emit_json(res.to_json())
+        return
+    total = sum(f.size for f in res.files)
+    click.echo(f"{res.repo} {res.request.label} → {res.commit}  {res.variant}  for {res.target}")
+    click.echo(table(["file", "size", "git oid", "sha256"],
+                     [(f.path, human_bytes(f.size), f.git_oid[:12], (f.sha256 or "")[:12]) for f in res.files]))
+    click.echo(f"{len(res.files)} files, {human_bytes(total)}")
+
+
+@cli.command("matrix")
+@click.argument("repo")
+@click.option("--target", "targets", multiple=True, callback=parse_targets,
+              help="Targets to show (repeatable; default: the targets the repo's variants were built for).")
+@json_option
+@click.pass_obj
+def matrix_cmd(app: App, repo, targets, as_json):
+    """Availability from the ledger: revision × variant, and which targets each revision serves."""
+    check_repo_id(repo)
+    with app.ledger.view() as view:
+        if not view.known(repo):
+            raise BadInput(f"{repo} is not in the ledger: run 'frt-mirror scan {repo}' first")
+        m = build_matrix(view, repo, list(targets) or None)
+    if as_json:
+        emit_json(m.to_json())
+        return
+    click.echo(_render_matrix(m))
+
+
+def _render_matrix(m) -> str:
+    headers = ["commit", "date", "title", "refs", *[str(i + 1) for i in range(len(m.variants))], *[f"T{i + 1}" for i in range(len(m.targets))]]
+    rows = []
+    for r in m.rows:
+        cells = ["x" if v in r.variants else "." for v in m.variants]
+        serves = ["ok" if r.serves[str(t)] else "-" for t in m.targets]
+        title = r.title if len(r.title) <= 28 else r.title[:27] + "…"
+        rows.append([r.commit[:10], r.date.date() if r.date else "", title, ",".join(r.refs), *cells, *serves])
+    legend = [f"  {i + 1:>2}  {v}" for i, v in enumerate(m.variants)]
+    legend += [f"  T{i + 1}  {t}" for i, t in enumerate(m.targets)]
+    return f"{m.repo}\n{table(headers, rows)}\n\nvariants (x = built at that revision), targets (ok = served):\n" + "\n".join(legend)
+
+
+@cli.command("report")
+@json_option
+@click.pass_obj
+def report_cmd(app: App, as_json):
+    """Every refusal on record: repo, version, target, error, detail (verbatim)."""
+    rows = app.ledger.refusals()
+    if as_json:
+        emit_json([
+            {"repo": r.repo_id, "requested": r.requested, "version": r.version, "revision": r.revision,
+             "target": r.target, "commit": r.commit_sha, "error": r.error, "message": r.message, "detail": r.detail,
+             "count": r.count, "first_seen": r.first_seen.isoformat(), "last_seen": r.last_seen.isoformat()}
+            for r in rows
+        ])
+        return
+    if not rows:
+        click.echo("no refusals on record")
+        return
+    click.echo(table(["repo", "requested", "target", "error", "count", "message"],
+                     [(r.repo_id, r.requested, r.target, r.error, r.count, r.message) for r in rows]))

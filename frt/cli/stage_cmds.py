@@ -1,0 +1,118 @@
+"""Commands that fill or carry the home: stage, verify, export-cache, bundle, import."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from frt.mirror.render import human_bytes, table
+
+from .app import App, cli, emit_json, endpoint_option, json_option, parse_targets
+
+
+@cli.command("stage")
+@click.argument("manifest", required=False, type=click.Path(exists=True, path_type=Path))
+@click.option("--target", "targets", multiple=True, callback=parse_targets,
+              help="Stage for this target (repeatable; replaces the manifest's targets).")
+@click.option("--jobs", default=8, show_default=True, type=click.IntRange(1, 64), help="Parallel downloads.")
+@endpoint_option
+@json_option
+@click.pass_obj
+def stage_cmd(app: App, manifest, targets, jobs, endpoint, as_json):
+    """Fetch exactly the files the targets need, verified, into the store and views.
+
+    MANIFEST: an frt manifest TOML, a pyproject.toml with [tool.kernels.dependencies], or a
+    kernels.lock (default: the current directory's frt-manifest.toml, pyproject.toml or kernels.lock).
+    """
+    from frt.mirror.manifest_input import load_plan
+    from frt.mirror.stage import stage
+
+    plan = load_plan(manifest, targets)
+    report = stage(plan.requests, plan.targets, home=app.home, ledger=app.ledger, hub=app.hub(endpoint),
+                   jobs=jobs, publishers=plan.publishers, progress=not as_json)
+    if as_json:
+        emit_json({"ok": report.ok, "downloaded_bytes": report.downloaded_bytes,
+                    "needed_bytes": report.needed_bytes, "rows": [r.to_json() for r in report.rows]})
+    else:
+        click.echo(table(["repo", "requested", "target", "commit", "variant", "files", "bytes", "status"],
+                         [(r.repo, r.requested, r.target, (r.commit or "")[:12], r.variant or "", r.files,
+                           human_bytes(r.bytes), r.status) for r in report.rows]))
+        click.echo(f"downloaded {human_bytes(report.downloaded_bytes)} of {human_bytes(report.needed_bytes)} needed")
+        bare = sorted({f"{r.repo}@{r.commit[:12]} {r.variant}" for r in report.rows if r.publisher_digest is False})
+        if bare:
+            click.echo(f"note: {len(bare)} staged variant(s) carry no publisher digest in metadata.json (checked "
+                       f"against the upstream's hashes only): {', '.join(bare)}")
+        for r in report.rows:
+            if r.status != "staged":
+                click.echo(f"frt-mirror: {r.status}: {r.detail}", err=True)
+    sys.exit(0 if report.ok else 1)
+
+
+@cli.command("verify")
+@json_option
+@click.pass_obj
+def verify_cmd(app: App, as_json):
+    """Re-hash every blob and check every view link; exit 1 with a list on any mismatch."""
+    from frt.mirror.verify import verify
+
+    report = verify(app.home, app.ledger)
+    if as_json:
+        emit_json(report.to_json())
+    else:
+        click.echo(f"{report.blobs} blobs ({human_bytes(report.bytes)}) re-hashed, {report.view_files} view files "
+                   f"checked, publishers' digests checked ({report.no_digest} variant(s) have none): "
+                   f"{'ok' if report.ok else f'{len(report.problems)} problem(s)'}")
+        for p in report.problems:
+            click.echo(f"  {p}")
+    sys.exit(0 if report.ok else 1)
+
+
+@cli.command("export-cache")
+@click.argument("out", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--target", "target", required=True, callback=parse_targets, help="The cluster's target.")
+@json_option
+@click.pass_obj
+def export_cache_cmd(app: App, out, target, as_json):
+    """Write a Hub cache for a target that works with HF_HUB_OFFLINE=1 (refs/vN for every staged version)."""
+    from frt.mirror.hfcache import export_cache
+
+    refs = export_cache(out, app.home, app.ledger, target)
+    if as_json:
+        emit_json({"cache": str(out), "refs": [{"repo": r, "ref": ref, "commit": c} for r, ref, c in refs]})
+        return
+    click.echo(table(["repo", "ref", "commit"], [(r, ref, c[:12]) for r, ref, c in refs]))
+    click.echo(f"\nHF_HUB_CACHE={out.absolute()}  (with HF_HUB_OFFLINE=1 on the cluster)")
+
+
+@cli.command("bundle")
+@click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--target", "targets", multiple=True, callback=parse_targets,
+              help="Only what is staged for this target (repeatable; default: everything staged).")
+@json_option
+@click.pass_obj
+def bundle_cmd(app: App, out, targets, as_json):
+    """Write OUT.tar: the staged set (blobs and ledger rows) for 'frt-mirror import' across an air gap."""
+    from frt.mirror.bundle import bundle
+
+    report = bundle(out, app.home, app.ledger, [str(t) for t in targets] or None)
+    if as_json:
+        emit_json(report.to_json())
+    else:
+        click.echo(report.render())
+
+
+@cli.command("import")
+@click.argument("src", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@json_option
+@click.pass_obj
+def import_cmd(app: App, src, as_json):
+    """Verify every file of IN.tar, then add it to the store, ledger and views; nothing if any check fails."""
+    from frt.mirror.bundle import import_bundle
+
+    report = import_bundle(src, app.home, app.ledger)
+    if as_json:
+        emit_json(report.to_json())
+    else:
+        click.echo(report.render())
