@@ -21,15 +21,15 @@ import json
 import logging
 import os
 import sys
-import tempfile
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from frt.atomic import atomic_write
+
 if TYPE_CHECKING:
     import torch
-
     from frt.seats import Handle
 
 SEATS_VAR, STRICT_VAR, MARKER_VAR, HOME_VAR = "FRT_SEATS", "FRT_SEATS_STRICT", "FRT_SEATS_MARKER_DIR", \
@@ -118,15 +118,8 @@ def marker_record(engine: str, handle: Handle, catalog: str) -> dict:
 
 def write_marker(directory: Path, engine: str, handle: Handle, catalog: str) -> Path:
     """``<directory>/<engine>-<pid>.json``, written atomically: a reader never sees half a file."""
-    directory.mkdir(parents=True, exist_ok=True)
-    target = directory / f"{engine}-{os.getpid()}.json"
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{target.name}.")
-    with os.fdopen(fd, "w") as f:
-        json.dump(marker_record(engine, handle, catalog), f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, target)
-    return target
+    return atomic_write(directory / f"{engine}-{os.getpid()}.json",
+                        json.dumps(marker_record(engine, handle, catalog), indent=1))
 
 
 def ensure_log_handler() -> None:

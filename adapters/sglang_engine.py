@@ -31,6 +31,8 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from frt.atomic import atomic_write
+
 if TYPE_CHECKING:
     from pathlib import Path
 
@@ -215,11 +217,7 @@ def install(directory: str | Path) -> Path:
             return target
         if not _is_ours(target):
             raise BadInput(f"{target} exists and is not frt's: not overwriting it (use another directory)")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}")
-    tmp.write_bytes(text)
-    os.replace(tmp, target)
-    return target
+    return atomic_write(target, text)
 
 
 def uninstall(directory: str | Path) -> list[Path]:

@@ -23,20 +23,20 @@ from datetime import datetime
 from importlib.metadata import version as dist_version
 from pathlib import Path
 
-from sqlalchemy import select
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.orm import selectinload
-
+from frt.atomic import fsync_dir
 from frt.resolver import FileEntry, Ledger, Request, Resolution, parse_target
 from frt.resolver.errors import BadInput, VerificationFailed
 from frt.resolver.ledger import PublisherInfo
 from frt.resolver.repo_ids import check_repo_id
 from frt.resolver.resolution import VariantInfo
 from frt.resolver.schema import Commit, Ref, Repo, Variant, utcnow
+from sqlalchemy import select
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.orm import selectinload
 
 from .records import StagedRow, all_blobs, blob_for, record_blobs, record_staged, staged_rows
 from .render import human_bytes, table
-from .store import CHUNK, BlobStore, Digest, fsync_dir
+from .store import CHUNK, BlobStore, Digest
 from .views import Views
 
 FORMAT = 1

@@ -17,6 +17,8 @@ from pathlib import Path
 from frt.resolver import Ledger, Target
 from frt.resolver.errors import BadInput
 
+from frt.atomic import atomic_write
+
 from .records import staged_rows
 from .store import BlobStore
 from .views import Views
@@ -53,7 +55,7 @@ def export_cache(out: Path, home: Path, ledger: Ledger, target: Target) -> list[
         (repo_dir / "trees" / f"{row.commit}.json").unlink(missing_ok=True)
         ref = f"v{row.version}" if row.version is not None else row.revision
         if ref and ref != row.commit:
-            _atomic_write(repo_dir / "refs" / ref, row.commit)
+            atomic_write(repo_dir / "refs" / ref, row.commit)
             written.append((row.repo, ref, row.commit))
     return written
 
@@ -78,10 +80,3 @@ def _place(repo_dir: Path, commit: str, path: str, src: Path, *, etag: str) -> N
     tmp_link = link.with_name(f".{link.name}.{uuid.uuid4().hex}.tmp")
     os.symlink(target, tmp_link)
     os.replace(tmp_link, link)
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)

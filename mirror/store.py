@@ -16,6 +16,8 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from frt.atomic import fsync_dir
+
 CHUNK = 1 << 20
 
 
@@ -35,14 +37,6 @@ def digest_file(path: Path) -> Digest:
             h256.update(chunk)
             hgit.update(chunk)
     return Digest(h256.hexdigest(), hgit.hexdigest(), size)
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class BlobStore:
