@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 from huggingface_hub import get_session
 from huggingface_hub.utils import build_hf_headers, hf_raise_for_status
 
-from frt.resolver.errors import FrtError, UpstreamUnavailable
+from frt.resolver.errors import FrtError, UpstreamUnavailable, first_line
 from frt.resolver.hub import HubClient, is_transient, rate_limited
 
 try:  # huggingface_hub 2.x speaks httpx2, 1.x httpx
@@ -81,9 +81,9 @@ class Transport:
                     attempt -= 1
                     continue
                 if not is_transient(e):
-                    raise UpstreamUnavailable(f"{where}: upstream {self.hub.endpoint} refused: {_line(e)}") from None
+                    raise UpstreamUnavailable(f"{where}: upstream {self.hub.endpoint} refused: {first_line(e)}") from None
                 if attempt >= self.hub.retry.attempts:
-                    raise UpstreamUnavailable(f"{where}: gave up after {attempt} attempts: {_line(e)}") from None
+                    raise UpstreamUnavailable(f"{where}: gave up after {attempt} attempts: {first_line(e)}") from None
                 self.hub.retry.sleep(attempt)
 
     def _get(self, repo_id, path, commit, dest: Path, *, offset, limit, on_bytes, repo_type) -> None:
@@ -141,8 +141,3 @@ def _size(p: Path) -> int:
         return p.stat().st_size
     except FileNotFoundError:
         return 0
-
-
-def _line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0] if text else type(e).__name__

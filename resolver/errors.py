@@ -18,6 +18,17 @@ class FrtError(Exception):
     """Base of every error frt-mirror raises on purpose; its str() is one line for users."""
 
 
+def first_line(e: BaseException) -> str:
+    """One line for users from any error: its first line (a database error's driver message, not
+    SQLAlchemy's wrapper), plus the server's own message when huggingface_hub kept it on a later line
+    (after a generic "404 Client Error.")."""
+    orig = getattr(e, "orig", None) or e
+    text = str(orig).strip().splitlines()
+    line = text[0] if text else type(orig).__name__
+    server = (getattr(e, "server_message", None) or "").strip().replace("\n", " ")
+    return f"{line} {server}" if server and server not in line else line
+
+
 class BadInput(FrtError, ValueError):
     """The user gave something we cannot use: target syntax, repo id, manifest, option."""
 

@@ -27,7 +27,7 @@ from huggingface_hub.errors import (
 from huggingface_hub.hf_api import RepoFile
 from huggingface_hub.utils import build_hf_headers, hf_raise_for_status
 
-from .errors import BadInput, FrtError, UpstreamUnavailable
+from .errors import BadInput, FrtError, UpstreamUnavailable, first_line
 from .pacing import Pacer
 from .settings import env_number
 from .resolution import CommitInfo, FileEntry
@@ -174,9 +174,9 @@ class HubClient:
             try:
                 return fn()
             except RepositoryNotFoundError as e:
-                raise RepoNotFound(f"{repo_id}: repository not found at {self.endpoint} ({_first_line(e)})") from None
+                raise RepoNotFound(f"{repo_id}: repository not found at {self.endpoint} ({first_line(e)})") from None
             except RevisionNotFoundError as e:
-                raise RevisionNotFound(f"{repo_id}: {_first_line(e)}") from None
+                raise RevisionNotFound(f"{repo_id}: {first_line(e)}") from None
             except EntryNotFoundError:
                 raise _EntryMissing() from None
             except OfflineModeIsEnabled:
@@ -189,10 +189,10 @@ class HubClient:
                     attempt -= 1
                     continue
                 if not is_transient(e):
-                    raise UpstreamUnavailable(f"upstream {self.endpoint} refused: {_first_line(e)}") from None
+                    raise UpstreamUnavailable(f"upstream {self.endpoint} refused: {first_line(e)}") from None
                 if attempt >= self.retry.attempts:
                     raise UpstreamUnavailable(
-                        f"upstream {self.endpoint} unreachable after {attempt} attempts: {_first_line(e)}"
+                        f"upstream {self.endpoint} unreachable after {attempt} attempts: {first_line(e)}"
                     ) from None
                 self.retry.sleep(attempt)
 
@@ -210,12 +210,3 @@ def is_transient(e: BaseException) -> bool:
 
 class _EntryMissing(FrtError):
     pass
-
-
-def _first_line(e: BaseException) -> str:
-    """One line for users: the error's first line, plus the server's own message when it sent one
-    (huggingface_hub puts that on a later line, after a generic "404 Client Error.")."""
-    text = str(e).strip().splitlines()
-    line = text[0] if text else type(e).__name__
-    server = (getattr(e, "server_message", None) or "").strip().replace("\n", " ")
-    return f"{line} {server}" if server and server not in line else line

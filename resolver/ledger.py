@@ -21,7 +21,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import DatabaseError
 from sqlalchemy.orm import Session, sessionmaker
 
-from .errors import BadInput, LedgerCorrupt, LedgerUnavailable
+from .errors import BadInput, LedgerCorrupt, LedgerUnavailable, first_line
 from .resolution import CommitInfo, FileEntry, Refusal, VariantInfo
 from .schema import Commit, File, Publisher, Ref, RefusalRow, Repo, Variant, migrate, utcnow
 from .variants import parse_fields
@@ -68,7 +68,7 @@ class Ledger:
             self.engine.dispose()
             if isinstance(e, LedgerCorrupt):
                 raise
-            raise LedgerCorrupt(f"ledger {self.path} cannot be opened: {_short(e)}") from None
+            raise LedgerCorrupt(f"ledger {self.path} cannot be opened: {first_line(e)}") from None
 
     def close(self) -> None:
         self.engine.dispose()
@@ -112,7 +112,7 @@ class Ledger:
                                         f"{BUSY_TIMEOUT_MS // 1000} s busy timeout: try again later") from None
             if isinstance(orig, (sqlite3.IntegrityError, sqlite3.OperationalError)):
                 raise  # a constraint is a bug, not a corrupt file
-            raise LedgerCorrupt(f"ledger {self.path} {failure}: {_short(e)}") from None
+            raise LedgerCorrupt(f"ledger {self.path} {failure}: {first_line(e)}") from None
 
     # -- writes -------------------------------------------------------------------------
 
@@ -393,8 +393,3 @@ def _configure_connection(dbapi_conn, _record) -> None:
     cur.execute("PRAGMA synchronous = NORMAL")
     cur.execute("PRAGMA foreign_keys = ON")
     cur.close()
-
-
-def _short(e: BaseException) -> str:
-    orig = getattr(e, "orig", None) or e
-    return str(orig).splitlines()[0]
