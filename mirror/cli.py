@@ -28,7 +28,7 @@ from frt.resolver import (
 from frt.resolver.errors import BadInput
 from frt.resolver.repo_ids import check_repo_id
 
-from .home import default_home, ledger_path
+from .home import check_writable, default_home, ledger_path
 from .render import human_bytes, table
 
 
@@ -122,6 +122,7 @@ def scan_cmd(app: App, repos, endpoint, jobs, as_json):
     """Record refs, commit history and per-commit build variants of REPOS in the ledger."""
     for repo in repos:
         check_repo_id(repo)
+    check_writable(app.home, "scan records what upstream has in the ledger")
     hub = app.hub(endpoint)
     reports = [scan(repo, hub=hub, ledger=app.ledger, jobs=jobs,
                     progress=None if as_json else lambda m: click.echo(m, err=True)) for repo in repos]
@@ -145,6 +146,9 @@ def resolve_cmd(app: App, repo, version, revision, target, offline, endpoint, as
     """Resolve REPO for a target: the commit, the variant and its files. FRT_KERNEL_REV_<ID> pins it."""
     if version is not None and revision is not None:
         raise BadInput("give --version or --revision, not both")
+    if not offline:
+        check_writable(app.home, "resolve without --offline records what upstream has in the ledger "
+                                 "(resolve --offline reads the ledger alone)")
     try:
         res = resolve(repo, target=target, ledger=app.ledger, version=version, revision=revision,
                       hub=None if offline else app.hub(endpoint), offline=offline)
@@ -212,6 +216,7 @@ def stage_cmd(app: App, manifest, targets, jobs, endpoint, as_json):
     from .manifest_input import load_plan
     from .stage import stage
 
+    check_writable(app.home, "stage writes the ledger, the store and the views")
     plan = load_plan(manifest, targets)
     report = stage(plan.requests, plan.targets, home=app.home, ledger=app.ledger, hub=app.hub(endpoint),
                    jobs=jobs, publishers=plan.publishers, progress=not as_json)
@@ -249,6 +254,10 @@ def verify_cmd(app: App, as_json):
                    f"{'ok' if report.ok else f'{len(report.problems)} problem(s)'}")
         for p in report.problems:
             click.echo(f"  {p}")
+        if report.readonly:
+            stray = (f" ({report.unadopted} verified blob(s) the ledger does not record stay so)"
+                     if report.unadopted else "")
+            click.echo(f"note: the home is read-only here: verify reported only and adopted nothing{stray}")
     sys.exit(0 if report.ok else 1)
 
 
@@ -360,6 +369,7 @@ def import_cmd(app: App, src, as_json):
     """Verify every file of IN.tar, then add it to the store, ledger and views; nothing if any check fails."""
     from .bundle import import_bundle
 
+    check_writable(app.home, "import writes the ledger, the store and the views")
     report = import_bundle(src, app.home, app.ledger)
     if as_json:
         _emit_json(report.to_json())
@@ -401,6 +411,7 @@ def pin_cmd(app: App, repo, revision, target, fmt, endpoint):
     from .pin import pin_env
     from .env import render_sh
 
+    check_writable(app.home, "pin records what upstream has and stages the commit it pins")
     try:
         pinned = pin_env(repo, revision, target, home=app.home.absolute(), ledger=app.ledger, hub=app.hub(endpoint))
     except KernelUnavailable as e:
@@ -430,6 +441,10 @@ def bisect_cmd(app: App, repo, good, bad, target, timeout, refresh, offline, end
     CMD runs with FRT_KERNEL_REV_<ID> and LOCAL_KERNELS pointing at it. CMD exit: 0 good, 125 skip,
     other bad (as git bisect run); a timeout is a skip."""
     from .bisect import bisect
+
+    if not offline:
+        check_writable(app.home, "bisect stages the commits it probes "
+                                 "(bisect --offline uses only what is staged)")
 
     def show(step):
         if not as_json:
@@ -498,6 +513,7 @@ def token_add(app: App, name):
     """Create a token and print it (the only time it is shown; the ledger keeps its hash)."""
     from .tokens import add_token
 
+    check_writable(app.home, "token add writes the ledger")
     click.echo(add_token(app.ledger, name))
 
 
@@ -520,6 +536,7 @@ def token_list(app: App, as_json):
 def token_revoke(app: App, name):
     from .tokens import revoke_token
 
+    check_writable(app.home, "token revoke writes the ledger")
     revoke_token(app.ledger, name)
     click.echo(f"revoked {name} (a running serve stops accepting it within 2 s)")
 
