@@ -6,6 +6,8 @@ import os
 import sys
 from pathlib import Path
 
+from frt.resolver.errors import HomeReadOnly
+
 
 def default_home() -> Path:
     if env := os.environ.get("FRT_MIRROR_HOME"):
@@ -19,3 +21,14 @@ def default_home() -> Path:
 
 def ledger_path(home: Path) -> Path:
     return home / "ledger.sqlite"
+
+
+def check_writable(home: Path, what: str) -> None:
+    """A command that writes the home, refused in one line where the home is read-only (a cluster's
+    shared mount) rather than failing on its first write. access() says EROFS on a read-only mount
+    even to root. A home that does not exist yet is left to be created (or to fail saying why)."""
+    ledger = ledger_path(home)
+    writable = os.access(home, os.W_OK) and (not ledger.exists() or os.access(ledger, os.W_OK))
+    if home.is_dir() and not writable:
+        raise HomeReadOnly(f"home {home} is read-only here, and {what}: run it where the home is mounted "
+                           "read-write")

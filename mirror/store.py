@@ -8,6 +8,7 @@ the old state or the new blob, never a half-written file under a final name.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import time
@@ -45,7 +46,13 @@ class BlobStore:
         self.tmp = home / "tmp"
         self.locks = home / "locks"
         for d in (self.root, self.tmp, self.locks):
-            d.mkdir(parents=True, exist_ok=True)
+            try:
+                d.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                # A read-only home (a cluster's mount) is only read: a missing folder just holds
+                # nothing. A writer still fails, at its first write, saying where.
+                if e.errno not in (errno.EROFS, errno.EACCES):
+                    raise
 
     def path(self, sha256: str) -> Path:
         return self.root / sha256[:2] / sha256

@@ -21,6 +21,8 @@ class VerifyReport:
     view_files: int = 0
     problems: list[str] = field(default_factory=list)
     adopted: int = 0  # verified blobs an interrupted stage stored but did not record
+    readonly: bool = False  # a read-only home: reported, never adopted (adopting is a ledger write)
+    unadopted: int = 0  # such blobs left unrecorded because the home is read-only
     no_digest: int = 0  # staged variants whose metadata.json carries no publisher digest
 
     @property
@@ -58,8 +60,12 @@ def verify(home: Path, ledger: Ledger) -> VerifyReport:
             adopt.append(got)
         else:
             report.problems.append(f"corrupt blob {sha} (unrecorded): content hashes to {got.sha256}")
-    record_blobs(ledger, adopt)
-    report.adopted = len(adopt)
+    report.readonly = ledger.readonly
+    if ledger.readonly:
+        report.unadopted = len(adopt)
+    else:
+        record_blobs(ledger, adopt)
+        report.adopted = len(adopt)
     _check_views(ledger, store, views, report)
     if not any("view " in p for p in report.problems):
         _check_publisher_digests(ledger, views, report)

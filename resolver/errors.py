@@ -41,6 +41,10 @@ class LedgerCorrupt(FrtError):
     """The SQLite ledger under the home cannot be opened or read."""
 
 
+class HomeReadOnly(FrtError):
+    """The home (or its ledger) is read-only here, a cluster's shared mount, and this needs to write it."""
+
+
 class KernelUnavailable(FrtError, ValueError):
     """A kernel cannot be resolved for a target. `refusal` says why, and what would work."""
 

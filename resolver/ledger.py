@@ -2,7 +2,8 @@
 
 WAL mode and a busy timeout let several processes (two stagers, a server) share one
 home; every write is one short transaction. Reads go through `LedgerView`, bound to
-one session, which is the availability provider the resolver core consumes.
+one session, which is the availability provider the resolver core consumes. A ledger
+this process cannot write (a read-only home) is opened read-only: see ledger_open.py.
 """
 
 from __future__ import annotations
@@ -11,22 +12,21 @@ import json
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from sqlalchemy import Connection, bindparam, create_engine, delete, event, func, select, update
+from sqlalchemy import Connection, bindparam, delete, func, select, update
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import DatabaseError
 from sqlalchemy.orm import Session, sessionmaker
 
-from .errors import BadInput, LedgerCorrupt, LedgerUnavailable, first_line
+from .errors import FrtError, HomeReadOnly, LedgerCorrupt, LedgerUnavailable, first_line
+from .ledger_open import (BUSY_TIMEOUT_MS, WRITING, cannot_write, check_read_only_schema, read_only_engine,
+                          read_write_engine)
 from .resolution import CommitInfo, FileEntry, Refusal, VariantInfo
 from .schema import Commit, File, Publisher, Ref, RefusalRow, Repo, Variant, migrate, utcnow
 from .variants import parse_fields
-
-BUSY_TIMEOUT_MS = 30_000
 
 
 @dataclass(frozen=True)
@@ -51,49 +51,61 @@ class PublisherInfo:
 
 
 class Ledger:
-    def __init__(self, path: Path | str):
+    """`readonly`: open it read-only (no migration, no journal-mode change, no write); None: read-only
+    exactly when this process cannot write it (a read-only home)."""
+
+    def __init__(self, path: Path | str, readonly: bool | None = None):
         self.path = Path(path)
+        self.readonly = cannot_write(self.path) if readonly is None else readonly
+        self.engine = None
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as e:  # a file where the home should be, a parent without write permission
-            raise BadInput(f"home {self.path.parent} cannot be created or used: {e.strerror}") from None
-        self.engine = create_engine(f"sqlite:///{self.path}", connect_args={"timeout": BUSY_TIMEOUT_MS / 1000})
-        event.listen(self.engine, "connect", _configure_connection)
-        event.listen(self.engine, "begin", _begin)
-        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
-        try:
-            with self.write(failure="cannot be opened") as conn:
-                migrate(conn)
-        except (LedgerCorrupt, DatabaseError, sqlite3.DatabaseError) as e:
-            self.engine.dispose()
-            if isinstance(e, LedgerCorrupt):
+            self.engine = read_only_engine(self.path) if self.readonly else read_write_engine(self.path)
+            self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+            if self.readonly:
+                with self.engine.connect() as conn:
+                    check_read_only_schema(conn, self.path)
+            else:
+                with self.write(failure="cannot be opened") as conn:
+                    migrate(conn)
+        except (FrtError, DatabaseError, sqlite3.DatabaseError) as e:
+            if self.engine is not None:
+                self.engine.dispose()
+            if isinstance(e, FrtError):
                 raise
             raise LedgerCorrupt(f"ledger {self.path} cannot be opened: {first_line(e)}") from None
 
     def close(self) -> None:
         self.engine.dispose()
 
+    def _check_writable(self) -> None:
+        if self.readonly:
+            raise HomeReadOnly(f"ledger {self.path} is open read-only (its home is read-only here) and this "
+                               "writes to it: run it where the home is writable")
+
     @contextmanager
     def write(self, failure: str = "is unreadable") -> Iterator[Connection]:
         """One write transaction, begun IMMEDIATE: it takes the write lock up front (waiting up to
         the busy timeout), so two processes never both read, then collide on upgrading to write."""
-        token = _WRITING.set(True)
+        self._check_writable()
+        token = WRITING.set(True)
         try:
             with self._unreadable_as_corrupt(failure), self.engine.begin() as conn:
                 yield conn
         finally:
-            _WRITING.reset(token)
+            WRITING.reset(token)
 
     @contextmanager
     def session(self, write: bool = True) -> Iterator[Session]:
         """An ORM session in one transaction: IMMEDIATE (as `write`) unless `write=False`, for reads
         that must not queue behind, or hold up, a stager's writes."""
-        token = _WRITING.set(write)
+        if write:
+            self._check_writable()
+        token = WRITING.set(write)
         try:
             with self._unreadable_as_corrupt(), self._sessions() as s, s.begin():
                 yield s
         finally:
-            _WRITING.reset(token)
+            WRITING.reset(token)
 
     @contextmanager
     def view(self) -> Iterator[LedgerView]:
@@ -165,6 +177,8 @@ class Ledger:
 
     def record_refusal(self, refusal: Refusal) -> None:
         """One upsert on the refusal's full key: a repeat counts, a different failure is a new row."""
+        if self.readonly:  # a read-only home keeps no record; the caller still gets the refusal itself
+            return
         r, now = refusal, utcnow()
         with self.write() as conn:
             conn.execute(_UPSERT_REFUSAL, {
@@ -374,22 +388,3 @@ def _repo(s: Session, repo_id: str, *, repo_type: str = "kernel", endpoint: str 
     elif endpoint is not None:
         s.execute(update(Repo).where(Repo.id == repo.id).values(endpoint=endpoint, repo_type=repo_type))
     return repo
-
-
-# Whether the transaction being begun on this thread will write (see Ledger.write).
-_WRITING: ContextVar[bool] = ContextVar("frt_ledger_writing", default=False)
-
-
-def _begin(conn: Connection) -> None:
-    conn.exec_driver_sql("BEGIN IMMEDIATE" if _WRITING.get() else "BEGIN")
-
-
-def _configure_connection(dbapi_conn, _record) -> None:
-    # The driver must not open transactions on its own: `_begin` does, IMMEDIATE for writers.
-    dbapi_conn.isolation_level = None
-    cur = dbapi_conn.cursor()
-    cur.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-    cur.execute("PRAGMA journal_mode = WAL")
-    cur.execute("PRAGMA synchronous = NORMAL")
-    cur.execute("PRAGMA foreign_keys = ON")
-    cur.close()

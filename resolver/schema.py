@@ -204,14 +204,21 @@ def _v4_publishers(conn: Connection) -> None:
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {2: _v2_store, 3: _v3_tokens, 4: _v4_publishers}
 
 
-def migrate(conn: Connection) -> None:
-    """Create a fresh ledger, or bring an older one up to `SCHEMA_VERSION`."""
+def schema_version(conn: Connection) -> int | None:
+    """The ledger's schema version; None for a database with no schema_migrations table (a fresh one)."""
     tables = set(conn.execute(text("SELECT name FROM sqlite_master WHERE type='table'")).scalars())
     if SchemaVersion.__tablename__ not in tables:
+        return None
+    return conn.execute(text("SELECT max(version) FROM schema_migrations")).scalar() or 0
+
+
+def migrate(conn: Connection) -> None:
+    """Create a fresh ledger, or bring an older one up to `SCHEMA_VERSION`."""
+    current = schema_version(conn)
+    if current is None:
         Base.metadata.create_all(conn)
         conn.execute(SchemaVersion.__table__.insert().values(version=SCHEMA_VERSION, applied_at=utcnow()))
         return
-    current = conn.execute(text("SELECT max(version) FROM schema_migrations")).scalar() or 0
     from .errors import LedgerCorrupt
 
     if current < 1:

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from frt.manifests import DEFAULT_BAND, SeatCatalog
-from frt.mirror.home import default_home, ledger_path
+from frt.mirror.home import default_home
 from frt.resolver import Ledger
 from frt.resolver.errors import BadInput
 
@@ -31,7 +31,7 @@ from .handle import Handle, SeatRecord, restore
 from .parity import Parity, check_parity, probe_calls
 from .seat import Seat
 from .sites import Site, find_sites
-from .source import KernelSource, LoadedKernel
+from .source import KernelSource, LoadedKernel, open_ledger
 
 log = logging.getLogger("frt.seats")
 
@@ -61,8 +61,8 @@ def attach(model: torch.nn.Module, catalog: SeatCatalog, *, strict: bool = False
     environ = os.environ if environ is None else environ
     band = _default_band(environ)
     home = Path(home) if home is not None else ledger.path.parent if ledger is not None else default_home()
-    own = ledger is None and ledger_path(home).exists()  # never create a ledger where nothing was staged
-    led = Ledger(ledger_path(home)) if own else ledger
+    led = open_ledger(home) if ledger is None else ledger
+    own = ledger is None and led is not None
     try:
         sites, nested, unmatched = find_sites(model, catalog)
         source = KernelSource(home, led, environ)

@@ -16,6 +16,7 @@ from pathlib import Path
 from types import ModuleType
 
 from frt.manifests import KernelRef
+from frt.mirror.home import ledger_path
 from frt.mirror.records import blob_for
 from frt.mirror.store import BlobStore
 from frt.mirror.views import Views
@@ -39,6 +40,13 @@ class LoadedKernel:
     @property
     def backend_type(self) -> str | None:
         return (self.metadata.get("backend") or {}).get("type")
+
+
+def open_ledger(home: Path) -> Ledger | None:
+    """The home's ledger, opened read-only: seats only read it, and an engine worker's home is often a
+    read-only shared mount. None where nothing was ever staged: a reader never creates a ledger."""
+    path = ledger_path(home)
+    return Ledger(path, readonly=True) if path.exists() else None
 
 
 class KernelSource:

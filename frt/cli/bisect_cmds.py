@@ -6,6 +6,7 @@ import sys
 
 import click
 
+from frt.mirror.home import check_writable
 from frt.resolver import KernelUnavailable, exit_code
 from frt.resolver.repo_ids import check_repo_id
 
@@ -25,6 +26,7 @@ def pin_cmd(app: App, repo, revision, target, fmt, endpoint):
     from frt.mirror.env import render_sh
     from frt.mirror.pin import pin_env
 
+    check_writable(app.home, "pin records what upstream has and stages the commit it pins")
     try:
         pinned = pin_env(repo, revision, target, home=app.home.absolute(), ledger=app.ledger, hub=app.hub(endpoint))
     except KernelUnavailable as e:
@@ -54,6 +56,9 @@ def bisect_cmd(app: App, repo, good, bad, target, timeout, refresh, offline, end
     CMD runs with FRT_KERNEL_REV_<ID> and LOCAL_KERNELS pointing at it. CMD exit: 0 good, 125 skip,
     other bad (as git bisect run); a timeout is a skip."""
     from frt.mirror.bisect import bisect
+
+    if not offline:
+        check_writable(app.home, "bisect stages the commits it probes (bisect --offline uses only what is staged)")
 
     def show(step):
         if not as_json:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from frt.mirror.home import check_writable
 from frt.mirror.render import table
 from frt.resolver.errors import BadInput
 
@@ -55,6 +56,7 @@ def token_add(app: App, name):
     """Create a token and print it (the only time it is shown; the ledger keeps its hash)."""
     from frt.mirror.tokens import add_token
 
+    check_writable(app.home, "token add writes the ledger")
     click.echo(add_token(app.ledger, name))
 
 
@@ -77,5 +79,6 @@ def token_list(app: App, as_json):
 def token_revoke(app: App, name):
     from frt.mirror.tokens import revoke_token
 
+    check_writable(app.home, "token revoke writes the ledger")
     revoke_token(app.ledger, name)
     click.echo(f"revoked {name} (a running serve stops accepting it within 2 s)")

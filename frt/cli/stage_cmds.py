@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from frt.mirror.home import check_writable
 from frt.mirror.render import human_bytes, table
 
 from .app import App, cli, emit_json, endpoint_option, json_option, parse_targets
@@ -29,6 +30,7 @@ def stage_cmd(app: App, manifest, targets, jobs, endpoint, as_json):
     from frt.mirror.manifest_input import load_plan
     from frt.mirror.stage import stage
 
+    check_writable(app.home, "stage writes the ledger, the store and the views")
     plan = load_plan(manifest, targets)
     report = stage(plan.requests, plan.targets, home=app.home, ledger=app.ledger, hub=app.hub(endpoint),
                    jobs=jobs, publishers=plan.publishers, progress=not as_json)
@@ -66,6 +68,10 @@ def verify_cmd(app: App, as_json):
                    f"{'ok' if report.ok else f'{len(report.problems)} problem(s)'}")
         for p in report.problems:
             click.echo(f"  {p}")
+        if report.readonly:
+            stray = (f" ({report.unadopted} verified blob(s) the ledger does not record stay so)"
+                     if report.unadopted else "")
+            click.echo(f"note: the home is read-only here: verify reported only and adopted nothing{stray}")
     sys.exit(0 if report.ok else 1)
 
 
@@ -111,6 +117,7 @@ def import_cmd(app: App, src, as_json):
     """Verify every file of IN.tar, then add it to the store, ledger and views; nothing if any check fails."""
     from frt.mirror.bundle import import_bundle
 
+    check_writable(app.home, "import writes the ledger, the store and the views")
     report = import_bundle(src, app.home, app.ledger)
     if as_json:
         emit_json(report.to_json())

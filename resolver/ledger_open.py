@@ -1,0 +1,130 @@
+"""How the ledger's SQLite file is opened: read-write (WAL, migrated on open), or read-only, for a home
+on a read-only mount (a cluster's shared filesystem) and for readers that must never write (seats).
+
+What SQLite needs to read a WAL-mode database it cannot write (checked on a read-only bind mount,
+SQLite 3.40):
+
+- ``mode=ro`` reads the write-ahead log through its ``-shm`` index, so it opens only where the ``-shm``
+  exists (a writer has the ledger open, or died and left it) or can be created. On a read-only mount a
+  cleanly closed ledger has neither ``-wal`` nor ``-shm``, and ``mode=ro`` fails: SQLITE_CANTOPEN.
+- ``immutable=1`` reads the main file alone, with no locks and no ``-shm``: it opens on any mount, but
+  it ignores a ``-wal``, so it is right only where there is no log to read (a clean close folds the
+  log into the main file and deletes it). It also assumes nobody writes meanwhile: a home read this
+  way is read as it was when opened.
+- A ``-wal`` with frames and no ``-shm`` on a read-only mount can be read neither way without losing
+  what the log holds; it must be opened once read-write (which checkpoints it).
+
+So a read-only ledger tries ``mode=ro``, falls back to ``immutable=1`` when there is no log to lose,
+and otherwise says what to do in one line. It never migrates and never sets the journal mode (both
+are writes); a schema this code does not read as it is is refused.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from contextvars import ContextVar
+from pathlib import Path
+from urllib.parse import quote
+
+from sqlalchemy import URL, Connection, Engine, create_engine, event
+
+from .errors import BadInput, HomeReadOnly, LedgerCorrupt
+from .schema import SCHEMA_VERSION, schema_version
+
+BUSY_TIMEOUT_MS = 30_000
+
+# Whether the transaction being begun on this thread will write (see Ledger.write).
+WRITING: ContextVar[bool] = ContextVar("frt_ledger_writing", default=False)
+
+
+def cannot_write(path: Path) -> bool:
+    """Whether this process cannot write the ledger at `path`: the file or its directory (where SQLite
+    puts -wal and -shm) is not writable. access() says EROFS on a read-only mount even to root, whose
+    permission bits prove nothing."""
+    if path.exists():
+        return not (os.access(path, os.W_OK) and os.access(path.parent, os.W_OK))
+    return path.parent.is_dir() and not os.access(path.parent, os.W_OK)
+
+
+def read_write_engine(path: Path) -> Engine:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # a file where the home should be, a parent without write permission
+        raise BadInput(f"home {path.parent} cannot be created or used: {e.strerror}") from None
+    engine = create_engine(f"sqlite:///{path}", connect_args={"timeout": BUSY_TIMEOUT_MS / 1000})
+    event.listen(engine, "connect", _configure_read_write)
+    event.listen(engine, "begin", _begin)
+    return engine
+
+
+def read_only_engine(path: Path) -> Engine:
+    if not path.is_file():
+        raise BadInput(f"no ledger at {path}: nothing was staged or scanned in this home")
+    uri = _uri(path)
+    url = URL.create("sqlite", database=f"file:{uri}",
+                     query={**_read_only_params(path, uri), "uri": "true"})
+    engine = create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000})
+    event.listen(engine, "connect", _configure_read_only)
+    event.listen(engine, "begin", lambda conn: conn.exec_driver_sql("BEGIN"))
+    return engine
+
+
+def check_read_only_schema(conn: Connection, path: Path) -> None:
+    """A read-only ledger is read as it is: a migration is a write, so the schema must be this code's."""
+    current = schema_version(conn)
+    if current is not None and current > SCHEMA_VERSION:
+        raise LedgerCorrupt(f"ledger {path} schema v{current} is newer than this frt-mirror understands "
+                            f"(v{SCHEMA_VERSION}): upgrade frt-mirror")
+    if current != SCHEMA_VERSION:
+        raise HomeReadOnly(f"ledger {path} schema v{current or 0} needs migrating to v{SCHEMA_VERSION}; "
+                           "open it once read-write (any frt-mirror command where the home is writable) "
+                           "to migrate it")
+
+
+def _uri(path: Path) -> str:
+    # An SQLite URI filename: '?', '#' and '%' in the path would otherwise end it or be decoded.
+    return quote(str(path.absolute()))
+
+
+def _read_only_params(path: Path, uri: str) -> dict[str, str]:
+    try:
+        probe = sqlite3.connect(f"file:{uri}?mode=ro", uri=True)
+        try:
+            probe.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        finally:
+            probe.close()
+        return {"mode": "ro"}
+    except sqlite3.OperationalError as e:
+        if getattr(e, "sqlite_errorname", "") != "SQLITE_CANTOPEN":
+            raise
+    wal = path.with_name(f"{path.name}-wal")
+    if not wal.exists() or wal.stat().st_size == 0:
+        return {"immutable": "1"}  # no log to lose: the main file is the whole ledger
+    raise HomeReadOnly(f"ledger {path} has a write-ahead log ({wal.name}) but no {path.name}-shm, and its "
+                       "directory is read-only, so SQLite cannot read it here; open it once read-write (any "
+                       "frt-mirror command where the home is writable) to fold the log into the ledger")
+
+
+def _begin(conn: Connection) -> None:
+    conn.exec_driver_sql("BEGIN IMMEDIATE" if WRITING.get() else "BEGIN")
+
+
+def _configure_read_write(dbapi_conn, _record) -> None:
+    # The driver must not open transactions on its own: `_begin` does, IMMEDIATE for writers.
+    dbapi_conn.isolation_level = None
+    cur = dbapi_conn.cursor()
+    cur.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+    cur.execute("PRAGMA journal_mode = WAL")
+    cur.execute("PRAGMA synchronous = NORMAL")
+    cur.execute("PRAGMA foreign_keys = ON")
+    cur.close()
+
+
+def _configure_read_only(dbapi_conn, _record) -> None:
+    # No journal_mode here: changing it is a write (and an immutable open reports "delete" anyway).
+    dbapi_conn.isolation_level = None
+    cur = dbapi_conn.cursor()
+    cur.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+    cur.close()
+
