@@ -26,7 +26,7 @@ from frt.resolver import (
     scan,
 )
 from frt.resolver.errors import BadInput
-from frt.resolver.repo_ids import check_repo_id
+from frt.resolver.gate import check_repo_id
 
 from .home import default_home, ledger_path
 from .render import human_bytes, table
