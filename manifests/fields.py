@@ -17,10 +17,12 @@ _TARGET_HINT = ('a target is target = "torch2.11-cu130-x86_64-linux", '
                 'or torch, backend, cpu and os (+ optional name)')
 
 # Hub repo id rules (huggingface_hub.utils.validate_repo_id): each part is word characters, '-'
-# and '.', starting and ending with a word character, no "--" or "..", the name ≤ 96 characters.
+# and '.', starting and ending with a word character, no "--" or "..", at most 96 characters.
 # The mirror later builds paths from repo ids, so this also keeps "org/.." and the like out.
-_PART = r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?"
-_REPO_RE = re.compile(rf"({_PART})/({_PART})")
+# The one statement of the rule: frt.resolver.gate (where upstream, bundle and CLI ids enter) calls
+# these, and they live here because frt.manifests imports nothing of ours.
+_PART = r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])?"
+_REPO_RE = re.compile(rf"{_PART}/{_PART}")
 _ORG_RE = re.compile(_PART)
 # backend/cpu/os are joined with '-' into the target string, so they must not contain one.
 _WORD_RE = re.compile(r"[A-Za-z0-9_.]+")
@@ -28,9 +30,16 @@ _WORD_RE = re.compile(r"[A-Za-z0-9_.]+")
 
 def repo_id_problem(repo: object) -> str | None:
     """Why ``repo`` is not a Hub repo id ``org/name``; None when it is one."""
-    m = _REPO_RE.fullmatch(repo) if isinstance(repo, str) else None
-    if not m or "--" in repo or ".." in repo or len(m[2]) > 96:
+    if not (isinstance(repo, str) and _REPO_RE.fullmatch(repo)) or "--" in repo or ".." in repo:
         return f"{repo!r} is not a repo id: expected org/name (letters, digits, '-', '_', '.')"
+    return None
+
+
+def org_problem(org: object) -> str | None:
+    """Why ``org`` is not a Hub org (a repo id's first part); None when it is one."""
+    if not (isinstance(org, str) and _ORG_RE.fullmatch(org)) or "--" in org or ".." in org:
+        hint = " (a publisher is an org, not a repo id)" if isinstance(org, str) and "/" in org else ""
+        return f"{org!r} is not an org name{hint}"
     return None
 
 
@@ -136,7 +145,6 @@ def parse_trust(src: Source, table: object, path: tuple) -> Trust:
         raise src.error(path + ("publishers",),
                         f'must be a list of org names like ["kernels-community"], got {pubs!r}')
     for org in pubs:
-        if not isinstance(org, str) or not _ORG_RE.fullmatch(org):
-            hint = " (a publisher is an org, not a repo id)" if isinstance(org, str) and "/" in org else ""
-            raise src.error(path + ("publishers",), f"{org!r} is not an org name{hint}")
+        if problem := org_problem(org):
+            raise src.error(path + ("publishers",), problem)
     return Trust(publishers=tuple(dict.fromkeys(pubs)), declared=True)

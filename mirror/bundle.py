@@ -27,7 +27,8 @@ from frt.atomic import fsync_dir
 from frt.resolver import FileEntry, Ledger, Request, Resolution, parse_target
 from frt.resolver.errors import BadInput, VerificationFailed
 from frt.resolver.ledger import PublisherInfo
-from frt.resolver.repo_ids import check_repo_id
+from frt.resolver.gate import (check_commit, check_git_oid, check_org, check_path, check_ref, check_repo_id,
+                               check_sha256, check_variant)
 from frt.resolver.resolution import VariantInfo
 from frt.resolver.schema import Commit, Ref, Repo, Variant, utcnow
 from sqlalchemy import select
@@ -43,9 +44,6 @@ FORMAT = 1
 MANIFEST = "frt-bundle.json"
 MAX_MANIFEST = 256 << 20  # read into memory: refuse a hostile giant before reading it
 _BLOB = re.compile(r"blobs/([0-9a-f]{64})")
-_HEX40, _HEX64 = re.compile(r"[0-9a-f]{40}"), re.compile(r"[0-9a-f]{64}")
-_ORG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
-_VARIANT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _REGULAR = (tarfile.REGTYPE, tarfile.AREGTYPE)  # never links, devices or dirs
 
 
@@ -226,7 +224,9 @@ def _read_and_verify(src: Path, store: BlobStore, parts: dict[str, Path | None])
             raise BundleRejected(f"the first member must be a regular file named {MANIFEST}")
         try:
             listed, repos, staged, publishers = _check_manifest(json.loads(tf.extractfile(first).read()))
-        except (ValueError, KeyError, TypeError, AttributeError, RecursionError, BadInput) as e:
+        except BadInput as e:  # the gate's line names the value and where it sits
+            raise BundleRejected(f"malformed {MANIFEST}: {e}") from None
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
             raise BundleRejected(f"malformed {MANIFEST}: {type(e).__name__}: {e}") from None
         for m in members:
             _verify_member(tf, m, listed, parts, store)
@@ -283,17 +283,21 @@ def _check_manifest(doc: dict):
     if doc["format"] != FORMAT:
         raise ValueError(f"bundle format {doc['format']!r}; this frt-mirror reads format {FORMAT}")
     json.dumps(doc, ensure_ascii=False).encode()  # a lone surrogate would fail later, inside SQLite
-    listed = {b["sha256"]: Digest(b["sha256"], b["git_oid"], _int(b["size"], 0)) for b in doc["blobs"]}
+    listed = {}
+    for b in doc["blobs"]:
+        sha = check_sha256(b["sha256"], where="blobs")
+        listed[sha] = Digest(sha, check_git_oid(b["git_oid"], where="blobs"), _int(b["size"], 0))
     _need(len(listed) == len(doc["blobs"]), "a blob is listed twice")
-    _need(all(_HEX64.fullmatch(d.sha256) and _HEX40.fullmatch(d.git_oid) for d in listed.values()),
-          "malformed blob hash")
     repos = [_parse_repo(r) for r in doc["repos"]]
     variants = {(r.repo, sha, v.name): v.files for r in repos for sha, vs in r.builds.items() for v in vs}
     by_oid = {d.git_oid: d for d in listed.values()}
     staged = []
     for s in doc["staged"]:
-        row = StagedRow(*(s[k] for k in ("repo", "requested", "version", "revision", "target", "commit",
-                                         "variant")))
+        # Its repo, commit and variant become view paths (its revision, a cache ref: see _request).
+        row = StagedRow(*(s[k] for k in StagedRow.__dataclass_fields__))
+        where = f"staged row of {check_repo_id(row.repo, where='staged')!r}"
+        check_commit(row.commit, where=where)
+        check_variant(row.variant, where=where)
         _need(_request(row).label == row.requested and str(parse_target(row.target)) == row.target,
               f"bad staged row {s}")
         files = variants.get((row.repo, row.commit, row.variant))
@@ -310,41 +314,43 @@ def _check_manifest(doc: dict):
 
 
 def _parse_publisher(p: dict) -> PublisherInfo:
-    _need(isinstance(p["org"], str) and _ORG.fullmatch(p["org"]) and type(p["trusted"]) is bool
-          and isinstance(p["endpoint"], (str, type(None))) and isinstance(p["seen_at"], str), f"bad publisher {p}")
-    return PublisherInfo(p["org"], p["trusted"], p["endpoint"], _when(p["seen_at"]))
+    _need(type(p["trusted"]) is bool and isinstance(p["endpoint"], (str, type(None)))
+          and isinstance(p["seen_at"], str), f"bad publisher {p}")
+    return PublisherInfo(check_org(p["org"], where="publishers"), p["trusted"], p["endpoint"],
+                         _when(p["seen_at"]))
 
 
 def _parse_repo(d: dict) -> _RepoRows:
-    check_repo_id(d["repo"])
+    where = f"repo {check_repo_id(d['repo'], where='repos')}"
     _need(d["repo_type"] in ("kernel", "model") and isinstance(d["endpoint"], (str, type(None))),
           f"{d['repo']}: bad repo type or endpoint")
     refs = {}
     for r in d["refs"]:
-        _need(r["kind"] in ("branch", "tag") and isinstance(r["name"], str) and _HEX40.fullmatch(r["commit"]),
-              f"bad ref {r}")
-        refs[(r["kind"], r["name"])] = r["commit"]
+        _need(r["kind"] in ("branch", "tag"), f"bad ref {r}")
+        name = check_ref(r["name"], where=where, what=f"{r['kind']} name")  # a file name in an exported cache
+        refs[(r["kind"], name)] = check_commit(r["commit"], where=where, what=f"{r['kind']} {name!r} target")
     commits, builds = [], {}
     for c in d["commits"]:
-        _need(_HEX40.fullmatch(c["sha"]) and (c["parent"] is None or _HEX40.fullmatch(c["parent"]))
-              and isinstance(c["title"], str), f"bad commit {c['sha']!r}")
-        commits.append({"sha": c["sha"], "parent_sha": c["parent"], "depth": _int(c["depth"], -1),
+        sha = check_commit(c["sha"], where=where)
+        parent = None if c["parent"] is None else check_commit(c["parent"], where=where, what="parent")
+        _need(isinstance(c["title"], str), f"bad commit {sha!r}")
+        commits.append({"sha": sha, "parent_sha": parent, "depth": _int(c["depth"], -1),
                         "title": c["title"], "date": _when(c["date"])})
         if c["variants"] is not None:
-            builds[c["sha"]] = [_parse_variant(v) for v in c["variants"]]
+            builds[c["sha"]] = [_parse_variant(v, f"{where}@{c['sha'][:12]}") for v in c["variants"]]
     return _RepoRows(d["repo"], d["repo_type"], d["endpoint"], _when(d["scanned_at"]), refs, commits, builds)
 
 
-def _parse_variant(v: dict) -> VariantInfo:
-    name = v["name"]
-    _need(_VARIANT.fullmatch(name) and ".." not in name, f"bad variant name {name!r}")
+def _parse_variant(v: dict, where: str) -> VariantInfo:
+    name = check_variant(v["name"], where=where)
     _need(isinstance(v["metadata"], (dict, type(None))) and isinstance(v["metadata_oid"], (str, type(None))),
           f"{name}: bad metadata")
     files = []
     for f in v["files"]:
-        _need(_safe_path(f["path"], name) and _HEX40.fullmatch(f["git_oid"])
-              and (f["sha256"] is None or _HEX64.fullmatch(f["sha256"])), f"bad file entry {f}")
-        files.append(FileEntry(f["path"], _int(f["size"], 0), f["git_oid"], f["sha256"]))
+        check_path(f["path"], where=where, under=f"build/{name}/")  # lands in views/…/build/<variant>/
+        sha256 = None if f["sha256"] is None else check_sha256(f["sha256"], where=where)
+        oid = check_git_oid(f["git_oid"], where=where)
+        files.append(FileEntry(f["path"], _int(f["size"], 0), oid, sha256))
     return VariantInfo(name, tuple(files), v["metadata_oid"], v["metadata"])
 
 
@@ -362,16 +368,10 @@ def _need(ok, message: str) -> None:
         raise ValueError(message)
 
 
-def _safe_path(path: str, variant: str) -> bool:
-    """Files land under views/…/build/<variant>/: nothing may climb out of it."""
-    return (path.startswith(f"build/{variant}/") and "\\" not in path and "\0" not in path
-            and all(p not in ("", ".", "..") for p in path.split("/")))
-
-
 def _request(row: StagedRow) -> Request:
     if row.version is not None:
         return Request(row.repo, version=_int(row.version, 0))
-    _need(isinstance(row.revision, str), f"bad revision {row.revision!r}")
+    check_ref(row.revision, where=f"staged row of {row.repo!r}", what="revision")  # refs/<it> in a Hub cache
     return Request(row.repo, revision=row.revision, pinned=row.requested.startswith("pin "))
 
 

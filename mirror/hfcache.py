@@ -16,6 +16,7 @@ from pathlib import Path
 
 from frt.resolver import Ledger, Target
 from frt.resolver.errors import BadInput
+from frt.resolver.gate import check_commit, check_git_oid, check_path, check_ref, check_repo_id, check_sha256
 
 from frt.atomic import atomic_write
 
@@ -37,14 +38,17 @@ def export_cache(out: Path, home: Path, ledger: Ledger, target: Target) -> list[
     if not rows:
         raise BadInput(f"nothing is staged for {target}: run 'frt-mirror stage --target {target}' first")
     views = Views(home, BlobStore(home))
+    plan = []
+    for row in rows:  # every name checked before the first write: a bad one leaves `out` untouched
+        with ledger.view() as v:
+            files, _ = v.variant(row.repo, row.commit, row.variant)
+        plan.append((row, _checked(row, files)))
     out.mkdir(parents=True, exist_ok=True)
     if not (out / "CACHEDIR.TAG").exists():
         (out / "CACHEDIR.TAG").write_text(CACHEDIR_TAG)
     written = []
-    for row in rows:
+    for row, (files, ref) in plan:
         repo_dir = out / cache_folder(row.repo)
-        with ledger.view() as v:
-            files, _ = v.variant(row.repo, row.commit, row.variant)
         for entry in files:
             src = views.root / views.repo_folder(row.repo) / row.commit / entry.path
             if not src.is_file():
@@ -53,11 +57,25 @@ def export_cache(out: Path, home: Path, ledger: Ledger, target: Target) -> list[
             # huggingface_hub names a blob by the ETag the Hub sends: sha256 for LFS files, git oid otherwise.
             _place(repo_dir, row.commit, entry.path, src, etag=entry.sha256 or entry.git_oid)
         (repo_dir / "trees" / f"{row.commit}.json").unlink(missing_ok=True)
-        ref = f"v{row.version}" if row.version is not None else row.revision
         if ref and ref != row.commit:
             atomic_write(repo_dir / "refs" / ref, row.commit)
             written.append((row.repo, ref, row.commit))
     return written
+
+
+def _checked(row, files) -> tuple[list, str | None]:
+    """The row's files and ref name, through the gate: each becomes a path under `out`
+    (blobs/<etag>, snapshots/<commit>/<path>, refs/<ref>), and the ledger is only a file on disk."""
+    where = f"ledger's staged row {check_repo_id(row.repo, where='ledger')}@{row.commit[:12]}"
+    check_commit(row.commit, where=where)
+    for entry in files:
+        check_path(entry.path, where=where, under=f"build/{row.variant}/")
+        if entry.sha256:  # the blob's name: the ETag, as below
+            check_sha256(entry.sha256, where=where)
+        else:
+            check_git_oid(entry.git_oid, where=where)
+    ref = f"v{row.version}" if row.version is not None else row.revision
+    return files, ref and check_ref(ref, where=where, what="revision")
 
 
 def _place(repo_dir: Path, commit: str, path: str, src: Path, *, etag: str) -> None:

@@ -7,7 +7,8 @@ from .errors import BadInput, FrtError, KernelUnavailable, LedgerCorrupt, Upstre
 from .hub import HubClient, RetryPolicy
 from .ledger import Ledger
 from .matrix import Matrix, build_matrix
-from .repo_ids import check_repo_id, pin_variable, pinned_revision
+from .gate import check_repo_id
+from .repo_ids import pin_variable, pinned_revision
 from .resolution import FileEntry, Refusal, Request, Resolution
 from .resolve import make_request, refresh_and_decide, resolve
 from .scan import ScanReport, scan

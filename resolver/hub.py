@@ -28,6 +28,7 @@ from huggingface_hub.hf_api import RepoFile
 from huggingface_hub.utils import build_hf_headers, hf_raise_for_status
 
 from .errors import BadInput, FrtError, UpstreamUnavailable, first_line
+from .gate import check_commit, check_git_oid, check_path, check_ref, check_sha256, check_variant
 from .pacing import Pacer
 from .settings import env_number
 from .resolution import CommitInfo, FileEntry
@@ -90,8 +91,14 @@ class HubClient:
 
     def refs(self, repo_id: str, repo_type: str = "kernel") -> dict[tuple[str, str], str]:
         r = self._call(lambda: self.api.list_repo_refs(repo_id, repo_type=repo_type), repo_id)
-        out = {("branch", b.name): b.target_commit for b in r.branches}
-        out.update({("tag", t.name): t.target_commit for t in r.tags})
+        where = f"upstream refs of {repo_id}"
+        out = {}
+        # A name becomes refs/<name> in an exported cache, a commit a folder of views and snapshots.
+        for kind, refs in (("branch", r.branches), ("tag", r.tags)):
+            for ref in refs:
+                name = check_ref(ref.name, where=where, what=f"{kind} name")
+                what = f"{kind} {name!r} target"
+                out[(kind, name)] = check_commit(ref.target_commit, where=where, what=what)
         return out
 
     def publisher_trusted(self, org: str) -> bool | None:
@@ -117,13 +124,15 @@ class HubClient:
 
     def revision_sha(self, repo_id: str, revision: str, repo_type: str = "kernel") -> str:
         info = self._call(lambda: self.api.repo_info(repo_id, revision=revision, repo_type=repo_type), repo_id)
-        return info.sha
+        return check_commit(info.sha, where=f"upstream info of {repo_id}@{revision}")
 
     def history(self, repo_id: str, revision: str, repo_type: str = "kernel") -> list[CommitInfo]:
         """First-parent history from `revision`, newest first, each with its parent filled in."""
         commits = self._call(
             lambda: self.api.list_repo_commits(repo_id, revision=revision, repo_type=repo_type), repo_id
         )
+        for c in commits:
+            check_commit(c.commit_id, where=f"upstream history of {repo_id}@{revision[:12]}")
         return [
             CommitInfo(c.commit_id, commits[i + 1].commit_id if i + 1 < len(commits) else None,
                        c.created_at.replace(tzinfo=None) if c.created_at else None, c.title or "")
@@ -141,14 +150,16 @@ class HubClient:
             entries = self._call(listing, repo_id)
         except _EntryMissing:
             return {}
+        where = f"upstream listing of {repo_id}@{sha[:12]}"
         variants: dict[str, list[FileEntry]] = {}
         for e in entries:
-            parts = e.path.split("/")
-            if len(parts) < 2 or parts[0] != "build":
-                continue
-            bucket = variants.setdefault(parts[1], [])
-            if isinstance(e, RepoFile) and len(parts) > 2:
-                bucket.append(FileEntry(e.path, e.size, e.blob_id, e.lfs.sha256 if e.lfs else None))
+            # Asked for build/ only: anything else, or anything climbing out, is a hostile answer.
+            parts = check_path(e.path, where=where, under="build/").split("/")
+            if isinstance(e, RepoFile) and len(parts) == 2:
+                continue  # a file beside the variant dirs (build/README) is no variant
+            bucket = variants.setdefault(check_variant(parts[1], where=where), [])
+            if isinstance(e, RepoFile):
+                bucket.append(_file_entry(e, where))
         return variants
 
     def fetch_small_file(self, repo_id: str, path: str, revision: str, repo_type: str = "kernel") -> bytes:
@@ -210,3 +221,9 @@ def is_transient(e: BaseException) -> bool:
 
 class _EntryMissing(FrtError):
     pass
+
+
+def _file_entry(e: RepoFile, where: str) -> FileEntry:
+    """A listed file, its hashes checked too: they name blobs in the store and in exported caches."""
+    sha256 = check_sha256(e.lfs.sha256, where=where) if e.lfs else None
+    return FileEntry(e.path, e.size, check_git_oid(e.blob_id, where=where), sha256)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import FrtError
+from .gate import check_repo_id
 
 DIGEST_EXEMPT = ("metadata.json", "metadata.json.sigstore")
 
@@ -101,10 +102,8 @@ def _dependency(dep) -> Dependency:
 
 def dependency_request(dep: Dependency, environ=None):
     """A `kernel-depends` entry as the request to resolve (a pin on the dependency still wins)."""
-    from .repo_ids import pinned_revision
-    from .resolution import Request
+    from .resolve import make_request
 
-    pin = pinned_revision(dep.repo, environ)
-    if pin:
-        return Request(dep.repo, revision=pin, pinned=True)
-    return Request(dep.repo, version=dep.version) if dep.version is not None else Request(dep.repo, revision=dep.revision)
+    # make_request, so a publisher's repo id and revision pass the gate as a user's do.
+    return make_request(check_repo_id(dep.repo, where="a kernel-depends entry"), version=dep.version,
+                        revision=dep.revision, environ=environ)

@@ -1,24 +1,10 @@
-"""Repo ids and the pin variable derived from them."""
+"""The pin variable derived from a repo id (the id itself is checked by `gate.check_repo_id`)."""
 
 from __future__ import annotations
 
 import os
 import re
 from collections.abc import Mapping
-
-from .errors import BadInput
-
-# The Hub's own rule: `org/name`, each part of letters, digits, '-', '_', '.', not
-# starting or ending with '-'/'.', no '--' or '..', at most 96 characters.
-_PART = r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?"
-_REPO_RE = re.compile(rf"{_PART}/{_PART}")
-
-
-def check_repo_id(repo_id: str) -> str:
-    """Return `repo_id` if it is a well-formed ``org/name``, else raise `BadInput`."""
-    if not _REPO_RE.fullmatch(repo_id) or "--" in repo_id or ".." in repo_id:
-        raise BadInput(f"malformed repo id {repo_id!r}: expected <org>/<name>, e.g. kernels-community/activation")
-    return repo_id
 
 
 def pin_variable(repo_id: str) -> str:

@@ -7,9 +7,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 from .core import resolve_request
 from .errors import BadInput, KernelUnavailable
+from .gate import check_ref, check_repo_id
 from .hub import HubClient, RepoNotFound, RevisionNotFound
 from .ledger import Ledger
-from .repo_ids import check_repo_id, pinned_revision
+from .repo_ids import pin_variable, pinned_revision
 from .resolution import Refusal, Request, Resolution
 from .scan import scan
 from .targets import Target
@@ -20,12 +21,15 @@ def make_request(repo_id: str, *, version: int | None = None, revision: str | No
     """The request a user means: FRT_KERNEL_REV_<ID> overrides version and revision."""
     check_repo_id(repo_id)
     pin = pinned_revision(repo_id, environ)
-    if pin is not None:
+    if pin is not None:  # a revision becomes refs/<name> in an exported cache: through the gate
+        check_ref(pin, where=pin_variable(repo_id), what="revision")
         return Request(repo_id, revision=pin, pinned=True)
     if (version is None) == (revision is None):
         raise BadInput(f"{repo_id}: give exactly one of a version or a revision")
     if version is not None and (not isinstance(version, int) or version < 0):
         raise BadInput(f"{repo_id}: version must be a non-negative integer, got {version!r}")
+    if revision is not None:
+        check_ref(revision, where=repo_id, what="revision")
     return Request(repo_id, version=version, revision=revision)
 
 

@@ -18,7 +18,7 @@ from sqlalchemy import select
 
 from .hub import HubClient
 from .ledger import Ledger
-from .repo_ids import check_repo_id
+from .gate import check_repo_id
 from .resolution import FileEntry, VariantInfo
 from .schema import Commit, Repo
 

@@ -22,7 +22,7 @@ from frt.resolver import (
     parse_target,
 )
 from frt.resolver.errors import BadInput
-from frt.resolver.repo_ids import check_repo_id
+from frt.resolver.gate import check_repo_id
 
 
 @dataclass

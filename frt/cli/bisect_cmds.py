@@ -8,7 +8,7 @@ import click
 
 from frt.mirror.home import check_writable
 from frt.resolver import KernelUnavailable, exit_code
-from frt.resolver.repo_ids import check_repo_id
+from frt.resolver.gate import check_repo_id
 
 from .app import App, cli, emit_json, endpoint_option, json_option, parse_targets
 

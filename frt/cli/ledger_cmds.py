@@ -10,7 +10,7 @@ from frt.mirror.home import check_writable
 from frt.mirror.render import human_bytes, table
 from frt.resolver import KernelUnavailable, build_matrix, exit_code, resolve, scan
 from frt.resolver.errors import BadInput
-from frt.resolver.repo_ids import check_repo_id
+from frt.resolver.gate import check_repo_id
 
 from .app import App, cli, emit_json, endpoint_option, json_option, parse_targets
 

@@ -1,0 +1,184 @@
+"""The one gate where data enters: paths, commit ids, ref names, repo ids and variant names.
+
+Whatever upstream lists, a bundle carries, a ledger holds or a user types becomes, sooner or later,
+a file name under the home or an export dir (`views/…/<commit>/build/<variant>/<path>`,
+`refs/<name>`, `snapshots/<commit>/<path>`). Every one of them passes a `check_*` here where it
+enters, so the code that joins them into paths never has to ask again. Each check returns the value
+unchanged or raises a `BadInput` subclass whose one line names the value and `where` it came from,
+e.g. "upstream listing of org/name@abc123: path 'build/v/../../x' climbs out of the repo".
+
+Depends on nothing but `errors` and the repo id rule, which frt.manifests states (it imports nothing
+of ours, so it cannot call this module; the gate calls it), so anything may call it.
+"""
+
+from __future__ import annotations
+
+import re
+
+from frt.manifests.fields import org_problem, repo_id_problem
+
+from .errors import BadInput
+
+# NAME_MAX of the filesystems a home lives on; a longer component cannot be written at all, and
+# refusing it here gives one line instead of an OSError half-way through a stage.
+MAX_COMPONENT = 255
+# Well under PATH_MAX (4096) once joined under a home, views/local/<org>--<name>/<commit>/.
+MAX_PATH = 1024
+
+_HEX40, _HEX64 = re.compile(r"[0-9a-f]{40}"), re.compile(r"[0-9a-f]{64}")
+# kernel-builder's variant names (torch-universal, torch29-cxx11-cu128-x86_64-linux): one directory.
+_VARIANT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
+# git check-ref-format: these never appear in a ref name (besides controls and space).
+_REF_BAD_CHARS = set("~^:?*[\\ ")
+
+
+class UnsafePath(BadInput):
+    """A file path that is not a plain relative path inside its repo."""
+
+
+class BadCommitId(BadInput):
+    """A commit id (or blob hash) that is not the full lowercase hex git and the Hub use."""
+
+
+class BadRefName(BadInput):
+    """A branch, tag or revision name git itself would refuse."""
+
+
+class BadRepoId(BadInput):
+    """Not a Hub repo id `org/name`."""
+
+
+class BadVariantName(BadInput):
+    """A build variant name that is not one plain directory name."""
+
+
+def _say(where: str | None, text: str) -> str:
+    return f"{where}: {text}" if where else text
+
+
+def _controls(value: str) -> bool:
+    """NUL and other C0/C1 controls and DEL: never in a name we write, and they garble the one line."""
+    return any(ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 for c in value)
+
+
+def _utf8_len(value: str) -> int | None:
+    """Length in bytes as the filesystem sees it; None for a lone surrogate, which no file can be named."""
+    try:
+        return len(value.encode())
+    except UnicodeEncodeError:
+        return None
+
+
+def path_problem(path: object) -> str | None:
+    """Why `path` is not a plain relative path inside a repo; None when it is one."""
+    if not isinstance(path, str) or not path:
+        return "is empty" if path == "" else "is not a string"
+    size = _utf8_len(path)
+    if size is None:
+        return "is not valid text"
+    if _controls(path):
+        return "holds a control character"
+    if "\\" in path:
+        return "holds a backslash"
+    if path.startswith("/"):
+        return "is absolute"
+    parts = path.split("/")
+    if ".." in parts:
+        return "climbs out of the repo"
+    if any(p in ("", ".") for p in parts):
+        return "has an empty or '.' segment"
+    if size > MAX_PATH or any(len(p.encode()) > MAX_COMPONENT for p in parts):
+        return f"is too long (a name over {MAX_COMPONENT} bytes or the path over {MAX_PATH})"
+    return None
+
+
+def check_path(path: object, *, where: str, under: str = "") -> str:
+    """A repo file path to join under a root: relative, no `..`, `.` or empty segment, no backslash
+    or control character, not overlong; with `under` ("build/<variant>/"), it must lie below that."""
+    problem = path_problem(path)
+    if problem is None and under and not path.startswith(under):
+        problem = f"lies outside {under}"
+    if problem:
+        raise UnsafePath(_say(where, f"path {path!r} {problem}"))
+    return path
+
+
+def check_commit(sha: object, *, where: str, what: str = "commit id") -> str:
+    """Exactly 40 lowercase hex: git's full sha1, as the Hub names commits (no short or upper case)."""
+    if not (isinstance(sha, str) and _HEX40.fullmatch(sha)):
+        raise BadCommitId(_say(where, f"{what} {sha!r} is not a commit id (40 lowercase hex)"))
+    return sha
+
+
+def check_git_oid(oid: object, *, where: str) -> str:
+    """A file's git blob oid: 40 lowercase hex, as a commit id."""
+    return check_commit(oid, where=where, what="git oid")
+
+
+def check_sha256(digest: object, *, where: str) -> str:
+    """A sha256 content hash, 64 lowercase hex: it names a blob file in the store and the Hub cache."""
+    if not (isinstance(digest, str) and _HEX64.fullmatch(digest)):
+        raise BadCommitId(_say(where, f"sha256 {digest!r} is not a sha256 (64 lowercase hex)"))
+    return digest
+
+
+# git check-ref-format's structural rules, in its order of mention; the reason names the one broken.
+_REF_RULES = (
+    (lambda n: ".." in n, "holds '..'"),
+    (lambda n: n.startswith("/"), "starts with '/'"),
+    (lambda n: n.startswith("-"), "starts with '-'"),  # would read as an option to git and tools
+    (lambda n: n.endswith("/"), "ends with '/'"),
+    (lambda n: "//" in n, "holds '//'"),
+    (lambda n: n.endswith("."), "ends with '.'"),
+    (lambda n: "@{" in n or n == "@", "holds '@{' or is '@'"),
+    (lambda n: any(p.startswith(".") for p in n.split("/")), "has a part starting with '.'"),
+    (lambda n: any(p.endswith(".lock") for p in n.split("/")), "has a part ending in '.lock'"),
+)
+
+
+def ref_problem(name: object) -> str | None:
+    """Why `name` is not a ref name git would take (check-ref-format, in spirit); None when it is."""
+    if not isinstance(name, str) or not name:
+        return "is empty" if name == "" else "is not a string"
+    size = _utf8_len(name)
+    if size is None or _controls(name) or _REF_BAD_CHARS & set(name):
+        return "holds a character git refuses in a ref (control, space, ~^:?*[ or backslash)"
+    broken = next((why for rule, why in _REF_RULES if rule(name)), None)
+    if broken:
+        return broken
+    if size > MAX_PATH or any(len(p.encode()) > MAX_COMPONENT for p in name.split("/")):
+        return f"is too long (a part over {MAX_COMPONENT} bytes or the name over {MAX_PATH})"
+    return None
+
+
+def check_ref(name: object, *, where: str, what: str = "ref name") -> str:
+    """A branch or tag name as the Hub returns it, or a revision a user or bundle gives: a slash
+    name like `release/v1` is one (it becomes refs/release/v1 in a Hub cache), `../x` is not."""
+    problem = ref_problem(name)
+    if problem:
+        raise BadRefName(_say(where, f"{what} {name!r} {problem}"))
+    return name
+
+
+def check_repo_id(repo_id: object, *, where: str | None = None) -> str:
+    """Return `repo_id` if it is a well-formed ``org/name`` (the Hub's rule), else raise `BadRepoId`."""
+    if repo_id_problem(repo_id):
+        raise BadRepoId(_say(where, f"malformed repo id {repo_id!r}: expected <org>/<name>, "
+                                    "e.g. kernels-community/activation"))
+    return repo_id
+
+
+def check_org(org: object, *, where: str) -> str:
+    """An org (publisher) name: the first part of a repo id."""
+    problem = org_problem(org)
+    if problem:
+        raise BadRepoId(_say(where, problem))
+    return org
+
+
+def check_variant(name: object, *, where: str) -> str:
+    """A variant is one directory under build/: the name LOCAL_KERNELS and every view path carry."""
+    if not (isinstance(name, str) and _VARIANT_RE.fullmatch(name)) or ".." in name:
+        raise BadVariantName(_say(where, f"variant name {name!r} is not one plain directory name "
+                                         "(letters, digits, '.', '_', '-')"))
+    return name
