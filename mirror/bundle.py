@@ -30,10 +30,8 @@ from frt.resolver.ledger import PublisherInfo
 from frt.resolver.gate import (check_commit, check_git_oid, check_org, check_path, check_ref, check_repo_id,
                                check_sha256, check_variant)
 from frt.resolver.resolution import VariantInfo
-from frt.resolver.schema import Commit, Ref, Repo, Variant, utcnow
-from sqlalchemy import select
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.orm import selectinload
+from frt.resolver.ledger_io import merge_repo_record, repo_record
+from frt.resolver.schema import utcnow
 
 from .records import StagedRow, all_blobs, blob_for, record_blobs, record_staged, staged_rows
 from .render import human_bytes, table
@@ -119,33 +117,12 @@ def bundle(out: Path, home: Path, ledger: Ledger, targets: list[str] | None = No
     blobs = [needed[k] for k in sorted(needed)]
     doc = {"format": FORMAT, "created": utcnow().isoformat(), "frt_mirror": dist_version("frt-mirror"),
            "blobs": [{"sha256": d.sha256, "size": d.size, "git_oid": d.git_oid} for d in blobs],
-           "repos": [_repo_doc(ledger, repo) for repo in sorted({r.repo for r in rows})],
+           "repos": [repo_record(ledger, repo) for repo in sorted({r.repo for r in rows})],
            "staged": [dict(r.__dict__) for r in rows],
            # The upstream's trustedKernelPublisher per org, so `serve` on the other side repeats it.
            "publishers": [p.to_json() for p in ledger.publishers({r.repo.split("/", 1)[0] for r in rows}).values()]}
     _write_tar(out, doc, blobs, store)
     return BundleReport(out, len(blobs), sum(d.size for d in blobs), rows)
-
-
-def _repo_doc(ledger: Ledger, repo_id: str) -> dict:
-    """All the ledger knows of a repo: refs, history, and the build listing of every scanned
-    commit — not only the staged variants, so that `resolve --offline` and `matrix` answer on the
-    other side as they do here, and a commit's listing there is never a partial one."""
-    with ledger.session(write=False) as s:
-        repo = s.scalar(select(Repo).where(Repo.repo_id == repo_id))
-        refs = s.scalars(select(Ref).where(Ref.repo_pk == repo.id, ~Ref.gone).order_by(Ref.kind, Ref.name))
-        commits = s.scalars(select(Commit).where(Commit.repo_pk == repo.id).order_by(Commit.depth, Commit.sha)
-                            .options(selectinload(Commit.variants).selectinload(Variant.files)))
-        return {"repo": repo_id, "repo_type": repo.repo_type, "endpoint": repo.endpoint,
-                "scanned_at": repo.scanned_at and repo.scanned_at.isoformat(),
-                "refs": [{"kind": r.kind, "name": r.name, "commit": r.commit_sha} for r in refs],
-                "commits": [{"sha": c.sha, "parent": c.parent_sha, "depth": c.depth, "title": c.title,
-                             "date": c.date and c.date.isoformat(), "variants": [
-                                 {"name": v.name, "metadata_oid": v.metadata_oid,
-                                  "metadata": json.loads(v.metadata_json) if v.metadata_json else None,
-                                  "files": [{"path": f.path, "size": f.size, "git_oid": f.git_oid,
-                                             "sha256": f.sha256} for f in v.files]}
-                                 for v in c.variants] if c.scanned else None} for c in commits]}
 
 
 def _write_tar(out: Path, doc: dict, blobs: list[Digest], store: BlobStore) -> None:
@@ -202,7 +179,8 @@ def import_bundle(src: Path, home: Path, ledger: Ledger) -> BundleReport:
             store.commit(part, listed[sha])
     record_blobs(ledger, listed.values())
     for repo in repos:
-        _record_repo(ledger, repo)
+        merge_repo_record(ledger, repo.repo, repo_type=repo.repo_type, endpoint=repo.endpoint,
+                          scanned_at=repo.scanned_at, refs=repo.refs, commits=repo.commits, builds=repo.builds)
     for pub in publishers:
         ledger.record_publisher(pub.org, pub.trusted, endpoint=pub.endpoint, seen_at=pub.seen_at)
     views = Views(home, store)
@@ -373,26 +351,3 @@ def _request(row: StagedRow) -> Request:
         return Request(row.repo, version=_int(row.version, 0))
     check_ref(row.revision, where=f"staged row of {row.repo!r}", what="revision")  # refs/<it> in a Hub cache
     return Request(row.repo, revision=row.revision, pinned=row.requested.startswith("pin "))
-
-
-def _record_repo(ledger: Ledger, r: _RepoRows) -> None:
-    """Merge a repo's rows: refs only if the bundle saw upstream later than this ledger did;
-    commits and build listings only where missing (commits are immutable)."""
-    with ledger.session(write=False) as s:
-        mine = s.execute(select(Repo.id, Repo.scanned_at).where(Repo.repo_id == r.repo)).first()
-    if mine is None or (r.scanned_at and (mine.scanned_at is None or mine.scanned_at < r.scanned_at)):
-        ledger.record_refs(r.repo, r.refs, endpoint=r.endpoint, repo_type=r.repo_type)
-        with ledger.session() as s:  # when upstream was seen, not when the bundle arrived
-            s.scalar(select(Repo).where(Repo.repo_id == r.repo)).scanned_at = r.scanned_at
-    with ledger.session() as s:
-        pk = s.scalar(select(Repo.id).where(Repo.repo_id == r.repo))
-        if r.commits:
-            stmt = sqlite_insert(Commit)
-            s.execute(stmt.on_conflict_do_update(  # as record_history: a build-only row gains its history
-                index_elements=["repo_pk", "sha"], where=(Commit.depth < 0) & (stmt.excluded.depth >= 0),
-                set_={k: stmt.excluded[k] for k in ("parent_sha", "depth", "date", "title")}),
-                [dict(c, repo_pk=pk) for c in r.commits])
-        scanned = set(s.scalars(select(Commit.sha).where(Commit.repo_pk == pk, Commit.scanned)))
-    builds = {sha: vs for sha, vs in r.builds.items() if sha not in scanned}
-    if builds:
-        ledger.record_builds(r.repo, builds)
