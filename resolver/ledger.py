@@ -12,7 +12,7 @@ import json
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
@@ -36,6 +36,7 @@ class CommitRow:
     title: str
     scanned: bool
     variants: list[str]
+    no_digest: list[str] = field(default_factory=list)  # variants whose metadata.json has no publisher digest
 
 
 @dataclass(frozen=True)
@@ -247,7 +248,8 @@ _ALL_COMMIT_VARIANTS = (select(Commit.sha, Commit.parent_sha, Commit.scanned, Va
                         .outerjoin(Variant, Variant.commit_pk == Commit.id)
                         .where(Commit.repo_pk == bindparam("pk")).order_by(Commit.sha, Variant.name))
 
-_COMMITS_NEWEST_FIRST = (select(Commit.sha, Commit.date, Commit.title, Commit.scanned, Variant.name)
+_COMMITS_NEWEST_FIRST = (select(Commit.sha, Commit.date, Commit.title, Commit.scanned, Variant.name,
+                                 Variant.metadata_json.contains('"digest"'))
                          .outerjoin(Variant, Variant.commit_pk == Commit.id)
                          .where(Commit.repo_pk == bindparam("pk"))
                          .order_by(Commit.date.desc().nulls_last(), Commit.depth.desc(), Commit.sha, Variant.name))
@@ -352,11 +354,13 @@ class LedgerView:
     def commits(self, repo_id: str) -> list[CommitRow]:
         """Every recorded commit, newest first, with its variant names (for the matrix)."""
         out: dict[str, CommitRow] = {}
-        for sha, date, title, scanned, vname in self._conn.execute(_COMMITS_NEWEST_FIRST,
-                                                                   {"pk": self.repo_pk(repo_id)}):
+        for sha, date, title, scanned, vname, digest in self._conn.execute(_COMMITS_NEWEST_FIRST,
+                                                                           {"pk": self.repo_pk(repo_id)}):
             row = out.setdefault(sha, CommitRow(sha, date, title, bool(scanned), []))
             if vname is not None:
                 row.variants.append(vname)
+                if not digest:
+                    row.no_digest.append(vname)
         return list(out.values())
 
     def commit_count(self, repo_id: str) -> int:

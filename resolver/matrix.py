@@ -18,6 +18,7 @@ class MatrixRow:
     refs: tuple[str, ...]  # branch and tag names pointing here
     variants: frozenset[str]
     serves: dict[str, str | None] = field(default_factory=dict)  # target -> chosen variant or None
+    no_digest: frozenset[str] = frozenset()  # variants whose metadata.json carries no publisher digest
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,8 @@ class Matrix:
             "targets": [str(t) for t in self.targets],
             "revisions": [
                 {"commit": r.commit, "date": r.date.isoformat() if r.date else None, "title": r.title,
-                 "refs": list(r.refs), "variants": sorted(r.variants), "serves": r.serves}
+                 "refs": list(r.refs), "variants": sorted(r.variants), "serves": r.serves,
+                 "no_digest": sorted(r.no_digest)}
                 for r in self.rows
             ],
         }
@@ -64,5 +66,6 @@ def build_matrix(view: LedgerView, repo_id: str, targets: list[Target] | None = 
         for t in targets:
             best = next((d.name for d in decide(t, present) if d.accepted), None)
             serves[str(t)] = best
-        rows.append(MatrixRow(c.sha, c.date, c.title, tuple(sorted(refs.get(c.sha, []))), frozenset(present), serves))
+        rows.append(MatrixRow(c.sha, c.date, c.title, tuple(sorted(refs.get(c.sha, []))), frozenset(present), serves,
+                              frozenset(c.no_digest)))
     return Matrix(repo_id, tuple(names), tuple(targets), tuple(rows))

@@ -94,6 +94,9 @@ def test_a_variant_without_a_digest_is_staged_and_marked(tmp_path):
     assert doc["rows"][0]["publisher_digest"] is False
     human = run_cli("verify", home=home)
     assert human.returncode == 0 and "(1 variant(s) have none)" in human.stdout, human.stdout
+    matrix = json.loads(run_cli("matrix", PUB, "--json", home=home).stdout)
+    assert [r["no_digest"] for r in matrix["revisions"]] == [[X86_CPU]]
+    assert "n = built, with no publisher digest" in run_cli("matrix", PUB, home=home).stdout
 
 
 def test_metadata_kernels_would_not_load_is_refused_with_its_words(tmp_path):

@@ -93,13 +93,13 @@ def _render_matrix(m) -> str:
     headers = ["commit", "date", "title", "refs", *[str(i + 1) for i in range(len(m.variants))], *[f"T{i + 1}" for i in range(len(m.targets))]]
     rows = []
     for r in m.rows:
-        cells = ["x" if v in r.variants else "." for v in m.variants]
+        cells = [("n" if v in r.no_digest else "x") if v in r.variants else "." for v in m.variants]
         serves = ["ok" if r.serves[str(t)] else "-" for t in m.targets]
         title = r.title if len(r.title) <= 28 else r.title[:27] + "…"
         rows.append([r.commit[:10], r.date.date() if r.date else "", title, ",".join(r.refs), *cells, *serves])
     legend = [f"  {i + 1:>2}  {v}" for i, v in enumerate(m.variants)]
     legend += [f"  T{i + 1}  {t}" for i, t in enumerate(m.targets)]
-    return f"{m.repo}\n{table(headers, rows)}\n\nvariants (x = built at that revision), targets (ok = served):\n" + "\n".join(legend)
+    return f"{m.repo}\n{table(headers, rows)}\n\nvariants (x = built at that revision, n = built, with no publisher digest), targets (ok = served):\n" + "\n".join(legend)
 
 
 @cli.command("report")
