@@ -86,9 +86,9 @@ def wait_listening(port: int, proc: subprocess.Popen, what: str) -> None:
 
 def stage_big_file(tmp: Path, size: int) -> dict:
     """Stage one fixture repo whose torch-universal build carries a `size`-byte LFS file."""
-    from frt.mirror.home import ledger_path
+    from frt.mirror.home import Home
     from frt.mirror.stage import stage
-    from frt.resolver import HubClient, Ledger, make_request, parse_target
+    from frt.resolver import HubClient, make_request, parse_target
     from tests.fakehub import FakeHub, FakeRepo
     from tests.kernel_fixtures import variant_files
 
@@ -99,10 +99,10 @@ def stage_big_file(tmp: Path, size: int) -> dict:
     meta = repo.commits[sha].meta[FILENAME]
     home = tmp / "home"
     with FakeHub([repo], page_size=1000) as hub:
-        ledger = Ledger(ledger_path(home))
-        report = stage([make_request(REPO, version=1)], [parse_target(TARGET)], home=home, ledger=ledger,
+        mirror_home = Home(home)
+        report = stage([make_request(REPO, version=1)], [parse_target(TARGET)], home=mirror_home,
                        hub=HubClient(hub.url), progress=False)
-        ledger.close()
+        mirror_home.close()
     if not report.ok:
         sys.exit(f"staging the bench file failed: {report.rows}")
     blob = home / "store" / "sha256" / meta.sha256[:2] / meta.sha256

@@ -98,16 +98,15 @@ def child(kind: str, url: str, job: dict) -> dict:
             snapshot_download(repo, repo_type="kernel", revision=commit,
                               allow_patterns=[f"build/{variant}/*"], cache_dir=Path(job["caches"]) / target)
         return {"wall": time.perf_counter() - t0}
-    from frt.mirror.home import ledger_path
+    from frt.mirror.home import Home
     from frt.mirror.stage import stage
-    from frt.resolver import HubClient, Ledger, make_request, parse_target
+    from frt.resolver import HubClient, make_request, parse_target
 
-    home = Path(job["home"])
-    ledger, hub = Ledger(ledger_path(home)), HubClient(url)
+    home, hub = Home(Path(job["home"])), HubClient(url)
     requests = [make_request(repo, version=v) for repo, v in job["requests"]]
     targets = [parse_target(t) for t in job["targets"]]
     t0 = time.perf_counter()
-    report = stage(requests, targets, home=home, ledger=ledger, hub=hub, jobs=8, progress=False)
+    report = stage(requests, targets, home=home, hub=hub, jobs=8, progress=False)
     return {"wall": time.perf_counter() - t0, "downloaded": report.downloaded_bytes, "waited": hub.pacer.waited,
             "staged": [[r.target, r.repo, r.commit, r.variant] for r in report.rows if r.status == "staged"]}
 

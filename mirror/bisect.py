@@ -14,11 +14,11 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from frt.resolver import HubClient, Ledger, Target, decide, scan
 from frt.resolver.errors import BadInput
 
+from .home import Home
 from .pin import pin_env
 
 
@@ -66,9 +66,10 @@ def commit_range(ledger: Ledger, repo: str, good: str, bad: str) -> tuple[str, s
     return g, b, list(reversed(between))
 
 
-def bisect(repo: str, *, good: str, bad: str, target: Target, cmd: list[str], home: Path, ledger: Ledger,
+def bisect(repo: str, *, good: str, bad: str, target: Target, cmd: list[str], home: Home,
            hub: HubClient | None, timeout: float | None = None, refresh: bool = False,
            on_step: Callable[[Step], None] = lambda s: None) -> BisectResult:
+    ledger = home.ledger
     if hub is not None:
         with ledger.view() as v:
             known = v.known(repo) and v.commit_for(repo, good) and v.commit_for(repo, bad)
@@ -93,7 +94,7 @@ def bisect(repo: str, *, good: str, bad: str, target: Target, cmd: list[str], ho
             break
         mid = (lo + hi) // 2
         probe = min(untested, key=lambda i: (abs(i - mid), i))
-        step = _run(repo, result.candidates[probe], target, cmd, home, ledger, hub, timeout)
+        step = _run(repo, result.candidates[probe], target, cmd, home, hub, timeout)
         result.steps.append(step)
         on_step(step)
         if step.verdict == "good":
@@ -114,8 +115,8 @@ def bisect(repo: str, *, good: str, bad: str, target: Target, cmd: list[str], ho
     return result
 
 
-def _run(repo, sha, target, cmd, home, ledger, hub, timeout) -> Step:
-    pinned = pin_env(repo, sha, target, home=home, ledger=ledger, hub=hub, offline=hub is None)
+def _run(repo, sha, target, cmd, home, hub, timeout) -> Step:
+    pinned = pin_env(repo, sha, target, home=home, hub=hub, offline=hub is None)
     env = {**os.environ, **pinned.env}
     t0 = time.monotonic()
     try:

@@ -23,20 +23,29 @@ from datetime import datetime
 from importlib.metadata import version as dist_version
 from pathlib import Path
 
-from frt.atomic import fsync_dir
-from frt.resolver import FileEntry, Ledger, Request, Resolution, parse_target
+from frt.resolver import FileEntry, Request, Resolution, parse_target
 from frt.resolver.errors import BadInput, VerificationFailed
+from frt.resolver.gate import (
+    check_commit,
+    check_git_oid,
+    check_org,
+    check_path,
+    check_ref,
+    check_repo_id,
+    check_sha256,
+    check_variant,
+)
 from frt.resolver.ledger import PublisherInfo
-from frt.resolver.gate import (check_commit, check_git_oid, check_org, check_path, check_ref, check_repo_id,
-                               check_sha256, check_variant)
-from frt.resolver.resolution import VariantInfo
 from frt.resolver.ledger_io import merge_repo_record, repo_record
+from frt.resolver.resolution import VariantInfo
 from frt.resolver.schema import utcnow
 
+from frt.atomic import fsync_dir
+
+from .home import Home
 from .records import StagedRow, all_blobs, blob_for, record_blobs, record_staged, staged_rows
 from .render import human_bytes, table
 from .store import CHUNK, BlobStore, Digest
-from .views import Views
 
 FORMAT = 1
 MANIFEST = "frt-bundle.json"
@@ -92,7 +101,8 @@ class _Hashing:
 
 # -- bundle ---------------------------------------------------------------------------------
 
-def bundle(out: Path, home: Path, ledger: Ledger, targets: list[str] | None = None) -> BundleReport:
+def bundle(out: Path, home: Home, targets: list[str] | None = None) -> BundleReport:
+    ledger = home.ledger
     rows = staged_rows(ledger)
     for t in targets or []:
         if not any(r.target == t for r in rows):
@@ -102,7 +112,7 @@ def bundle(out: Path, home: Path, ledger: Ledger, targets: list[str] | None = No
         raise BadInput("nothing is staged: run 'frt-mirror stage' first")
     if not out.parent.is_dir():
         raise BadInput(f"{out.parent} is not a directory")
-    store, recorded = BlobStore(home), {d.sha256: d for d in all_blobs(ledger)}
+    store, recorded = home.store, {d.sha256: d for d in all_blobs(ledger)}
     with ledger.view() as v:
         files = {(r.repo, r.commit, r.variant): v.variant(r.repo, r.commit, r.variant)[0] for r in rows}
     blobs = blob_for(ledger, (f for fs in files.values() for f in fs))
@@ -158,8 +168,8 @@ def _write_tar(out: Path, doc: dict, blobs: list[Digest], store: BlobStore) -> N
 
 # -- import ---------------------------------------------------------------------------------
 
-def import_bundle(src: Path, home: Path, ledger: Ledger) -> BundleReport:
-    store = BlobStore(home)
+def import_bundle(src: Path, home: Home) -> BundleReport:
+    ledger, store = home.ledger, home.store
     store.sweep_parts("*.import-*.part")  # left by a killed import; a running one's are recent
     parts: dict[str, Path | None] = {}  # sha -> its .part in tmp/ (None: already in the store)
     try:
@@ -183,7 +193,7 @@ def import_bundle(src: Path, home: Path, ledger: Ledger) -> BundleReport:
                           scanned_at=repo.scanned_at, refs=repo.refs, commits=repo.commits, builds=repo.builds)
     for pub in publishers:
         ledger.record_publisher(pub.org, pub.trusted, endpoint=pub.endpoint, seen_at=pub.seen_at)
-    views = Views(home, store)
+    views = home.views
     for row, pairs in staged:
         views.link(row.repo, row.commit, row.variant, pairs)
     have = set(staged_rows(ledger))

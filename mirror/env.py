@@ -6,13 +6,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from frt.resolver import Ledger, Target
+from frt.resolver import Target
 from frt.resolver.errors import BadInput
 from frt.resolver.repo_ids import pin_variable, pinned_revision
 
-from .records import StagedRow, staged_rows
-from .store import BlobStore
-from .views import Views
+from .home import Home
+from .records import StagedRow
 
 
 @dataclass(frozen=True)
@@ -77,18 +76,18 @@ def choose_staged(rows: list[StagedRow], environ: Mapping[str, str] | None = Non
     return chosen, warnings
 
 
-def local_kernels(home: Path, ledger: Ledger, target: Target, environ: Mapping[str, str] | None = None,
+def local_kernels(home: Home, target: Target, environ: Mapping[str, str] | None = None,
                   versions: Mapping[str, int] | None = None) -> EnvSet:
-    rows = staged_rows(ledger, str(target))
+    rows = home.staged(str(target))
     if not rows:
         raise BadInput(f"nothing is staged for {target}: run 'frt-mirror stage --target {target}' first")
-    views = Views(home, BlobStore(home))
+    views = home.views
     chosen, warnings = choose_staged(rows, environ, versions)
     out = []
     for repo, row in sorted(chosen.items()):
         path = views.variant_dir(repo, row.commit, row.variant)
         if ":" in str(path) or "=" in str(path):
-            raise BadInput(f"home path {home} contains ':' or '=', which LOCAL_KERNELS cannot carry")
+            raise BadInput(f"home path {home.root} contains ':' or '=', which LOCAL_KERNELS cannot carry")
         out.append(EnvEntry(repo, row.requested, row.commit, row.variant, path))
     return EnvSet(out, warnings)
 

@@ -14,15 +14,13 @@ import os
 import uuid
 from pathlib import Path
 
-from frt.resolver import Ledger, Target
+from frt.resolver import Target
 from frt.resolver.errors import BadInput
 from frt.resolver.gate import check_commit, check_git_oid, check_path, check_ref, check_repo_id, check_sha256
 
 from frt.atomic import atomic_write
 
-from .records import staged_rows
-from .store import BlobStore
-from .views import Views
+from .home import Home
 
 CACHEDIR_TAG = "Signature: 8a477f597d28d172789f06886806bc55\n"
 
@@ -32,15 +30,15 @@ def cache_folder(repo_id: str, repo_type: str = "kernel") -> str:
     return f"{repo_type}s--{org}--{name}"
 
 
-def export_cache(out: Path, home: Path, ledger: Ledger, target: Target) -> list[tuple[str, str, str]]:
+def export_cache(out: Path, home: Home, target: Target) -> list[tuple[str, str, str]]:
     """Write the cache for `target` into `out`; return (repo, ref, commit) for every ref written."""
-    rows = staged_rows(ledger, str(target))
+    rows = home.staged(str(target))
     if not rows:
         raise BadInput(f"nothing is staged for {target}: run 'frt-mirror stage --target {target}' first")
-    views = Views(home, BlobStore(home))
+    views = home.views
     plan = []
     for row in rows:  # every name checked before the first write: a bad one leaves `out` untouched
-        with ledger.view() as v:
+        with home.ledger.view() as v:
             files, _ = v.variant(row.repo, row.commit, row.variant)
         plan.append((row, _checked(row, files)))
     out.mkdir(parents=True, exist_ok=True)

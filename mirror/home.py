@@ -1,12 +1,21 @@
-"""Where a mirror keeps its state: --home, else $FRT_MIRROR_HOME, else the platform's user data dir."""
+"""A mirror's home: where it is (--home, else $FRT_MIRROR_HOME, else the platform's user data dir), and
+the `Home` object that owns its ledger, store and views."""
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterable
+from functools import cached_property
 from pathlib import Path
 
+from frt.resolver import Ledger
 from frt.resolver.errors import HomeReadOnly
+from frt.resolver.resolution import FileEntry
+
+from .records import StagedRow, blob_for, staged_rows
+from .store import BlobStore
+from .views import Views
 
 
 def default_home() -> Path:
@@ -32,3 +41,42 @@ def check_writable(home: Path, what: str) -> None:
     if home.is_dir() and not writable:
         raise HomeReadOnly(f"home {home} is read-only here, and {what}: run it where the home is mounted "
                            "read-write")
+
+
+class Home:
+    """One home: its ledger, its blob store and its views, and the few questions everyone asks of
+    them. The CLI, `serve`, bundle/import, verify, env/export-cache and `frt.seats` take a Home; none
+    of them builds a store or a view of its own. Where the ledger lives is this object's setting: an
+    open `Ledger` handed in, else the home's SQLite file, opened on first use (read-only where the
+    home cannot be written, or when `readonly=True`)."""
+
+    def __init__(self, root: Path | str, *, ledger: Ledger | None = None, readonly: bool | None = None):
+        self.root = Path(root)
+        self._ledger, self._readonly = ledger, readonly
+
+    @property
+    def ledger(self) -> Ledger:
+        if self._ledger is None:
+            self._ledger = Ledger(ledger_path(self.root), readonly=self._readonly)
+        return self._ledger
+
+    @cached_property
+    def store(self) -> BlobStore:
+        return BlobStore(self.root)
+
+    @cached_property
+    def views(self) -> Views:
+        return Views(self.root, self.store)
+
+    def blob_for(self, entries: Iterable[FileEntry]) -> dict[FileEntry, str | None]:
+        return blob_for(self.ledger, entries)
+
+    def staged(self, target: str | None = None) -> list[StagedRow]:
+        return staged_rows(self.ledger, target)
+
+    def close(self) -> None:
+        if self._ledger is not None:
+            self._ledger.close()
+
+    def __str__(self) -> str:
+        return str(self.root)

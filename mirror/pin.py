@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
-from frt.resolver import HubClient, KernelUnavailable, Ledger, Request, Target, pin_variable, resolve
+from frt.resolver import HubClient, KernelUnavailable, Request, Target, pin_variable, resolve
 
 from .env import EnvEntry, env_vars, local_kernels
+from .home import Home
 from .stage import stage
 
 
@@ -21,32 +21,32 @@ class PinnedEnv:
     downloaded: int
 
 
-def pin_env(repo: str, revision: str, target: Target, *, home: Path, ledger: Ledger, hub: HubClient | None,
+def pin_env(repo: str, revision: str, target: Target, *, home: Home, hub: HubClient | None,
             offline: bool = False) -> PinnedEnv:
     """`FRT_KERNEL_REV_<ID>=<commit>` and a LOCAL_KERNELS whose entry for `repo` is exactly that commit.
 
     Raises `KernelUnavailable` (recorded) when the commit has no variant for the target.
     """
-    res = resolve(repo, target=target, ledger=ledger, revision=revision, hub=hub, offline=offline, environ={})
+    res = resolve(repo, target=target, ledger=home.ledger, revision=revision, hub=hub, offline=offline, environ={})
     pin = {pin_variable(repo): res.commit}
-    report = stage([Request(repo, revision=res.commit, pinned=True)], [target], home=home, ledger=ledger,
-                   hub=hub or HubClient(), progress=False) if not _staged(home, ledger, target, pin) else None
+    report = stage([Request(repo, revision=res.commit, pinned=True)], [target], home=home,
+                   hub=hub or HubClient(), progress=False) if not _staged(home, target, pin) else None
     if report is not None and not report.ok:
         bad = next(r for r in report.rows if r.status != "staged")
         from frt.resolver import Refusal
 
         raise KernelUnavailable(Refusal(res.request, target, "StageFailed", bad.detail, detail=bad.detail,
                                         commit=res.commit))
-    entries = local_kernels(home, ledger, target, environ=pin).entries
+    entries = local_kernels(home, target, environ=pin).entries
     return PinnedEnv(repo, res.commit, res.variant, {**env_vars(entries), **pin}, entries,
                      report.downloaded_bytes if report else 0)
 
 
-def _staged(home: Path, ledger: Ledger, target: Target, pin: dict[str, str]) -> bool:
+def _staged(home: Home, target: Target, pin: dict[str, str]) -> bool:
     from frt.resolver.errors import BadInput
 
     try:
-        local_kernels(home, ledger, target, environ=pin)
+        local_kernels(home, target, environ=pin)
         return True
     except BadInput:
         return False

@@ -12,7 +12,13 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from frt.resolver import Refusal, Resolution
-from frt.resolver.kernel_metadata import KernelMetadata, MetadataInvalid, digest_exempt, parse_metadata, validate_variant
+from frt.resolver.kernel_metadata import (
+    KernelMetadata,
+    MetadataInvalid,
+    digest_exempt,
+    parse_metadata,
+    validate_variant,
+)
 
 from .fetch import expected_key
 

@@ -5,12 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from sqlalchemy import select
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-
 from frt.resolver import Ledger, Resolution
 from frt.resolver.resolution import FileEntry
 from frt.resolver.schema import Blob, Staged, utcnow
+from sqlalchemy import select
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from .store import Digest
 

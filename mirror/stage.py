@@ -10,17 +10,16 @@ from __future__ import annotations
 import threading
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from frt.resolver import HubClient, Ledger, Refusal, Request, Resolution, Target, refresh_and_decide
 from frt.resolver.errors import FrtError, UpstreamUnavailable
 from frt.resolver.kernel_metadata import MetadataInvalid, dependency_request
 
 from .fetch import Fetched, IntegrityError, expected_key, fetch_file
+from .home import Home
 from .progress import Progress
 from .publisher import digest_mismatch, metadata_refusal, publisher_expectations, variant_metadata, view_check
 from .records import record_blobs, record_staged, recorded_blobs, sha256_by_git_oid
-from .store import BlobStore
 from .transport import Transport
 from .views import Views
 
@@ -57,10 +56,9 @@ class Interrupted(FrtError):
     pass
 
 
-def stage(requests: list[Request], targets: list[Target], *, home: Path, ledger: Ledger, hub: HubClient,
+def stage(requests: list[Request], targets: list[Target], *, home: Home, hub: HubClient,
           jobs: int = 8, publishers: tuple[str, ...] | None = None, progress: bool = True) -> StageReport:
-    store = BlobStore(home)
-    views = Views(home, store)
+    ledger, store, views = home.ledger, home.store, home.views
     views.sweep_tmp()
     outcomes = _resolve_closure(requests, targets, ledger=ledger, hub=hub, publishers=publishers)
     metas = {_key(o): o.metadata_parsed for o in outcomes if isinstance(o, _Checked)}

@@ -8,11 +8,10 @@ import secrets
 import threading
 import time
 
-from sqlalchemy import delete, select
-
 from frt.resolver import Ledger
 from frt.resolver.errors import BadInput
 from frt.resolver.schema import Token
+from sqlalchemy import delete, select
 
 
 def _hash(token: str) -> str:

@@ -20,11 +20,10 @@ from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from huggingface_hub import get_session
-from huggingface_hub.utils import build_hf_headers, hf_raise_for_status
-
 from frt.resolver.errors import FrtError, UpstreamUnavailable, first_line
 from frt.resolver.hub import HubClient, is_transient, rate_limited
+from huggingface_hub import get_session
+from huggingface_hub.utils import build_hf_headers, hf_raise_for_status
 
 try:  # huggingface_hub 2.x speaks httpx2, 1.x httpx
     import httpx2 as _httpx

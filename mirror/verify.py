@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from frt.resolver import Ledger
 from frt.resolver.kernel_metadata import MetadataInvalid, parse_metadata, validate_variant
 
+from .home import Home
 from .records import all_blobs, blob_for, record_blobs, staged_rows
 from .store import BlobStore, digest_file
 from .views import Views
@@ -33,9 +33,8 @@ class VerifyReport:
         return dict(self.__dict__, ok=self.ok)
 
 
-def verify(home: Path, ledger: Ledger) -> VerifyReport:
-    store = BlobStore(home)
-    views = Views(home, store)
+def verify(home: Home) -> VerifyReport:
+    ledger, store, views = home.ledger, home.store, home.views
     report = VerifyReport()
     recorded = {d.sha256: d for d in all_blobs(ledger)}
     on_disk = {p.name: p for p in store.blobs()}

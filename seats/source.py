@@ -16,10 +16,8 @@ from pathlib import Path
 from types import ModuleType
 
 from frt.manifests import KernelRef
-from frt.mirror.home import ledger_path
+from frt.mirror.home import Home, ledger_path
 from frt.mirror.records import blob_for
-from frt.mirror.store import BlobStore
-from frt.mirror.views import Views
 from frt.resolver import KernelUnavailable, Ledger, Resolution, Target, host_target, resolve
 
 from .errors import SiteRefused
@@ -55,7 +53,7 @@ class KernelSource:
     def __init__(self, home: Path, ledger: Ledger | None, environ: Mapping[str, str]):
         self.home, self.ledger, self.environ = home, ledger, environ
         self.target: Target = host_target()
-        self.views = Views(home, BlobStore(home))
+        self.views = Home(home, ledger=ledger, readonly=True).views
         self._done: dict[tuple, LoadedKernel | SiteRefused] = {}
 
     def get(self, ref: KernelRef) -> LoadedKernel:

@@ -44,19 +44,19 @@ class Staged(SimpleNamespace):
 
 @pytest.fixture(scope="module")
 def staged(tmp_path_factory) -> Staged:
-    from frt.mirror.home import ledger_path
+    from frt.mirror.home import Home
     from frt.mirror.stage import stage
-    from frt.resolver import HubClient, Ledger, make_request, parse_target
+    from frt.resolver import HubClient, make_request, parse_target
 
     tmp = tmp_path_factory.mktemp("serve-load")
     home, repos = tmp / "home", {r.repo_id: r for r in demo_repos()}
     requests = [make_request(REPOS[0], version=1), make_request(REPOS[0], version=2),
                 make_request(REPOS[1], version=1), make_request(REPOS[2], version=1)]
     with FakeHub(list(repos.values()), trusted_orgs=[ORG]) as hub:
-        ledger = Ledger(ledger_path(home))
-        report = stage(requests, [parse_target(t) for t in TARGETS], home=home, ledger=ledger,
+        mirror_home = Home(home)
+        report = stage(requests, [parse_target(t) for t in TARGETS], home=mirror_home,
                        hub=HubClient(hub.url), progress=False, publishers=(ORG,))
-        ledger.close()
+        mirror_home.close()
     files: dict[tuple[str, str], dict[str, bytes]] = {}
     for row in report.rows:
         if row.status == "staged":
@@ -276,12 +276,12 @@ BODIES = st.one_of(st.just(b""), st.binary(max_size=64), st.sampled_from([
 @pytest.fixture(scope="module")
 def apps(staged, tmp_path_factory):
     """The app as `serve` builds it (open: no tokens), and one behind a token."""
-    from frt.mirror.home import ledger_path
+    from frt.mirror.home import Home
     from frt.mirror.serve import MirrorApp, make_app
     from frt.mirror.tokens import TokenCheck, add_token
     from frt.resolver import Ledger
 
-    open_app = make_app(staged.home, Ledger(ledger_path(staged.home)), frozenset([ORG]))
+    open_app = make_app(Home(staged.home), frozenset([ORG]))
     tokens = Ledger(tmp_path_factory.mktemp("tokens") / "ledger.sqlite")
     locked = MirrorApp(open_app.catalog, TokenCheck(tokens))
     token = add_token(tokens, "fuzz")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from frt.mirror.home import default_home, ledger_path
+from frt.mirror.home import Home, default_home
 from frt.resolver import (
     FrtError,
     HubClient,
@@ -27,15 +27,20 @@ from frt.resolver.gate import check_repo_id
 
 @dataclass
 class App:
-    home: Path
+    root: Path
     endpoint: str | None
-    _ledger: Ledger | None = None
+    _home: Home | None = None
+
+    @property
+    def home(self) -> Home:
+        """The home every command works on (its root made absolute: views and LOCAL_KERNELS name it)."""
+        if self._home is None:
+            self._home = Home(self.root.absolute())
+        return self._home
 
     @property
     def ledger(self) -> Ledger:
-        if self._ledger is None:
-            self._ledger = Ledger(ledger_path(self.home))
-        return self._ledger
+        return self.home.ledger
 
     def hub(self, endpoint: str | None) -> HubClient:
         return HubClient(endpoint or self.endpoint)
@@ -101,5 +106,5 @@ def cli(ctx: click.Context, home: Path | None, endpoint: str | None):
     from huggingface_hub.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
-    ctx.obj = App(home=home or default_home(), endpoint=endpoint)
-    ctx.call_on_close(lambda: ctx.obj._ledger and ctx.obj._ledger.close())
+    ctx.obj = App(root=home or default_home(), endpoint=endpoint)
+    ctx.call_on_close(lambda: ctx.obj._home and ctx.obj._home.close())

@@ -26,9 +26,9 @@ def pin_cmd(app: App, repo, revision, target, fmt, endpoint):
     from frt.mirror.env import render_sh
     from frt.mirror.pin import pin_env
 
-    check_writable(app.home, "pin records what upstream has and stages the commit it pins")
+    check_writable(app.root, "pin records what upstream has and stages the commit it pins")
     try:
-        pinned = pin_env(repo, revision, target, home=app.home.absolute(), ledger=app.ledger, hub=app.hub(endpoint))
+        pinned = pin_env(repo, revision, target, home=app.home, hub=app.hub(endpoint))
     except KernelUnavailable as e:
         click.echo(f"frt-mirror: refused: {e}", err=True)
         sys.exit(exit_code(e))
@@ -58,7 +58,7 @@ def bisect_cmd(app: App, repo, good, bad, target, timeout, refresh, offline, end
     from frt.mirror.bisect import bisect
 
     if not offline:
-        check_writable(app.home, "bisect stages the commits it probes (bisect --offline uses only what is staged)")
+        check_writable(app.root, "bisect stages the commits it probes (bisect --offline uses only what is staged)")
 
     def show(step):
         if not as_json:
@@ -67,7 +67,7 @@ def bisect_cmd(app: App, repo, good, bad, target, timeout, refresh, offline, end
                        + (f"  ({step.note})" if step.note else ""), err=True)
 
     result = bisect(check_repo_id(repo), good=good, bad=bad, target=target, cmd=list(cmd),
-                    home=app.home.absolute(), ledger=app.ledger, hub=None if offline else app.hub(endpoint),
+                    home=app.home, hub=None if offline else app.hub(endpoint),
                     timeout=timeout, refresh=refresh, on_step=show)
     if as_json:
         emit_json(result.to_json())

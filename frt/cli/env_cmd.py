@@ -46,7 +46,7 @@ def env_cmd(app: App, target, serve_url, engine, seats, python_dir, versions, fm
     if serve_url:
         values = endpoint_vars(serve_url)
     elif target is not None:
-        chosen = local_kernels(app.home.absolute(), app.ledger, target, versions=versions)
+        chosen = local_kernels(app.home, target, versions=versions)
         entries, warnings = chosen.entries, chosen.warnings
         values = env_vars(entries)
     elif not engine:
@@ -55,8 +55,8 @@ def env_cmd(app: App, target, serve_url, engine, seats, python_dir, versions, fm
         from frt.adapters.distinfo import write_python_dir
 
         catalog = check_catalog(seats) if seats else None
-        where = (python_dir or app.home / "python").absolute()
-        values.update(engine_vars(engine, where, app.home.absolute(), catalog))  # checks before writing
+        where = (python_dir or app.root / "python").absolute()
+        values.update(engine_vars(engine, where, app.home.root, catalog))  # checks before writing
         write_python_dir(where)
     if fmt == "json":
         emit_json({"env": values, "warnings": [*warnings, TELEMETRY_WARNING], "kernels": [

@@ -25,7 +25,7 @@ def scan_cmd(app: App, repos, endpoint, jobs, as_json):
     """Record refs, commit history and per-commit build variants of REPOS in the ledger."""
     for repo in repos:
         check_repo_id(repo)
-    check_writable(app.home, "scan records what upstream has in the ledger")
+    check_writable(app.root, "scan records what upstream has in the ledger")
     hub = app.hub(endpoint)
     reports = [scan(repo, hub=hub, ledger=app.ledger, jobs=jobs,
                     progress=None if as_json else lambda m: click.echo(m, err=True)) for repo in repos]
@@ -50,7 +50,7 @@ def resolve_cmd(app: App, repo, version, revision, target, offline, endpoint, as
     if version is not None and revision is not None:
         raise BadInput("give --version or --revision, not both")
     if not offline:
-        check_writable(app.home, "resolve without --offline records what upstream has in the ledger "
+        check_writable(app.root, "resolve without --offline records what upstream has in the ledger "
                                  "(resolve --offline reads the ledger alone)")
     try:
         res = resolve(repo, target=target, ledger=app.ledger, version=version, revision=revision,

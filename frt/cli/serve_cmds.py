@@ -32,7 +32,7 @@ def serve_cmd(app: App, host, port, trust, access_log):
         sink = open_sink(access_log)
     except OSError as e:
         raise BadInput(f"cannot open the access log {access_log}: {e.strerror}") from None
-    mirror = make_app(app.home, app.ledger, frozenset(trust), log=AccessLog(sink))
+    mirror = make_app(app.home, frozenset(trust), log=AccessLog(sink))
     if not mirror.catalog().repos:
         click.echo(f"frt-mirror: warning: nothing is staged in {app.home}: every repo will be answered "
                    "RepoNotFound (stage first: frt-mirror stage MANIFEST)", err=True)
@@ -56,7 +56,7 @@ def token_add(app: App, name):
     """Create a token and print it (the only time it is shown; the ledger keeps its hash)."""
     from frt.mirror.tokens import add_token
 
-    check_writable(app.home, "token add writes the ledger")
+    check_writable(app.root, "token add writes the ledger")
     click.echo(add_token(app.ledger, name))
 
 
@@ -79,6 +79,6 @@ def token_list(app: App, as_json):
 def token_revoke(app: App, name):
     from frt.mirror.tokens import revoke_token
 
-    check_writable(app.home, "token revoke writes the ledger")
+    check_writable(app.root, "token revoke writes the ledger")
     revoke_token(app.ledger, name)
     click.echo(f"revoked {name} (a running serve stops accepting it within 2 s)")

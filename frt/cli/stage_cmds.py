@@ -30,9 +30,9 @@ def stage_cmd(app: App, manifest, targets, jobs, endpoint, as_json):
     from frt.mirror.manifest_input import load_plan
     from frt.mirror.stage import stage
 
-    check_writable(app.home, "stage writes the ledger, the store and the views")
+    check_writable(app.root, "stage writes the ledger, the store and the views")
     plan = load_plan(manifest, targets)
-    report = stage(plan.requests, plan.targets, home=app.home, ledger=app.ledger, hub=app.hub(endpoint),
+    report = stage(plan.requests, plan.targets, home=app.home, hub=app.hub(endpoint),
                    jobs=jobs, publishers=plan.publishers, progress=not as_json)
     if as_json:
         emit_json({"ok": report.ok, "downloaded_bytes": report.downloaded_bytes,
@@ -59,7 +59,7 @@ def verify_cmd(app: App, as_json):
     """Re-hash every blob and check every view link; exit 1 with a list on any mismatch."""
     from frt.mirror.verify import verify
 
-    report = verify(app.home, app.ledger)
+    report = verify(app.home)
     if as_json:
         emit_json(report.to_json())
     else:
@@ -84,7 +84,7 @@ def export_cache_cmd(app: App, out, target, as_json):
     """Write a Hub cache for a target that works with HF_HUB_OFFLINE=1 (refs/vN for every staged version)."""
     from frt.mirror.hfcache import export_cache
 
-    refs = export_cache(out, app.home, app.ledger, target)
+    refs = export_cache(out, app.home, target)
     if as_json:
         emit_json({"cache": str(out), "refs": [{"repo": r, "ref": ref, "commit": c} for r, ref, c in refs]})
         return
@@ -102,7 +102,7 @@ def bundle_cmd(app: App, out, targets, as_json):
     """Write OUT.tar: the staged set (blobs and ledger rows) for 'frt-mirror import' across an air gap."""
     from frt.mirror.bundle import bundle
 
-    report = bundle(out, app.home, app.ledger, [str(t) for t in targets] or None)
+    report = bundle(out, app.home, [str(t) for t in targets] or None)
     if as_json:
         emit_json(report.to_json())
     else:
@@ -117,8 +117,8 @@ def import_cmd(app: App, src, as_json):
     """Verify every file of IN.tar, then add it to the store, ledger and views; nothing if any check fails."""
     from frt.mirror.bundle import import_bundle
 
-    check_writable(app.home, "import writes the ledger, the store and the views")
-    report = import_bundle(src, app.home, app.ledger)
+    check_writable(app.root, "import writes the ledger, the store and the views")
+    report = import_bundle(src, app.home)
     if as_json:
         emit_json(report.to_json())
     else:

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import socket
-from pathlib import Path
 
-from frt.resolver import Ledger
 
+from ..home import Home
 from ..tokens import TokenCheck
 from .accesslog import AccessLog, open_sink
 from .app import MirrorApp
@@ -15,10 +14,9 @@ from .listen import listen
 
 __all__ = ["AccessLog", "MirrorApp", "listen", "make_app", "open_sink", "serve"]
 
-def make_app(home: Path, ledger: Ledger, trust_override: frozenset[str] = frozenset(),
-             log: AccessLog | None = None) -> MirrorApp:
-    catalog: Catalog = load_catalog(home, ledger, trust_override)
-    return MirrorApp(lambda: catalog, TokenCheck(ledger), log)
+def make_app(home: Home, trust_override: frozenset[str] = frozenset(), log: AccessLog | None = None) -> MirrorApp:
+    catalog: Catalog = load_catalog(home, trust_override)
+    return MirrorApp(lambda: catalog, TokenCheck(home.ledger), log)
 
 
 def serve(app: MirrorApp, sockets: list[socket.socket]) -> None:

@@ -12,10 +12,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from frt.resolver import Ledger
-
+from ..home import Home
 from ..records import blob_for, staged_rows
-from ..store import BlobStore
 
 
 def lfs_pointer(sha256: str, size: int) -> bytes:
@@ -101,8 +99,8 @@ class Catalog:
         return self.repos.get((repo_type, repo_id))
 
 
-def load_catalog(home: Path, ledger: Ledger, trust_override: frozenset[str] = frozenset()) -> Catalog:
-    store = BlobStore(home)
+def load_catalog(home: Home, trust_override: frozenset[str] = frozenset()) -> Catalog:
+    ledger, store = home.ledger, home.store
     rows = staged_rows(ledger)
     repos: dict[tuple[str, str], ServedRepo] = {}
     with ledger.view() as v:
