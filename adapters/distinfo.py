@@ -78,9 +78,10 @@ def write_python_dir(directory: Path) -> Path:
         ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
         for name, src in package_dirs().items():
             dest = build.joinpath(*name.split("."))
-            if name == "frt":
+            if name == "frt":  # the root's own modules (frt.atomic, …); its subpackages come one by one
                 dest.mkdir(parents=True)
-                shutil.copy2(src / "__init__.py", dest / "__init__.py")
+                for module in src.glob("*.py"):
+                    shutil.copy2(module, dest / module.name)
             else:
                 shutil.copytree(src, dest, ignore=ignore)
         write_dist_info(build)

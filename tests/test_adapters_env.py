@@ -43,8 +43,9 @@ def test_env_engine_vllm_prints_the_no_install_route(home, tmp_path):
                       "VLLM_DISABLE_COMPILE_CACHE": "1"}
     (info,) = python_dir.glob("frt_mirror_adapters-*.dist-info")
     assert "[vllm.general_plugins]\nfrt = frt.adapters.vllm_engine:register" in (info / "entry_points.txt").read_text()
-    for sub in ("resolver", "mirror", "seats", "adapters", "manifests"):
+    for sub in ("cli", "resolver", "mirror", "seats", "adapters", "manifests"):
         assert (python_dir / "frt" / sub / "__init__.py").is_file()
+    assert (python_dir / "frt" / "atomic.py").is_file()  # the root's own modules, not only its __init__
     assert (python_dir / "frt" / "manifests" / "examples" / "seats-vllm.toml").is_file()  # package data too
     assert not list(python_dir.rglob("__pycache__"))
 
@@ -64,7 +65,9 @@ def test_pythonpath_dir_alone_provides_frt_and_the_entry_points(home, tmp_path):
                  for g in ("vllm.general_plugins", "sglang.srt.plugins")}
         register = entry_points(group="vllm.general_plugins")["frt"].load()
         import frt.adapters.vllm_engine as v
-        print(json.dumps({"found": found, "file": v.__file__, "same": register is v.register}))
+        import frt.adapters.common as c  # what a worker runs on attach: it needs the root's frt.atomic
+        print(json.dumps({"found": found, "file": v.__file__, "same": register is v.register,
+                          "common": c.__file__}))
     """
     env = {k: v for k, v in cli_env().items() if k != "PYTHONPATH"}
     run = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
@@ -76,6 +79,7 @@ def test_pythonpath_dir_alone_provides_frt_and_the_entry_points(home, tmp_path):
     assert ("frt", "frt.adapters.sglang_engine:register", "frt-mirror-adapters") in \
         [tuple(e) for e in got["found"]["sglang.srt.plugins"]]
     assert got["file"].startswith(str(python_dir)) and got["same"]
+    assert got["common"].startswith(str(python_dir))
 
 
 def test_env_engine_sglang_and_rewrite(home):

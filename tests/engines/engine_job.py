@@ -28,8 +28,12 @@ def source_tree(dest: Path) -> Path:
         dirs = tomllib.load(f)["tool"]["setuptools"]["package-dir"]
     (dest / "frt").mkdir(parents=True)
     for name, rel in dirs.items():
-        if name == "frt":
-            (dest / "frt" / "__init__.py").write_bytes((ROOT / rel / "__init__.py").read_bytes())
+        if name == "frt":  # the root's modules and the packages that live inside it (frt.cli)
+            for module in (ROOT / rel).glob("*.py"):
+                (dest / "frt" / module.name).write_bytes(module.read_bytes())
+            for sub in (ROOT / rel).iterdir():
+                if (sub / "__init__.py").is_file():
+                    (dest / "frt" / sub.name).symlink_to(sub, target_is_directory=True)
         else:
             (dest / "frt" / name.split(".", 1)[1]).symlink_to(ROOT / rel, target_is_directory=True)
     return dest
