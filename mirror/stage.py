@@ -61,7 +61,7 @@ def stage(requests: list[Request], targets: list[Target], *, home: Home, hub: Hu
     ledger, store, views = home.ledger, home.store, home.views
     views.sweep_tmp()
     outcomes = _resolve_closure(requests, targets, ledger=ledger, hub=hub, publishers=publishers)
-    metas = {_key(o): o.metadata_parsed for o in outcomes if isinstance(o, _Checked)}
+    metas = {_key(o.resolution): o.metadata_parsed for o in outcomes if isinstance(o, _Checked)}
     resolutions = [o.resolution for o in outcomes if isinstance(o, _Checked)]
     report = StageReport()
     for o in outcomes:
@@ -131,9 +131,6 @@ class _Checked:
     resolution: Resolution
     metadata_parsed: object
 
-    def __getattr__(self, name):
-        return getattr(self.resolution, name)
-
 
 def _key(r) -> tuple:
     return (r.repo, r.commit, r.variant)
@@ -170,9 +167,10 @@ def _resolve_closure(requests, targets, *, ledger, hub, publishers) -> list[_Che
         for res in frontier:
             for dep in res.metadata_parsed.depends:
                 req = dependency_request(dep)
-                if (req.repo, req.label, str(res.target)) not in seen:
-                    seen.add((req.repo, req.label, str(res.target)))
-                    by_target.setdefault(res.target, []).append(req)
+                target = res.resolution.target
+                if (req.repo, req.label, str(target)) not in seen:
+                    seen.add((req.repo, req.label, str(target)))
+                    by_target.setdefault(target, []).append(req)
         frontier = []
         for target, reqs in by_target.items():
             more = resolve_trusted(reqs, [target])
