@@ -53,17 +53,24 @@ class BisectResult:
 
 
 def commit_range(ledger: Ledger, repo: str, good: str, bad: str) -> tuple[str, str, list[str]]:
-    """(good sha, bad sha, commits after good up to and including bad, oldest first)."""
+    """(good sha, bad sha, the commits bad reaches and good does not — git's good..bad — oldest first).
+
+    Which commits each reaches is what the upstream listed as its history; their order is the
+    upstream's (by date across merges), so over a merge the search is over that order, not a DAG."""
     with ledger.view() as v:
         g, b = v.commit_for(repo, good), v.commit_for(repo, bad)
         if g is None or b is None:
             missing = good if g is None else bad
             raise BadInput(f"{repo}: revision {missing!r} is not in the ledger (scan it, or pass --refresh)")
-        history = v.history(repo, b)
+        history, before = v.history(repo, b), v.history(repo, g)
+    if history is None or before is None:
+        missing = bad if history is None else good
+        raise BadInput(f"{repo}: the upstream's history of {missing} is not recorded: bisect it online once "
+                       "(without --offline), which asks the upstream for it")
     if g not in history:
         raise BadInput(f"{repo}: --good {good} is not an ancestor of --bad {bad}")
-    between = history[: history.index(g)]
-    return g, b, list(reversed(between))
+    reached = set(before)
+    return g, b, [sha for sha in reversed(history) if sha not in reached]
 
 
 def bisect(repo: str, *, good: str, bad: str, target: Target, cmd: list[str], home: Home,
@@ -71,10 +78,11 @@ def bisect(repo: str, *, good: str, bad: str, target: Target, cmd: list[str], ho
            on_step: Callable[[Step], None] = lambda s: None) -> BisectResult:
     ledger = home.ledger
     if hub is not None:
-        with ledger.view() as v:
-            known = v.known(repo) and v.commit_for(repo, good) and v.commit_for(repo, bad)
-        if refresh or not known:
-            scan(repo, hub=hub, ledger=ledger)
+        with ledger.view() as v:  # a full sha where the ledger knows one: the Hub takes no short ones
+            revs = [(v.commit_for(repo, r) if v.known(repo) else None) or r for r in (good, bad)]
+            known = all(v.history(repo, r) is not None for r in revs)
+        if refresh or not known:  # each end's own history is the upstream's answer for it
+            scan(repo, hub=hub, ledger=ledger, extra_revisions=tuple(revs))
     g, b, between = commit_range(ledger, repo, good, bad)
     result = BisectResult(repo, str(target), g, b)
     with ledger.view() as v:

@@ -37,8 +37,8 @@ from frt.resolver.gate import (
 )
 from frt.resolver.ledger import PublisherInfo
 from frt.resolver.ledger_io import merge_repo_record, repo_record
-from frt.resolver.resolution import VariantInfo
-from frt.resolver.schema import utcnow
+from frt.resolver.migrations import utcnow
+from frt.resolver.resolution import VariantInfo, parent_chain
 
 from frt.atomic import fsync_dir
 
@@ -47,7 +47,8 @@ from .records import StagedRow, all_blobs, blob_for, record_blobs, record_staged
 from .render import human_bytes, table
 from .store import CHUNK, BlobStore, Digest
 
-FORMAT = 1
+FORMAT = 2  # 2: each head's history as the upstream listed it, not parent links
+READS = (1, 2)
 MANIFEST = "frt-bundle.json"
 MAX_MANIFEST = 256 << 20  # read into memory: refuse a hostile giant before reading it
 _BLOB = re.compile(r"blobs/([0-9a-f]{64})")
@@ -190,7 +191,8 @@ def import_bundle(src: Path, home: Home) -> BundleReport:
     record_blobs(ledger, listed.values())
     for repo in repos:
         merge_repo_record(ledger, repo.repo, repo_type=repo.repo_type, endpoint=repo.endpoint,
-                          scanned_at=repo.scanned_at, refs=repo.refs, commits=repo.commits, builds=repo.builds)
+                          scanned_at=repo.scanned_at, refs=repo.refs, commits=repo.commits,
+                          listings=repo.listings, builds=repo.builds)
     for pub in publishers:
         ledger.record_publisher(pub.org, pub.trusted, endpoint=pub.endpoint, seen_at=pub.seen_at)
     views = home.views
@@ -261,6 +263,7 @@ class _RepoRows:
     scanned_at: datetime | None
     refs: dict[tuple[str, str], str]
     commits: list[dict]  # rows of the commits table, less repo_pk
+    listings: dict[str, list[str]]  # head -> the upstream's listing of its history, newest first
     builds: dict[str, list[VariantInfo]]  # sha -> its build listing, for scanned commits
 
 
@@ -268,8 +271,9 @@ def _check_manifest(doc: dict):
     """Validate everything that will reach the ledger or a path on disk, so that once the blobs
     verify, writing cannot fail half-way on content. Returns the listed blobs, the repos' rows,
     and per staged row its files paired with the blob each one is."""
-    if doc["format"] != FORMAT:
-        raise ValueError(f"bundle format {doc['format']!r}; this frt-mirror reads format {FORMAT}")
+    if doc["format"] not in READS:
+        raise ValueError(f"bundle format {doc['format']!r}; this frt-mirror reads formats "
+                         f"{', '.join(map(str, READS))}")
     json.dumps(doc, ensure_ascii=False).encode()  # a lone surrogate would fail later, inside SQLite
     listed = {}
     for b in doc["blobs"]:
@@ -317,16 +321,26 @@ def _parse_repo(d: dict) -> _RepoRows:
         _need(r["kind"] in ("branch", "tag"), f"bad ref {r}")
         name = check_ref(r["name"], where=where, what=f"{r['kind']} name")  # a file name in an exported cache
         refs[(r["kind"], name)] = check_commit(r["commit"], where=where, what=f"{r['kind']} {name!r} target")
-    commits, builds = [], {}
+    commits, builds, parents = [], {}, {}
     for c in d["commits"]:
         sha = check_commit(c["sha"], where=where)
-        parent = None if c["parent"] is None else check_commit(c["parent"], where=where, what="parent")
         _need(isinstance(c["title"], str), f"bad commit {sha!r}")
-        commits.append({"sha": sha, "parent_sha": parent, "depth": _int(c["depth"], -1),
-                        "title": c["title"], "date": _when(c["date"])})
+        commits.append({"sha": sha, "depth": _int(c["depth"], -1), "title": c["title"], "date": _when(c["date"])})
+        if "parent" in c:  # format 1 kept the upstream's list as parent links
+            parents[sha] = None if c["parent"] is None else check_commit(c["parent"], where=where, what="parent")
         if c["variants"] is not None:
             builds[c["sha"]] = [_parse_variant(v, f"{where}@{c['sha'][:12]}") for v in c["variants"]]
-    return _RepoRows(d["repo"], d["repo_type"], d["endpoint"], _when(d["scanned_at"]), refs, commits, builds)
+    if "listings" in d:
+        _need(isinstance(d["listings"], dict), f"{where}: bad listings")
+        listings = {check_commit(head, where=where, what="listed head"):
+                    [check_commit(sha, where=where, what="listed commit") for sha in shas]
+                    for head, shas in d["listings"].items()}
+        known = {c["sha"] for c in commits}
+        _need(all(set(shas) <= known for shas in listings.values()), f"{where}: a listing names an unknown commit")
+    else:
+        listings = {head: parent_chain(parents, head) for head in set(refs.values())}
+    return _RepoRows(d["repo"], d["repo_type"], d["endpoint"], _when(d["scanned_at"]), refs, commits,
+                     {head: shas for head, shas in listings.items() if shas}, builds)
 
 
 def _parse_variant(v: dict, where: str) -> VariantInfo:

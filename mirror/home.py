@@ -14,6 +14,7 @@ from frt.resolver.errors import HomeReadOnly
 from frt.resolver.resolution import FileEntry
 
 from .records import StagedRow, blob_for, staged_rows
+from .schema import MIRROR_TRACK
 from .store import BlobStore
 from .views import Views
 
@@ -43,6 +44,11 @@ def check_writable(home: Path, what: str) -> None:
                            "read-write")
 
 
+def open_ledger(path: Path, readonly: bool | None = None) -> Ledger:
+    """A ledger with the mirror's tables beside the resolver's (migrated, or checked when read-only)."""
+    return Ledger(path, readonly=readonly, tracks=(MIRROR_TRACK,))
+
+
 class Home:
     """One home: its ledger, its blob store and its views, and the few questions everyone asks of
     them. The CLI, `serve`, bundle/import, verify, env/export-cache and `frt.seats` take a Home; none
@@ -57,7 +63,7 @@ class Home:
     @property
     def ledger(self) -> Ledger:
         if self._ledger is None:
-            self._ledger = Ledger(ledger_path(self.root), readonly=self._readonly)
+            self._ledger = open_ledger(ledger_path(self.root), readonly=self._readonly)
         return self._ledger
 
     @cached_property

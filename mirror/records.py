@@ -6,11 +6,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from frt.resolver import Ledger, Resolution
+from frt.resolver.migrations import utcnow
 from frt.resolver.resolution import FileEntry
-from frt.resolver.schema import Blob, Staged, utcnow
 from sqlalchemy import select
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
+from .schema import Blob, Staged
 from .store import Digest
 
 

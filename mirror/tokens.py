@@ -10,8 +10,9 @@ import time
 
 from frt.resolver import Ledger
 from frt.resolver.errors import BadInput
-from frt.resolver.schema import Token
 from sqlalchemy import delete, select
+
+from .schema import Token
 
 
 def _hash(token: str) -> str:

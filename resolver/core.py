@@ -20,7 +20,7 @@ class Availability(Protocol):
     def commit_for(self, repo_id: str, revision: str) -> str | None: ...
     def variant_names(self, repo_id: str, sha: str) -> tuple[str, ...] | None: ...
     def variant(self, repo_id: str, sha: str, name: str) -> tuple[tuple[FileEntry, ...], dict]: ...
-    def history(self, repo_id: str, sha: str) -> list[str]: ...
+    def history(self, repo_id: str, sha: str) -> list[str] | None: ...
 
 
 def resolve_request(avail: Availability, request: Request, target: Target) -> Resolution | Refusal:
@@ -58,10 +58,10 @@ def _no_variant(avail, request, target, commit, names, decisions, versions) -> R
     if request.version is not None:
         lines = [request.version]
     else:
-        lines = [n for n, head in versions.items() if commit in avail.history(repo, head)]
+        lines = [n for n, head in versions.items() if commit in (avail.history(repo, head) or ())]
     newest, newest_line = None, None
     for n in lines:
-        newest = next((sha for sha in avail.history(repo, versions[n]) if has_target(sha)), None)
+        newest = next((sha for sha in avail.history(repo, versions[n]) or () if has_target(sha)), None)
         if newest:
             newest_line = n
             break

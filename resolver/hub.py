@@ -127,17 +127,15 @@ class HubClient:
         return check_commit(info.sha, where=f"upstream info of {repo_id}@{revision}")
 
     def history(self, repo_id: str, revision: str, repo_type: str = "kernel") -> list[CommitInfo]:
-        """First-parent history from `revision`, newest first, each with its parent filled in."""
+        """What the upstream lists as `revision`'s history, newest first, in its order (by date across
+        merges; the Hub names no parents, so none is claimed)."""
         commits = self._call(
             lambda: self.api.list_repo_commits(repo_id, revision=revision, repo_type=repo_type), repo_id
         )
         for c in commits:
             check_commit(c.commit_id, where=f"upstream history of {repo_id}@{revision[:12]}")
-        return [
-            CommitInfo(c.commit_id, commits[i + 1].commit_id if i + 1 < len(commits) else None,
-                       c.created_at.replace(tzinfo=None) if c.created_at else None, c.title or "")
-            for i, c in enumerate(commits)
-        ]
+        return [CommitInfo(c.commit_id, c.created_at.replace(tzinfo=None) if c.created_at else None, c.title or "")
+                for c in commits]
 
     def build_listing(self, repo_id: str, sha: str, repo_type: str = "kernel") -> dict[str, list[FileEntry]]:
         """Every file under build/ at a commit, grouped by variant directory; {} without build/."""

@@ -12,31 +12,22 @@ import json
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from sqlalchemy import Connection, bindparam, delete, func, select, update
+from sqlalchemy import Connection, delete, select, update
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import DatabaseError
 from sqlalchemy.orm import Session, sessionmaker
 
 from .errors import FrtError, HomeReadOnly, LedgerCorrupt, LedgerUnavailable, first_line
-from .ledger_open import (BUSY_TIMEOUT_MS, WRITING, cannot_write, check_read_only_schema, read_only_engine,
-                          read_write_engine)
-from .resolution import CommitInfo, FileEntry, Refusal, VariantInfo
-from .schema import Commit, File, Publisher, Ref, RefusalRow, Repo, Variant, migrate, utcnow
+from .ledger_open import WRITING, busy_timeout, cannot_write, read_only_engine, read_write_engine
+from .ledger_view import LedgerView
+from .migrations import SchemaTrack, check_read_only, migrate
+from .resolution import CommitInfo, Refusal, VariantInfo
+from .schema import RESOLVER_TRACK, Commit, File, Listing, Publisher, Ref, RefusalRow, Repo, Variant, utcnow
 from .variants import parse_fields
-
-
-@dataclass(frozen=True)
-class CommitRow:
-    sha: str
-    date: datetime | None
-    title: str
-    scanned: bool
-    variants: list[str]
-    no_digest: list[str] = field(default_factory=list)  # variants whose metadata.json has no publisher digest
 
 
 @dataclass(frozen=True)
@@ -51,23 +42,36 @@ class PublisherInfo:
                 "seen_at": self.seen_at.isoformat()}
 
 
+_insert_refusal = sqlite_insert(RefusalRow.__table__)
+_UPSERT_REFUSAL = _insert_refusal.on_conflict_do_update(
+    index_elements=["repo_id", "requested", "target", "error", "detail"],
+    set_={"count": RefusalRow.__table__.c.count + 1, "last_seen": _insert_refusal.excluded.last_seen,
+          "message": _insert_refusal.excluded.message, "commit_sha": _insert_refusal.excluded.commit_sha},
+)
+
+
 class Ledger:
     """`readonly`: open it read-only (no migration, no journal-mode change, no write); None: read-only
-    exactly when this process cannot write it (a read-only home)."""
+    exactly when this process cannot write it (a read-only home). `tracks`: the other layers' schema
+    tracks kept in this ledger (the mirror's `Home` names its own), migrated, or checked when
+    read-only, with the resolver's."""
 
-    def __init__(self, path: Path | str, readonly: bool | None = None):
+    def __init__(self, path: Path | str, readonly: bool | None = None, tracks: tuple[SchemaTrack, ...] = ()):
         self.path = Path(path)
         self.readonly = cannot_write(self.path) if readonly is None else readonly
+        self.tracks = (RESOLVER_TRACK, *tracks)
         self.engine = None
         try:
             self.engine = read_only_engine(self.path) if self.readonly else read_write_engine(self.path)
             self._sessions = sessionmaker(self.engine, expire_on_commit=False)
             if self.readonly:
                 with self.engine.connect() as conn:
-                    check_read_only_schema(conn, self.path)
+                    for track in self.tracks:
+                        check_read_only(conn, track, where=f"ledger {self.path}")
             else:
                 with self.write(failure="cannot be opened") as conn:
-                    migrate(conn)
+                    for track in self.tracks:
+                        migrate(conn, track)
         except (FrtError, DatabaseError, sqlite3.DatabaseError) as e:
             if self.engine is not None:
                 self.engine.dispose()
@@ -122,7 +126,7 @@ class Ledger:
             orig = getattr(e, "orig", e)
             if isinstance(orig, sqlite3.OperationalError) and "locked" in str(orig):
                 raise LedgerUnavailable(f"ledger {self.path} is locked by another process past the "
-                                        f"{BUSY_TIMEOUT_MS // 1000} s busy timeout: try again later") from None
+                                        f"{busy_timeout():g} s busy timeout: try again later") from None
             if isinstance(orig, (sqlite3.IntegrityError, sqlite3.OperationalError)):
                 raise  # a constraint is a bug, not a corrupt file
             raise LedgerCorrupt(f"ledger {self.path} {failure}: {first_line(e)}") from None
@@ -146,19 +150,21 @@ class Ledger:
                 row.gone = True
             repo.scanned_at = now
 
-    def record_history(self, repo_id: str, history: list[CommitInfo]) -> None:
-        """Record a first-parent history, newest first, as returned by list_repo_commits."""
+    def record_history(self, repo_id: str, head: str, history: list[CommitInfo]) -> None:
+        """Record what the upstream listed as `head`'s history (list_repo_commits), newest first: its
+        commits, and the listing itself, which replaces an earlier one of the same head."""
         with self.session() as s:
             repo = _repo(s, repo_id)
             known = {c.sha: c for c in s.scalars(select(Commit).where(Commit.repo_pk == repo.id))}
             for depth, c in enumerate(reversed(history)):
                 row = known.get(c.sha)
                 if row is None:
-                    known[c.sha] = Commit(repo_pk=repo.id, sha=c.sha, parent_sha=c.parent, depth=depth,
-                                          date=c.date, title=c.title)
+                    known[c.sha] = Commit(repo_pk=repo.id, sha=c.sha, depth=depth, date=c.date, title=c.title)
                     s.add(known[c.sha])
                 elif row.depth < 0:  # recorded by record_build before its history was known
-                    row.parent_sha, row.depth, row.date, row.title = c.parent, depth, c.date, c.title
+                    row.depth, row.date, row.title = depth, c.date, c.title
+            s.execute(delete(Listing).where(Listing.repo_pk == repo.id, Listing.head == head))
+            s.add_all(Listing(repo_pk=repo.id, head=head, position=i, sha=c.sha) for i, c in enumerate(history))
 
     def record_builds(self, repo_id: str, builds: dict[str, list[VariantInfo]]) -> None:
         """Record the build/ listings of commits {sha: variants}, in one transaction."""
@@ -169,7 +175,7 @@ class Ledger:
             for sha, variants in builds.items():
                 commit = rows.get(sha)
                 if commit is None:
-                    commit = Commit(repo_pk=repo.id, sha=sha, parent_sha=None, depth=-1, date=None, title="")
+                    commit = Commit(repo_pk=repo.id, sha=sha, depth=-1, date=None, title="")
                     s.add(commit)
                     s.flush()
                 s.execute(delete(Variant).where(Variant.commit_pk == commit.id))
@@ -229,143 +235,6 @@ class Ledger:
     def repos(self) -> list[str]:
         with self.session(write=False) as s:
             return list(s.scalars(select(Repo.repo_id).order_by(Repo.repo_id)))
-
-
-# The view's queries, built once: constructing a select() costs more than running it here.
-_REPO_REFS = (select(Repo.id, Ref.kind, Ref.name, Ref.commit_sha)
-              .outerjoin(Ref, (Ref.repo_pk == Repo.id) & ~Ref.gone)
-              .where(Repo.repo_id == bindparam("repo")).order_by(Ref.kind, Ref.name))
-_SHA_PREFIX = (select(Commit.sha).where(Commit.repo_pk == bindparam("pk"),
-                                        Commit.sha.startswith(bindparam("prefix"))).limit(2))
-_VARIANT_NAMES = (select(Commit.scanned, Variant.name).outerjoin(Variant, Variant.commit_pk == Commit.id)
-                  .where(Commit.repo_pk == bindparam("pk"), Commit.sha == bindparam("sha")).order_by(Variant.name))
-_VARIANT_FILES = (select(Variant.metadata_json, File.path, File.size, File.git_oid, File.sha256)
-                  .join(Commit, Variant.commit_pk == Commit.id).outerjoin(File, File.variant_pk == Variant.id)
-                  .where(Commit.repo_pk == bindparam("pk"), Commit.sha == bindparam("sha"),
-                         Variant.name == bindparam("name"))
-                  .order_by(File.path))
-_ALL_COMMIT_VARIANTS = (select(Commit.sha, Commit.parent_sha, Commit.scanned, Variant.name)
-                        .outerjoin(Variant, Variant.commit_pk == Commit.id)
-                        .where(Commit.repo_pk == bindparam("pk")).order_by(Commit.sha, Variant.name))
-
-_COMMITS_NEWEST_FIRST = (select(Commit.sha, Commit.date, Commit.title, Commit.scanned, Variant.name,
-                                 Variant.metadata_json.contains('"digest"'))
-                         .outerjoin(Variant, Variant.commit_pk == Commit.id)
-                         .where(Commit.repo_pk == bindparam("pk"))
-                         .order_by(Commit.date.desc().nulls_last(), Commit.depth.desc(), Commit.sha, Variant.name))
-_insert_refusal = sqlite_insert(RefusalRow.__table__)
-_UPSERT_REFUSAL = _insert_refusal.on_conflict_do_update(
-    index_elements=["repo_id", "requested", "target", "error", "detail"],
-    set_={"count": RefusalRow.__table__.c.count + 1, "last_seen": _insert_refusal.excluded.last_seen,
-          "message": _insert_refusal.excluded.message, "commit_sha": _insert_refusal.excluded.commit_sha},
-)
-
-
-class LedgerView:
-    """Read-only answers for the resolver core, inside one session (one consistent snapshot).
-
-    This is the hot path of every offline resolve, so it runs a few joined Core queries
-    on the session's connection and remembers their rows for the life of the view,
-    rather than loading ORM objects (which cost ~10× more per resolve).
-    """
-
-    def __init__(self, conn: Connection):
-        self._conn = conn
-        self._repos: dict[str, tuple[int | None, list[tuple[str, str, str]]]] = {}
-        self._names: dict[tuple[str, str], tuple[str, ...] | None] = {}
-        self._parents: dict[str, dict[str, str | None]] = {}
-
-    def _repo_row(self, repo_id: str) -> tuple[int | None, list[tuple[str, str, str]]]:
-        """(repo pk, [(kind, name, sha)] of live refs), in one query."""
-        if repo_id not in self._repos:
-            rows = self._conn.execute(_REPO_REFS, {"repo": repo_id}).all()
-            pk = rows[0][0] if rows else None
-            self._repos[repo_id] = (pk, [(k, n, c) for _, k, n, c in rows if k is not None])
-        return self._repos[repo_id]
-
-    def repo_pk(self, repo_id: str) -> int | None:
-        return self._repo_row(repo_id)[0]
-
-    def known(self, repo_id: str) -> bool:
-        return self.repo_pk(repo_id) is not None
-
-    def refs(self, repo_id: str) -> list[tuple[str, str, str]]:
-        """Live refs as (kind, name, commit sha), branches then tags, by name."""
-        return self._repo_row(repo_id)[1]
-
-    def versions(self, repo_id: str) -> dict[int, str]:
-        """Branches named v<N> (what `kernels` calls versions; tags are ignored, as it does)."""
-        out = {int(name[1:]): sha for kind, name, sha in self.refs(repo_id)
-               if kind == "branch" and name[:1] == "v" and name[1:].isdigit()}
-        return dict(sorted(out.items()))
-
-    def commit_for(self, repo_id: str, revision: str) -> str | None:
-        """A branch, a tag, a full sha, or an unambiguous sha prefix (≥ 7 hex digits)."""
-        for _kind, name, sha in self.refs(repo_id):
-            if name == revision:
-                return sha
-        rev = revision.lower()
-        if len(rev) >= 7 and all(c in "0123456789abcdef" for c in rev):
-            shas = self._conn.execute(_SHA_PREFIX, {"pk": self.repo_pk(repo_id), "prefix": rev}).scalars().all()
-            if len(shas) == 1:
-                return shas[0]
-        return None
-
-    def variant_names(self, repo_id: str, sha: str) -> tuple[str, ...] | None:
-        """The variant names at a commit, or None when its build/ listing was never recorded."""
-        key = (repo_id, sha)
-        if key not in self._names:
-            rows = self._conn.execute(_VARIANT_NAMES, {"pk": self.repo_pk(repo_id), "sha": sha}).all()
-            self._names[key] = tuple(n for _, n in rows if n is not None) if rows and rows[0][0] else None
-        return self._names[key]
-
-    def variant(self, repo_id: str, sha: str, name: str) -> tuple[tuple[FileEntry, ...], dict]:
-        rows = self._conn.execute(_VARIANT_FILES, {"pk": self.repo_pk(repo_id), "sha": sha, "name": name}).all()
-        files = tuple(FileEntry(p, n, oid, h) for _, p, n, oid, h in rows if p is not None)
-        return files, json.loads(rows[0][0]) if rows and rows[0][0] else {}
-
-    def history(self, repo_id: str, sha: str) -> list[str]:
-        """First-parent history from `sha` back to the root, newest first, as far as recorded.
-
-        Only refusals walk history; the first walk loads every commit's variant names too,
-        since the refusal then asks which of those commits has the target.
-        """
-        if repo_id not in self._parents:
-            rows = self._conn.execute(_ALL_COMMIT_VARIANTS, {"pk": self.repo_pk(repo_id)}).all()
-            parents: dict[str, str | None] = {}
-            names: dict[str, list[str]] = {}
-            for c_sha, parent, scanned, vname in rows:
-                parents[c_sha] = parent
-                if scanned:
-                    bucket = names.setdefault(c_sha, [])
-                    if vname is not None:
-                        bucket.append(vname)
-            self._parents[repo_id] = parents
-            for c_sha in parents:
-                self._names.setdefault((repo_id, c_sha), tuple(names[c_sha]) if c_sha in names else None)
-        parents = self._parents[repo_id]
-        out, seen, cur = [], set(), sha
-        while cur is not None and cur in parents and cur not in seen:
-            out.append(cur)
-            seen.add(cur)
-            cur = parents[cur]
-        return out
-
-    def commits(self, repo_id: str) -> list[CommitRow]:
-        """Every recorded commit, newest first, with its variant names (for the matrix)."""
-        out: dict[str, CommitRow] = {}
-        for sha, date, title, scanned, vname, digest in self._conn.execute(_COMMITS_NEWEST_FIRST,
-                                                                           {"pk": self.repo_pk(repo_id)}):
-            row = out.setdefault(sha, CommitRow(sha, date, title, bool(scanned), []))
-            if vname is not None:
-                row.variants.append(vname)
-                if not digest:
-                    row.no_digest.append(vname)
-        return list(out.values())
-
-    def commit_count(self, repo_id: str) -> int:
-        return self._conn.execute(select(func.count()).select_from(Commit)
-                                  .where(Commit.repo_pk == self.repo_pk(repo_id))).scalar_one()
 
 
 def _variant_row(commit_pk: int, v: VariantInfo) -> Variant:

@@ -21,6 +21,7 @@ are writes); a schema this code does not read as it is is refused.
 
 from __future__ import annotations
 
+import functools
 import os
 import sqlite3
 from contextvars import ContextVar
@@ -29,10 +30,13 @@ from urllib.parse import quote
 
 from sqlalchemy import URL, Connection, Engine, create_engine, event
 
-from .errors import BadInput, HomeReadOnly, LedgerCorrupt
-from .schema import SCHEMA_VERSION, schema_version
+from .errors import BadInput, HomeReadOnly
+from .settings import env_number
 
-BUSY_TIMEOUT_MS = 30_000
+def busy_timeout() -> float:
+    """How long a ledger write waits for another process's write lock, in seconds
+    (FRT_LEDGER_BUSY_TIMEOUT, default 30): past it, the command stops with "try again later"."""
+    return env_number("FRT_LEDGER_BUSY_TIMEOUT", 30.0)
 
 # Whether the transaction being begun on this thread will write (see Ledger.write).
 WRITING: ContextVar[bool] = ContextVar("frt_ledger_writing", default=False)
@@ -52,8 +56,9 @@ def read_write_engine(path: Path) -> Engine:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:  # a file where the home should be, a parent without write permission
         raise BadInput(f"home {path.parent} cannot be created or used: {e.strerror}") from None
-    engine = create_engine(f"sqlite:///{path}", connect_args={"timeout": BUSY_TIMEOUT_MS / 1000})
-    event.listen(engine, "connect", _configure_read_write)
+    timeout = busy_timeout()
+    engine = create_engine(f"sqlite:///{path}", connect_args={"timeout": timeout})
+    event.listen(engine, "connect", functools.partial(_configure_read_write, timeout))
     event.listen(engine, "begin", _begin)
     return engine
 
@@ -64,22 +69,11 @@ def read_only_engine(path: Path) -> Engine:
     uri = _uri(path)
     url = URL.create("sqlite", database=f"file:{uri}",
                      query={**_read_only_params(path, uri), "uri": "true"})
-    engine = create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000})
-    event.listen(engine, "connect", _configure_read_only)
+    timeout = busy_timeout()
+    engine = create_engine(url, connect_args={"timeout": timeout})
+    event.listen(engine, "connect", functools.partial(_configure_read_only, timeout))
     event.listen(engine, "begin", lambda conn: conn.exec_driver_sql("BEGIN"))
     return engine
-
-
-def check_read_only_schema(conn: Connection, path: Path) -> None:
-    """A read-only ledger is read as it is: a migration is a write, so the schema must be this code's."""
-    current = schema_version(conn)
-    if current is not None and current > SCHEMA_VERSION:
-        raise LedgerCorrupt(f"ledger {path} schema v{current} is newer than this frt-mirror understands "
-                            f"(v{SCHEMA_VERSION}): upgrade frt-mirror")
-    if current != SCHEMA_VERSION:
-        raise HomeReadOnly(f"ledger {path} schema v{current or 0} needs migrating to v{SCHEMA_VERSION}; "
-                           "open it once read-write (any frt-mirror command where the home is writable) "
-                           "to migrate it")
 
 
 def _uri(path: Path) -> str:
@@ -110,21 +104,21 @@ def _begin(conn: Connection) -> None:
     conn.exec_driver_sql("BEGIN IMMEDIATE" if WRITING.get() else "BEGIN")
 
 
-def _configure_read_write(dbapi_conn, _record) -> None:
+def _configure_read_write(timeout: float, dbapi_conn, _record) -> None:
     # The driver must not open transactions on its own: `_begin` does, IMMEDIATE for writers.
     dbapi_conn.isolation_level = None
     cur = dbapi_conn.cursor()
-    cur.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+    cur.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
     cur.execute("PRAGMA journal_mode = WAL")
     cur.execute("PRAGMA synchronous = NORMAL")
     cur.execute("PRAGMA foreign_keys = ON")
     cur.close()
 
 
-def _configure_read_only(dbapi_conn, _record) -> None:
+def _configure_read_only(timeout: float, dbapi_conn, _record) -> None:
     # No journal_mode here: changing it is a write (and an immutable open reports "delete" anyway).
     dbapi_conn.isolation_level = None
     cur = dbapi_conn.cursor()
-    cur.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+    cur.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
     cur.close()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from .ledger import LedgerView
+from .ledger_view import LedgerView
 from .targets import Target, make_target
 from .variants import decide, parse_fields
 

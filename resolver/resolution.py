@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 
@@ -18,12 +19,23 @@ class FileEntry:
 
 @dataclass(frozen=True)
 class CommitInfo:
-    """One commit as upstream's history lists it."""
+    """One commit as upstream's history lists it (the Hub names no parents)."""
 
     sha: str
-    parent: str | None
     date: datetime | None
     title: str
+
+
+def parent_chain(parents: Mapping[str, str | None], head: str) -> list[str]:
+    """`head` and the commits its recorded parents lead back to, newest first. Only an old record
+    (a v4 ledger, a format-1 bundle) has parents: each was the next entry of the upstream's list, so
+    the chain replays that list, which is what it is now kept as."""
+    out, seen, cur = [], set(), head
+    while cur is not None and cur in parents and cur not in seen:
+        out.append(cur)
+        seen.add(cur)
+        cur = parents[cur]
+    return out
 
 
 @dataclass(frozen=True)

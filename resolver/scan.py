@@ -20,7 +20,7 @@ from .hub import HubClient
 from .ledger import Ledger
 from .gate import check_repo_id
 from .resolution import FileEntry, VariantInfo
-from .schema import Commit, Repo
+from .schema import Listing, Repo
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ def scan(repo_id: str, *, hub: HubClient, ledger: Ledger, jobs: int = 8, repo_ty
     for rev in extra_revisions:
         heads.append(hub.revision_sha(repo_id, rev, repo_type))
     for head in _heads_without_history(ledger, repo_id, heads):
-        ledger.record_history(repo_id, hub.history(repo_id, head, repo_type))
+        ledger.record_history(repo_id, head, hub.history(repo_id, head, repo_type))
 
     todo = ledger.unscanned_commits(repo_id)
     if progress and todo:
@@ -69,10 +69,12 @@ def _record_publisher(org: str, *, hub: HubClient, ledger: Ledger) -> None:
 
 
 def _heads_without_history(ledger: Ledger, repo_id: str, heads: list[str]) -> list[str]:
+    """Heads whose listing is not recorded. A commit's history never changes, so a listing once
+    recorded is kept; a new head (a push) is asked for its own."""
     with ledger.session(write=False) as s:
-        placed = set(s.scalars(select(Commit.sha).join(Repo)
-                               .where(Repo.repo_id == repo_id, Commit.sha.in_(heads), Commit.depth >= 0)))
-    return [h for h in dict.fromkeys(heads) if h not in placed]
+        listed = set(s.scalars(select(Listing.head).join(Repo)
+                               .where(Repo.repo_id == repo_id, Listing.head.in_(heads)).distinct()))
+    return [h for h in dict.fromkeys(heads) if h not in listed]
 
 
 def _metadata_file(files: list[FileEntry]) -> FileEntry | None:

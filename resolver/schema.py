@@ -1,35 +1,23 @@
-"""The ledger's tables (SQLAlchemy 2.x typed ORM) and their migrations.
-
-Why an explicit migration table rather than Alembic: the ledger is one SQLite file
-inside a user's home, opened by a CLI on machines that may have no network; the
-migrations must ship inside the wheel and run on open with no ini files or script
-directory. A fresh ledger is created from the models and stamped with the newest
-version; an older one runs the missing steps of `MIGRATIONS` in order, each in
-its own transaction. `create_all` never alters existing tables, so every change
-after version 1 must be an explicit step here.
+"""The resolver's tables in the ledger (SQLAlchemy 2.x typed ORM) and their migration track: what
+upstream has (repos, refs, commits, the upstream's commit listings, variants, files), every refusal,
+and each org's publisher trust. The mirror's tables are the mirror's own (frt.mirror.schema); see
+migrations.py for how each track is versioned.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import datetime
 
-from sqlalchemy import Connection, ForeignKey, Index, String, Text, UniqueConstraint, text
+from sqlalchemy import Connection, ForeignKey, String, Text, UniqueConstraint, select, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-
-def utcnow() -> datetime:
-    return datetime.now(timezone.utc).replace(tzinfo=None)
+from .migrations import SchemaTrack, utcnow
+from .resolution import parent_chain
 
 
 class Base(DeclarativeBase):
     pass
-
-
-class SchemaVersion(Base):
-    __tablename__ = "schema_migrations"
-    version: Mapped[int] = mapped_column(primary_key=True)
-    applied_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
 class Repo(Base):
@@ -57,14 +45,16 @@ class Ref(Base):
 
 
 class Commit(Base):
-    """One commit of a repo's history; `depth` orders history (0 = root, first-parent)."""
+    """One commit the upstream listed. The Hub's commit list names no parents, so none is claimed:
+    `depth` is the commit's place in the first listing that named it, counted from that listing's
+    oldest end (an order for display; -1: known only from a build listing). Which commits a head
+    reaches is `Listing`'s."""
 
     __tablename__ = "commits"
-    __table_args__ = (UniqueConstraint("repo_pk", "sha"), Index("ix_commits_parent", "repo_pk", "parent_sha"))
+    __table_args__ = (UniqueConstraint("repo_pk", "sha"),)
     id: Mapped[int] = mapped_column(primary_key=True)
     repo_pk: Mapped[int] = mapped_column(ForeignKey("repos.id", ondelete="CASCADE"))
     sha: Mapped[str] = mapped_column(String(40))
-    parent_sha: Mapped[str | None] = mapped_column(String(40))
     depth: Mapped[int]
     date: Mapped[datetime | None]
     title: Mapped[str] = mapped_column(default="")
@@ -73,6 +63,18 @@ class Commit(Base):
     variants: Mapped[list[Variant]] = relationship(
         back_populates="commit", cascade="all, delete-orphan", order_by="Variant.name"
     )
+
+
+class Listing(Base):
+    """What the upstream listed as a head's history (`list_repo_commits(revision=head)`), in its order:
+    position 0 is the head. Across merges that order is the Hub's (by date), not a parent chain, so the
+    listing is read as a set of reachable commits plus an order, never as parent links."""
+
+    __tablename__ = "listings"
+    repo_pk: Mapped[int] = mapped_column(ForeignKey("repos.id", ondelete="CASCADE"), primary_key=True)
+    head: Mapped[str] = mapped_column(String(40), primary_key=True)
+    position: Mapped[int] = mapped_column(primary_key=True, autoincrement=False)
+    sha: Mapped[str] = mapped_column(String(40))
 
 
 class Variant(Base):
@@ -145,53 +147,12 @@ class Publisher(Base):
     seen_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
-class Blob(Base):
-    """A verified file in the mirror's content-addressed store."""
-
-    __tablename__ = "blobs"
-    sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
-    size: Mapped[int]
-    git_oid: Mapped[str] = mapped_column(String(40), index=True)  # git blob sha1 of the content
-    stored_at: Mapped[datetime] = mapped_column(default=utcnow)
+SCHEMA_VERSION = 5
 
 
-class Staged(Base):
-    """A request staged for a target: the commit and variant whose files are in the store and views."""
-
-    __tablename__ = "staged"
-    __table_args__ = (UniqueConstraint("repo_id", "requested", "target"),)
-    id: Mapped[int] = mapped_column(primary_key=True)
-    repo_id: Mapped[str]
-    requested: Mapped[str]  # Request.label: "v1", "revision release/v1", "pin 3f2a…"
-    version: Mapped[int | None]
-    revision: Mapped[str | None]
-    target: Mapped[str]
-    commit_sha: Mapped[str] = mapped_column(String(40))
-    variant: Mapped[str]
-    staged_at: Mapped[datetime] = mapped_column(default=utcnow)
-
-
-class Token(Base):
-    """A bearer token for `serve`: only its sha256 is kept; the token itself is shown once."""
-
-    __tablename__ = "tokens"
-    id: Mapped[int] = mapped_column(primary_key=True)
-    name: Mapped[str] = mapped_column(unique=True)
-    sha256: Mapped[str] = mapped_column(String(64), unique=True)
-    created_at: Mapped[datetime] = mapped_column(default=utcnow)
-
-
-SCHEMA_VERSION = 4
-
-
-def _v2_store(conn: Connection) -> None:
-    """Version 2: the blob store's index and what is staged (new tables only)."""
-    Base.metadata.create_all(conn, tables=[Blob.__table__, Staged.__table__])
-
-
-def _v3_tokens(conn: Connection) -> None:
-    """Version 3: bearer tokens for serve."""
-    Base.metadata.create_all(conn, tables=[Token.__table__])
+def _moved_to_mirror(conn: Connection) -> None:
+    """Versions 2 and 3 created the blob index, the staged table and tokens. Those are the mirror's
+    tables now, created by its own track (which keeps them where an older ledger has them)."""
 
 
 def _v4_publishers(conn: Connection) -> None:
@@ -199,34 +160,26 @@ def _v4_publishers(conn: Connection) -> None:
     Base.metadata.create_all(conn, tables=[Publisher.__table__])
 
 
-# version -> step that brings a ledger at version-1 up to version; `test_ledger` checks
-# that every version after 1 has one.
-MIGRATIONS: dict[int, Callable[[Connection], None]] = {2: _v2_store, 3: _v3_tokens, 4: _v4_publishers}
+def _v5_listings(conn: Connection) -> None:
+    """Version 5: commits stop claiming parents. Until now a commit's parent was the next entry of the
+    upstream's list, which is wrong across merges. Each live ref's head gets the listing the old
+    chain gave it (the order the upstream listed it in); the parent column goes."""
+    Base.metadata.create_all(conn, tables=[Listing.__table__])
+    parents: dict[int, dict[str, str | None]] = {}
+    for pk, sha, parent in conn.execute(text("SELECT repo_pk, sha, parent_sha FROM commits")):
+        parents.setdefault(pk, {})[sha] = parent
+    heads = set(conn.execute(select(Ref.repo_pk, Ref.commit_sha).where(~Ref.gone)).all())
+    rows = [{"repo_pk": pk, "head": head, "position": i, "sha": sha}
+            for pk, head in heads for i, sha in enumerate(parent_chain(parents.get(pk, {}), head))]
+    if rows:
+        conn.execute(Listing.__table__.insert(), rows)
+    conn.execute(text("DROP INDEX IF EXISTS ix_commits_parent"))
+    conn.execute(text("ALTER TABLE commits DROP COLUMN parent_sha"))
 
 
-def schema_version(conn: Connection) -> int | None:
-    """The ledger's schema version; None for a database with no schema_migrations table (a fresh one)."""
-    tables = set(conn.execute(text("SELECT name FROM sqlite_master WHERE type='table'")).scalars())
-    if SchemaVersion.__tablename__ not in tables:
-        return None
-    return conn.execute(text("SELECT max(version) FROM schema_migrations")).scalar() or 0
+# version -> step that brings a ledger at version-1 up to version; `test_ledger` checks that every
+# version after 1 has one.
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {
+    2: _moved_to_mirror, 3: _moved_to_mirror, 4: _v4_publishers, 5: _v5_listings}
 
-
-def migrate(conn: Connection) -> None:
-    """Create a fresh ledger, or bring an older one up to `SCHEMA_VERSION`."""
-    current = schema_version(conn)
-    if current is None:
-        Base.metadata.create_all(conn)
-        conn.execute(SchemaVersion.__table__.insert().values(version=SCHEMA_VERSION, applied_at=utcnow()))
-        return
-    from .errors import LedgerCorrupt
-
-    if current < 1:
-        raise LedgerCorrupt("ledger has a schema_migrations table but no version in it")
-    if current > SCHEMA_VERSION:
-        raise LedgerCorrupt(
-            f"ledger schema version {current} is newer than this frt-mirror understands ({SCHEMA_VERSION}); upgrade"
-        )
-    for version in range(current + 1, SCHEMA_VERSION + 1):
-        MIGRATIONS[version](conn)
-        conn.execute(SchemaVersion.__table__.insert().values(version=version, applied_at=utcnow()))
+RESOLVER_TRACK = SchemaTrack.of("resolver", Base.metadata, SCHEMA_VERSION, "schema_migrations", MIGRATIONS)

@@ -44,7 +44,7 @@ def open_ledger(home: Path) -> Ledger | None:
     """The home's ledger, opened read-only: seats only read it, and an engine worker's home is often a
     read-only shared mount. None where nothing was ever staged: a reader never creates a ledger."""
     path = ledger_path(home)
-    return Ledger(path, readonly=True) if path.exists() else None
+    return Home(home, readonly=True).ledger if path.exists() else None
 
 
 class KernelSource:

@@ -129,3 +129,37 @@ def test_bad_ranges_are_bad_input(hub, home, drift):
     p = run_cli("--endpoint", hub.url, "bisect", DRIFT, "--good", shas[5], "--bad", shas[2], "--target", TARGET,
                 "--", "true", home=home)
     assert p.returncode == 2 and "is not an ancestor" in p.stderr
+
+
+MERGED = f"{ORG}/merged"
+
+
+def merged_repo() -> tuple[FakeRepo, dict[str, str]]:
+    """main: A - B - M, where M merges a side branch off A (S, dated after B) that was then deleted,
+    as a merged pull request's branch is. The Hub lists M's history by date: M, S, B, A; so the
+    entry after S is B, which is not S's parent."""
+    repo = FakeRepo(MERGED)
+    shas = {"A": repo.commit(build("merged", [X86_CPU], version=1, note="a"), title="A", branch="main")}
+    repo.branch("side", "main")
+    shas["B"] = repo.commit(build("merged", [X86_CPU], version=1, note="b"), title="B", branch="main")
+    shas["S"] = repo.commit(build("merged", [X86_CPU], version=1, note="s"), title="S", branch="side")
+    shas["M"] = repo.commit(build("merged", [X86_CPU], version=1, note="m"), title="M", branch="main",
+                            merge="side")
+    del repo.branches["side"]
+    assert [c.title for c in repo.history(shas["M"])] == ["M", "S", "B", "A"]
+    return repo, shas
+
+
+def test_across_a_merge_the_range_is_what_the_upstream_lists_not_next_entry_parents(hub, home):
+    """Taking the next entry of the Hub's list for a parent made B an ancestor of S, and bisect then
+    searched a range that is not one. Each end's own listing says what it reaches."""
+    repo, shas = merged_repo()
+    hub.add_repo(repo)
+    p = run_cli("--endpoint", hub.url, "bisect", MERGED, "--good", shas["B"], "--bad", shas["S"], "--target", TARGET,
+                "--", "true", home=home)
+    assert p.returncode == 2 and "is not an ancestor" in p.stderr, p.stderr
+    p = run_cli("--endpoint", hub.url, "bisect", MERGED, "--good", shas["A"], "--bad", shas["M"], "--target", TARGET,
+                "--json", "--", "true", home=home, timeout=300)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)  # every probe is good, so the answer is bad itself
+    assert doc["candidates"] == [shas["B"], shas["S"]] and doc["first_bad"] == shas["M"]

@@ -210,6 +210,17 @@ def _climbing_path(m, data):
     return [(m, data)]
 
 
+def _forged_listing(m, data):
+    """A head's history that names a commit the bundle does not carry."""
+    if m.name == "frt-bundle.json":
+        doc = json.loads(data)
+        listings = doc["repos"][0]["listings"]
+        listings[next(iter(listings))].append("f" * 40)
+        data = json.dumps(doc).encode()
+        m.size = len(data)
+    return [(m, data)]
+
+
 @pytest.mark.parametrize("edit, says", [
     (_extra("../evil"), "'../evil'"),
     (_extra("/tmp/frt-evil-abs"), "frt-evil-abs"),
@@ -218,7 +229,8 @@ def _climbing_path(m, data):
     (_drop_first_blob(), "missing from the archive"),
     (_bad_json, "malformed frt-bundle.json"),
     (_climbing_path, "../../../../evil"),
-], ids=["traversal", "absolute", "symlink", "unlisted", "missing", "bad-json", "climbing-path"])
+    (_forged_listing, "a listing names an unknown commit"),
+], ids=["traversal", "absolute", "symlink", "unlisted", "missing", "bad-json", "climbing-path", "forged-listing"])
 def test_hostile_or_broken_bundles_are_refused(a, b_with_x86, tmp_path, edit, says):
     good, bad = a.full, tmp_path / "bad.tar"
     rewrite(good, bad, edit)
@@ -253,3 +265,24 @@ def test_bundle_of_nothing_is_bad_input(home, tmp_path):
     p = run_cli("bundle", str(tmp_path / "x.tar"), home=home)
     assert p.returncode == 2 and "nothing is staged" in p.stderr
     assert not (tmp_path / "x.tar").exists()
+
+
+def test_a_format_1_bundle_still_imports_with_its_history(tmp_path):
+    """A bundle written by the previous release (format 1: parent links, no listings; made at
+    7bde11a from relu v1 for x86 CPU) imports with no network, verifies, resolves, and each ref's
+    head gets the history its parent links recorded."""
+    old = Path(__file__).parent / "data" / "v4" / "relu-v1.tar"
+    b = tmp_path / "b"
+    p = import_offline(b, old)
+    assert p.returncode == 0, p.stderr
+    assert run_cli("verify", home=b, wrap=NO_NET).returncode == 0
+    p = run_cli("resolve", RELU, "--version", "1", "--target", X86, "--offline", "--json", home=b, wrap=NO_NET)
+    assert p.returncode == 0, p.stderr
+    commit = json.loads(p.stdout)["commit"]
+    with tarfile.open(old) as tf:
+        doc = json.load(tf.extractfile("frt-bundle.json"))
+    parents = {c["sha"]: c["parent"] for c in doc["repos"][0]["commits"]}
+    with sqlite3.connect(b / "ledger.sqlite") as db:
+        listed = [sha for (sha,) in db.execute("SELECT sha FROM listings WHERE head = ? ORDER BY position",
+                                               (commit,))]
+    assert listed == [commit, parents[commit]] and parents[parents[commit]] is None

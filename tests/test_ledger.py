@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import sqlite3
+from pathlib import Path
 
 import pytest
 
+from frt.mirror.home import Home
+from frt.mirror.schema import MIRROR_TRACK, MIRROR_VERSION
+from frt.mirror.tokens import list_tokens
 from frt.resolver import Ledger, LedgerCorrupt, Refusal, Request, parse_target
-from frt.resolver.schema import MIGRATIONS, SCHEMA_VERSION
+from frt.resolver.core import resolve_request
+from frt.resolver.schema import MIGRATIONS, RESOLVER_TRACK, SCHEMA_VERSION
+from tests.conftest import RELU, cli_env, run_cli
 
 
 def test_fresh_ledger_is_stamped_and_migrations_cover_every_version(tmp_path):
@@ -60,20 +66,85 @@ def test_concurrent_writers_do_not_corrupt_or_lose_rows(tmp_path):
     assert sqlite3.connect(path).execute("PRAGMA integrity_check").fetchone()[0] == "ok"
 
 
+V4_DUMP = Path(__file__).parent / "data" / "v4" / "ledger.sql"  # written by frt-mirror at 7bde11a (schema 4)
+
+
+def old_ledger(path: Path, version: int = 4) -> None:
+    """A ledger as an earlier release left it: the v4 one staged relu v1 for x86 CPU and added a
+    token; for version 1, less what versions 2-4 added."""
+    con = sqlite3.connect(path)
+    con.executescript(V4_DUMP.read_text())
+    if version == 1:
+        con.executescript("DROP TABLE blobs; DROP TABLE staged; DROP TABLE tokens; DROP TABLE publishers;"
+                          "DELETE FROM schema_migrations;"
+                          "INSERT INTO schema_migrations (version, applied_at) VALUES (1, '2026-11-01');")
+    con.close()
+
+
 def test_a_version_1_ledger_is_migrated_keeping_its_rows(tmp_path):
     """A ledger written by the first release (schema 1) gains the store tables and keeps its refusals."""
-    path = tmp_path / "l.sqlite"
+    path = tmp_path / "ledger.sqlite"
+    old_ledger(path, version=1)
     led = Ledger(path)
     led.record_refusal(Refusal(Request("org/k", version=1), parse_target("torch2.13-cpu-x86_64-linux"),
                                "NoVariant", "kept", detail="d"))
     led.close()
-    con = sqlite3.connect(path)  # roll it back to what version 1 had
-    con.executescript("DROP TABLE blobs; DROP TABLE staged; DROP TABLE tokens; DELETE FROM schema_migrations;"
-                      "INSERT INTO schema_migrations (version, applied_at) VALUES (1, '2026-11-01');")
-    con.close()
-    led = Ledger(path)
-    assert [r.message for r in led.refusals()] == ["kept"]
+    home = Home(tmp_path)
+    assert [r.message for r in home.ledger.refusals()] == ["kept"]
+    home.close()
     con = sqlite3.connect(path)
     tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    assert {"blobs", "staged", "tokens"} <= tables
+    assert {"blobs", "staged", "tokens", "publishers", "listings"} <= tables
     assert con.execute("SELECT max(version) FROM schema_migrations").fetchone()[0] == SCHEMA_VERSION
+    assert con.execute("SELECT max(version) FROM mirror_schema_migrations").fetchone()[0] == MIRROR_VERSION
+
+
+def test_a_version_4_ledger_keeps_its_mirror_rows_and_its_history(tmp_path):
+    """The v4 ledger's blobs, staged rows and token are the mirror's track's now, kept where they were;
+    its parent links become each head's listing, the order the upstream listed it in, and go."""
+    path = tmp_path / "ledger.sqlite"
+    old_ledger(path)
+    con = sqlite3.connect(path)
+    chain = dict(con.execute("SELECT sha, parent_sha FROM commits"))
+    head = con.execute("SELECT commit_sha FROM refs WHERE name = 'v1'").fetchone()[0]
+    before = {t: con.execute(f"SELECT * FROM {t} ORDER BY 1").fetchall() for t in ("blobs", "staged", "tokens")}
+    con.close()
+    home = Home(tmp_path)
+    with home.ledger.view() as v:
+        assert v.history(RELU, head) == [head, chain[head]] and chain[chain[head]] is None
+        res = resolve_request(v, Request(RELU, version=1), parse_target("torch2.13-cpu-x86_64-linux"))
+    assert [(r.repo, r.commit) for r in home.staged()] == [(RELU, res.commit)]
+    assert [name for name, _ in list_tokens(home.ledger)] == ["old"]
+    home.close()
+    con = sqlite3.connect(path)
+    assert {t: con.execute(f"SELECT * FROM {t} ORDER BY 1").fetchall() for t in before} == before
+    columns = {r[1] for r in con.execute("PRAGMA table_info(commits)")}
+    assert "parent_sha" not in columns and "depth" in columns
+    assert con.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+def test_migrations_are_tracked_per_layer():
+    """The resolver's track holds no mirror table, and the mirror's no resolver table."""
+    resolver_tables = set(RESOLVER_TRACK.metadata.tables)
+    mirror_tables = set(MIRROR_TRACK.metadata.tables)
+    assert {"blobs", "staged", "tokens"} <= mirror_tables and not resolver_tables & mirror_tables
+    assert {"refs", "commits", "listings", "variants", "files", "refusals", "publishers"} <= resolver_tables
+
+
+def test_a_ledger_locked_past_the_busy_timeout_is_one_line_and_exit_3(tmp_path):
+    """Another process holds the write lock longer than FRT_LEDGER_BUSY_TIMEOUT: a writing command
+    stops with "try again later" (exit 3, unavailable), not a traceback; a malformed timeout is bad input."""
+    home = tmp_path / "home"
+    Home(home).ledger.close()
+    holder = sqlite3.connect(home / "ledger.sqlite", isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # the write lock, as a stager mid-transaction holds it
+    try:
+        p = run_cli("token", "add", "ci", home=home, env=cli_env(FRT_LEDGER_BUSY_TIMEOUT="0.2"))
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert p.returncode == 3, p.stderr
+    assert p.stderr.count("\n") == 1 and "locked by another process past the 0.2 s busy timeout" in p.stderr
+    p = run_cli("token", "add", "ci", home=home, env=cli_env(FRT_LEDGER_BUSY_TIMEOUT="abc"))
+    assert p.returncode == 2 and "FRT_LEDGER_BUSY_TIMEOUT='abc' is not a number" in p.stderr
+    assert run_cli("token", "add", "ci", home=home).returncode == 0  # the lock is gone: it goes through

@@ -279,10 +279,8 @@ def apps(staged, tmp_path_factory):
     from frt.mirror.home import Home
     from frt.mirror.serve import MirrorApp, make_app
     from frt.mirror.tokens import TokenCheck, add_token
-    from frt.resolver import Ledger
-
     open_app = make_app(Home(staged.home), frozenset([ORG]))
-    tokens = Ledger(tmp_path_factory.mktemp("tokens") / "ledger.sqlite")
+    tokens = Home(tmp_path_factory.mktemp("tokens")).ledger
     locked = MirrorApp(open_app.catalog, TokenCheck(tokens))
     token = add_token(tokens, "fuzz")
     loop = asyncio.new_event_loop()

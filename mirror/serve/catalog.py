@@ -60,7 +60,7 @@ class ServedRepo:
     branches: dict[str, str] = field(default_factory=dict)
     tags: dict[str, str] = field(default_factory=dict)
     commits: dict[str, ServedCommit] = field(default_factory=dict)
-    # For /commits: first-parent history from each staged commit, staged commits only (every id the
+    # For /commits: what the upstream listed as each staged commit's history, staged commits only (every id the
     # mirror lists must resolve here, or a client walking it, e.g. a mirror staging from this one,
     # fails on the first unstaged one), and every recorded commit's date and title.
     logs: dict[str, list[str]] = field(default_factory=dict)
@@ -140,7 +140,7 @@ def _refs(view, served: ServedRepo, rows) -> None:
         elif r.revision and r.revision != r.commit and not r.revision.startswith(r.commit[:7]):
             served.branches.setdefault(r.revision, r.commit)
     for sha in served.commits:
-        served.logs[sha] = [h for h in view.history(served.repo_id, sha) if h in served.commits] or [sha]
+        served.logs[sha] = [h for h in view.history(served.repo_id, sha) or () if h in served.commits] or [sha]
 
 
 def etag_of(f: ServedFile) -> str:

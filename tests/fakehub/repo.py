@@ -9,6 +9,7 @@ exactly the situation a verifying mirror must catch.
 from __future__ import annotations
 
 import hashlib
+import heapq
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -46,7 +47,7 @@ class FileMeta:
 @dataclass
 class Commit:
     sha: str
-    parent: str | None
+    parents: list[str]  # first parent first; two for a merge
     title: str
     message: str
     date: datetime
@@ -96,12 +97,16 @@ class FakeRepo:
         message: str = "",
         date: datetime | None = None,
         authors: list[str] | None = None,
+        merge: str | None = None,
     ) -> str:
         """Commit `changes` on top of `branch` (a root commit if it does not exist yet).
 
         A value of None deletes the path; a key ending in "/" (value None) deletes everything under it.
+        `merge=REF`: a merge commit, its second parent REF's head (its tree is `branch`'s plus `changes`:
+        resolve the merge in `changes`).
         """
         parent = self.branches.get(branch)
+        parents = [p for p in (parent, merge and self._must_resolve(merge)) if p]
         files = dict(self.commits[parent].files) if parent else {}
         meta = dict(self.commits[parent].meta) if parent else {}
         for path, data in changes.items():
@@ -115,14 +120,14 @@ class FakeRepo:
                 path = path.strip("/")
                 files[path] = bytes(data)
                 meta[path] = FileMeta.of(files[path])
-        h = hashlib.sha1(f"parent {parent or ''}\ntitle {title}\n".encode())
+        h = hashlib.sha1(f"parent {' '.join(parents)}\ntitle {title}\n".encode())
         for p in sorted(meta):
             h.update(f"{meta[p].oid} {p}\n".encode())
         sha = h.hexdigest()
         if date is None:
             date = _EPOCH + timedelta(minutes=len(self.commits))
         self.commits[sha] = Commit(
-            sha=sha, parent=parent, title=title, message=message, date=date,
+            sha=sha, parents=parents, title=title, message=message, date=date,
             authors=list(authors or ["fixture-bot"]), files=files, meta=meta,
         )
         self.branches[branch] = sha
@@ -180,13 +185,18 @@ class FakeRepo:
         return None
 
     def history(self, sha: str) -> list[Commit]:
-        """Commits reachable from `sha` through parents, newest first."""
-        out = []
-        cur: str | None = sha
-        while cur is not None:
-            c = self.commits[cur]
-            out.append(c)
-            cur = c.parent
+        """Commits reachable from `sha` through all parents, in `git log`'s default order, which the
+        Hub's commit list follows: of the commits reached so far, the newest-dated comes next.
+        Across a merge both sides interleave by date, so the next entry is not always a parent."""
+        out, queued = [], {sha}
+        heap = [(-self.commits[sha].date.timestamp(), 0, sha)]
+        while heap:
+            _, _, cur = heapq.heappop(heap)
+            out.append(self.commits[cur])
+            for p in self.commits[cur].parents:
+                if p not in queued:
+                    queued.add(p)
+                    heapq.heappush(heap, (-self.commits[p].date.timestamp(), len(queued), p))
         return out
 
     def set_file_bytes(self, sha: str, path: str, data: bytes) -> None:

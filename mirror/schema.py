@@ -1,0 +1,57 @@
+"""The mirror's tables in the ledger, and their migration track (see frt.resolver.migrations): the
+blob store's index, what is staged for which target, and serve's bearer tokens. Only this package
+reads or writes them; the resolver's tables are the resolver's."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from frt.resolver.migrations import SchemaTrack, utcnow
+from sqlalchemy import String, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Blob(Base):
+    """A verified file in the mirror's content-addressed store."""
+
+    __tablename__ = "blobs"
+    sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+    size: Mapped[int]
+    git_oid: Mapped[str] = mapped_column(String(40), index=True)  # git blob sha1 of the content
+    stored_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Staged(Base):
+    """A request staged for a target: the commit and variant whose files are in the store and views."""
+
+    __tablename__ = "staged"
+    __table_args__ = (UniqueConstraint("repo_id", "requested", "target"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    repo_id: Mapped[str]
+    requested: Mapped[str]  # Request.label: "v1", "revision release/v1", "pin 3f2a…"
+    version: Mapped[int | None]
+    revision: Mapped[str | None]
+    target: Mapped[str]
+    commit_sha: Mapped[str] = mapped_column(String(40))
+    variant: Mapped[str]
+    staged_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Token(Base):
+    """A bearer token for `serve`: only its sha256 is kept; the token itself is shown once."""
+
+    __tablename__ = "tokens"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(unique=True)
+    sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+# Version 1 is these three tables as the resolver's track created them up to its version 3: a ledger
+# from then keeps its rows (create_all skips tables that exist) and is stamped.
+MIRROR_VERSION = 1
+MIRROR_TRACK = SchemaTrack.of("mirror", Base.metadata, MIRROR_VERSION, "mirror_schema_migrations", {})
