@@ -13,7 +13,7 @@ $(BIN)/python:
 
 # The resolver and mirror need no torch: the demo runs without it.
 $(VENV)/.base: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[test,postgres]'
 	touch $@
 
 # Tests also compare our variant choice with kernels' own for this host, which needs torch.
@@ -30,7 +30,7 @@ HUB1_TESTS := tests/test_fakehub.py tests/test_fakehub_transport.py tests/test_s
 $(VENV1)/.base: pyproject.toml
 	$(PY) -m venv $(VENV1)
 	$(VENV1)/bin/python -m pip install -q --upgrade pip
-	$(VENV1)/bin/pip install -q -e '.[test]' 'huggingface_hub==1.33.0' torch==2.13.0 numpy
+	$(VENV1)/bin/pip install -q -e '.[test,postgres]' 'huggingface_hub==1.33.0' torch==2.13.0 numpy
 	touch $@
 
 demo: $(VENV)/.base

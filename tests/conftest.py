@@ -41,3 +41,34 @@ def run_cli(*args: str, home: Path, env: dict | None = None, wrap: list[str] | N
     exe = str(Path(sys.executable).with_name("frt-mirror"))
     return subprocess.run([*(wrap or []), exe, "--home", str(home), *args], capture_output=True, text=True,
                           env=env or cli_env(), timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def pg_server():
+    """A real PostgreSQL for the session (tests/pgserver.py). Missing binaries fail, never skip: CI installs
+    Debian's `postgresql` (.ci/run), so a PostgreSQL test that did not run would be a test that passed unseen."""
+    problem = None
+    try:
+        from tests.pgserver import PgServer, PgUnavailable
+    except ImportError as e:  # psycopg is in the test extra
+        pytest.fail(f"the PostgreSQL tests need psycopg: pip install -e '.[test]' ({e})", pytrace=False)
+    try:
+        server = PgServer()
+    except PgUnavailable as e:
+        problem = str(e)
+    if problem:  # outside the except block: one line, not the same line twice as a chained exception
+        pytest.fail(problem, pytrace=False)
+    try:
+        yield server.start()
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def pg_url(pg_server) -> str:
+    """A SQLAlchemy URL (postgresql+psycopg://…) naming a fresh, empty database on `pg_server`."""
+    pg_server.start()  # an earlier test may have stopped or crashed it and failed before restarting it
+    url = pg_server.new_database()
+    yield url
+    if pg_server.running:  # drop it, or a long session fills the temp dir with ~7 MB per test
+        pg_server.drop_database(url)
