@@ -1,10 +1,12 @@
 """Resolve latency: answering from the ledger vs. asking upstream on every resolve.
 
-    python -m bench.resolve [--quick]
+    python -m bench.resolve [--quick] [--ledger URL]
 
 Rows: `frt.resolver.resolve(..., offline=True)` against a ledger filled once by `scan`; ours
 online on a fresh empty ledger (what a user without a ledger pays); and the `kernels` library's
-own online variant selection, `kernels.get_kernel_variants(repo, version=N)`.
+own online variant selection, `kernels.get_kernel_variants(repo, version=N)`. With `--ledger URL` (a
+PostgreSQL database, e.g. postgresql://postgres@127.0.0.1:5432/bench), the same offline calls also run
+against a ledger there, scanned the same way, beside SQLite's.
 
 The fake Hub runs in this process. Both live clients run in a child process: `kernels` reads
 HF_ENDPOINT when it is imported (the child sets it before any import), and a client sharing the
@@ -143,9 +145,30 @@ def stats(ns: list[int]) -> tuple[float, float, float]:
     return rank(0.50) / 1e6, rank(0.99) / 1e6, sum(s) / len(s) / 1e6
 
 
+def server_ledger(url: str, repos: list, hub, n: int) -> list[tuple]:
+    """The same scans and offline calls against a ledger on a server: rows for the table."""
+    from frt.resolver import HubClient, Ledger, parse_target, resolve, scan
+
+    ledger = Ledger(url)
+    try:
+        for r in repos:
+            scan(r.repo_id, hub=HubClient(hub.url), ledger=ledger)
+        targets = {t: parse_target(t) for t in TARGETS}
+
+        def offline(repo, target, version):
+            resolve(repo, target=targets[target], ledger=ledger, version=version, offline=True)
+
+        ts, ok, first = timed(offline, calls(repos, n), calls(repos, 0, distinct=True))
+    finally:
+        ledger.close()
+    name = url.split(":", 1)[0].split("+")[0]
+    return [(f"ledger on {name} (offline)", ts, None), (f"  {name}, first call per request", first, None)]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(prog="python -m bench.resolve", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a smaller run (< 20 s), for tests")
+    ap.add_argument("--ledger", metavar="URL", help="also time offline resolves from a ledger at URL (PostgreSQL)")
     ap.add_argument("--live-child", nargs=2, metavar=("CLIENT", "URL"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.live_child:
@@ -178,6 +201,7 @@ def main() -> None:
         # for the in-process caches (the variant decisions) that a long-running process keeps.
         led_t, led_ok, first_t = timed(offline, calls(repos, n_ledger), calls(repos, 0, distinct=True))
         refusals = sum(r.count for r in ledger.refusals())
+        server_rows = server_ledger(args.ledger, repos, hub, n_ledger) if args.ledger else []
         live_work = calls(repos, n_live)
         ours_t, ours_ok, ours_req = run_live("ours", hub, live_work, warm_live, home)
         kern_t, _, kern_req = run_live("kernels", hub, live_work, warm_live, home)
@@ -195,6 +219,7 @@ def main() -> None:
             ("  of which resolved", [t for t, ok in zip(led_t, led_ok) if ok], None),
             ("  of which refused", [t for t, ok in zip(led_t, led_ok) if not ok], None),
             ("ledger, first call per request", first_t, None),
+            *server_rows,
             ("live (ours, fresh ledger)", ours_t, ours_req),
             ("live (kernels.get_kernel_variants)", kern_t, kern_req)]
     base = stats(led_t)[0]
@@ -210,6 +235,9 @@ def main() -> None:
         print(f"{label:36} {len(ts):>6} {p50:>9.3f} {p99:>9.3f} {mean:>9.3f} {http:>9}  {ratio}")
     p99 = stats(led_t)[1]
     print(f"target: ledger p99 < 2 ms: {'PASS' if p99 < 2 else 'FAIL'} ({p99:.2f} ms)")
+    if server_rows:
+        p99 = stats(server_rows[0][1])[1]
+        print(f"target: server ledger p99 < 5 ms: {'PASS' if p99 < 5 else 'FAIL'} ({p99:.2f} ms)")
 
 
 if __name__ == "__main__":

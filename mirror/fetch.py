@@ -46,11 +46,16 @@ def matches(entry: FileEntry, d: Digest) -> bool:
 def fetch_file(transport: Transport, store: BlobStore, repo_id: str, commit: str, entry: FileEntry, *,
                known_sha256: str | None = None, publisher: set[str] | None = None,
                recorded: Mapping[str, Digest] | None = None,
-               on_bytes: Callable[[int], None] = lambda n: None, repo_type: str = "kernel") -> Fetched:
+               on_bytes: Callable[[int], None] = lambda n: None, repo_type: str = "kernel",
+               stored_by_oid: Callable[[str], str | None] = lambda oid: None,
+               on_stored: Callable[[Digest], None] = lambda d: None) -> Fetched:
     """Make sure `entry`'s verified bytes are in the store; download only what is missing.
 
     `publisher`: the sha256 values publishers' digests expect of these bytes (None: no digest
-    lists the file). Bytes that match the upstream's word but none of those are never stored."""
+    lists the file). Bytes that match the upstream's word but none of those are never stored.
+    `on_stored` records a blob as soon as it is stored, still under its lock, and `stored_by_oid`
+    reads that record: so a stager that waited for another's download of a small file (known only by
+    its git oid) finds it rather than fetching it again."""
     where = f"{repo_id}/{entry.path}@{commit[:12]}"
     sha = entry.sha256 or known_sha256
     if sha and publisher and sha not in publisher:
@@ -61,9 +66,12 @@ def fetch_file(transport: Transport, store: BlobStore, repo_id: str, commit: str
         return Fetched(entry, _stored_digest(store, entry, sha, recorded), 0)
     key = expected_key(entry)
     with store.lock(key):
+        sha = sha or stored_by_oid(entry.git_oid)
         if sha and store.has(sha):  # another stager finished it while we waited for the lock
             return Fetched(entry, _stored_digest(store, entry, sha, recorded), 0)
-        return _download_verified(transport, store, repo_id, commit, entry, key, on_bytes, repo_type, publisher)
+        fetched = _download_verified(transport, store, repo_id, commit, entry, key, on_bytes, repo_type, publisher)
+        on_stored(fetched.digest)
+        return fetched
 
 
 def _stored_digest(store: BlobStore, entry: FileEntry, sha: str, recorded: Mapping[str, Digest] | None) -> Digest:

@@ -44,31 +44,42 @@ def check_writable(home: Path, what: str) -> None:
                            "read-write")
 
 
-def open_ledger(path: Path, readonly: bool | None = None) -> Ledger:
+def default_ledger_url() -> str | None:
+    """$FRT_LEDGER_URL: the ledger on a database server (postgresql://…) shared by several hosts; unset,
+    the home's own SQLite file."""
+    return os.environ.get("FRT_LEDGER_URL") or None
+
+
+def open_ledger(where: Path | str, readonly: bool | None = None) -> Ledger:
     """A ledger with the mirror's tables beside the resolver's (migrated, or checked when read-only)."""
-    return Ledger(path, readonly=readonly, tracks=(MIRROR_TRACK,))
+    return Ledger(where, readonly=readonly, tracks=(MIRROR_TRACK,))
 
 
 class Home:
     """One home: its ledger, its blob store and its views, and the few questions everyone asks of
     them. The CLI, `serve`, bundle/import, verify, env/export-cache and `frt.seats` take a Home; none
     of them builds a store or a view of its own. Where the ledger lives is this object's setting: an
-    open `Ledger` handed in, else the home's SQLite file, opened on first use (read-only where the
-    home cannot be written, or when `readonly=True`)."""
+    open `Ledger` handed in, else `ledger_url` (default $FRT_LEDGER_URL: a database server several
+    hosts share, beside a home on a shared filesystem), else the home's SQLite file; opened on first
+    use (read-only where the home cannot be written, or when `readonly=True`)."""
 
-    def __init__(self, root: Path | str, *, ledger: Ledger | None = None, readonly: bool | None = None):
+    def __init__(self, root: Path | str, *, ledger: Ledger | None = None, readonly: bool | None = None,
+                 ledger_url: str | None = None):
         self.root = Path(root)
         self._ledger, self._readonly = ledger, readonly
+        self.ledger_url = ledger_url or default_ledger_url()
 
     @property
     def ledger(self) -> Ledger:
         if self._ledger is None:
-            self._ledger = open_ledger(ledger_path(self.root), readonly=self._readonly)
+            self._ledger = open_ledger(self.ledger_url or ledger_path(self.root), readonly=self._readonly)
         return self._ledger
 
     @cached_property
     def store(self) -> BlobStore:
-        return BlobStore(self.root)
+        on_server = self.ledger_url or (self._ledger is not None and self._ledger.url)  # several hosts
+        shared = self.ledger.named_lock if on_server else None
+        return BlobStore(self.root, shared_lock=shared)
 
     @cached_property
     def views(self) -> Views:

@@ -6,12 +6,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from frt.resolver import Ledger, Resolution
+from frt.resolver.dialect import insert_for
 from frt.resolver.migrations import utcnow
 from frt.resolver.resolution import FileEntry
 from sqlalchemy import select
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.orm import Session
 
-from .schema import Blob, Staged
+from .schema import Blob, Change, Staged
 from .store import Digest
 
 
@@ -30,7 +31,7 @@ def record_blobs(ledger: Ledger, digests: Iterable[Digest]) -> None:
     rows = [{"sha256": d.sha256, "size": d.size, "git_oid": d.git_oid, "stored_at": utcnow()} for d in digests]
     if rows:
         with ledger.session() as s:
-            s.execute(sqlite_insert(Blob).on_conflict_do_nothing(), rows)
+            s.execute(insert_for(s)(Blob).on_conflict_do_nothing(), rows)
 
 
 def sha256_by_git_oid(ledger: Ledger, oids: Iterable[str]) -> dict[str, str]:
@@ -75,14 +76,25 @@ def record_staged(ledger: Ledger, resolutions: Iterable[Resolution]) -> None:
              "variant": r.variant, "staged_at": utcnow()} for r in resolutions]
     if not rows:
         return
-    stmt = sqlite_insert(Staged)
-    stmt = stmt.on_conflict_do_update(
-        index_elements=["repo_id", "requested", "target"],
-        set_={"commit_sha": stmt.excluded.commit_sha, "variant": stmt.excluded.variant,
-              "staged_at": stmt.excluded.staged_at},
-    )
     with ledger.session() as s:
-        s.execute(stmt, rows)
+        stmt = insert_for(s)(Staged)
+        s.execute(stmt.on_conflict_do_update(
+            index_elements=["repo_id", "requested", "target"],
+            set_={"commit_sha": stmt.excluded.commit_sha, "variant": stmt.excluded.variant,
+                  "staged_at": stmt.excluded.staged_at}), rows)
+        bump_serial(s)
+
+
+def bump_serial(s: Session) -> None:
+    """In the caller's write: what serve answers changed (see schema.Change)."""
+    stmt = insert_for(s)(Change).values(id=1, serial=1)
+    s.execute(stmt.on_conflict_do_update(index_elements=["id"], set_={"serial": Change.serial + 1}))
+
+
+def change_serial(ledger: Ledger) -> int:
+    """The serial as of now (0: nothing was ever staged or changed). One primary-key read."""
+    with ledger.session(write=False) as s:
+        return s.scalar(select(Change.serial).where(Change.id == 1)) or 0
 
 
 def staged_rows(ledger: Ledger, target: str | None = None) -> list[StagedRow]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from frt.resolver.migrations import SchemaTrack, utcnow
-from sqlalchemy import String, UniqueConstraint
+from sqlalchemy import Connection, String, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -51,7 +51,22 @@ class Token(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
-# Version 1 is these three tables as the resolver's track created them up to its version 3: a ledger
-# from then keeps its rows (create_all skips tables that exist) and is stamped.
-MIRROR_VERSION = 1
-MIRROR_TRACK = SchemaTrack.of("mirror", Base.metadata, MIRROR_VERSION, "mirror_schema_migrations", {})
+class Change(Base):
+    """One row: a serial bumped by every write that changes what `serve` answers (what is staged, the
+    tokens), in that write's transaction. Replicas poll it, one indexed read, and reload on a change."""
+
+    __tablename__ = "mirror_changes"
+    id: Mapped[int] = mapped_column(primary_key=True, autoincrement=False)
+    serial: Mapped[int]
+
+
+def _v2_changes(conn: Connection) -> None:
+    """Version 2: the change serial serve's replicas poll."""
+    Base.metadata.create_all(conn, tables=[Change.__table__])
+
+
+# Version 1 is blobs, staged and tokens as the resolver's track created them up to its version 3: a
+# ledger from then keeps its rows (create_all skips tables that exist) and is stamped.
+MIRROR_VERSION = 2
+MIRROR_TRACK = SchemaTrack.of("mirror", Base.metadata, MIRROR_VERSION, "mirror_schema_migrations",
+                              {2: _v2_changes})

@@ -78,8 +78,8 @@ def stage(requests: list[Request], targets: list[Target], *, home: Home, hub: Hu
     recorded = recorded_blobs(ledger, [f.sha256 for _, f in unique.values() if f.sha256])
     expect = publisher_expectations((r, metas[_key(r)]) for r in resolutions)
     report.needed_bytes = sum(f.size for _, f in unique.values())
-    fetched, failures = _fetch_all(unique, known, expect, recorded, transport=Transport(hub), store=store,
-                                   jobs=jobs, progress=progress)
+    fetched, failures = _fetch_all(unique, known, expect, recorded, ledger=ledger, transport=Transport(hub),
+                                   store=store, jobs=jobs, progress=progress)
     report.downloaded_bytes = sum(x.downloaded for x in fetched.values())
     record_blobs(ledger, (x.digest for x in fetched.values()))
 
@@ -187,7 +187,8 @@ def _untrusted(request: Request, target: Target, publishers: tuple[str, ...], le
     return refusal
 
 
-def _fetch_all(unique, known, expect, recorded, *, transport, store, jobs, progress) -> tuple[dict[str, Fetched], dict[str, Exception]]:
+def _fetch_all(unique, known, expect, recorded, *, ledger, transport, store, jobs,
+               progress) -> tuple[dict[str, Fetched], dict[str, Exception]]:
     meter = Progress(sum(f.size for _, f in unique.values()), len(unique)) if progress else None
     stop = threading.Event()
 
@@ -200,7 +201,9 @@ def _fetch_all(unique, known, expect, recorded, *, transport, store, jobs, progr
     def one(key: str) -> Fetched:
         r, f = unique[key]
         out = fetch_file(transport, store, r.repo, r.commit, f, known_sha256=known.get(f.git_oid),
-                         publisher=expect.get(key), recorded=recorded, on_bytes=on_bytes)
+                         publisher=expect.get(key), recorded=recorded, on_bytes=on_bytes,
+                         stored_by_oid=lambda oid: sha256_by_git_oid(ledger, [oid]).get(oid),
+                         on_stored=lambda d: record_blobs(ledger, [d]))
         if meter:
             meter.file_done()
         return out

@@ -12,6 +12,8 @@ import errno
 import hashlib
 import os
 import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,7 +43,11 @@ def digest_file(path: Path) -> Digest:
 
 
 class BlobStore:
-    def __init__(self, home: Path):
+    """`shared_lock(key)`: a lock every host sharing this store honours (the ledger's server gives one:
+    many shared filesystems do not honour file locks across hosts); the file lock is taken as well."""
+
+    def __init__(self, home: Path, shared_lock: Callable[[str], AbstractContextManager] | None = None):
+        self.shared_lock = shared_lock
         self.root = home / "store" / "sha256"
         self.tmp = home / "tmp"
         self.locks = home / "locks"
@@ -64,9 +70,14 @@ class BlobStore:
         """Where an unfinished download of `key` (its expected sha256 or git oid) accumulates."""
         return self.tmp / f"{key}.part"
 
-    def lock(self, key: str) -> FileLock:
-        """One writer per blob across processes: two stagers never share a `.part` file."""
-        return FileLock(str(self.locks / f"{key}.lock"))
+    @contextmanager
+    def lock(self, key: str) -> Iterator[None]:
+        """One writer per blob across processes and hosts: two stagers never share a `.part` file."""
+        with ExitStack() as held:
+            if self.shared_lock is not None:
+                held.enter_context(self.shared_lock(f"blob {key}"))
+            held.enter_context(FileLock(str(self.locks / f"{key}.lock")))
+            yield
 
     def commit(self, part: Path, digest: Digest) -> Path:
         """Move a verified `.part` into the store under its sha256 (fsync, rename, fsync dir)."""

@@ -11,18 +11,20 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
 from sqlalchemy import Connection, delete, select, update
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.exc import DatabaseError
+from sqlalchemy import URL
+from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
+from .dialect import cached
 from .errors import FrtError, HomeReadOnly, LedgerCorrupt, LedgerUnavailable, first_line
-from .ledger_open import WRITING, busy_timeout, cannot_write, read_only_engine, read_write_engine
+from .ledger_open import (WRITING, advisory_lock, busy_timeout, cannot_write, ledger_url, lock_server_writes, read_only_engine,
+                          read_write_engine, server_engine)
 from .ledger_view import LedgerView
 from .migrations import SchemaTrack, check_read_only, migrate
 from .resolution import CommitInfo, Refusal, VariantInfo
@@ -42,12 +44,20 @@ class PublisherInfo:
                 "seen_at": self.seen_at.isoformat()}
 
 
-_insert_refusal = sqlite_insert(RefusalRow.__table__)
-_UPSERT_REFUSAL = _insert_refusal.on_conflict_do_update(
-    index_elements=["repo_id", "requested", "target", "error", "detail"],
-    set_={"count": RefusalRow.__table__.c.count + 1, "last_seen": _insert_refusal.excluded.last_seen,
-          "message": _insert_refusal.excluded.message, "commit_sha": _insert_refusal.excluded.commit_sha},
-)
+@cached
+def _upsert_refusal(insert):
+    stmt = insert(RefusalRow.__table__)
+    return stmt.on_conflict_do_update(
+        index_elements=["repo_id", "requested", "target", "error", "detail"],
+        set_={"count": RefusalRow.__table__.c.count + 1, "last_seen": stmt.excluded.last_seen,
+              "message": stmt.excluded.message, "commit_sha": stmt.excluded.commit_sha})
+
+
+def _locked(orig: BaseException) -> bool:
+    """SQLite's busy timeout, or PostgreSQL's lock_timeout on the writer lock, ran out."""
+    if isinstance(orig, sqlite3.OperationalError):
+        return "locked" in str(orig)
+    return getattr(orig, "sqlstate", None) == "55P03"  # lock_not_available
 
 
 class Ledger:
@@ -56,18 +66,28 @@ class Ledger:
     tracks kept in this ledger (the mirror's `Home` names its own), migrated, or checked when
     read-only, with the resolver's."""
 
-    def __init__(self, path: Path | str, readonly: bool | None = None, tracks: tuple[SchemaTrack, ...] = ()):
-        self.path = Path(path)
-        self.readonly = cannot_write(self.path) if readonly is None else readonly
+    def __init__(self, where: Path | str | URL, readonly: bool | None = None,
+                 tracks: tuple[SchemaTrack, ...] = ()):
+        url = ledger_url(where) if isinstance(where, str) and "://" in where else where
+        if isinstance(url, URL) and url.drivername == "sqlite":
+            url = Path(url.database)
+        # A server ledger (PostgreSQL) has a URL and no path; a file ledger (SQLite) a path.
+        self.url: URL | None = url if isinstance(url, URL) else None
+        self.path: Path | None = None if self.url else Path(url)
+        self.where = self.url.render_as_string(hide_password=True) if self.url else str(self.path)
+        if readonly is None:
+            readonly = False if self.url else cannot_write(self.path)
+        self.readonly = readonly
         self.tracks = (RESOLVER_TRACK, *tracks)
         self.engine = None
         try:
-            self.engine = read_only_engine(self.path) if self.readonly else read_write_engine(self.path)
+            self.engine = (server_engine(self.url, readonly=readonly) if self.url else
+                           read_only_engine(self.path) if readonly else read_write_engine(self.path))
             self._sessions = sessionmaker(self.engine, expire_on_commit=False)
-            if self.readonly:
-                with self.engine.connect() as conn:
+            if readonly:
+                with self._unreadable_as_corrupt("cannot be opened"), self.engine.connect() as conn:
                     for track in self.tracks:
-                        check_read_only(conn, track, where=f"ledger {self.path}")
+                        check_read_only(conn, track, where=f"ledger {self.where}")
             else:
                 with self.write(failure="cannot be opened") as conn:
                     for track in self.tracks:
@@ -77,14 +97,14 @@ class Ledger:
                 self.engine.dispose()
             if isinstance(e, FrtError):
                 raise
-            raise LedgerCorrupt(f"ledger {self.path} cannot be opened: {first_line(e)}") from None
+            raise LedgerCorrupt(f"ledger {self.where} cannot be opened: {first_line(e)}") from None
 
     def close(self) -> None:
         self.engine.dispose()
 
     def _check_writable(self) -> None:
         if self.readonly:
-            raise HomeReadOnly(f"ledger {self.path} is open read-only (its home is read-only here) and this "
+            raise HomeReadOnly(f"ledger {self.where} is open read-only (its home is read-only here) and this "
                                "writes to it: run it where the home is writable")
 
     @contextmanager
@@ -95,6 +115,8 @@ class Ledger:
         token = WRITING.set(True)
         try:
             with self._unreadable_as_corrupt(failure), self.engine.begin() as conn:
+                if self.url:
+                    lock_server_writes(conn)
                 yield conn
         finally:
             WRITING.reset(token)
@@ -108,6 +130,8 @@ class Ledger:
         token = WRITING.set(write)
         try:
             with self._unreadable_as_corrupt(), self._sessions() as s, s.begin():
+                if write and self.url:
+                    lock_server_writes(s.connection())
                 yield s
         finally:
             WRITING.reset(token)
@@ -115,8 +139,11 @@ class Ledger:
     @contextmanager
     def view(self) -> Iterator[LedgerView]:
         """A read snapshot on a plain connection: no ORM session on the resolve hot path."""
-        with self._unreadable_as_corrupt(), self.engine.connect() as conn, conn.begin():
-            yield LedgerView(conn)
+        with self._unreadable_as_corrupt(), self.engine.connect() as conn:
+            if self.url:  # one snapshot for the whole view, as SQLite's read transaction is
+                conn = conn.execution_options(isolation_level="REPEATABLE READ")
+            with conn.begin():
+                yield LedgerView(conn)
 
     @contextmanager
     def _unreadable_as_corrupt(self, failure: str = "is unreadable") -> Iterator[None]:
@@ -124,12 +151,20 @@ class Ledger:
             yield
         except (DatabaseError, sqlite3.DatabaseError) as e:
             orig = getattr(e, "orig", e)
-            if isinstance(orig, sqlite3.OperationalError) and "locked" in str(orig):
-                raise LedgerUnavailable(f"ledger {self.path} is locked by another process past the "
+            if _locked(orig):
+                raise LedgerUnavailable(f"ledger {self.where} is locked by another process past the "
                                         f"{busy_timeout():g} s busy timeout: try again later") from None
-            if isinstance(orig, (sqlite3.IntegrityError, sqlite3.OperationalError)):
+            if self.url and isinstance(e, OperationalError):
+                # The server is down, restarting or unreachable: the same "try again later" as the Hub.
+                raise LedgerUnavailable(f"ledger {self.where} is unavailable: {first_line(orig)}") from None
+            if isinstance(orig, (sqlite3.IntegrityError, sqlite3.OperationalError)) or isinstance(e, IntegrityError):
                 raise  # a constraint is a bug, not a corrupt file
-            raise LedgerCorrupt(f"ledger {self.path} {failure}: {first_line(e)}") from None
+            raise LedgerCorrupt(f"ledger {self.where} {failure}: {first_line(e)}") from None
+
+    def named_lock(self, name: str):
+        """A lock held across processes and hosts while the block runs: on a server ledger, the
+        server's advisory lock; on SQLite, none (the caller's file lock, on one host, is the lock)."""
+        return advisory_lock(self.engine, name) if self.url else nullcontext()
 
     # -- writes -------------------------------------------------------------------------
 
@@ -188,7 +223,7 @@ class Ledger:
             return
         r, now = refusal, utcnow()
         with self.write() as conn:
-            conn.execute(_UPSERT_REFUSAL, {
+            conn.execute(_upsert_refusal(conn), {
                 "repo_id": r.repo, "requested": r.request.label, "target": str(r.target), "error": r.error,
                 "detail": r.detail, "version": r.request.version, "revision": r.request.revision,
                 "commit_sha": r.commit, "message": r.message, "count": 1, "first_seen": now, "last_seen": now,

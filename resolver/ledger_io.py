@@ -12,9 +12,9 @@ import json
 from datetime import datetime
 
 from sqlalchemy import insert, select
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import selectinload
 
+from .dialect import insert_for
 from .ledger import Ledger
 from .resolution import VariantInfo
 from .schema import Commit, Listing, Ref, Repo, Variant
@@ -61,7 +61,7 @@ def merge_repo_record(ledger: Ledger, repo: str, *, repo_type: str, endpoint: st
     with ledger.session() as s:
         pk = s.scalar(select(Repo.id).where(Repo.repo_id == repo))
         if commits:
-            stmt = sqlite_insert(Commit)
+            stmt = insert_for(s)(Commit)
             s.execute(stmt.on_conflict_do_update(  # as record_history: a build-only row gains its history
                 index_elements=["repo_pk", "sha"], where=(Commit.depth < 0) & (stmt.excluded.depth >= 0),
                 set_={k: stmt.excluded[k] for k in ("depth", "date", "title")}),

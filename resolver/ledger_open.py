@@ -22,15 +22,19 @@ are writes); a schema this code does not read as it is is refused.
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
 from urllib.parse import quote
 
-from sqlalchemy import URL, Connection, Engine, create_engine, event
+from sqlalchemy import URL, Connection, Engine, create_engine, event, make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError
 
-from .errors import BadInput, HomeReadOnly
+from .errors import BadInput, HomeReadOnly, LedgerUnavailable, first_line
 from .settings import env_number
 
 def busy_timeout() -> float:
@@ -74,6 +78,73 @@ def read_only_engine(path: Path) -> Engine:
     event.listen(engine, "connect", functools.partial(_configure_read_only, timeout))
     event.listen(engine, "begin", lambda conn: conn.exec_driver_sql("BEGIN"))
     return engine
+
+
+def ledger_url(text: str) -> URL:
+    """A ledger URL the user gave (--ledger, FRT_LEDGER_URL): SQLite, or PostgreSQL through psycopg 3.
+    `postgresql://` and `postgres://` mean psycopg 3 here, the driver the `postgres` extra installs."""
+    try:
+        url = make_url(text)
+    except ArgumentError:
+        raise BadInput(f"ledger URL {text!r} is not a URL: expected postgresql://USER@HOST:PORT/DB or "
+                       "sqlite:///PATH") from None
+    if url.drivername in ("postgresql", "postgres", "postgresql+psycopg"):
+        return url.set(drivername="postgresql+psycopg")
+    if url.drivername == "sqlite" and url.database:
+        return url
+    raise BadInput(f"ledger URL {url.render_as_string(hide_password=True)!r}: frt-mirror keeps its ledger in "
+                   "SQLite (sqlite:///PATH) or PostgreSQL (postgresql://USER@HOST:PORT/DB)")
+
+
+def server_engine(url: URL, *, readonly: bool) -> Engine:
+    """A ledger on a database server (PostgreSQL). Writers serialise on a transaction-scoped advisory
+    lock taken at the start of every write (Ledger.write), as SQLite's BEGIN IMMEDIATE does: the
+    ledger's writes read, then write, and must not interleave. pool_pre_ping: a pooled connection that
+    a server restart dropped is replaced, not handed out."""
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        raise BadInput("a PostgreSQL ledger needs psycopg 3: pip install 'frt-mirror[postgres]'") from None
+    timeout = max(1, int(env_number("FRT_LEDGER_CONNECT_TIMEOUT", 10.0)))
+    engine = create_engine(url, pool_pre_ping=True, pool_size=12, max_overflow=24,
+                           connect_args={"connect_timeout": timeout, "application_name": "frt-mirror"})
+    return engine.execution_options(postgresql_readonly=True) if readonly else engine
+
+
+def lock_server_writes(conn: Connection) -> None:
+    """The start of a write on a server ledger: wait (up to the busy timeout) for the one writer lock."""
+    conn.exec_driver_sql(f"SET LOCAL lock_timeout = '{int(busy_timeout() * 1000)}ms'")
+    conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({WRITE_LOCK})")
+
+
+@contextmanager
+def advisory_lock(engine: Engine, name: str) -> Iterator[None]:
+    """A lock named `name`, held on its own connection to the server until the block ends; every host
+    using this database honours it, and the server drops it if this process dies."""
+    key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
+    where = engine.url.render_as_string(hide_password=True)
+    try:
+        conn = engine.connect()
+        conn.exec_driver_sql(f"SELECT pg_advisory_lock({key})")
+        conn.commit()  # hold no transaction (nor its snapshot) for as long as a download takes
+    except DBAPIError as e:
+        raise LedgerUnavailable(f"ledger {where} is unavailable (taking the lock on {name}): "
+                                f"{first_line(e.orig)}") from None
+    try:
+        yield
+    finally:
+        try:
+            conn.exec_driver_sql(f"SELECT pg_advisory_unlock({key})")
+            conn.commit()
+        except DBAPIError:
+            pass  # the server dropped the connection, and the lock with it
+        finally:
+            conn.close()
+
+
+# The advisory lock key every writer of a server ledger takes (any 64-bit number no other
+# application on that database uses: these are the bytes of "frt-ledg").
+WRITE_LOCK = int.from_bytes(b"frt-ledg", "big", signed=True)
 
 
 def _uri(path: Path) -> str:

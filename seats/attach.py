@@ -60,7 +60,7 @@ def attach(model: torch.nn.Module, catalog: SeatCatalog, *, strict: bool = False
                        "call model.eval() first")
     environ = os.environ if environ is None else environ
     band = _default_band(environ)
-    home = Path(home) if home is not None else ledger.path.parent if ledger is not None else default_home()
+    home = Path(home) if home is not None else ledger.path.parent if ledger is not None and ledger.path else default_home()
     led = open_ledger(home) if ledger is None else ledger
     own = ledger is None and led is not None
     try:

@@ -43,8 +43,8 @@ class LoadedKernel:
 def open_ledger(home: Path) -> Ledger | None:
     """The home's ledger, opened read-only: seats only read it, and an engine worker's home is often a
     read-only shared mount. None where nothing was ever staged: a reader never creates a ledger."""
-    path = ledger_path(home)
-    return Home(home, readonly=True).ledger if path.exists() else None
+    reader = Home(home, readonly=True)
+    return reader.ledger if reader.ledger_url or ledger_path(home).exists() else None
 
 
 class KernelSource:

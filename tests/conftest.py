@@ -29,7 +29,8 @@ def home(tmp_path) -> Path:
 
 
 def cli_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("FRT_", "HF_"))}
+    # FRT_LEDGER_URL passes: it is how a module runs on the PostgreSQL ledger (see ledger_backend).
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FRT_", "HF_")) or k == "FRT_LEDGER_URL"}
     env.update(HF_HUB_DISABLE_XET="1", FRT_RETRY_BASE_WAIT="0.01", PYTHONWARNINGS="ignore")
     env.update(extra)
     return env
@@ -72,3 +73,35 @@ def pg_url(pg_server) -> str:
     yield url
     if pg_server.running:  # drop it, or a long session fills the temp dir with ~7 MB per test
         pg_server.drop_database(url)
+
+
+# The ledgers the scan/resolve/stage/serve tests run on: SQLite in the home, and a real PostgreSQL.
+LEDGERS = ["sqlite", "postgresql"]
+
+
+def _ledger_for(request):
+    """None for SQLite; for PostgreSQL a fresh database on the session's server, named in
+    FRT_LEDGER_URL for the fixture's life, so every CLI subprocess and in-process Home uses it."""
+    if request.param == "sqlite":
+        yield None
+        return
+    server = request.getfixturevalue("pg_server")
+    server.start()
+    url = server.new_database()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FRT_LEDGER_URL", url)
+        yield url
+    if server.running:
+        server.drop_database(url)
+
+
+@pytest.fixture(scope="module", params=LEDGERS)
+def ledger_backend(request):
+    """A module's ledger (module-scoped homes share it): see _ledger_for."""
+    yield from _ledger_for(request)
+
+
+@pytest.fixture(params=LEDGERS)
+def ledger_each(request):
+    """A test's own ledger: see _ledger_for."""
+    yield from _ledger_for(request)

@@ -79,7 +79,8 @@ def serving(home: Path, *args: str, env: dict | None = None, timeout: float = 30
 
 
 def _base_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith(("FRT_", "HF_", "LOCAL_KERNELS"))} | {
+    return {k: v for k, v in os.environ.items()
+            if not k.startswith(("FRT_", "HF_", "LOCAL_KERNELS")) or k == "FRT_LEDGER_URL"} | {
         "PYTHONWARNINGS": "ignore"}
 
 

@@ -22,8 +22,9 @@ X86_CPU_TARGET = parse_target("torch2.13-cpu-x86_64-linux")
 
 
 @pytest.fixture
-def ledger(tmp_path):
-    led = Ledger(tmp_path / "ledger.sqlite")
+def ledger(tmp_path, ledger_each):
+    """Each test on SQLite and on PostgreSQL."""
+    led = Ledger(ledger_each or tmp_path / "ledger.sqlite")
     yield led
     led.close()
 

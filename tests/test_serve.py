@@ -71,7 +71,8 @@ def stage(home: Path, manifests: list[Path], endpoint: str) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def staged(tmp_path_factory):
+def staged(tmp_path_factory, ledger_backend):
+    """Staged once per ledger (SQLite; PostgreSQL for this module: see conftest.ledger_backend)."""
     tmp = tmp_path_factory.mktemp("serve")
     # Two manifests: the same repo is staged once by revision (a slash branch) and once by version.
     manifests = [manifest(tmp / "a.toml", {LAYERNORM: {"version": 1}, ACTIVATION: {"version": 1},
@@ -473,7 +474,8 @@ def test_head_on_the_wire_has_no_body(staged, mirror):
 # -- chaining: a site mirror fed by a regional one -------------------------------------------------
 
 
-def test_a_mirror_stages_from_a_mirror(staged, mirror, tmp_path):
+def test_a_mirror_stages_from_a_mirror(staged, mirror, tmp_path, monkeypatch):
+    monkeypatch.delenv("FRT_LEDGER_URL", raising=False)  # the site's own ledger, whatever the regional's
     site = tmp_path / "site"
     rows = stage(site, staged.manifests, mirror.url)
 

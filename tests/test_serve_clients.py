@@ -31,6 +31,12 @@ MISSING = ["refs%2Fpr%2F1", "refs/pr/1", "refs/convert/parquet", "refs%2Fheads%2
            "refs/tags/v1", "refs%2Fheads%2Fv1.0.0"]
 
 
+@pytest.fixture(scope="module")
+def ledger_backend():
+    """SQLite only here: test_serve runs the serve answers on PostgreSQL too."""
+    yield None
+
+
 def tool(name: str, *args: str, url: str, hf_home: Path, cwd: Path | None = None, timeout: float = 180):
     """Run a console script of this venv (`hf`, `kernels`) as a cluster job would."""
     exe = str(Path(sys.executable).with_name(name))

@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import ACTIVATION, cli_env
 from tests.serve_helpers import free_port, raw_http, raw_request, serving
 from tests.test_serve import SO, staged  # noqa: F401 (fixture)
@@ -19,6 +21,12 @@ LINE = re.compile(r'(?P<client>\S+) - - \[(?P<time>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\
                   r'"(?P<method>[A-Z]+) (?P<path>\S+) HTTP/1\.1" (?P<status>\d{3}) (?P<bytes>\d+) '
                   r'(?P<ms>\d+\.\d{3})ms')
 SERVE = str(Path(sys.executable).with_name("frt-mirror"))
+
+
+@pytest.fixture(scope="module")
+def ledger_backend():
+    """SQLite only here: test_serve runs the serve answers on PostgreSQL too."""
+    yield None
 
 
 PROBE = "/api/agent-harnesses"  # what serving() asks until serve answers

@@ -24,6 +24,11 @@ ARM_CU = "torch2.11-cu130-aarch64-linux"
 NO_NET = ["unshare", "-n"]
 
 
+
+@pytest.fixture(autouse=True)
+def _ledger(ledger_each):
+    """Every stage test on SQLite in the home and on PostgreSQL (FRT_LEDGER_URL)."""
+
 def write_manifest(path: Path, kernels: dict[str, dict], targets: list[str], trust: list[str] | None = None) -> Path:
     lines = [f'[[targets]]\ntarget = "{t}"\n' for t in targets]
     lines.append("[kernels]")

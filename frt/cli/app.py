@@ -29,13 +29,14 @@ from frt.resolver.gate import check_repo_id
 class App:
     root: Path
     endpoint: str | None
+    ledger_url: str | None = None
     _home: Home | None = None
 
     @property
     def home(self) -> Home:
         """The home every command works on (its root made absolute: views and LOCAL_KERNELS name it)."""
         if self._home is None:
-            self._home = Home(self.root.absolute())
+            self._home = Home(self.root.absolute(), ledger_url=self.ledger_url)
         return self._home
 
     @property
@@ -96,15 +97,18 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Machine-read
                     "(or the ledger's database) unavailable: try again later.")
 @click.option("--home", type=click.Path(file_okay=False, path_type=Path), help="State directory "
               "(default: $FRT_MIRROR_HOME, else the platform's user data dir).")
+@click.option("--ledger", "ledger_url", metavar="URL", help="Where the ledger lives: a SQLAlchemy URL, "
+              "postgresql://USER@HOST:PORT/DB for one ledger several hosts share (pip install "
+              "'frt-mirror[postgres]') or sqlite:///PATH (default: $FRT_LEDGER_URL, else SQLite in the home).")
 @endpoint_option
 @click.version_option(package_name="frt-mirror")
 @click.pass_context
-def cli(ctx: click.Context, home: Path | None, endpoint: str | None):
+def cli(ctx: click.Context, home: Path | None, ledger_url: str | None, endpoint: str | None):
     """Resolve, stage, verify and serve Hugging Face Hub kernels for offline clusters."""
     # huggingface_hub logs its own retries ("Retrying in 2s") to stderr; ours report the outcome in
     # one line, so its chatter would break the one-line error contract.
     from huggingface_hub.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
-    ctx.obj = App(root=home or default_home(), endpoint=endpoint)
+    ctx.obj = App(root=home or default_home(), endpoint=endpoint, ledger_url=ledger_url)
     ctx.call_on_close(lambda: ctx.obj._home and ctx.obj._home.close())

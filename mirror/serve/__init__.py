@@ -9,14 +9,14 @@ from ..home import Home
 from ..tokens import TokenCheck
 from .accesslog import AccessLog, open_sink
 from .app import MirrorApp
-from .catalog import Catalog, load_catalog
+from .watch import CatalogWatcher
 from .listen import listen
 
 __all__ = ["AccessLog", "MirrorApp", "listen", "make_app", "open_sink", "serve"]
 
 def make_app(home: Home, trust_override: frozenset[str] = frozenset(), log: AccessLog | None = None) -> MirrorApp:
-    catalog: Catalog = load_catalog(home, trust_override)
-    return MirrorApp(lambda: catalog, TokenCheck(home.ledger), log)
+    """The app over `home`; its catalog follows the ledger's changes (see watch.py)."""
+    return MirrorApp(CatalogWatcher(home, trust_override), TokenCheck(home.ledger), log)
 
 
 def serve(app: MirrorApp, sockets: list[socket.socket]) -> None:

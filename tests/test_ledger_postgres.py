@@ -1,0 +1,154 @@
+"""The ledger on a real PostgreSQL (tests/pgserver.py), where SQLite's answers do not carry over: several
+stagers coordinating through the database, the server down or restarting, a schema newer than the code.
+The ordinary scan/resolve/stage/serve tests also run on it (conftest.ledger_backend / ledger_each)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from tests.conftest import RELU, cli_env, run_cli
+from tests.kernel_fixtures import ORG
+from tests.test_stage import X86, write_manifest
+from tests.test_stage_faults import BIG, big_repo
+
+EXE = str(Path(sys.executable).with_name("frt-mirror"))
+
+
+@pytest.fixture
+def big_hub(hub):
+    hub.add_repo(big_repo())
+    return hub
+
+
+@pytest.fixture
+def manifest(tmp_path):
+    return write_manifest(tmp_path / "m.toml", {BIG: {"version": 1}, RELU: {"version": 1}},
+                          [X86, "torch2.11-cu130-aarch64-linux"])
+
+
+def body_gets(hub) -> Counter:
+    """How many times each file's body was fetched from the upstream."""
+    return Counter(r.path.split("?")[0] for r in hub.request_log
+                   if r.method == "GET" and "/resolve/" in r.path and r.status in (200, 206))
+
+
+def stager(home: Path, manifest: Path, hub, url: str, *, own_locks: bool) -> subprocess.Popen:
+    """A stager as on its own host: `own_locks` gives it a private locks/ folder (a tmpfs over it in
+    its own mount namespace), so file locks do not reach the other stager, as on a shared filesystem
+    that does not honour them across hosts. Only the ledger's server can coordinate the two then."""
+    cmd = [EXE, "--home", str(home), "--ledger", url, "--endpoint", hub.url, "stage", str(manifest), "--json"]
+    if own_locks:
+        (home / "locks").mkdir(parents=True, exist_ok=True)
+        cmd = ["unshare", "-m", "sh", "-c", f'mount -t tmpfs none "{home}/locks" && exec "$@"', "sh", *cmd]
+    return subprocess.Popen(cmd, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_two_stagers_on_two_hosts_fetch_each_blob_once(big_hub, tmp_path, manifest, pg_url):
+    """One shared home, one PostgreSQL ledger, two stagers whose file locks cannot see each other; the
+    second starts while the first is mid-download. The server's advisory lock per blob lets one fetch
+    and the other wait and reuse: every body crosses once, and the store verifies."""
+    home = tmp_path / "shared"
+    big_hub.faults.throttle("/resolve/", 0.4e6)  # each big body takes seconds: the second stager meets them
+    for repo in (BIG, RELU):  # both start from one scanned ledger (a scan reads metadata.json too)
+        assert run_cli("--ledger", pg_url, "--endpoint", big_hub.url, "scan", repo, home=home).returncode == 0
+    big_hub.reset_log()
+    first = stager(home, manifest, big_hub, pg_url, own_locks=False)
+    assert big_hub.wait_for_body(1, timeout=120), "the first stager never reached its downloads"
+    second = stager(home, manifest, big_hub, pg_url, own_locks=True)
+    assert first.poll() is None, "the first stager was done before the second began: no race was tested"
+    outs = [p.communicate(timeout=300) for p in (first, second)]
+    for p, (_, err) in zip((first, second), outs):
+        assert p.returncode == 0, err
+    gets = body_gets(big_hub)
+    assert gets and set(gets.values()) == {1}, {p: n for p, n in gets.items() if n != 1}
+    docs = [json.loads(out) for out, _ in outs]
+    assert sum(d["downloaded_bytes"] for d in docs) == docs[0]["needed_bytes"]
+    v = run_cli("--ledger", pg_url, "verify", "--json", home=home)
+    assert v.returncode == 0, v.stdout
+
+
+def test_resolve_offline_reads_only_the_server(hub, tmp_path, pg_url):
+    """A second host with its own (empty) home and the same ledger resolves offline: no upstream."""
+    m = write_manifest(tmp_path / "m.toml", {RELU: {"version": 1}}, [X86])
+    assert run_cli("--ledger", pg_url, "--endpoint", hub.url, "stage", str(m), home=tmp_path / "a").returncode == 0
+    hub.reset_log()
+    p = run_cli("--ledger", pg_url, "--endpoint", "http://127.0.0.1:9", "resolve", RELU, "--version", "1",
+                "--target", X86, "--offline", "--json", home=tmp_path / "b")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["variant"] == "torch213-cxx11-cpu-x86_64-linux" and hub.requests == []
+
+
+def test_an_unreachable_server_is_one_line_and_exit_3(tmp_path, pg_server):
+    dead = pg_server.url_for("nothing").rsplit(":", 1)[0] + ":9/nothing"
+    for args in (["matrix", RELU], ["resolve", RELU, "--version", "1", "--target", X86, "--offline"]):
+        p = run_cli("--ledger", dead, *args, home=tmp_path / "h")
+        assert p.returncode == 3, p.stderr
+        assert p.stderr.count("\n") == 1 and "is unavailable" in p.stderr and "Connection refused" in p.stderr
+
+
+@pytest.mark.parametrize("text, says", [
+    ("mysql://u@h/db", "keeps its ledger in SQLite"),
+    ("not a url://", "is not a URL"),
+])
+def test_a_ledger_url_we_do_not_speak_is_bad_input(tmp_path, text, says):
+    p = run_cli("--ledger", text, "matrix", RELU, home=tmp_path / "h")
+    assert p.returncode == 2 and says in p.stderr and p.stderr.count("\n") == 1, p.stderr
+
+
+def test_a_newer_schema_on_the_server_is_refused_not_downgraded(hub, tmp_path, pg_url):
+    assert run_cli("--ledger", pg_url, "--endpoint", hub.url, "scan", RELU, home=tmp_path / "h").returncode == 0
+    engine = sa.create_engine(pg_url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("INSERT INTO schema_migrations (version, applied_at) "
+                             "SELECT max(version) + 1, now() FROM schema_migrations")
+        before = conn.exec_driver_sql("SELECT max(version) FROM schema_migrations").scalar()
+    p = run_cli("--ledger", pg_url, "matrix", RELU, home=tmp_path / "h")
+    assert p.returncode == 2 and "newer than this frt-mirror understands" in p.stderr, p.stderr
+    with engine.begin() as conn:
+        assert conn.exec_driver_sql("SELECT max(version) FROM schema_migrations").scalar() == before
+    engine.dispose()
+
+
+@pytest.mark.parametrize("how", ["restart", "crash"])
+def test_the_server_restarting_mid_stage_loses_nothing_and_a_rerun_completes(big_hub, tmp_path, manifest,
+                                                                             pg_server, pg_url, how):
+    """The stage either rides it out or stops with one line (exit 3); what it recorded is intact, and a
+    rerun completes and verifies."""
+    home = tmp_path / "h"
+    big_hub.faults.throttle("/resolve/", 8e6)
+    proc = subprocess.Popen([EXE, "--home", str(home), "--ledger", pg_url, "--endpoint", big_hub.url, "stage",
+                             str(manifest), "--json"], env=cli_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert big_hub.wait_for_body(2, timeout=120), "the stage never reached its downloads"
+    pg_server.kill() if how == "crash" else pg_server.stop()
+    time.sleep(0.5)
+    pg_server.start()
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode in (0, 3), err
+    if proc.returncode == 3:
+        assert err.count("\n") == 1 and "unavailable" in err and "Traceback" not in err, err
+    big_hub.faults.clear()
+    p = run_cli("--ledger", pg_url, "--endpoint", big_hub.url, "stage", str(manifest), "--json", home=home)
+    assert p.returncode == 0, p.stderr
+    v = run_cli("--ledger", pg_url, "verify", "--json", home=home)
+    assert v.returncode == 0, v.stdout
+
+
+def test_orgs_trust_and_tokens_live_in_the_server(hub, tmp_path, pg_url):
+    """What a second host's serve needs from the ledger is there: publishers and tokens."""
+    assert run_cli("--ledger", pg_url, "--endpoint", hub.url, "scan", RELU, home=tmp_path / "a").returncode == 0
+    assert run_cli("--ledger", pg_url, "token", "add", "site", home=tmp_path / "a").returncode == 0
+    p = run_cli("--ledger", pg_url, "token", "list", "--json", home=tmp_path / "b")
+    assert [t["name"] for t in json.loads(p.stdout)] == ["site"]
+    engine = sa.create_engine(pg_url)
+    with engine.begin() as conn:
+        assert conn.exec_driver_sql(f"SELECT trusted FROM publishers WHERE org = '{ORG}'").scalar() is True
+    engine.dispose()
