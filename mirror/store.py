@@ -40,9 +40,20 @@ def digest_file(path: Path) -> Digest:
     return Digest(h256.hexdigest(), hgit.hexdigest(), size)
 
 
+def store_root(home: Path) -> Path:
+    """The folder a home's blobs lie under (nginx-conf aliases its internal location onto it)."""
+    return home / "store" / "sha256"
+
+
+def blob_relpath(sha256: str) -> str:
+    """Where a blob lies under the store's root (`store/sha256/`): what nginx's internal location
+    over the store is asked for (serve --accel-redirect)."""
+    return f"{sha256[:2]}/{sha256}"
+
+
 class BlobStore:
     def __init__(self, home: Path):
-        self.root = home / "store" / "sha256"
+        self.root = store_root(home)
         self.tmp = home / "tmp"
         self.locks = home / "locks"
         for d in (self.root, self.tmp, self.locks):
@@ -55,7 +66,7 @@ class BlobStore:
                     raise
 
     def path(self, sha256: str) -> Path:
-        return self.root / sha256[:2] / sha256
+        return self.root / blob_relpath(sha256)
 
     def has(self, sha256: str) -> bool:
         return self.path(sha256).is_file()
