@@ -107,14 +107,15 @@ def nginx(conf: str, run: Path, replicas: list[Served], timeout: float = 30) -> 
 
 
 @contextlib.contextmanager
-def front_of(home: Path, run: Path, n: int = 2, *serve_args: str) -> Iterator[Front]:
-    """n replicas of `serve --accel-redirect` on one home, each logging to a file, and nginx in front."""
+def front_of(home: Path, run: Path, n: int = 2, conf_args: tuple[str, ...] = ()) -> Iterator[Front]:
+    """n replicas of `serve --accel-redirect` on one home, each logging to a file, and nginx in front
+    (`nginx-conf ... CONF_ARGS`)."""
     run.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
         replicas = [stack.enter_context(serving(home, "--accel-redirect", PREFIX, "--access-log",
-                                                str(run / f"replica{i}.log"), *serve_args))
+                                                str(run / f"replica{i}.log")))
                     for i in range(n)]
-        conf = nginx_conf(home, [r.port for r in replicas], free_port(), run)
+        conf = nginx_conf(home, [r.port for r in replicas], free_port(), run, *conf_args)
         yield stack.enter_context(nginx(conf, run, replicas))
 
 
@@ -277,6 +278,30 @@ def test_a_replica_asked_directly_sends_the_bytes(staged, front):
         status, headers, data = raw_http(replica.port, raw_request("GET", url, "X-Sendfile-Type: X-Accel-Redirect"))
         assert (status, data, headers["content-length"]) == (200, b"", "0")
         assert headers["x-accel-redirect"] == f"{PREFIX}/{headers['etag'][1:3]}/{headers['etag'][1:-1]}"
+
+
+def test_head_cache_answers_repeated_heads_by_sha_as_serve(staged, mirror, tmp_path):
+    """`nginx-conf --head-cache`: a HEAD of a file by commit sha is answered by nginx from its cache the
+    second time, header for header as serve answers it; a HEAD by branch, with a Range, a condition or a
+    token, and every GET, still reaches a replica each time."""
+    sha = v1(staged)
+    meta = staged.repos[ACTIVATION].commits[sha].meta
+    etag = f'"{meta[SO].sha256}"'
+    by_sha = [f"/kernels/{ACTIVATION}/resolve/{sha}/{p}" for p in (SO, SMALL)]
+    uncached = [("HEAD", f"/kernels/{ACTIVATION}/resolve/v1/{SO}", []),
+                ("HEAD", by_sha[0], ["Range: bytes=10-19"]), ("HEAD", by_sha[0], [f"If-None-Match: {etag}"]),
+                ("HEAD", by_sha[0], ["Authorization: Bearer x"]), ("GET", by_sha[0], [])]
+    with front_of(staged.home, tmp_path / "nginx", conf_args=("--head-cache", "60")) as front:
+        for path in by_sha:
+            alone = answer(mirror.port, "HEAD", path, [])
+            assert [answer(front.port, "HEAD", path, []) for _ in range(3)] == [alone] * 3, path
+        for method, path, headers in uncached:
+            alone = answer(mirror.port, method, path, headers)
+            assert [answer(front.port, method, path, headers) for _ in range(2)] == [alone] * 2
+        want = len(by_sha) + 2 * len(uncached)
+        lines = wait_for_lines(front, lambda ln: "/resolve/" in ln["path"], want)
+    assert sorted((ln["method"], ln["path"]) for ln in lines) == sorted(
+        [("HEAD", p) for p in by_sha] + [(m, p) for m, p, _ in uncached for _ in range(2)])
 
 
 # -- real clients through nginx --------------------------------------------------------------------

@@ -8,6 +8,11 @@ Accept-Ranges (ngx_http_upstream_headers_in's `redirect` flag); the internal loc
 ETag and X-Linked-* back from `$upstream_http_*`, turns off its own ETag and Last-Modified, and takes
 Content-Length and Content-Range from the file, so a client sees what `serve` alone sends.
 HEAD and everything else is proxied as is. A dead replica is skipped (`proxy_next_upstream`).
+
+A HEAD costs a replica about as much as a GET's headers, and at 64 clients in flight on a small box its
+latency is 64 / (HEADs a second Python answers). `--head-cache SECONDS` lets nginx answer repeated HEADs
+of a file by commit sha (an immutable URL, what kernels and snapshot_download ask for) from a short
+cache: the thundering herd of nodes at job start reaches a replica once per file.
 """
 
 from __future__ import annotations
@@ -75,6 +80,7 @@ class NginxSite:
     run_dir: Path = DEFAULT_RUN_DIR
     accel: str = DEFAULT_ACCEL
     user: str | None = None  # nginx's worker user: one that may read the store
+    head_cache: int = 0  # seconds nginx answers a HEAD of a file by commit sha itself; 0: never
 
     def render(self, home: Path) -> str:
         run, alias = self.run_dir, _quoted(f"{self.store}/", "the store")
@@ -83,10 +89,12 @@ class NginxSite:
         user = f"user {self.user};\n" if self.user else ""
         replicas = "\n".join(f"#   frt-mirror --home {home} serve --host {u.host.strip('[]')} --port {u.port} "
                              f"--accel-redirect {self.accel}" for u in self.upstreams)
+        ttl, cached = self.head_cache, self.head_cache > 0
         return TEMPLATE.format(
             home=home, replicas=replicas, run=run, user=user, servers=servers, store=self.store, alias=alias,
-            accel=self.accel,
-            listen=self.listen, tries=max(2, len(self.upstreams)), keepalive=32 * len(self.upstreams))
+            accel=self.accel, listen=self.listen, tries=max(2, len(self.upstreams)),
+            keepalive=32 * len(self.upstreams), cache_http=CACHE_HTTP.format(run=run, ttl=ttl) if cached else "",
+            cache_location=CACHE_LOCATION.format(ttl=ttl) if cached else "")
 
 
 TEMPLATE = """\
@@ -117,7 +125,7 @@ http {{
   fastcgi_temp_path "{run}/fastcgi";
   uwsgi_temp_path "{run}/uwsgi";
   scgi_temp_path "{run}/scgi";
-
+{cache_http}
   upstream frt_mirror {{
 {servers}
     keepalive {keepalive};
@@ -128,25 +136,26 @@ http {{
   server {{
     listen {listen};
 
+    proxy_http_version 1.1;
+    proxy_set_header Connection "";
+    # Pagination links (`Link: <url>; rel="next"`) are built from the Host the client sent.
+    proxy_set_header Host $http_host;
+    proxy_set_header X-Forwarded-For $remote_addr;
+    proxy_set_header X-Forwarded-Proto $scheme;
+    # Asks the replica for X-Accel-Redirect: a client that reaches a replica directly gets the bytes.
+    proxy_set_header X-Sendfile-Type X-Accel-Redirect;
+    # A dead or restarting replica: the request goes to the next one. The mirror is read-only, so a
+    # POST (paths-info) is as safe to repeat as a GET.
+    proxy_next_upstream error timeout http_502 http_503 non_idempotent;
+    proxy_next_upstream_tries {tries};
+    proxy_connect_timeout 5s;
+    # Bodies serve streams itself (conditional or odd Range requests) pass through, never to disk.
+    proxy_max_temp_file_size 0;
+
     location / {{
       proxy_pass http://frt_mirror;
-      proxy_http_version 1.1;
-      proxy_set_header Connection "";
-      # Pagination links (`Link: <url>; rel="next"`) are built from the Host the client sent.
-      proxy_set_header Host $http_host;
-      proxy_set_header X-Forwarded-For $remote_addr;
-      proxy_set_header X-Forwarded-Proto $scheme;
-      # Asks the replica for X-Accel-Redirect: a client that reaches a replica directly gets the bytes.
-      proxy_set_header X-Sendfile-Type X-Accel-Redirect;
-      # A dead or restarting replica: the request goes to the next one. The mirror is read-only, so a
-      # POST (paths-info) is as safe to repeat as a GET.
-      proxy_next_upstream error timeout http_502 http_503 non_idempotent;
-      proxy_next_upstream_tries {tries};
-      proxy_connect_timeout 5s;
-      # Bodies serve streams itself (conditional or odd Range requests) pass through, never to disk.
-      proxy_max_temp_file_size 0;
     }}
-
+{cache_location}
     # Blob bodies, by X-Accel-Redirect only (`internal`: a client asking for it gets a 404).
     location {accel}/ {{
       internal;
@@ -160,4 +169,29 @@ http {{
     }}
   }}
 }}
+"""
+
+# nginx-conf --head-cache SECONDS: HEADs of files by commit sha (immutable URLs) from a cache.
+CACHE_HTTP = """
+  # --head-cache: a HEAD with no Range, no condition and no token, of a file by commit sha, is answered
+  # from here for {ttl} s after a replica answered it (kernels and snapshot_download ask by sha).
+  proxy_cache_path "{run}/head-cache" levels=1:2 keys_zone=frt_head:10m max_size=64m inactive=60s
+                   use_temp_path=off;
+  # Any other request has no cache at all (not merely a bypass: nginx would then drop the replica's
+  # Accept-Ranges from a 206, as from any answer it may cache).
+  map "$request_method:$http_range$http_if_range$http_if_match$http_if_none_match$http_if_modified_since$http_if_unmodified_since$http_authorization" $frt_head_cache {{
+    "HEAD:" frt_head;
+    default off;
+  }}
+"""
+CACHE_LOCATION = """
+    location ~ "^/([a-z]+s/)?[^/]+/[^/]+/resolve/[0-9a-f]{{40}}/" {{
+      proxy_pass http://frt_mirror;
+      proxy_cache $frt_head_cache;
+      proxy_cache_convert_head off;  # a HEAD stays a HEAD: the replica answers it, not a GET
+      proxy_cache_key "$request_method $request_uri";
+      proxy_cache_valid 200 {ttl}s;
+      # No proxy_cache_lock: the requests it holds back wait in steps of 500 ms, where a replica
+      # answers a HEAD in well under one.
+    }}
 """
