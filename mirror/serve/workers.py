@@ -95,9 +95,11 @@ def serve_workers(spec: AppSpec, sockets: list[socket.socket], workers: int) -> 
 
 
 def _fork(spec: AppSpec, sockets: list[socket.socket]) -> int:
+    parent = os.getpid()
     pid = os.fork()
     if pid:
         return pid
+    _end_with(parent)
     code = _worker(spec, sockets)
     sys.stderr.flush()
     os._exit(code)  # never back into the parent's click command and its cleanup
@@ -119,6 +121,17 @@ def _worker(spec: AppSpec, sockets: list[socket.socket]) -> int:
         traceback.print_exc()
         return 1
     return 0
+
+
+def _end_with(parent: int) -> None:
+    """A worker whose parent is gone (kill -9) gets SIGTERM, rather than holding the port on its own."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:  # it died before prctl took effect
+        os._exit(0)
 
 
 def _kill(pid: int) -> None:
