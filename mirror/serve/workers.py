@@ -99,6 +99,10 @@ def _fork(spec: AppSpec, sockets: list[socket.socket]) -> int:
     pid = os.fork()
     if pid:
         return pid
+    # First, before the parent's `stop` handler could run here: until uvicorn installs its handlers, a
+    # Ctrl-C is the parent's to act on; the SIGTERM it then sends ends a worker not serving yet, silently.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _end_with(parent)
     code = _worker(spec, sockets)
     sys.stderr.flush()
@@ -106,10 +110,6 @@ def _fork(spec: AppSpec, sockets: list[socket.socket]) -> int:
 
 
 def _worker(spec: AppSpec, sockets: list[socket.socket]) -> int:
-    # Until uvicorn installs its handlers, a Ctrl-C is the parent's to act on: it sends SIGTERM, which
-    # ends a worker that is not serving yet at once and silently.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
         app = spec.build(Home(spec.root))
     except (FrtError, OSError) as e:
