@@ -1,17 +1,22 @@
-"""Serving: `frt-mirror serve` (uvicorn) vs. nginx serving the same store blob statically.
+"""Serving: `frt-mirror serve` (uvicorn) vs. nginx serving the same store blob statically, and nginx in
+front of two `serve --accel-redirect` replicas (as `frt-mirror nginx-conf` configures it).
 
     python -m bench.serve [--quick]
 
 One LFS file (1 GiB; --quick: 64 MiB) of a fixture repo is staged through a fake Hub, which is then
-stopped. Both servers answer the same `/kernels/<repo>/resolve/<sha>/<path>` URL from the same file (so
-the same page cache): ours as `frt-mirror serve` in a subprocess; nginx from a generated config with
-`sendfile on` and the headers huggingface_hub needs (X-Repo-Commit, ETag, X-Linked-Etag/-Size).
+stopped. The three answer the same `/kernels/<repo>/resolve/<sha>/<path>` URL from the same file (so
+the same page cache): ours as `frt-mirror serve` in a subprocess; nginx from a config of its own with
+`sendfile on` and the headers huggingface_hub needs (X-Repo-Commit, ETag, X-Linked-Etag/-Size); and
+nginx from `frt-mirror nginx-conf` over two replicas, where Python answers each HEAD and each GET's
+headers and nginx sends the body (X-Accel-Redirect).
 
 Rows: `hf_hub_download` of that file into a fresh cache dir, 3 runs per server, interleaved, median
 MB/s (each run is a child process: huggingface_hub's import is not timed, and the client does not share
-a GIL with anything), and for scale each server's raw ceiling (curl to /dev/null); then HEAD latency
-p50/p99 from 64 concurrent keep-alive clients (raw asyncio streams in a child process), 6,400 HEADs
-per server (--quick: 1,280). Latency there is closed-loop: 64 in flight, so p50 ~ 64 / (HEAD/s).
+a GIL with anything), and for scale each server's raw ceiling (curl to /dev/null); then 64 concurrent
+keep-alive clients each doing what a client does per file, HEAD then GET, of a second file (16 MiB;
+--quick: 2 MiB), 2 rounds each (--quick: 1): total MB/s; then HEAD latency p50/p99 from 64 concurrent
+keep-alive clients (raw asyncio streams in a child process), 6,400 HEADs per server (--quick: 1,280).
+Latency there is closed-loop: 64 in flight, so p50 ~ 64 / (HEAD/s).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import asyncio
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -34,6 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 MiB = 1 << 20
 REPO, VARIANT, FILENAME = "bench-org/big", "torch-universal", "build/torch-universal/_weights.bin"
+SHARD = "build/torch-universal/_shard.bin"  # what the 64 clients fetch
 TARGET = "torch2.13-cpu-x86_64-linux"  # any: torch-universal is accepted by every target
 CLIENTS, RUNS = 64, 3
 
@@ -61,6 +68,13 @@ http {{
       add_header X-Linked-Etag '"{sha256}"';
       add_header X-Linked-Size {size};
     }}
+    location = {shard_url} {{
+      alias {shard_blob};
+      etag on;
+      add_header X-Repo-Commit {sha};
+      add_header X-Linked-Etag '"{shard_sha256}"';
+      add_header X-Linked-Size {shard};
+    }}
   }}
 }}
 """
@@ -84,8 +98,9 @@ def wait_listening(port: int, proc: subprocess.Popen, what: str) -> None:
             time.sleep(0.05)
 
 
-def stage_big_file(tmp: Path, size: int) -> dict:
-    """Stage one fixture repo whose torch-universal build carries a `size`-byte LFS file."""
+def stage_big_file(tmp: Path, size: int, shard: int) -> dict:
+    """Stage one fixture repo whose torch-universal build carries a `size`-byte and a `shard`-byte LFS
+    file."""
     from frt.mirror.home import Home
     from frt.mirror.stage import stage
     from frt.resolver import HubClient, make_request, parse_target
@@ -93,10 +108,10 @@ def stage_big_file(tmp: Path, size: int) -> dict:
     from tests.kernel_fixtures import variant_files
 
     payload = hashlib.shake_128(b"bench.serve").digest(size)  # incompressible, ~1 GB/s to make
+    extra = {"_weights.bin": payload, "_shard.bin": hashlib.shake_128(b"bench.serve shard").digest(shard)}
     repo = FakeRepo(REPO)
-    sha = repo.commit(variant_files("big", VARIANT, version=1, extra={"_weights.bin": payload}), title="big",
-                      branch="v1")
-    meta = repo.commits[sha].meta[FILENAME]
+    sha = repo.commit(variant_files("big", VARIANT, version=1, extra=extra), title="big", branch="v1")
+    meta, shard_meta = repo.commits[sha].meta[FILENAME], repo.commits[sha].meta[SHARD]
     home = tmp / "home"
     with FakeHub([repo], page_size=1000) as hub:
         mirror_home = Home(home)
@@ -107,7 +122,9 @@ def stage_big_file(tmp: Path, size: int) -> dict:
         sys.exit(f"staging the bench file failed: {report.rows}")
     blob = home / "store" / "sha256" / meta.sha256[:2] / meta.sha256
     return {"home": home, "sha": sha, "sha256": meta.sha256, "size": size, "blob": blob,
-            "url": f"/kernels/{REPO}/resolve/{sha}/{FILENAME}"}
+            "url": f"/kernels/{REPO}/resolve/{sha}/{FILENAME}", "shard": shard, "shard_sha256": shard_meta.sha256,
+            "shard_url": f"/kernels/{REPO}/resolve/{sha}/{SHARD}",
+            "shard_blob": home / "store" / "sha256" / shard_meta.sha256[:2] / shard_meta.sha256}
 
 
 def start_serve(f: dict, tmp: Path) -> tuple[subprocess.Popen, str]:
@@ -121,10 +138,7 @@ def start_serve(f: dict, tmp: Path) -> tuple[subprocess.Popen, str]:
 
 
 def start_nginx(f: dict, tmp: Path) -> tuple[subprocess.Popen, str]:
-    if not shutil.which("nginx"):  # Debian's package; CI runs as root (and .ci/run installs it too)
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "nginx"]):
-            subprocess.run(cmd, check=True, capture_output=True, env=env)
+    need_nginx()
     port = free_port()
     conf = tmp / "nginx.conf"
     # As root, nginx drops to `nobody`, who cannot enter the private temp dir: stay root there.
@@ -133,6 +147,42 @@ def start_nginx(f: dict, tmp: Path) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(["nginx", "-p", str(tmp), "-c", str(conf), "-e", str(tmp / "nginx-error.log")],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_listening(port, proc, "nginx")
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def need_nginx() -> None:
+    if not shutil.which("nginx"):  # Debian's package; CI runs as root (and .ci/run installs it too)
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "nginx"]):
+            subprocess.run(cmd, check=True, capture_output=True, env=env)
+
+
+def start_replicas(f: dict, tmp: Path, n: int = 2) -> tuple[list[subprocess.Popen], list[int]]:
+    """`n` x `serve --accel-redirect`, each logging to a file."""
+    exe, procs, ports = str(Path(sys.executable).with_name("frt-mirror")), [], []
+    for i in range(n):
+        port = free_port()
+        with open(tmp / f"replica{i}.out", "wb") as out:
+            procs.append(subprocess.Popen([exe, "--home", str(f["home"]), "serve", "--port", str(port),
+                                           "--accel-redirect", "/_frt_store", "--access-log",
+                                           str(tmp / f"replica{i}.log")], stdout=out, stderr=subprocess.STDOUT))
+        wait_listening(port, procs[-1], "frt-mirror serve --accel-redirect")
+        ports.append(port)
+    return procs, ports
+
+
+def start_front(f: dict, run: Path, ports: list[int], *conf_args: str) -> tuple[subprocess.Popen, str]:
+    """nginx from `frt-mirror nginx-conf CONF_ARGS` in front of the replicas on `ports`."""
+    need_nginx()
+    port, exe = free_port(), str(Path(sys.executable).with_name("frt-mirror"))
+    run.mkdir()
+    args = [exe, "--home", str(f["home"]), "nginx-conf", "--listen", f"127.0.0.1:{port}", "--run-dir", str(run),
+            *conf_args, *(a for p in ports for a in ("--upstream", f"127.0.0.1:{p}"))]
+    args += ["--user", "root"] if os.geteuid() == 0 else []
+    (run / "nginx.conf").write_text(subprocess.run(args, capture_output=True, text=True, check=True).stdout)
+    proc = subprocess.Popen(["nginx", "-c", str(run / "nginx.conf"), "-e", str(run / "error.log"),
+                             "-g", "daemon off;"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_listening(port, proc, "nginx in front of the replicas")
     return proc, f"http://127.0.0.1:{port}"
 
 
@@ -177,6 +227,60 @@ def child_heads(port: int, path: str, total: int) -> dict:
     except ImportError:
         wall = asyncio.run(main())
     return {"latencies": latencies, "wall": wall}
+
+
+def child_fetch(port: int, path: str, size: int, rounds: int) -> dict:
+    """In a child process: CLIENTS keep-alive connections, each doing HEAD then GET of `path` `rounds`
+    times, bodies counted and dropped (recv_into one buffer: the client's copy is the least it can do)."""
+    head_req, get_req = (f"{m} {path} HTTP/1.1\r\nHost: bench\r\nAccept-Encoding: identity\r\n\r\n".encode()
+                         for m in ("HEAD", "GET"))
+
+    async def one_client() -> int:
+        loop = asyncio.get_running_loop()
+        sock = socket.create_connection(("127.0.0.1", port))
+        sock.setblocking(False)
+        buf = bytearray(1 << 20)
+        pending, got = b"", 0
+
+        async def answer(request: bytes) -> int:  # the Content-Length, once the head is read
+            nonlocal pending
+            await loop.sock_sendall(sock, request)
+            while b"\r\n\r\n" not in pending:
+                n = await loop.sock_recv_into(sock, buf)
+                if not n:
+                    raise SystemExit("connection closed mid-answer")
+                pending += bytes(buf[:n])
+            head, _, pending = pending.partition(b"\r\n\r\n")
+            if not head.startswith(b"HTTP/1.1 200"):
+                raise SystemExit(f"answered {head[:80]!r}")
+            length = int(re.search(rb"(?im)^content-length:\s*(\d+)", head)[1])
+            if length != size:
+                raise SystemExit(f"Content-Length {length}, not {size}")
+            return length
+
+        for _ in range(rounds):
+            await answer(head_req)
+            left, pending = await answer(get_req) - len(pending), b""
+            while left > 0:
+                n = await loop.sock_recv_into(sock, buf)
+                if not n:
+                    raise SystemExit("connection closed mid-body")
+                left -= n
+            got += size
+        sock.close()
+        return got
+
+    async def main() -> dict:
+        t0 = time.perf_counter()
+        total = sum(await asyncio.gather(*(one_client() for _ in range(CLIENTS))))
+        return {"bytes": total, "wall": time.perf_counter() - t0}
+
+    try:
+        import uvloop
+
+        return uvloop.run(main())
+    except ImportError:
+        return asyncio.run(main())
 
 
 def emit(doc: dict) -> None:
@@ -224,41 +328,67 @@ def main() -> None:
         kind, *rest = args.child
         if kind == "download":
             return emit(child_download(*rest))
+        if kind == "fetch":
+            return emit(child_fetch(int(rest[0]), rest[1], int(rest[2]), int(rest[3])))
         return emit(child_heads(int(rest[0]), rest[1], int(rest[2])))
 
-    size, heads = (64 * MiB, 20 * CLIENTS) if args.quick else (1024 * MiB, 100 * CLIENTS)
+    size, shard, rounds, heads = ((64 * MiB, 2 * MiB, 1, 20 * CLIENTS) if args.quick
+                                  else (1024 * MiB, 16 * MiB, 2, 100 * CLIENTS))
     with tempfile.TemporaryDirectory(prefix="frt-bench-serve-") as tmp_name:
         tmp = Path(tmp_name)
         t0 = time.perf_counter()
-        f = stage_big_file(tmp, size)
+        f = stage_big_file(tmp, size, shard)
         stage_s = time.perf_counter() - t0
-        servers = dict(zip(("serve", "nginx"), (start_serve(f, tmp), start_nginx(f, tmp))))
+        servers, procs = {}, []
         try:
-            walls: dict[str, list[float]] = {name: [] for name in servers}
-            for i in range(RUNS):
-                for name, (_, url) in servers.items():
-                    cache = tmp / f"cache-{name}-{i}"
-                    res = run_child("download", url, f["sha"], str(cache))
-                    if res["size"] != size:
-                        sys.exit(f"{name}: downloaded {res['size']} bytes, not {size}")
-                    walls[name].append(res["wall"])
-                    shutil.rmtree(cache)
-            raw = {name: [curl_seconds(url + f["url"], size) for _ in range(RUNS)]
-                   for name, (_, url) in servers.items()}
-            lat = {name: run_child("heads", url.rsplit(":", 1)[1], f["url"], str(heads))
-                   for name, (_, url) in servers.items()}
+            for name, start in (("serve", lambda: start_serve(f, tmp)), ("nginx", lambda: start_nginx(f, tmp))):
+                proc, servers[name] = start()
+                procs.append(proc)
+            replicas, ports = start_replicas(f, tmp)
+            procs += replicas
+            for name, args in ((FRONT, ()), (CACHED, ("--head-cache", "1"))):
+                proc, servers[name] = start_front(f, tmp / name.strip().replace(" ", "-"), ports, *args)
+                procs.insert(0, proc)  # stopped before the replicas
+            results = measure(servers, f, rounds, heads)
         finally:
-            for proc, _ in servers.values():
+            for proc in procs:
                 proc.send_signal(signal.SIGTERM)
                 proc.wait(timeout=10)
+    report(results, f, stage_s, rounds, heads)
 
+
+FRONT, CACHED = "nginx + 2 replicas", "same + head cache"
+
+
+def measure(servers: dict, f: dict, rounds: int, heads: int) -> dict:
+    walls: dict[str, list[float]] = {name: [] for name in servers}
+    for i in range(RUNS):
+        for name, url in servers.items():
+            cache = Path(tempfile.mkdtemp(prefix=f"frt-bench-cache-{i}-"))
+            res = run_child("download", url, f["sha"], str(cache))
+            if res["size"] != f["size"]:
+                sys.exit(f"{name}: downloaded {res['size']} bytes, not {f['size']}")
+            walls[name].append(res["wall"])
+            shutil.rmtree(cache)
+    raw = {name: [curl_seconds(url + f["url"], f["size"]) for _ in range(RUNS)] for name, url in servers.items()}
+    fetch = {name: run_child("fetch", url.rsplit(":", 1)[1], f["shard_url"], str(f["shard"]), str(rounds))
+             for name, url in servers.items()}
+    lat = {name: run_child("heads", url.rsplit(":", 1)[1], f["url"], str(heads)) for name, url in servers.items()}
+    return {"walls": walls, "raw": raw, "fetch": fetch, "lat": lat}
+
+
+def report(results: dict, f: dict, stage_s: float, rounds: int, heads: int) -> None:
+    walls, raw, fetch, lat = results["walls"], results["raw"], results["fetch"], results["lat"]
+    size = f["size"]
     mbps = {name: size / 1e6 / statistics.median(w) for name, w in walls.items()}
     print(f"serve: one {size // MiB} MiB LFS file of {REPO}, staged in {stage_s:.1f} s; the same store blob "
-          f"served by both, loopback")
-    print(f"  frt-mirror serve: uvicorn, 1 process;  nginx {nginx_version()}: 1 process, sendfile on")
+          f"served by all three, loopback")
+    print(f"  frt-mirror serve: uvicorn, 1 process;  nginx {nginx_version()}: 1 process, sendfile on;  "
+          f"{FRONT}: nginx-conf's nginx ({os.cpu_count()} workers, sendfile) over 2 x serve --accel-redirect; "
+          f"{CACHED.strip()}: the same replicas, nginx-conf --head-cache 1")
     print(f"\nhf_hub_download into a fresh cache, {RUNS} runs each (interleaved), median:")
     print(f"{'':20} {'MB/s':>8} {'runs (s)':>24}")
-    for name in servers:
+    for name in walls:
         print(f"{name:20} {mbps[name]:>8.0f} {' '.join(f'{w:.2f}' for w in walls[name]):>24}")
     ratio = mbps["serve"] / mbps["nginx"]
     print(f"throughput ratio serve/nginx = {ratio:.3f} (target >= 0.8): {'PASS' if ratio >= 0.8 else 'FAIL'}")
@@ -266,7 +396,16 @@ def main() -> None:
         curl = {name: size / 1e6 / statistics.median(w) for name, w in raw.items()}
         print(f"  for scale, each server's own ceiling (curl -o /dev/null, median of {RUNS}): "
               + ", ".join(f"{name} {v:.0f} MB/s" for name, v in curl.items())
-              + f" = {curl['serve'] / curl['nginx']:.2f}x")
+              + f" = {curl['serve'] / curl['nginx']:.2f}x (serve/nginx)")
+    print(f"\n{CLIENTS} concurrent keep-alive clients, each HEAD + GET of a {f['shard'] // MiB} MiB file x {rounds}:")
+    print(f"{'':20} {'MB/s':>8} {'/ nginx':>8} {'wall s':>8}")
+    agg = {name: r["bytes"] / 1e6 / r["wall"] for name, r in fetch.items()}
+    for name, r in fetch.items():
+        print(f"{name:20} {agg[name]:>8.0f} {agg[name] / agg['nginx']:>8.3f} {r['wall']:>8.2f}")
+    for name in (FRONT, CACHED):
+        ratio = agg[name] / agg["nginx"]
+        print(f"throughput ratio {name.strip()}/nginx static at {CLIENTS} clients = {ratio:.3f} (target >= 0.95): "
+              f"{'PASS' if ratio >= 0.95 else 'FAIL'}")
     print(f"\nHEAD latency, {CLIENTS} concurrent keep-alive clients, {heads} HEADs per server:")
     print(f"{'':20} {'p50 ms':>8} {'p99 ms':>8} {'HEAD/s':>8}")
     for name, res in lat.items():
@@ -275,6 +414,10 @@ def main() -> None:
         print(f"{name:20} {p50:>8.2f} {p99:>8.2f} {len(ms) / res['wall']:>8.0f}")
     p99 = pct(lat["serve"]["latencies"], 0.99) * 1e3
     print(f"serve HEAD p99 = {p99:.2f} ms (target < 10 ms): {'PASS' if p99 < 10 else 'FAIL'}")
+    for name in (FRONT, CACHED):
+        p99 = pct(lat[name]["latencies"], 0.99) * 1e3
+        print(f"HEAD p99 through nginx ({name.strip()}) = {p99:.2f} ms (target < 5 ms): "
+              f"{'PASS' if p99 < 5 else 'FAIL'}")
 
 
 def nginx_version() -> str:

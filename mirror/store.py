@@ -42,13 +42,24 @@ def digest_file(path: Path) -> Digest:
     return Digest(h256.hexdigest(), hgit.hexdigest(), size)
 
 
+def store_root(home: Path) -> Path:
+    """The folder a home's blobs lie under (nginx-conf aliases its internal location onto it)."""
+    return home / "store" / "sha256"
+
+
+def blob_relpath(sha256: str) -> str:
+    """Where a blob lies under the store's root (`store/sha256/`): what nginx's internal location
+    over the store is asked for (serve --accel-redirect)."""
+    return f"{sha256[:2]}/{sha256}"
+
+
 class BlobStore:
     """`shared_lock(key)`: a lock every host sharing this store honours (the ledger's server gives one:
     many shared filesystems do not honour file locks across hosts); the file lock is taken as well."""
 
     def __init__(self, home: Path, shared_lock: Callable[[str], AbstractContextManager] | None = None):
         self.shared_lock = shared_lock
-        self.root = home / "store" / "sha256"
+        self.root = store_root(home)
         self.tmp = home / "tmp"
         self.locks = home / "locks"
         for d in (self.root, self.tmp, self.locks):
@@ -61,7 +72,7 @@ class BlobStore:
                     raise
 
     def path(self, sha256: str) -> Path:
-        return self.root / sha256[:2] / sha256
+        return self.root / blob_relpath(sha256)
 
     def has(self, sha256: str) -> bool:
         return self.path(sha256).is_file()

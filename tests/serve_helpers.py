@@ -110,6 +110,12 @@ def raw_request(method: str, path: str, *headers: str, body: bytes = b"") -> byt
 
 def raw_http(port: int, request: bytes, timeout: float = 10) -> tuple[int, dict[str, str], bytes]:
     """Send raw request bytes (nothing normalizes the path); read to EOF. (status, headers, body)."""
+    status, lines, body = raw_exchange(port, request, timeout)
+    return status, _headers(lines), body
+
+
+def raw_exchange(port: int, request: bytes, timeout: float = 10) -> tuple[int, list[str], bytes]:
+    """raw_http, with the response's header lines as they came (a header sent twice shows twice)."""
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
         s.sendall(request)
         data = b""
@@ -118,7 +124,7 @@ def raw_http(port: int, request: bytes, timeout: float = 10) -> tuple[int, dict[
     head, _, body = data.partition(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")
     status = int(lines[0].split()[1]) if len(lines[0].split()) > 1 else 0
-    return status, _headers(lines[1:]), body
+    return status, lines[1:], body
 
 
 def _headers(lines: list[str]) -> dict[str, str]:

@@ -15,7 +15,10 @@ ROWS = {
     "stage": ("baseline (snapshot_download)", "ours (8 jobs, fresh home)", "ours rerun (same home)",
               "wall-time ratio ours/baseline =", "bytes fetched / needed =", "store dedup ratio ="),
     "serve": ("hf_hub_download into a fresh cache", "\nserve ", "\nnginx ", "throughput ratio serve/nginx =",
-              "HEAD latency,", "serve HEAD p99 ="),
+              "\nnginx + 2 replicas ", "\nsame + head cache ", "64 concurrent keep-alive clients, each HEAD + GET",
+              "throughput ratio nginx + 2 replicas/nginx static at 64 clients =", "HEAD latency,",
+              "serve HEAD p99 =", "HEAD p99 through nginx (nginx + 2 replicas) =",
+              "HEAD p99 through nginx (same + head cache) ="),
     "seats": ("seats: [frt.seats] 145 seats (5 head slabs), 0 refused", "plain load", "attach, warm",
               "target: attach of >= 144 seats < 0.5 s:", "seat/direct"),
 }

@@ -6,7 +6,7 @@ import click
 
 from frt.mirror.home import check_writable
 from frt.mirror.render import table
-from frt.resolver.errors import BadInput
+from frt.mirror.serve.nginx import DEFAULT_ACCEL, check_accel_prefix
 
 from .app import App, cli, emit_json, json_option
 
@@ -20,28 +20,45 @@ from .app import App, cli, emit_json, json_option
 @click.option("--access-log", "access_log", metavar="FILE|-",
               help="Where the access log goes, one line per request: FILE (appended to) or - for stdout "
                    "(default: stderr, with serve's other messages).")
+@click.option("--workers", default=1, show_default=True, type=click.IntRange(1, 256),
+              help="Processes answering on the one port, each with its own catalog and ledger connection "
+                   "(one that dies is restarted; SIGINT or SIGTERM stops them all).")
+@click.option("--accel-redirect", "accel_redirect", metavar="PREFIX",
+              help="Behind nginx (frt-mirror nginx-conf): a file GET that nginx forwards is answered with its "
+                   "headers and X-Accel-Redirect: PREFIX/<blob>, and nginx sends the bytes from its internal "
+                   "location PREFIX over the store. Requests that did not come through that nginx get the "
+                   f"bytes from serve, as without it. nginx-conf's PREFIX: {DEFAULT_ACCEL}.")
 @click.pass_obj
-def serve_cmd(app: App, host, port, trust, access_log):
+def serve_cmd(app: App, host, port, trust, access_log, workers, accel_redirect):
     """Serve the staged set as a read-only Hub endpoint: point HF_ENDPOINT at it.
 
     Exits 2 without serving when it cannot listen (the port is in use) or open the access log."""
-    from frt.mirror.serve import AccessLog, listen, make_app, open_sink, serve
+    from frt.mirror.serve import listen, serve
+    from frt.mirror.serve.workers import AppSpec, serve_workers
 
+    accel = check_accel_prefix(accel_redirect) if accel_redirect is not None else None
     sockets = listen(host, port)  # first: a busy port is one line and exit 2, before anything is said
-    try:
-        sink = open_sink(access_log)
-    except OSError as e:
-        raise BadInput(f"cannot open the access log {access_log}: {e.strerror}") from None
-    mirror = make_app(app.home, frozenset(trust), log=AccessLog(sink))
-    if not mirror.catalog().repos:
+    spec = AppSpec(app.home.root, frozenset(trust), access_log, accel, ledger_url=app.home.ledger_url)
+    mirror = spec.build(app.home)  # here, once: a bad access log or ledger is one line before serving
+    # Not mirror.catalog(): its first call starts the catalog's poller thread, which a fork must not copy.
+    if not app.home.staged():
         click.echo(f"frt-mirror: warning: nothing is staged in {app.home}: every repo will be answered "
                    "RepoNotFound (stage first: frt-mirror stage MANIFEST)", err=True)
     for org in trust:
         click.echo(f"frt-mirror: --trust {org}: answering trustedKernelPublisher=true for {org} "
                    "(an operator override, not the upstream's word)", err=True)
     url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
-    click.echo(f"frt-mirror: serving {app.home} on {url} (HF_ENDPOINT={url})", err=True)
-    serve(mirror, sockets)
+    how = f", {workers} workers" if workers > 1 else ""
+    how += f", file bodies by nginx through {accel}" if accel else ""
+    click.echo(f"frt-mirror: serving {app.home} on {url}{how} (HF_ENDPOINT={url})", err=True)
+    if workers == 1:
+        serve(mirror, sockets)
+        return
+    mirror.log.sink.close()  # each worker builds its own app: its own sink, its own ledger connection
+    app.home.close()
+    code = serve_workers(spec, sockets, workers)
+    if code:
+        click.get_current_context().exit(code)
 
 
 @cli.group("token")

@@ -4,6 +4,12 @@ Routing is on the raw path (`scope["raw_path"]`), split on "/" before percent-de
 clients send revisions like `release/v1` as one segment, `release%2Fv1`, which a decoded
 path would split in two. Nothing here builds a filesystem path from the request: files are
 looked up by their repo path in the catalog, so no input can reach outside the store.
+
+Behind nginx (`serve --accel-redirect PREFIX`, with the config `frt-mirror nginx-conf` prints), a GET of a
+file is answered with its headers and `X-Accel-Redirect: PREFIX/<blob under the store>`, no body: nginx
+sends the bytes from its `internal` location over the store (sendfile, Range). Only requests nginx
+marked (`X-Sendfile-Type: X-Accel-Redirect`) are redirected, so a client that reaches a replica directly
+still gets the bytes, and only those nginx answers exactly as serve would (see `accel_ok`).
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import time
 from collections.abc import Callable
 from urllib.parse import parse_qs
@@ -19,6 +26,7 @@ import anyio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from ..store import blob_relpath
 from .accesslog import AccessLog, Counted
 from .catalog import Catalog, ServedCommit, ServedFile, ServedRepo, dir_oid, etag_of
 from .protocol import HubError, parse_range, split_raw_path, split_revision
@@ -29,23 +37,34 @@ CHUNK = 4 << 20
 INLINE = 256 << 10  # bodies up to this size are read on the event loop (see BlobResponse)
 HOT_MAX = 8192  # resolve URLs remembered by MirrorApp.hot
 PAGE, PAGE_EXPAND, COMMITS_PAGE = 1000, 50, 100
+# What nginx's static file handler would answer otherwise than serve, which ignores them (a 304, a 412,
+# If-Range's whole-file 200): a GET carrying one is streamed by serve itself, even behind nginx.
+CONDITIONAL = frozenset({b"if-range", b"if-match", b"if-none-match", b"if-modified-since",
+                         b"if-unmodified-since"})
+# A single range that nginx's range filter and parse_range read alike. Anything else (spaces, `Bytes=`,
+# several ranges: serve sends the whole file, nginx a 206, a multipart or a 416) is streamed by serve.
+PLAIN_RANGE = re.compile(r"bytes=(\d{1,18}-\d{0,18}|-\d{1,18})", re.ASCII)
 
 
 class MirrorApp:
     """ASGI app. `catalog()` returns the current index; `authorized(header)` checks a bearer token;
-    `log`, if given, gets one record per request (serve's access log)."""
+    `log`, if given, gets one record per request (serve's access log); `accel_redirect`, if set, is the
+    path of nginx's internal location over the store (serve --accel-redirect; set before serving)."""
 
     def __init__(self, catalog: Callable[[], Catalog], authorized: Callable[[str | None], bool],
-                 log: AccessLog | None = None):
+                 log: AccessLog | None = None, accel_redirect: str | None = None):
         self.catalog = catalog
         self.authorized = authorized
         self.log = log
-        self._hot: dict[bytes, tuple] = {}  # raw path -> (catalog, file, headers): see hot()
+        self.accel_redirect = accel_redirect
+        self._hot: dict[bytes, tuple] = {}  # raw path -> (catalog, file, headers, accel headers): see hot()
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "lifespan":
             while (await receive())["type"] != "lifespan.shutdown":
                 await send({"type": "lifespan.startup.complete"})
+            if self.log:  # a worker of serve --workers exits right after: its last lines go out now
+                self.log.sink.flush()
             await send({"type": "lifespan.shutdown.complete"})
             return
         if scope["type"] != "http":
@@ -77,22 +96,26 @@ class MirrorApp:
         """Answer a whole-file resolve URL that was answered before, from a cache keyed by the raw path:
         no routing, no Starlette. A HEAD per file per snapshot is most of a client's traffic; this path
         takes about a third off the server's time per HEAD (bench/serve.py). The token is still checked
-        every time. The body bytes sent; None: not cached, a Range to parse, or a token that fails (the
-        slow way says 401)."""
+        every time. The body bytes sent; None: not cached, a Range to parse, a conditional request, or a
+        token that fails (the slow way says 401)."""
         hit = self._hot.get(scope.get("raw_path"))
         if hit is None or hit[0] is not self.catalog():
             return None
-        auth = None
+        auth, nginx = None, False
         for name, value in scope["headers"]:
-            if name == b"range":
+            if name == b"range" or name in CONDITIONAL:
                 return None
             if name == b"authorization" and auth is None:
                 auth = value.decode("latin-1")
+            elif name == b"x-sendfile-type":
+                nginx = value == b"X-Accel-Redirect"
         if not self.authorized(auth):
             return None
-        _, f, headers = hit
-        response = BlobResponse(f, 0, f.size, 200, headers, head=scope["method"] == "HEAD")
-        return await response(scope, receive, send)
+        _, f, headers, accel = hit
+        head = scope["method"] == "HEAD"
+        if nginx and accel and not head:
+            return await BlobResponse(f, 0, 0, 200, accel, head=True)(scope, receive, send)
+        return await BlobResponse(f, 0, f.size, 200, headers, head=head)(scope, receive, send)
 
     async def dispatch(self, request: Request) -> Response:
         segs = split_raw_path(request.scope.get("raw_path") or request.scope["path"].encode())
@@ -236,15 +259,44 @@ class MirrorApp:
             raise HubError(416, None, "Requested Range Not Satisfiable",
                            {"Content-Range": f"bytes */{f.size}", "X-Repo-Commit": c.sha})
         start, end = rng or (0, f.size)
-        headers = [*file_headers(c.sha, etag_of(f), f.sha256 if f.lfs else None, f.size),
-                   (b"content-length", b"%d" % (end - start))]
+        fixed = file_headers(c.sha, etag_of(f), f.sha256 if f.lfs else None, f.size)
+        headers = [*fixed, (b"content-length", b"%d" % (end - start))]
+        head = request.method == "HEAD"
+        if not head and self.accel_redirect and accel_ok(request.scope["headers"], rng):
+            return BlobResponse(f, 0, 0, 200, self.accel(f, fixed, ranged=rng is not None), head=True)
         if rng is not None:
             headers.append((b"content-range", b"bytes %d-%d/%d" % (start, end - 1, f.size)))
         elif (raw := request.scope.get("raw_path")) and catalog is self.catalog():
             if len(self._hot) >= HOT_MAX:  # distinct spellings of one URL must not grow it without bound
                 self._hot.clear()
-            self._hot[raw] = (catalog, f, tuple(headers))
-        return BlobResponse(f, start, end, 206 if rng else 200, headers, head=request.method == "HEAD")
+            accel = self.accel(f, fixed, ranged=False) if self.accel_redirect else None
+            self._hot[raw] = (catalog, f, tuple(headers), accel)
+        return BlobResponse(f, start, end, 206 if rng else 200, headers, head=head)
+
+    def accel(self, f: ServedFile, fixed: tuple, ranged: bool) -> tuple:
+        """The answer that hands a GET to nginx: the file's headers, no body, and where nginx finds it.
+        nginx keeps only Content-Type and Accept-Ranges of a redirecting answer (the internal location
+        puts X-Repo-Commit, ETag and X-Linked-* back from `$upstream_http_*`; Content-Length and
+        Content-Range are its own). Its range filter adds `Accept-Ranges: bytes` to a 200 but not to a
+        206, so ours goes along only with a Range: either way the client sees it once, as from serve.
+        Content-Length 0 lets nginx keep the connection to this replica alive."""
+        kept = tuple(h for h in fixed if ranged or h[0] != b"accept-ranges")
+        where = f"{self.accel_redirect}/{blob_relpath(f.sha256)}".encode()
+        return (*kept, (b"content-length", b"0"), (b"x-accel-redirect", where))
+
+
+def accel_ok(headers: list, rng) -> bool:
+    """Whether a GET came through nginx-conf's nginx and nginx would answer it as serve does: no
+    conditional header, and no Range or a plain satisfiable one (`rng`: parse_range's reading)."""
+    nginx, plain = False, True
+    for name, value in headers:
+        if name in CONDITIONAL:
+            return False
+        if name == b"x-sendfile-type":
+            nginx = value == b"X-Accel-Redirect"
+        elif name == b"range":
+            plain = rng is not None and PLAIN_RANGE.fullmatch(value.decode("latin-1")) is not None
+    return nginx and plain
 
 
 @functools.lru_cache(maxsize=1 << 16)

@@ -1,0 +1,48 @@
+"""nginx-conf: nginx in front of serve replicas."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from frt.mirror.serve.nginx import DEFAULT_ACCEL, DEFAULT_RUN_DIR, NginxSite, check_accel_prefix, parse_address
+from frt.mirror.store import store_root
+from frt.resolver.errors import BadInput
+
+from .app import App, cli
+
+
+@cli.command("nginx-conf")
+@click.option("--upstream", "upstreams", multiple=True, metavar="HOST:PORT",
+              help="A serve replica (repeatable; default 127.0.0.1:8470).")
+@click.option("--listen", default="80", show_default=True, metavar="[HOST:]PORT",
+              help="Where nginx takes the clients' requests: the HF_ENDPOINT the nodes use.")
+@click.option("--run-dir", "run_dir", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_RUN_DIR,
+              show_default=True, help="nginx's pid file, logs and temp files.")
+@click.option("--accel-redirect", "accel", default=DEFAULT_ACCEL, show_default=True, metavar="PREFIX",
+              help="nginx's internal location over the store: the replicas' serve --accel-redirect.")
+@click.option("--head-cache", "head_cache", default=0, show_default=True, type=click.IntRange(0, 3600),
+              metavar="SECONDS", help="Let nginx answer a HEAD of a file by commit sha (an immutable URL: what "
+              "kernels and snapshot_download ask for) from a cache for SECONDS after a replica answered it; "
+              "a HEAD with a token, a Range or a condition always reaches a replica. 0: every HEAD does.")
+@click.option("--user", metavar="USER", help="The user nginx's workers run as (nginx's `user`; one that may "
+              "read the home's store). Default: nginx's own (nobody, or the distribution's).")
+@click.pass_obj
+def nginx_conf(app: App, upstreams, listen, run_dir, accel, head_cache, user):
+    """Print an nginx.conf for nginx in front of serve replicas of this home.
+
+    nginx proxies the API and every HEAD to the replicas and sends file bodies itself from the home's
+    store (X-Accel-Redirect), skipping a dead replica. Each replica runs
+    `frt-mirror --home HOME serve --port P --accel-redirect PREFIX`; the file's comments list them."""
+    home = app.root.absolute()
+    store = store_root(home)
+    if not store.is_dir():
+        raise BadInput(f"no blob store at {store}: --home must be the replicas' home, as this host mounts it")
+    if user is not None and not user.replace("-", "").replace("_", "").isalnum():
+        raise BadInput(f"--user {user!r}: expected a user name")
+    site = NginxSite(listen=parse_address(listen, "--listen", default_host="*"),
+                     upstreams=tuple(parse_address(u, "--upstream") for u in upstreams or ("127.0.0.1:8470",)),
+                     store=store, run_dir=run_dir.absolute(), accel=check_accel_prefix(accel), user=user,
+                     head_cache=head_cache)
+    click.echo(site.render(home), nl=False)

@@ -1,0 +1,197 @@
+"""`frt-mirror nginx-conf`: a whole nginx.conf for nginx in front of `serve` replicas.
+
+Python answers the API and every file's headers; nginx sends file bodies itself. A replica started with
+`serve --accel-redirect PREFIX` answers a GET that nginx forwards with the file's headers and
+`X-Accel-Redirect: PREFIX/<blob>`; nginx then serves that blob from an `internal` location aliased onto
+the home's store (sendfile, Range). Of a redirecting answer nginx keeps only Content-Type and
+Accept-Ranges (ngx_http_upstream_headers_in's `redirect` flag); the internal location adds X-Repo-Commit,
+ETag and X-Linked-* back from `$upstream_http_*`, turns off its own ETag and Last-Modified, and takes
+Content-Length and Content-Range from the file, so a client sees what `serve` alone sends.
+HEAD and everything else is proxied as is. A dead replica is skipped (`proxy_next_upstream`).
+
+A HEAD costs a replica about as much as a GET's headers, and at 64 clients in flight on a small box its
+latency is 64 / (HEADs a second Python answers). `--head-cache SECONDS` lets nginx answer repeated HEADs
+of a file by commit sha (an immutable URL, what kernels and snapshot_download ask for) from a short
+cache: the thundering herd of nodes at job start reaches a replica once per file.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from frt.resolver.errors import BadInput
+
+DEFAULT_ACCEL = "/_frt_store"
+DEFAULT_RUN_DIR = Path("/var/lib/frt-mirror-nginx")
+_HOST = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+|\*)")
+_PREFIX = re.compile(r"(/[A-Za-z0-9._~-]+)+")
+# Characters a path may hold inside nginx's double quotes: `$` would start a variable, `"` and `\` end
+# or escape the string, and nginx has no way to write a literal `$` in alias.
+_UNQUOTABLE = re.compile(r'[$"\\\x00-\x1f\x7f]')
+
+
+@dataclass(frozen=True)
+class Address:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+def check_accel_prefix(prefix: str) -> str:
+    """`/_frt_store` (a trailing slash is dropped); raises BadInput."""
+    p = prefix.rstrip("/")
+    if not _PREFIX.fullmatch(p):
+        raise BadInput(f"--accel-redirect {prefix!r}: expected a URL path such as {DEFAULT_ACCEL} "
+                       "(letters, digits, . _ ~ - between slashes)")
+    return p
+
+
+def parse_address(value: str, what: str, default_host: str | None = None) -> Address:
+    """HOST:PORT (`[::1]:8471` for IPv6), or PORT alone where `default_host` is given; raises BadInput."""
+    host, sep, port = value.rpartition(":")
+    if not sep and default_host is not None:
+        host, port = default_host, value
+    if not _HOST.fullmatch(host or "") or not port.isdigit() or not 1 <= int(port) <= 65535:
+        form = "[HOST:]PORT" if default_host is not None else "HOST:PORT"
+        raise BadInput(f"{what} {value!r}: expected {form}, e.g. 127.0.0.1:8471")
+    return Address(host, int(port))
+
+
+def _quoted(path: Path | str, what: str) -> str:
+    text = str(path)
+    if _UNQUOTABLE.search(text):
+        raise BadInput(f"{what} {text!r} cannot be written in an nginx config ($, quotes, backslashes and "
+                       "control characters): use a path without them")
+    return f'"{text}"'
+
+
+@dataclass(frozen=True)
+class NginxSite:
+    """What the config says: where clients connect, the replicas, the store nginx reads blobs from,
+    and the folder nginx keeps its pid, logs and temp files in."""
+
+    listen: Address
+    upstreams: tuple[Address, ...]
+    store: Path  # the home's store/sha256 as nginx's host sees it (a shared filesystem's mount)
+    run_dir: Path = DEFAULT_RUN_DIR
+    accel: str = DEFAULT_ACCEL
+    user: str | None = None  # nginx's worker user: one that may read the store
+    head_cache: int = 0  # seconds nginx answers a HEAD of a file by commit sha itself; 0: never
+
+    def render(self, home: Path) -> str:
+        run, alias = self.run_dir, _quoted(f"{self.store}/", "the store")
+        _quoted(run, "--run-dir")
+        servers = "\n".join(f"    server {u} max_fails=1 fail_timeout=5s;" for u in self.upstreams)
+        user = f"user {self.user};\n" if self.user else ""
+        replicas = "\n".join(f"#   frt-mirror --home {home} serve --host {u.host.strip('[]')} --port {u.port} "
+                             f"--accel-redirect {self.accel}" for u in self.upstreams)
+        ttl, cached = self.head_cache, self.head_cache > 0
+        return TEMPLATE.format(
+            home=home, replicas=replicas, run=run, user=user, servers=servers, store=self.store, alias=alias,
+            accel=self.accel, listen=self.listen, tries=max(2, len(self.upstreams)),
+            keepalive=32 * len(self.upstreams), cache_http=CACHE_HTTP.format(run=run, ttl=ttl) if cached else "",
+            cache_location=CACHE_LOCATION.format(ttl=ttl) if cached else "")
+
+
+TEMPLATE = """\
+# nginx in front of frt-mirror serve replicas: generated by `frt-mirror nginx-conf` for the home
+# {home}
+# The replicas, on this host or others that mount the same home (add --workers N for N processes
+# on one port):
+{replicas}
+# nginx reads blob bodies from the store itself:
+# the user its workers run as must be able to read {store}.
+# Run:  mkdir -p "{run}" && nginx -t -c THIS_FILE && nginx -c THIS_FILE
+{user}worker_processes auto;
+pid "{run}/nginx.pid";
+error_log "{run}/error.log" warn;
+
+events {{
+  worker_connections 4096;
+}}
+
+http {{
+  sendfile on;
+  tcp_nopush on;
+  server_tokens off;
+  default_type application/octet-stream;
+  access_log "{run}/access.log" combined buffer=64k flush=1s;
+  client_body_temp_path "{run}/client_body";
+  proxy_temp_path "{run}/proxy";
+  fastcgi_temp_path "{run}/fastcgi";
+  uwsgi_temp_path "{run}/uwsgi";
+  scgi_temp_path "{run}/scgi";
+{cache_http}
+  upstream frt_mirror {{
+{servers}
+    keepalive {keepalive};
+    # Below uvicorn's 5 s keep-alive, so nginx never reuses a connection the replica is closing.
+    keepalive_timeout 4s;
+  }}
+
+  server {{
+    listen {listen};
+
+    proxy_http_version 1.1;
+    proxy_set_header Connection "";
+    # Pagination links (`Link: <url>; rel="next"`) are built from the Host the client sent.
+    proxy_set_header Host $http_host;
+    proxy_set_header X-Forwarded-For $remote_addr;
+    proxy_set_header X-Forwarded-Proto $scheme;
+    # Asks the replica for X-Accel-Redirect: a client that reaches a replica directly gets the bytes.
+    proxy_set_header X-Sendfile-Type X-Accel-Redirect;
+    # A dead or restarting replica: the request goes to the next one. The mirror is read-only, so a
+    # POST (paths-info) is as safe to repeat as a GET.
+    proxy_next_upstream error timeout http_502 http_503 non_idempotent;
+    proxy_next_upstream_tries {tries};
+    proxy_connect_timeout 5s;
+    # Bodies serve streams itself (conditional or odd Range requests) pass through, never to disk.
+    proxy_max_temp_file_size 0;
+
+    location / {{
+      proxy_pass http://frt_mirror;
+    }}
+{cache_location}
+    # Blob bodies, by X-Accel-Redirect only (`internal`: a client asking for it gets a 404).
+    location {accel}/ {{
+      internal;
+      alias {alias};
+      etag off;
+      add_header Last-Modified "";
+      add_header ETag $upstream_http_etag;
+      add_header X-Repo-Commit $upstream_http_x_repo_commit;
+      add_header X-Linked-Etag $upstream_http_x_linked_etag;
+      add_header X-Linked-Size $upstream_http_x_linked_size;
+    }}
+  }}
+}}
+"""
+
+# nginx-conf --head-cache SECONDS: HEADs of files by commit sha (immutable URLs) from a cache.
+CACHE_HTTP = """
+  # --head-cache: a HEAD with no Range, no condition and no token, of a file by commit sha, is answered
+  # from here for {ttl} s after a replica answered it (kernels and snapshot_download ask by sha).
+  proxy_cache_path "{run}/head-cache" levels=1:2 keys_zone=frt_head:10m max_size=64m inactive=60s
+                   use_temp_path=off;
+  # Any other request has no cache at all (not merely a bypass: nginx would then drop the replica's
+  # Accept-Ranges from a 206, as from any answer it may cache).
+  map "$request_method:$http_range$http_if_range$http_if_match$http_if_none_match$http_if_modified_since$http_if_unmodified_since$http_authorization" $frt_head_cache {{
+    "HEAD:" frt_head;
+    default off;
+  }}
+"""
+CACHE_LOCATION = """
+    location ~ "^/([a-z]+s/)?[^/]+/[^/]+/resolve/[0-9a-f]{{40}}/" {{
+      proxy_pass http://frt_mirror;
+      proxy_cache $frt_head_cache;
+      proxy_cache_convert_head off;  # a HEAD stays a HEAD: the replica answers it, not a GET
+      proxy_cache_key "$request_method $request_uri";
+      proxy_cache_valid 200 {ttl}s;
+      # No proxy_cache_lock: the requests it holds back wait in steps of 500 ms, where a replica
+      # answers a HEAD in well under one.
+    }}
+"""

@@ -1,0 +1,142 @@
+"""`serve --workers N`: N forked processes answering on the sockets serve bound, one supervisor.
+
+Each worker accepts on the same listening sockets (bound once by the parent, so a busy port is still
+one line and exit 2 before any worker exists) and builds its own app after the fork: its own ledger
+connection and catalog, its own access-log sink (whole lines appended, so the workers' lines
+interleave but never split). The parent restarts a worker that dies, and on SIGINT (Ctrl-C) or
+SIGTERM stops them all with SIGTERM (uvicorn's graceful shutdown: requests in flight are finished).
+
+Why not uvicorn's own supervisor (`uvicorn.supervisors.Multiprocess`, which takes bound sockets too):
+it spawns each worker as a fresh interpreter, which re-imports this CLI (about a second each, more on a
+busy machine); its constructor changed between uvicorn releases (`target` went away); and a Ctrl-C
+landing while a worker is still importing printed that worker's KeyboardInterrupt traceback. A forked
+worker starts from the parent's imports, and ignores SIGINT until uvicorn takes the signal over.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+from frt.resolver.errors import EXIT_UNAVAILABLE, BadInput, FrtError
+
+from ..home import Home
+from . import make_app, serve
+from .accesslog import AccessLog, open_sink
+from .app import MirrorApp
+
+STOP = (signal.SIGINT, signal.SIGTERM)
+
+
+@dataclass(frozen=True)
+class AppSpec:
+    """What serve's app is built from, so that each worker builds its own."""
+
+    root: Path
+    trust: frozenset[str] = frozenset()
+    access_log: str | None = None  # FILE, "-" (stdout) or None (stderr): see open_sink
+    accel_redirect: str | None = None  # nginx's internal location over the store (serve --accel-redirect)
+    ledger_url: str | None = None  # the ledger on a server (--ledger), else the home's SQLite file
+
+    def build(self, home: Home) -> MirrorApp:
+        """Raises BadInput where the access log cannot be opened."""
+        try:
+            sink = open_sink(self.access_log)
+        except OSError as e:
+            raise BadInput(f"cannot open the access log {self.access_log}: {e.strerror}") from None
+        app = make_app(home, self.trust, log=AccessLog(sink))
+        app.accel_redirect = self.accel_redirect
+        return app
+
+
+def serve_workers(spec: AppSpec, sockets: list[socket.socket], workers: int) -> int:
+    """Run `workers` workers until SIGINT or SIGTERM; the exit code: 0, or EXIT_UNAVAILABLE when a
+    worker could not build its app (the home or its ledger went away: restarting it would not help)."""
+    pids: set[int] = set()
+    stopping: list[int] = []
+    code = 0
+
+    def stop(signum, _frame) -> None:
+        stopping.append(signum)
+        for pid in pids:
+            _kill(pid)
+
+    def start() -> None:
+        pid = _fork(spec, sockets)
+        pids.add(pid)
+        if stopping:  # the signal came between the fork and here
+            _kill(pid)
+
+    previous = {s: signal.signal(s, stop) for s in STOP}
+    try:
+        for _ in range(workers):
+            start()
+        while pids:
+            pid, status = os.wait()  # retried after a signal's handler has run (PEP 475)
+            pids.discard(pid)
+            if stopping:
+                continue
+            if os.WIFEXITED(status) and os.WEXITSTATUS(status) == EXIT_UNAVAILABLE:
+                code = EXIT_UNAVAILABLE
+                stop(None, None)
+                continue
+            how = (f"was killed by {signal.Signals(os.WTERMSIG(status)).name}" if os.WIFSIGNALED(status)
+                   else f"exited {os.WEXITSTATUS(status)}")
+            print(f"frt-mirror: worker {pid} {how}; starting another", file=sys.stderr, flush=True)
+            start()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    return code
+
+
+def _fork(spec: AppSpec, sockets: list[socket.socket]) -> int:
+    parent = os.getpid()
+    pid = os.fork()
+    if pid:
+        return pid
+    # First, before the parent's `stop` handler could run here: until uvicorn installs its handlers, a
+    # Ctrl-C is the parent's to act on; the SIGTERM it then sends ends a worker not serving yet, silently.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _end_with(parent)
+    code = _worker(spec, sockets)
+    sys.stderr.flush()
+    os._exit(code)  # never back into the parent's click command and its cleanup
+
+
+def _worker(spec: AppSpec, sockets: list[socket.socket]) -> int:
+    try:
+        app = spec.build(Home(spec.root, ledger_url=spec.ledger_url))
+    except (FrtError, OSError) as e:
+        print(f"frt-mirror: worker {os.getpid()}: {e}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    try:
+        serve(app, sockets)
+    except BaseException:  # a bug: say where
+        traceback.print_exc()
+        return 1
+    return 0
+
+
+def _end_with(parent: int) -> None:
+    """A worker whose parent is gone (kill -9) gets SIGTERM, rather than holding the port on its own."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:  # it died before prctl took effect
+        os._exit(0)
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass

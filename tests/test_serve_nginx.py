@@ -1,0 +1,571 @@
+"""nginx in front of two `frt-mirror serve --accel-redirect` replicas over one home, as
+`frt-mirror nginx-conf` configures it: the real clients through it, its answers against serve's own,
+a replica killed under load, and `serve --workers`. Also in the huggingface_hub 1.33 venv (Makefile
+HUB1_TESTS).
+
+nginx is the real one (Debian's /usr/sbin/nginx; .ci/run installs it), run by the fixture in the
+foreground with its pid, logs and temp files in a temporary folder, and always stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+import tests.test_serve as base  # a module, so pytest does not collect its tests twice here
+from tests.conftest import ACTIVATION, cli_env, run_cli
+from tests.kernel_fixtures import X86_CPU
+from tests.serve_helpers import (
+    CuttingProxy,
+    Served,
+    free_port,
+    raw_exchange,
+    raw_http,
+    raw_request,
+    run_client,
+    serving,
+)
+from tests.test_serve import BIG, BIG_FILE, BIG_SIZE, LAYERNORM, SO, MiB10
+from tests.test_serve_ops import LINE
+
+staged, mirror = base.staged, base.mirror  # test_serve's fixtures: its staged home, serve alone on it
+NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
+PREFIX = "/_frt_store"
+# Transport headers each server writes its own way: not what the mirror answers.
+TRANSPORT = {"date", "server", "connection", "keep-alive"}
+SMALL = f"build/{X86_CPU}/__init__.py"
+META = f"build/{X86_CPU}/metadata.json"
+
+
+@dataclass
+class Front:
+    url: str
+    port: int
+    proc: subprocess.Popen
+    run: Path  # nginx's pid, logs, temp files and its nginx.conf
+    replicas: list[Served]
+
+    def error_log(self) -> str:
+        path = self.run / "error.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+
+def nginx_conf(home: Path, ports: list[int], listen: int, run: Path, *extra: str) -> str:
+    args = ["nginx-conf", "--listen", f"127.0.0.1:{listen}", "--run-dir", str(run), *extra]
+    for p in ports:
+        args += ["--upstream", f"127.0.0.1:{p}"]
+    if os.geteuid() == 0:  # nginx run by root hands its workers to `nobody`, who cannot enter pytest's tmp
+        args += ["--user", "root"]
+    p = run_cli(*args, home=home)
+    assert p.returncode == 0, p.stderr
+    return p.stdout
+
+
+@contextlib.contextmanager
+def nginx(conf: str, run: Path, replicas: list[Served], timeout: float = 30) -> Iterator[Front]:
+    """Start nginx on `conf` in the foreground; yield once it answers through to a replica."""
+    run.mkdir(parents=True, exist_ok=True)
+    (run / "nginx.conf").write_text(conf)
+    port = int(re.search(r"listen 127\.0\.0\.1:(\d+);", conf)[1])
+    with open(run / "stderr", "wb") as err:
+        proc = subprocess.Popen([NGINX, "-c", str(run / "nginx.conf"), "-e", str(run / "error.log"),
+                                 "-g", "daemon off;"], stdout=subprocess.DEVNULL, stderr=err)
+    front = Front(f"http://127.0.0.1:{port}", port, proc, run, replicas)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"nginx exited {proc.returncode}: {(run / 'stderr').read_text()}"
+                                   f"{front.error_log()[-2000:]}")
+            with contextlib.suppress(OSError):
+                if raw_http(port, raw_request("GET", "/api/agent-harnesses"), timeout=2)[0] == 404:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"nginx did not answer in time: {front.error_log()[-2000:]}")
+            time.sleep(0.1)
+        yield front
+    finally:
+        proc.terminate()  # SIGTERM: nginx's fast shutdown, workers included
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@contextlib.contextmanager
+def front_of(home: Path, run: Path, n: int = 2, conf_args: tuple[str, ...] = ()) -> Iterator[Front]:
+    """n replicas of `serve --accel-redirect` on one home, each logging to a file, and nginx in front
+    (`nginx-conf ... CONF_ARGS`)."""
+    run.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as stack:
+        replicas = [stack.enter_context(serving(home, "--accel-redirect", PREFIX, "--access-log",
+                                                str(run / f"replica{i}.log")))
+                    for i in range(n)]
+        conf = nginx_conf(home, [r.port for r in replicas], free_port(), run, *conf_args)
+        yield stack.enter_context(nginx(conf, run, replicas))
+
+
+@pytest.fixture(scope="module")
+def front(staged, tmp_path_factory):
+    with front_of(staged.home, tmp_path_factory.mktemp("nginx")) as f:
+        yield f
+
+
+def replica_lines(front: Front) -> list[dict]:
+    """Both replicas' access lines (lines go out at the next turn of a replica's loop: read after that)."""
+    lines = []
+    for i in range(len(front.replicas)):
+        log = front.run / f"replica{i}.log"
+        text = log.read_text(errors="replace") if log.exists() else ""
+        lines += [m.groupdict() for ln in text.splitlines() if (m := LINE.fullmatch(ln))]
+    return lines
+
+
+def wait_for_lines(front: Front, pred, n: int, timeout: float = 10) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    while True:
+        lines = [ln for ln in replica_lines(front) if pred(ln)]
+        if len(lines) >= n or time.monotonic() > deadline:
+            return lines
+        time.sleep(0.05)
+
+
+def v1(staged, repo=ACTIVATION) -> str:
+    return staged.repos[repo].branches["v1"]
+
+
+# -- nginx-conf ------------------------------------------------------------------------------------
+
+
+def test_nginx_conf_refuses_bad_input_in_one_line(staged, tmp_path):
+    cases = [(["--upstream", "nope"], "--upstream 'nope': expected HOST:PORT"),
+             (["--upstream", "127.0.0.1:70000"], "--upstream '127.0.0.1:70000': expected HOST:PORT"),
+             (["--listen", "a b:80"], "--listen 'a b:80': expected [HOST:]PORT"),
+             (["--accel-redirect", "store"], "--accel-redirect 'store': expected a URL path"),
+             (["--run-dir", str(tmp_path / "$x")], "cannot be written in an nginx config"),
+             (["--user", "a;b"], "--user 'a;b': expected a user name")]
+    for args, said in cases:
+        p = run_cli("nginx-conf", *args, home=staged.home)
+        assert (p.returncode, p.stdout) == (2, ""), args
+        assert len(p.stderr.splitlines()) == 1 and said in p.stderr, (args, p.stderr)
+    p = run_cli("nginx-conf", home=tmp_path / "elsewhere")
+    assert p.returncode == 2 and p.stderr.splitlines() == [
+        f"frt-mirror: no blob store at {tmp_path}/elsewhere/store/sha256: --home must be the replicas' home, "
+        "as this host mounts it"]
+    p = run_cli("serve", "--port", str(free_port()), "--accel-redirect", "/a b", home=staged.home)
+    assert p.returncode == 2 and len(p.stderr.splitlines()) == 1 and "--accel-redirect" in p.stderr
+
+
+def test_nginx_conf_defaults_and_nginx_accepts_it(staged, tmp_path):
+    """With no options: one replica at serve's default address, port 80, the default run dir; the file
+    names each replica's command, and nginx's own check (`nginx -t`) passes on it."""
+    p = run_cli("nginx-conf", home=staged.home)
+    assert p.returncode == 0, p.stderr
+    conf = p.stdout
+    assert "server 127.0.0.1:8470 max_fails=1 fail_timeout=5s;" in conf and "listen *:80;" in conf
+    assert f"#   frt-mirror --home {staged.home} serve --host 127.0.0.1 --port 8470 --accel-redirect {PREFIX}" in conf
+    assert f'alias "{staged.home}/store/sha256/";' in conf and "/var/lib/frt-mirror-nginx/" in conf
+    conf = nginx_conf(staged.home, [free_port(), free_port()], free_port(), tmp_path / "run")
+    (tmp_path / "nginx.conf").write_text(conf)
+    (tmp_path / "run").mkdir()  # as the file's first comment says
+    t = subprocess.run([NGINX, "-t", "-c", str(tmp_path / "nginx.conf"), "-e", str(tmp_path / "err.log")],
+                       capture_output=True, text=True, timeout=60)
+    assert t.returncode == 0, t.stderr
+
+
+# -- nginx's answers are serve's -------------------------------------------------------------------
+
+
+def exchanges(staged) -> list[tuple[str, str, list[str], str]]:
+    """(method, raw path, headers, who sends the body behind nginx: "nginx", "serve" or "none")."""
+    act, big = staged.repos[ACTIVATION], staged.repos[BIG]
+    so_etag = f'"{act.commits[v1(staged)].meta[SO].sha256}"'
+    so = f"/kernels/{ACTIVATION}/resolve/v1/{SO}"
+    enc = f"/kernels/{ACTIVATION}/resolve/refs%2Fheads%2Fv1/{SO}"
+    small = f"/kernels/{ACTIVATION}/resolve/v1/{SMALL}"
+    api = f"/api/kernels/{ACTIVATION}"
+    out = [
+        ("HEAD", so, [], "none"), ("GET", so, [], "nginx"), ("HEAD", enc, [], "none"), ("GET", enc, [], "nginx"),
+        ("HEAD", small, [], "none"), ("GET", small, [], "nginx"),
+        ("GET", f"/kernels/{ACTIVATION}/resolve/v1/{META}", [], "nginx"),
+        ("GET", f"/kernels/{BIG}/resolve/release%2Fv1/{BIG_FILE}", [], "nginx"),
+        ("HEAD", f"/kernels/{BIG}/resolve/v1/{BIG_FILE}", [], "none"),
+        # Ranges nginx and serve read alike: nginx's range filter answers them.
+        *[("GET", so, [f"Range: bytes={r}"], "nginx") for r in ("1000-", "10-19", "-5", "0-", "5-999999999")],
+        ("GET", f"/kernels/{BIG}/resolve/v1/{BIG_FILE}", [f"Range: bytes={MiB10}-"], "nginx"),
+        ("HEAD", so, ["Range: bytes=10-19"], "none"),
+        # Ranges each would read its own way, and conditional requests: serve streams those itself.
+        *[("GET", so, [f"Range: {r}"], "serve") for r in ("bytes = 10-19", "bytes=0-1,5-6", "Bytes=0-3")],
+        ("GET", so, ["Range: bytes=999999999-"], "serve"),  # 416, by serve
+        ("GET", so, [f"If-None-Match: {so_etag}"], "serve"),
+        ("GET", so, ["If-Modified-Since: Sat, 01 Jan 2000 00:00:00 GMT"], "serve"),
+        ("GET", so, ["If-Unmodified-Since: Sat, 01 Jan 2000 00:00:00 GMT"], "serve"),
+        ("GET", so, ['If-Match: "other"'], "serve"),
+        ("GET", so, ['If-Range: "other"', "Range: bytes=10-19"], "serve"),
+        # Not files: proxied as they are.
+        ("GET", f"{api}/revision/v1", [], "serve"), ("GET", f"{api}/tree/v1?recursive=true", [], "serve"),
+        ("GET", f"{api}/refs", [], "serve"), ("GET", f"/api/kernels/{BIG}/commits/v1", [], "serve"),
+        ("POST", f"{api}/paths-info/v1", ["Content-Type: application/x-www-form-urlencoded"], "serve"),
+        ("GET", f"/kernels/{ACTIVATION}/resolve/v1/build/nope.py", [], "serve"),
+        ("HEAD", f"/kernels/{ACTIVATION}/resolve/v9/{SO}", [], "none"),
+        ("GET", f"/kernels/{ACTIVATION}/resolve/refs%2Fpr%2F1/{SO}", [], "serve"),
+        ("GET", "/kernels/kernels-test/nope/resolve/v1/x", [], "serve"),
+        ("GET", f"/api/organizations/{ACTIVATION.split('/')[0]}/overview", [], "serve"),
+    ]
+    assert big.branches["v1"]  # big's v1 and release/v1 are both staged
+    return out
+
+
+def answer(port: int, method: str, path: str, headers: list[str]):
+    """(status, the headers but TRANSPORT as sorted (name, value) pairs, body): a header sent twice
+    shows twice."""
+    body = f"paths={SO}".encode() if method == "POST" else b""
+    status, lines, data = raw_exchange(port, raw_request(method, path, *headers, body=body), timeout=30)
+    pairs = sorted((k.strip().lower(), v.strip()) for k, _, v in (ln.partition(":") for ln in lines))
+    return status, [(k, v) for k, v in pairs if k not in TRANSPORT], data
+
+
+def test_answers_through_nginx_are_serves(staged, mirror, front):
+    """Every answer nginx gives is, header for header and byte for byte, what serve alone gives; and
+    the file bodies were sent by nginx, not by a replica (whose access log says how many it sent)."""
+    cases = [(m, f"{p}{'&' if '?' in p else '?'}case={i}", h, who)  # a query routing ignores, to tell
+             for i, (m, p, h, who) in enumerate(exchanges(staged))]  # the replicas' lines apart
+    sizes = {}
+    for method, path, headers, _ in cases:
+        alone, behind = answer(mirror.port, method, path, headers), answer(front.port, method, path, headers)
+        assert behind[:2] == alone[:2], (method, path, headers)
+        assert behind[2] == alone[2], (method, path, headers, len(behind[2]), len(alone[2]))
+        assert "x-accel-redirect" not in dict(behind[1])
+        sizes[path] = len(behind[2])
+    sent = {ln["path"]: int(ln["bytes"]) for ln in wait_for_lines(front, lambda ln: "case=" in ln["path"],
+                                                                   len(cases))}
+    for method, path, headers, who in cases:
+        want = sizes[path] if who == "serve" else 0  # "nginx": the replica sent headers only
+        assert sent[path] == want, (method, path, headers, who)
+    assert any(who == "nginx" and sizes[p] > 0 for _, p, _, who in cases)
+
+
+def test_the_store_is_not_reachable_from_outside(staged, front):
+    """The internal location answers X-Accel-Redirect only; asked directly, it is not there."""
+    sha256 = staged.repos[ACTIVATION].commits[v1(staged)].meta[SO].sha256
+    for path in (f"{PREFIX}/{sha256[:2]}/{sha256}", f"{PREFIX}/", f"{PREFIX}/../store/sha256/{sha256[:2]}"):
+        status, headers, _ = raw_http(front.port, raw_request("GET", path))
+        assert status in (400, 404), (path, status)
+        assert "x-repo-commit" not in headers
+
+
+def test_a_replica_asked_directly_sends_the_bytes(staged, front):
+    """`--accel-redirect` redirects only what nginx forwards: a client at the replica gets the file."""
+    body = staged.repos[ACTIVATION].commits[v1(staged)].files[SO]
+    url = f"/kernels/{ACTIVATION}/resolve/v1/{SO}"
+    for replica in front.replicas:
+        status, headers, data = raw_http(replica.port, raw_request("GET", url))
+        assert (status, data) == (200, body) and "x-accel-redirect" not in headers
+        status, headers, data = raw_http(replica.port, raw_request("GET", url, "X-Sendfile-Type: X-Accel-Redirect"))
+        assert (status, data, headers["content-length"]) == (200, b"", "0")
+        assert headers["x-accel-redirect"] == f"{PREFIX}/{headers['etag'][1:3]}/{headers['etag'][1:-1]}"
+
+
+def test_head_cache_answers_repeated_heads_by_sha_as_serve(staged, mirror, tmp_path):
+    """`nginx-conf --head-cache`: a HEAD of a file by commit sha is answered by nginx from its cache the
+    second time, header for header as serve answers it; a HEAD by branch, with a Range, a condition or a
+    token, and every GET, still reaches a replica each time."""
+    sha = v1(staged)
+    meta = staged.repos[ACTIVATION].commits[sha].meta
+    etag = f'"{meta[SO].sha256}"'
+    by_sha = [f"/kernels/{ACTIVATION}/resolve/{sha}/{p}" for p in (SO, SMALL)]
+    uncached = [("HEAD", f"/kernels/{ACTIVATION}/resolve/v1/{SO}", []),
+                ("HEAD", by_sha[0], ["Range: bytes=10-19"]), ("HEAD", by_sha[0], [f"If-None-Match: {etag}"]),
+                ("HEAD", by_sha[0], ["Authorization: Bearer x"]), ("GET", by_sha[0], [])]
+    with front_of(staged.home, tmp_path / "nginx", conf_args=("--head-cache", "60")) as front:
+        for path in by_sha:
+            alone = answer(mirror.port, "HEAD", path, [])
+            assert [answer(front.port, "HEAD", path, []) for _ in range(3)] == [alone] * 3, path
+        for method, path, headers in uncached:
+            alone = answer(mirror.port, method, path, headers)
+            assert [answer(front.port, method, path, headers) for _ in range(2)] == [alone] * 2
+        want = len(by_sha) + 2 * len(uncached)
+        lines = wait_for_lines(front, lambda ln: "/resolve/" in ln["path"], want)
+    assert sorted((ln["method"], ln["path"]) for ln in lines) == sorted(
+        [("HEAD", p) for p in by_sha] + [(m, p) for m, p, _ in uncached for _ in range(2)])
+
+
+# -- real clients through nginx --------------------------------------------------------------------
+
+
+def test_get_kernel_through_nginx(staged, front, tmp_path):
+    p, out = run_client(f"""
+        import os, kernels
+        ln = kernels.get_kernel({LAYERNORM!r}, version=1)   # kernel-depends: activation v2
+        a1 = kernels.get_kernel({ACTIVATION!r}, version=1)
+        report({{"ln": [ln.VARIANT, ln.REVISION_NOTE, ln.add(2, 3)], "a1": [a1.VARIANT, a1.REVISION_NOTE]}})
+    """, front.url, tmp_path / "hf")
+    assert out == {"ln": [X86_CPU, "initial", 5], "a1": [X86_CPU, "cu-rebuild"]}, p.stderr[-3000:]
+    assert "trust_remote_code" not in p.stderr
+
+
+def test_snapshot_download_through_nginx(staged, front, tmp_path):
+    p, out = run_client(f"""
+        import hashlib, os
+        from huggingface_hub import snapshot_download
+        def files(snap):
+            return {{os.path.relpath(os.path.join(d, f), snap): hashlib.sha256(open(os.path.join(d, f), "rb").read())
+                     .hexdigest() for d, _, fs in os.walk(snap) for f in fs}}
+        act = snapshot_download({ACTIVATION!r}, repo_type="kernel", revision="v1")
+        big = snapshot_download({BIG!r}, repo_type="kernel", revision="release/v1")
+        report({{"act": [os.path.basename(act), files(act)], "big": [os.path.basename(big), files(big)]}})
+    """, front.url, tmp_path / "hf")
+    assert out is not None, p.stderr[-3000:]
+    for key, repo, rev in (("act", ACTIVATION, "v1"), ("big", BIG, "release/v1")):
+        commit = staged.repos[repo].commits[staged.repos[repo].branches[rev]]
+        sha, files = out[key]
+        staged_files = {p for p in commit.files if key == "big" or p.startswith(f"build/{X86_CPU}/")}
+        assert sha == commit.sha
+        assert files == {p: hashlib.sha256(commit.files[p]).hexdigest() for p in staged_files}
+    assert BIG_FILE in out["big"][1]
+
+
+def test_dropped_download_resumes_with_range_through_nginx(staged, front, tmp_path):
+    """A download cut mid-body is resumed with a Range GET that nginx answers (a 206 from the store)."""
+    big = staged.repos[BIG]
+    cut_path = f"/kernels/{BIG}/resolve/v1/{BIG_FILE}"
+    with CuttingProxy(front.port, cut_path, cut_after=16 << 20) as proxy:
+        p, out = run_client(f"""
+            import hashlib
+            from huggingface_hub import hf_hub_download
+            path = hf_hub_download({BIG!r}, {BIG_FILE!r}, repo_type="kernel", revision="v1")
+            report(hashlib.sha256(open(path, "rb").read()).hexdigest())
+        """, proxy.url, tmp_path / "hf")
+        gets = [e for e in proxy.exchanges if e.method == "GET" and e.path == cut_path]
+    assert out == big.commits[big.branches["v1"]].meta[BIG_FILE].sha256, p.stderr[-3000:]
+    assert proxy.cuts == 1 and len(gets) == 2
+    first, resumed = gets
+    assert first.status == 200 and resumed.headers["range"] == f"bytes={MiB10}-" and resumed.status == 206
+    assert resumed.response_headers["content-range"] == f"bytes {MiB10}-{BIG_SIZE - 1}/{BIG_SIZE}"
+    # Both bodies came from nginx: the replicas answered those GETs with headers only.
+    lines = wait_for_lines(front, lambda ln: ln["method"] == "GET" and ln["path"] == cut_path, 2)
+    assert [int(ln["bytes"]) for ln in lines] == [0, 0] and {ln["status"] for ln in lines} == {"200"}
+
+
+# -- a replica killed under load -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class File:
+    url: str
+    commit: str
+    etag: str
+    size: int
+    sha256: str
+
+
+def staged_files(staged) -> list[File]:
+    """Every file staged, as a client asks for it (by commit), with what it must get back."""
+    out = {}
+    for row in staged.rows:
+        commit = staged.repos[row["repo"]].commits[row["commit"]]
+        for path, data in commit.files.items():
+            if path.startswith(f"build/{row['variant']}/"):
+                meta = commit.meta[path]
+                lfs = len(data) >= 64 << 10 and meta.sha256  # the fake Hub's LFS threshold
+                etag = meta.sha256 if lfs else meta.oid
+                out[(row["repo"], commit.sha, path)] = File(f"/kernels/{row['repo']}/resolve/{commit.sha}/{path}",
+                                                            commit.sha, f'"{etag}"', len(data),
+                                                            hashlib.sha256(data).hexdigest())
+    return list(out.values())
+
+
+class Client:
+    """One keep-alive connection doing HEAD then GET of files, checking every answer; it reconnects
+    only when nginx says `Connection: close`. Anything else that goes wrong is a failed request."""
+
+    def __init__(self, port: int, failures: list):
+        self.port, self.failures, self.conn, self.done = port, failures, None, 0
+
+    async def ask(self, method: str, f: File) -> None:
+        try:
+            if self.conn is None:
+                self.conn = await asyncio.open_connection("127.0.0.1", self.port)
+            reader, writer = self.conn
+            writer.write(f"{method} {f.url} HTTP/1.1\r\nHost: mirror\r\n\r\n".encode())
+            head = (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 120)).decode("latin-1")
+            status, *lines = head.rstrip().split("\r\n")
+            headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines)}
+            n = int(headers.get("content-length", "-1"))
+            body = await asyncio.wait_for(reader.readexactly(n), 120) if method == "GET" and n > 0 else b""
+            got = (status.split()[1], headers.get("x-repo-commit"), headers.get("etag"), n)
+            if got != ("200", f.commit, f.etag, f.size):
+                self.failures.append((method, f.url, got))
+            elif method == "GET" and hashlib.sha256(body).hexdigest() != f.sha256:
+                self.failures.append((method, f.url, "wrong bytes"))
+            if headers.get("connection") == "close":
+                self.close()
+        except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError, ValueError, IndexError) as e:
+            self.failures.append((method, f.url, repr(e)))
+            self.close()
+        self.done += 1
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn[1].close()
+            self.conn = None
+
+
+async def load(port: int, files: list[File], clients: int, rounds: int, kill) -> dict:
+    """`clients` clients, each asking HEAD + GET of every file `rounds` times (in its own order); `kill()`
+    once half of all the requests are answered. Returns the failures and the requests after the kill."""
+    failures: list = []
+    pool = [Client(port, failures) for _ in range(clients)]
+    total = clients * rounds * len(files) * 2
+    state = {"after": None}
+
+    async def run(i: int, c: Client) -> None:
+        for r in range(rounds):
+            for j in range(len(files)):
+                f = files[(i + r + j) % len(files)]
+                await c.ask("HEAD", f)
+                await c.ask("GET", f)
+        c.close()
+
+    async def killer() -> None:
+        while sum(c.done for c in pool) < total // 2:
+            await asyncio.sleep(0.005)
+        state["at"] = sum(c.done for c in pool)
+        kill()
+
+    k = asyncio.ensure_future(killer())
+    await asyncio.gather(*(run(i, c) for i, c in enumerate(pool)))
+    await k
+    return {"failures": failures, "total": sum(c.done for c in pool), "after": total - state["at"]}
+
+
+def test_a_replica_killed_under_load_fails_no_request(staged, tmp_path):
+    """64 clients over loopback, HEAD + GET of every staged file; one of the two replicas is killed
+    (SIGKILL) halfway: no request fails and every body has the right bytes."""
+    files = [f for f in staged_files(staged) if f.size < BIG_SIZE]  # the 24 MiB file: once per client
+    big = [f for f in staged_files(staged) if f.size == BIG_SIZE]
+    assert len(files) >= 8 and big
+    with front_of(staged.home, tmp_path / "nginx") as front:
+        victim = front.replicas[0]
+        out = asyncio.run(load(front.port, files + big[:1], clients=64, rounds=2, kill=victim.proc.kill))
+        assert victim.proc.wait(timeout=30) == -signal.SIGKILL
+        survivor = front.replicas[1]
+        assert survivor.proc.poll() is None
+        served = [len(ln) for ln in (replica_lines_of(front, 0), replica_lines_of(front, 1))]
+        errors = front.error_log()
+    assert out["failures"] == [], out["failures"][:10]
+    assert out["total"] == 64 * 2 * len(files + big[:1]) * 2 and out["after"] > 0
+    assert served[0] > 0 and served[1] > 0  # both replicas took requests before the kill
+    assert "upstream" in errors  # nginx did meet the dead replica, and went on to the other
+
+
+def replica_lines_of(front: Front, i: int) -> list[str]:
+    log = front.run / f"replica{i}.log"
+    return [ln for ln in log.read_text(errors="replace").splitlines() if LINE.fullmatch(ln)]
+
+
+# -- serve --workers -------------------------------------------------------------------------------
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is `pid`: serve's workers."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    out.append(int(entry.name))
+    return sorted(out)
+
+
+def listening_inode(port: int) -> str | None:
+    """The inode of the socket listening on 127.0.0.1:port (state 0A in /proc/net/tcp)."""
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[1] == f"0100007F:{port:04X}" and fields[3] == "0A":
+            return fields[9]
+    return None
+
+
+def holds(pid: int, inode: str) -> bool:
+    with contextlib.suppress(OSError):
+        return any(os.readlink(fd) == f"socket:[{inode}]" for fd in Path(f"/proc/{pid}/fd").iterdir())
+    return False
+
+
+def poll(cond, what: str, timeout: float = 60):
+    deadline = time.monotonic() + timeout
+    while not (value := cond()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+    return value
+
+
+@pytest.mark.parametrize("stop", ["SIGTERM", "Ctrl-C", "parent killed"])
+def test_serve_workers_share_the_port_and_stop_together(staged, tmp_path, stop):
+    port, log = free_port(), tmp_path / "access.log"
+    exe = str(Path(sys.executable).with_name("frt-mirror"))
+    with open(tmp_path / "stderr", "wb") as err:
+        # Its own session, as a terminal's foreground job is: Ctrl-C is SIGINT to the whole group.
+        proc = subprocess.Popen([exe, "--home", str(staged.home), "serve", "--port", str(port), "--workers", "2",
+                                 "--access-log", str(log)], stdout=subprocess.DEVNULL, stderr=err,
+                                env=cli_env(), start_new_session=True)
+    try:
+        inode = poll(lambda: listening_inode(port), "the socket")
+        workers = poll(lambda: workers_on(proc.pid, inode), "two workers on the socket")
+        url = f"/kernels/{ACTIVATION}/resolve/v1/{SO}"
+        poll(lambda: _head(port, url) == 200, "an answer")
+        os.kill(workers[0], signal.SIGKILL)  # uvicorn's supervisor starts another in its place
+        replaced = poll(lambda: (w := workers_on(proc.pid, inode)) and workers[0] not in w and w, "a new worker")
+        assert all(_head(port, url) == 200 for _ in range(50))
+        if stop == "SIGTERM":
+            proc.send_signal(signal.SIGTERM)
+        elif stop == "Ctrl-C":
+            os.killpg(proc.pid, signal.SIGINT)
+        else:  # the workers must not go on holding the port on their own
+            proc.kill()
+        want = -signal.SIGKILL if stop == "parent killed" else 0
+        assert proc.wait(timeout=60) == want, (tmp_path / "stderr").read_text()
+        poll(lambda: not any(Path(f"/proc/{p}").exists() for p in replaced), "the workers to exit")
+        assert listening_inode(port) is None
+    finally:  # the whole group: workers left behind by a failed check included
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    stderr = (tmp_path / "stderr").read_text()
+    assert stderr.splitlines()[0].startswith(f"frt-mirror: serving {staged.home} on http://127.0.0.1:{port}, "
+                                             "2 workers"), stderr
+    assert f"frt-mirror: worker {workers[0]} was killed by SIGKILL; starting another" in stderr.splitlines()
+    assert "Traceback" not in stderr
+    heads = [ln for ln in log.read_text().splitlines() if (m := LINE.fullmatch(ln)) and m["method"] == "HEAD"]
+    # The 50 HEADs after the kill reach the log, the last lines as each worker shuts down (the killed
+    # worker's last line may be lost with it).
+    assert len(heads) >= 50
+
+
+def workers_on(pid: int, inode: str, n: int = 2) -> list[int] | None:
+    """serve's `n` workers, once there are `n` and each holds the listening socket."""
+    w = children(pid)
+    return w if len(w) == n and all(holds(p, inode) for p in w) else None
+
+
+def _head(port: int, url: str) -> int:
+    try:
+        return raw_http(port, raw_request("HEAD", url), timeout=10)[0]
+    except OSError:
+        return 0
