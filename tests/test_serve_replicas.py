@@ -34,17 +34,18 @@ def test_replicas_answer_what_is_staged_and_tokens_added_after_they_started(hub,
         write_manifest(tmp_path / f"{repo.split('/')[1]}.toml", {repo: {"version": 1}}, [X86])
     assert run_cli("--endpoint", hub.url, "stage", str(tmp_path / "relu.toml"), home=home).returncode == 0
     refs = f"/api/kernels/{ACTIVATION}/refs"
-    with serving(home) as a, serving(home) as b:
+    # b forks two workers after loading: each must poll on its own (a fork copies no thread).
+    with serving(home) as a, serving(home, "--workers", "2") as b:
         assert status(a.port, refs) == status(b.port, refs) == 404  # not staged yet
         p = run_cli("--endpoint", hub.url, "stage", str(tmp_path / "activation.toml"), home=home)
         assert p.returncode == 0, p.stderr
         for replica in (a, b):
-            wait_for(lambda: status(replica.port, refs) == 200)
+            wait_for(lambda: all(status(replica.port, refs) == 200 for _ in range(20)))  # either worker
             doc = json.loads(raw_http(replica.port, raw_request("GET", refs))[2])
             assert "v1" in [br["name"] for br in doc["branches"]]
         token = run_cli("token", "add", "site", home=home).stdout.strip()
         for replica in (a, b):
-            wait_for(lambda: status(replica.port, refs) == 401)
+            wait_for(lambda: all(status(replica.port, refs) == 401 for _ in range(20)))
             assert status(replica.port, refs, f"Authorization: Bearer {token}") == 200
         for replica in (a, b):
             assert replica.proc.poll() is None, replica.stderr()
