@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from .model import KernelSpec, TargetSpec, Trust
+from .model import KernelSpec, ModelSpec, TargetSpec, Trust
 from .source import Source
 
 TARGET_FIELDS = ("torch", "backend", "cpu", "os")
@@ -148,3 +148,35 @@ def parse_trust(src: Source, table: object, path: tuple) -> Trust:
         if problem := org_problem(org):
             raise src.error(path + ("publishers",), problem)
     return Trust(publishers=tuple(dict.fromkeys(pubs)), declared=True)
+
+
+_MODEL_KEYS = ("revision", "include", "exclude")
+
+
+def parse_models(src: Source, table: object, path: tuple) -> tuple[ModelSpec, ...]:
+    """The frt ``[models]`` table: ``"org/name" = { revision = "main", include = [...], exclude = [...] }``."""
+    if not isinstance(table, dict):
+        raise src.error(path, 'must be a table: [models] with "org/name" = { include = ["*.json"] } entries')
+    return tuple(_parse_model(src, repo, entry, path + (repo,)) for repo, entry in table.items())
+
+
+def _parse_model(src: Source, repo: str, entry: object, path: tuple) -> ModelSpec:
+    if problem := repo_id_problem(repo):
+        raise src.error(path, problem)
+    if not isinstance(entry, dict):
+        raise src.error(path, f'must be an inline table: {{ revision = "main", include = ["*.safetensors"] }}, '
+                              f"got {entry!r}")
+    for key in entry:
+        if key not in _MODEL_KEYS:
+            raise src.error(path + (key,), f"unknown key; expected {', '.join(_MODEL_KEYS)}")
+    rev = entry.get("revision", "main")
+    if not isinstance(rev, str) or not rev or any(c.isspace() for c in rev):
+        raise src.error(path + ("revision",), f"must be a non-empty commit, branch or tag name, got {rev!r}")
+    include, exclude = (_patterns(src, entry.get(k, []), path + (k,)) for k in ("include", "exclude"))
+    return ModelSpec(repo, rev, include, exclude, source=src.at(path))
+
+
+def _patterns(src: Source, value: object, path: tuple) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(p, str) and p.strip() for p in value):
+        raise src.error(path, f'must be a list of non-empty fnmatch patterns like ["*.safetensors"], got {value!r}')
+    return tuple(dict.fromkeys(value))

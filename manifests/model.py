@@ -76,6 +76,20 @@ class KernelSpec:
 
 
 @dataclass(frozen=True)
+class ModelSpec:
+    """A model repo to stage: the files of ``revision`` (a branch, tag or commit) that ``include``
+    and ``exclude`` select, by snapshot_download's rule (fnmatch; a file is kept when it matches an
+    include pattern, or there are none, and no exclude pattern; a pattern ending in '/' means the
+    folder's contents)."""
+
+    repo: str
+    revision: str = "main"
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    source: str = ""
+
+
+@dataclass(frozen=True)
 class Trust:
     """Trust policy: publisher orgs whose kernels may be staged. ``declared`` is False when the
     manifest had no trust table at all, so the caller can apply its own default."""
@@ -91,3 +105,4 @@ class Manifest:
     targets: tuple[TargetSpec, ...]
     kernels: tuple[KernelSpec, ...]
     trust: Trust = Trust()
+    models: tuple[ModelSpec, ...] = ()

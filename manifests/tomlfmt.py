@@ -2,25 +2,27 @@
 
 from __future__ import annotations
 
-from .fields import check_version, parse_kernels, parse_targets, parse_trust, repo_id_problem
+from .fields import check_version, parse_kernels, parse_models, parse_targets, parse_trust, repo_id_problem
 from .model import KernelSpec, Manifest, Trust
 from .source import Source
 
-_FRT_KEYS = ("targets", "kernels", "trust")
+_FRT_KEYS = ("targets", "kernels", "models", "trust")
 _TOOL_KEYS = ("targets", "trust")  # [tool.frt-mirror]: kernels come from [tool.kernels.dependencies]
 
 
 def parse_frt(src: Source, data: dict) -> Manifest:
-    """``[[targets]]`` (optional: the caller may pass --target), ``[kernels]``, ``[trust]``."""
+    """``[[targets]]`` (optional: the caller may pass --target), ``[kernels]``, ``[models]`` (at least
+    one of the two), ``[trust]``."""
     for key in data:
         if key not in _FRT_KEYS:
             raise src.error((key,), f"unknown top-level key; expected {', '.join(_FRT_KEYS)}")
-    if "kernels" not in data:
+    if "kernels" not in data and "models" not in data:
         raise src.error((), 'missing: add a [kernels] table, "org/name" = { version = 1 }', missing="kernels")
     targets = parse_targets(src, data["targets"], ("targets",)) if "targets" in data else ()
-    kernels = parse_kernels(src, data["kernels"], ("kernels",))
+    kernels = parse_kernels(src, data["kernels"], ("kernels",)) if "kernels" in data else ()
+    models = parse_models(src, data["models"], ("models",)) if "models" in data else ()
     trust = parse_trust(src, data["trust"], ("trust",)) if "trust" in data else Trust()
-    return Manifest(src.path, "frt", targets, kernels, trust)
+    return Manifest(src.path, "frt", targets, kernels, trust, models)
 
 
 def parse_pyproject(src: Source, data: dict) -> Manifest:
