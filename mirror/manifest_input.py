@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from frt.manifests import Manifest, ManifestError, load_manifest
+from frt.manifests import Manifest, ManifestError, ModelSpec, load_manifest
 from frt.resolver import Request, Target, make_request, make_target, parse_target
 from frt.resolver.errors import BadInput
 
@@ -15,6 +15,7 @@ class StagePlan:
     requests: list[Request]
     targets: list[Target]
     publishers: tuple[str, ...] | None  # None: the manifest declares no trust policy
+    models: tuple[ModelSpec, ...] = ()
 
 
 def load_plan(path: Path | None, cli_targets: tuple[Target, ...] = ()) -> StagePlan:
@@ -30,10 +31,10 @@ def load_plan(path: Path | None, cli_targets: tuple[Target, ...] = ()) -> StageP
         except BadInput as e:
             raise BadInput(f"{k.source}: {e}") from None
     targets = list(cli_targets) or _manifest_targets(manifest)
-    if not targets:
+    if not targets and requests:  # models have no targets: a models-only manifest needs none
         raise BadInput(f"{manifest.path}: no targets: add [[targets]] to the manifest or pass --target")
     publishers = manifest.trust.publishers if manifest.trust.declared else None
-    return StagePlan(requests, list(dict.fromkeys(targets)), publishers)
+    return StagePlan(requests, list(dict.fromkeys(targets)), publishers, manifest.models)
 
 
 def _manifest_targets(manifest: Manifest) -> list[Target]:

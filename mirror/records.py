@@ -16,6 +16,13 @@ from .schema import Blob, Change, Staged
 from .store import Digest
 
 
+# A staged model selection is target-less: its row carries this in place of a target (never a target
+# string, which always starts with "torch"), and its files are the Variant row MODEL_SELECTION (see
+# frt.mirror.models).
+MODEL_TARGET = "model"
+MODEL_SELECTION = "files"
+
+
 @dataclass(frozen=True)
 class StagedRow:
     repo: str
@@ -25,6 +32,14 @@ class StagedRow:
     target: str
     commit: str
     variant: str
+
+    @property
+    def is_model(self) -> bool:
+        return self.target == MODEL_TARGET
+
+    @property
+    def repo_type(self) -> str:
+        return "model" if self.is_model else "kernel"
 
 
 def record_blobs(ledger: Ledger, digests: Iterable[Digest]) -> None:
@@ -71,9 +86,14 @@ def all_blobs(ledger: Ledger) -> list[Digest]:
 
 
 def record_staged(ledger: Ledger, resolutions: Iterable[Resolution]) -> None:
-    rows = [{"repo_id": r.repo, "requested": r.request.label, "version": r.request.version,
-             "revision": r.request.revision, "target": str(r.target), "commit_sha": r.commit,
-             "variant": r.variant, "staged_at": utcnow()} for r in resolutions]
+    record_staged_rows(ledger, [StagedRow(r.repo, r.request.label, r.request.version, r.request.revision,
+                                          str(r.target), r.commit, r.variant) for r in resolutions])
+
+
+def record_staged_rows(ledger: Ledger, staged: Iterable[StagedRow]) -> None:
+    rows = [{"repo_id": r.repo, "requested": r.requested, "version": r.version, "revision": r.revision,
+             "target": r.target, "commit_sha": r.commit, "variant": r.variant, "staged_at": utcnow()}
+            for r in staged]
     if not rows:
         return
     with ledger.session() as s:

@@ -160,6 +160,13 @@ class HubClient:
                 bucket.append(_file_entry(e, where))
         return variants
 
+    def repo_listing(self, repo_id: str, sha: str, repo_type: str = "model") -> list[FileEntry]:
+        """Every file of a repo at a commit (a model repo: no build/ layout to group by)."""
+        entries = self._call(lambda: list(self.api.list_repo_tree(repo_id, recursive=True, revision=sha,
+                                                                  repo_type=repo_type)), repo_id)
+        where = f"upstream listing of {repo_id}@{sha[:12]}"
+        return [_file_entry(e, where) for e in entries if isinstance(e, RepoFile) and check_path(e.path, where=where)]
+
     def fetch_small_file(self, repo_id: str, path: str, revision: str, repo_type: str = "kernel") -> bytes:
         """GET a small file (metadata.json) into memory; never touches a Hub cache."""
         url = hf_hub_url(repo_id, path, repo_type=repo_type, revision=revision, endpoint=self.endpoint)

@@ -28,12 +28,17 @@ def stage_cmd(app: App, manifest, targets, jobs, endpoint, as_json):
     kernels.lock (default: the current directory's frt-manifest.toml, pyproject.toml or kernels.lock).
     """
     from frt.mirror.manifest_input import load_plan
-    from frt.mirror.stage import stage
+    from frt.mirror.models import stage_models
+    from frt.mirror.stage import StageReport, stage
 
     check_writable(app.root, "stage writes the ledger, the store and the views")
     plan = load_plan(manifest, targets)
-    report = stage(plan.requests, plan.targets, home=app.home, hub=app.hub(endpoint),
-                   jobs=jobs, publishers=plan.publishers, progress=not as_json)
+    report = StageReport()
+    if plan.requests:
+        report = stage(plan.requests, plan.targets, home=app.home, hub=app.hub(endpoint),
+                       jobs=jobs, publishers=plan.publishers, progress=not as_json)
+    if plan.models:  # target-less: after the kernels, so a kernel failure is reported first
+        stage_models(plan.models, home=app.home, hub=app.hub(endpoint), jobs=jobs, report=report)
     if as_json:
         emit_json({"ok": report.ok, "downloaded_bytes": report.downloaded_bytes,
                     "needed_bytes": report.needed_bytes, "rows": [r.to_json() for r in report.rows]})
@@ -64,7 +69,7 @@ def verify_cmd(app: App, as_json):
         emit_json(report.to_json())
     else:
         click.echo(f"{report.blobs} blobs ({human_bytes(report.bytes)}) re-hashed, {report.view_files} view files "
-                   f"checked, publishers' digests checked ({report.no_digest} variant(s) have none): "
+                   f"checked, {report.model_files} model files checked, publishers' digests checked ({report.no_digest} variant(s) have none): "
                    f"{'ok' if report.ok else f'{len(report.problems)} problem(s)'}")
         for p in report.problems:
             click.echo(f"  {p}")
