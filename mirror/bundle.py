@@ -23,7 +23,7 @@ from datetime import datetime
 from importlib.metadata import version as dist_version
 from pathlib import Path
 
-from frt.resolver import FileEntry, Request, Resolution, parse_target
+from frt.resolver import FileEntry, Request, parse_target
 from frt.resolver.errors import BadInput, VerificationFailed
 from frt.resolver.gate import (
     check_commit,
@@ -43,7 +43,7 @@ from frt.resolver.resolution import VariantInfo, parent_chain
 from frt.atomic import fsync_dir
 
 from .home import Home
-from .records import StagedRow, all_blobs, blob_for, record_blobs, record_staged, staged_rows
+from .records import MODEL_SELECTION, StagedRow, all_blobs, blob_for, record_blobs, record_staged_rows, staged_rows
 from .render import human_bytes, table
 from .store import CHUNK, BlobStore, Digest
 
@@ -108,7 +108,7 @@ def bundle(out: Path, home: Home, targets: list[str] | None = None) -> BundleRep
     for t in targets or []:
         if not any(r.target == t for r in rows):
             raise BadInput(f"nothing is staged for {t}: run 'frt-mirror stage --target {t}' first")
-    rows = [r for r in rows if not targets or r.target in targets]
+    rows = [r for r in rows if not targets or r.target in targets or r.is_model]  # models: every target's
     if not rows:
         raise BadInput("nothing is staged: run 'frt-mirror stage' first")
     if not out.parent.is_dir():
@@ -197,11 +197,11 @@ def import_bundle(src: Path, home: Home) -> BundleReport:
         ledger.record_publisher(pub.org, pub.trusted, endpoint=pub.endpoint, seen_at=pub.seen_at)
     views = home.views
     for row, pairs in staged:
-        views.link(row.repo, row.commit, row.variant, pairs)
+        if not row.is_model:  # models have no view (frt.mirror.models)
+            views.link(row.repo, row.commit, row.variant, pairs)
     have = set(staged_rows(ledger))
     new = [row for row, _ in staged if row not in have]
-    record_staged(ledger, [Resolution(_request(r), parse_target(r.target), r.commit, r.variant, ())
-                           for r in new])
+    record_staged_rows(ledger, new)
     return BundleReport(src, len(listed), sum(d.size for d in listed.values()), [r for r, _ in staged],
                         new_blobs=sum(p is not None for p in parts.values()), new_rows=len(new))
 
@@ -290,7 +290,8 @@ def _check_manifest(doc: dict):
         where = f"staged row of {check_repo_id(row.repo, where='staged')!r}"
         check_commit(row.commit, where=where)
         check_variant(row.variant, where=where)
-        _need(_request(row).label == row.requested and str(parse_target(row.target)) == row.target,
+        model = row.is_model and row.variant == MODEL_SELECTION
+        _need(_request(row).label == row.requested and (model or str(parse_target(row.target)) == row.target),
               f"bad staged row {s}")
         files = variants.get((row.repo, row.commit, row.variant))
         _need(files, f"staged {row.repo}@{row.commit[:12]} {row.variant} has no build listing")
@@ -329,7 +330,8 @@ def _parse_repo(d: dict) -> _RepoRows:
         if "parent" in c:  # format 1 kept the upstream's list as parent links
             parents[sha] = None if c["parent"] is None else check_commit(c["parent"], where=where, what="parent")
         if c["variants"] is not None:
-            builds[c["sha"]] = [_parse_variant(v, f"{where}@{c['sha'][:12]}") for v in c["variants"]]
+            builds[c["sha"]] = [_parse_variant(v, f"{where}@{c['sha'][:12]}", model=d["repo_type"] == "model")
+                                for v in c["variants"]]
     if "listings" in d:
         _need(isinstance(d["listings"], dict), f"{where}: bad listings")
         listings = {check_commit(head, where=where, what="listed head"):
@@ -343,13 +345,15 @@ def _parse_repo(d: dict) -> _RepoRows:
                      {head: shas for head, shas in listings.items() if shas}, builds)
 
 
-def _parse_variant(v: dict, where: str) -> VariantInfo:
+def _parse_variant(v: dict, where: str, model: bool = False) -> VariantInfo:
     name = check_variant(v["name"], where=where)
+    _need(not model or name == MODEL_SELECTION, f"{where}: a model's selection is {MODEL_SELECTION!r}, not {name!r}")
     _need(isinstance(v["metadata"], (dict, type(None))) and isinstance(v["metadata_oid"], (str, type(None))),
           f"{name}: bad metadata")
     files = []
     for f in v["files"]:
-        check_path(f["path"], where=where, under=f"build/{name}/")  # lands in views/…/build/<variant>/
+        # A kernel's lands in views/…/build/<variant>/; a model's only in an exported cache's snapshot.
+        check_path(f["path"], where=where, under="" if model else f"build/{name}/")
         sha256 = None if f["sha256"] is None else check_sha256(f["sha256"], where=where)
         oid = check_git_oid(f["git_oid"], where=where)
         files.append(FileEntry(f["path"], _int(f["size"], 0), oid, sha256))

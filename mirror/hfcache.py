@@ -21,6 +21,7 @@ from frt.resolver.gate import check_commit, check_git_oid, check_path, check_ref
 from frt.atomic import atomic_write
 
 from .home import Home
+from .records import MODEL_TARGET, blob_for
 
 CACHEDIR_TAG = "Signature: 8a477f597d28d172789f06886806bc55\n"
 
@@ -32,24 +33,25 @@ def cache_folder(repo_id: str, repo_type: str = "kernel") -> str:
 
 def export_cache(out: Path, home: Home, target: Target) -> list[tuple[str, str, str]]:
     """Write the cache for `target` into `out`; return (repo, ref, commit) for every ref written."""
-    rows = home.staged(str(target))
+    # Models have no targets: every target's cache gets every staged model.
+    rows = home.staged(str(target)) + home.staged(MODEL_TARGET)
     if not rows:
         raise BadInput(f"nothing is staged for {target}: run 'frt-mirror stage --target {target}' first")
-    views = home.views
     plan = []
     for row in rows:  # every name checked before the first write: a bad one leaves `out` untouched
         with home.ledger.view() as v:
             files, _ = v.variant(row.repo, row.commit, row.variant)
         plan.append((row, _checked(row, files)))
+    sources = _sources(home, plan)
     out.mkdir(parents=True, exist_ok=True)
     if not (out / "CACHEDIR.TAG").exists():
         (out / "CACHEDIR.TAG").write_text(CACHEDIR_TAG)
     written = []
     for row, (files, ref) in plan:
-        repo_dir = out / cache_folder(row.repo)
+        repo_dir = out / cache_folder(row.repo, row.repo_type)
         for entry in files:
-            src = views.root / views.repo_folder(row.repo) / row.commit / entry.path
-            if not src.is_file():
+            src = sources[(row.repo, row.commit, entry.path)]
+            if src is None or not src.is_file():
                 raise BadInput(f"{row.repo}@{row.commit[:12]}: {entry.path} is recorded as staged but missing "
                                "from the view: run 'frt-mirror verify', then 'frt-mirror stage' again")
             # huggingface_hub names a blob by the ETag the Hub sends: sha256 for LFS files, git oid otherwise.
@@ -61,13 +63,27 @@ def export_cache(out: Path, home: Home, target: Target) -> list[tuple[str, str, 
     return written
 
 
+def _sources(home: Home, plan) -> dict[tuple[str, str, str], Path | None]:
+    """Where each file's bytes lie: a kernel's in its view (what `kernels` loads), a model's in the
+    store (models have no view; see frt.mirror.models)."""
+    views, out = home.views, {}
+    blobs = blob_for(home.ledger, (f for row, (files, _) in plan if row.is_model for f in files))
+    for row, (files, _) in plan:
+        for f in files:
+            if row.is_model:
+                out[(row.repo, row.commit, f.path)] = home.store.path(blobs[f]) if blobs[f] else None
+            else:
+                out[(row.repo, row.commit, f.path)] = views.root / views.repo_folder(row.repo) / row.commit / f.path
+    return out
+
+
 def _checked(row, files) -> tuple[list, str | None]:
     """The row's files and ref name, through the gate: each becomes a path under `out`
     (blobs/<etag>, snapshots/<commit>/<path>, refs/<ref>), and the ledger is only a file on disk."""
     where = f"ledger's staged row {check_repo_id(row.repo, where='ledger')}@{row.commit[:12]}"
     check_commit(row.commit, where=where)
     for entry in files:
-        check_path(entry.path, where=where, under=f"build/{row.variant}/")
+        check_path(entry.path, where=where, under="" if row.is_model else f"build/{row.variant}/")
         if entry.sha256:  # the blob's name: the ETag, as below
             check_sha256(entry.sha256, where=where)
         else:

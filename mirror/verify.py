@@ -1,4 +1,5 @@
-"""verify: re-hash every blob in the store and check that every staged view links to the right one."""
+"""verify: re-hash every blob in the store, check that every staged view links to the right one, and
+that every staged model file (models have no view) has its blob recorded and stored."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from frt.resolver import Ledger
 from frt.resolver.kernel_metadata import MetadataInvalid, parse_metadata, validate_variant
 
 from .home import Home
-from .records import all_blobs, blob_for, record_blobs, staged_rows
+from .records import MODEL_TARGET, all_blobs, blob_for, record_blobs, staged_rows
 from .store import BlobStore, digest_file
 from .views import Views
 
@@ -24,6 +25,7 @@ class VerifyReport:
     readonly: bool = False  # a read-only home: reported, never adopted (adopting is a ledger write)
     unadopted: int = 0  # such blobs left unrecorded because the home is read-only
     no_digest: int = 0  # staged variants whose metadata.json carries no publisher digest
+    model_files: int = 0  # staged model files checked against the store
 
     @property
     def ok(self) -> bool:
@@ -66,6 +68,7 @@ def verify(home: Home) -> VerifyReport:
         record_blobs(ledger, adopt)
         report.adopted = len(adopt)
     _check_views(ledger, store, views, report)
+    _check_models(ledger, store, report)
     if not any("view " in p for p in report.problems):
         _check_publisher_digests(ledger, views, report)
     return report
@@ -75,7 +78,7 @@ def _check_publisher_digests(ledger: Ledger, views: Views, report: VerifyReport)
     """Each staged variant against its publisher's digest, by kernels' rule: needs no network, so it
     holds on the cluster too, whatever mirrors the bytes passed through."""
     with ledger.view() as v:
-        rows = sorted({(r.repo, r.commit, r.variant) for r in staged_rows(ledger)})
+        rows = sorted({(r.repo, r.commit, r.variant) for r in staged_rows(ledger) if not r.is_model})
         metadata = {key: v.variant(*key)[1] for key in rows}
     for (repo, commit, variant), doc in metadata.items():
         try:
@@ -88,8 +91,21 @@ def _check_publisher_digests(ledger: Ledger, views: Views, report: VerifyReport)
             report.problems.append(f"{repo}@{commit[:12]} {variant}: publisher's digest: {problem}")
 
 
+def _check_models(ledger: Ledger, store: BlobStore, report: VerifyReport) -> None:
+    """A model file is sound when its listed hash names a recorded blob that is in the store: the
+    blob itself was re-hashed above."""
+    with ledger.view() as v:
+        entries = [(r.repo, r.commit, f) for r in staged_rows(ledger, MODEL_TARGET)
+                   for f in v.variant(r.repo, r.commit, r.variant)[0]]
+    blobs = blob_for(ledger, (f for _, _, f in entries))
+    for repo, commit, f in entries:
+        report.model_files += 1
+        if blobs[f] is None or not store.has(blobs[f]):
+            report.problems.append(f"model {repo}@{commit[:12]} {f.path}: no verified blob is stored for it")
+
+
 def _check_views(ledger: Ledger, store: BlobStore, views: Views, report: VerifyReport) -> None:
-    rows = {(r.repo, r.commit, r.variant) for r in staged_rows(ledger)}
+    rows = {(r.repo, r.commit, r.variant) for r in staged_rows(ledger) if not r.is_model}
     entries = []
     with ledger.view() as v:
         for repo, commit, variant in sorted(rows):

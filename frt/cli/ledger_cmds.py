@@ -79,6 +79,17 @@ def resolve_cmd(app: App, repo, version, revision, target, offline, endpoint, as
 def matrix_cmd(app: App, repo, targets, as_json):
     """Availability from the ledger: revision × variant, and which targets each revision serves."""
     check_repo_id(repo)
+    from frt.mirror.records import MODEL_TARGET
+
+    models = [r for r in app.home.staged(MODEL_TARGET) if r.repo == repo]
+    if models:  # a model has files, not variants: nothing to tabulate by target
+        if as_json:
+            emit_json({"repo": repo, "repo_type": "model", "targets": [],
+                       "staged": [{"requested": r.requested, "commit": r.commit} for r in models]})
+        else:
+            staged = ", ".join(f"{r.requested} at {r.commit[:12]}" for r in models)
+            click.echo(f"{repo}: a model repo: models have no targets (staged: {staged})")
+        return
     with app.ledger.view() as view:
         if not view.known(repo):
             raise BadInput(f"{repo} is not in the ledger: run 'frt-mirror scan {repo}' first")

@@ -109,8 +109,8 @@ def load_catalog(home: Home, trust_override: frozenset[str] = frozenset()) -> Ca
             if (r.repo, r.commit, r.variant) not in entries:
                 entries[(r.repo, r.commit, r.variant)] = v.variant(r.repo, r.commit, r.variant)[0]
         blobs = blob_for(ledger, (f for fs in entries.values() for f in fs))
-        for repo_id in sorted({r.repo for r in rows}):
-            served = repos[("kernel", repo_id)] = ServedRepo(repo_id, "kernel")
+        for repo_type, repo_id in sorted({(r.repo_type, r.repo) for r in rows}):
+            served = repos[(repo_type, repo_id)] = ServedRepo(repo_id, repo_type)
             commits = v.commits(repo_id)
             served.meta = {c.sha: (c.date, c.title) for c in commits}
             meta = {c.sha: c for c in commits}
