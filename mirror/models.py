@@ -25,7 +25,6 @@ from huggingface_hub.utils import filter_repo_objects
 from frt.manifests import ModelSpec
 from frt.resolver import HubClient, make_request
 from frt.resolver.errors import FrtError, UpstreamUnavailable
-from frt.resolver.gate import check_commit
 from frt.resolver.resolution import FileEntry, VariantInfo
 
 from .fetch import Fetched, IntegrityError, fetch_file
@@ -73,8 +72,7 @@ def _stage_one(spec: ModelSpec, *, home: Home, hub: HubClient, jobs: int, report
     ledger.record_refs(spec.repo, refs, endpoint=hub.endpoint, repo_type="model")
     commit = refs.get(("branch", spec.revision)) or refs.get(("tag", spec.revision))
     if commit is None:
-        commit = check_commit(hub.revision_sha(spec.repo, spec.revision, repo_type="model"),
-                              where=f"upstream info of {spec.repo}@{spec.revision}")
+        commit = hub.revision_sha(spec.repo, spec.revision, repo_type="model")  # checked there
     ledger.record_history(spec.repo, commit, hub.history(spec.repo, commit, repo_type="model"))
     files = select_files(hub.repo_listing(spec.repo, commit, repo_type="model"), spec)
     if not files:

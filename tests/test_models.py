@@ -237,3 +237,22 @@ def test_bad_models_entries_are_one_line_with_file_and_line(tmp_path, entry, whe
     assert str(e.value).startswith(f"{m}:3: {where}: {what}"), str(e.value)
     p = run_cli("stage", str(m), home=tmp_path / "home")
     assert p.returncode == 2 and p.stderr.strip().splitlines() == [f"frt-mirror: {e.value}"], p.stderr
+
+
+def test_restage_downloads_nothing_and_a_tag_or_no_match_is_handled(staged, tmp_path):
+    repo = tiny_model_repo(staged.home.parent / "saved")
+    repo.tag("v1.0", "main")
+    m = tmp_path / "m.toml"
+    m.write_text(f'[models]\n"{TINY_MODEL}" = {_toml({"revision": "v1.0", "include": INCLUDE, "exclude": EXCLUDE})}\n')
+    nothing = tmp_path / "none.toml"
+    nothing.write_text(f'[models]\n"{TINY_MODEL}" = {_toml({"include": ["*.gguf"]})}\n')
+    with FakeHub([repo]) as hub:
+        runs = [run_cli("--endpoint", hub.url, "stage", str(m), "--json", home=tmp_path / "home") for _ in range(2)]
+        none = run_cli("--endpoint", hub.url, "stage", str(nothing), "--json", home=tmp_path / "home")
+    first, second = (json.loads(p.stdout) for p in runs)
+    assert [p.returncode for p in runs] == [0, 0], runs[0].stderr
+    assert first["rows"][0]["commit"] == repo.branches["main"] and first["rows"][0]["requested"] == "revision v1.0"
+    assert first["downloaded_bytes"] == first["needed_bytes"] > 0 and second["downloaded_bytes"] == 0
+    assert none.returncode == 1
+    [row] = json.loads(none.stdout)["rows"]
+    assert row["status"] == "refused" and "no file matches include ['*.gguf']" in row["detail"]
