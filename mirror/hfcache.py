@@ -52,8 +52,9 @@ def export_cache(out: Path, home: Home, target: Target) -> list[tuple[str, str, 
         for entry in files:
             src = sources[(row.repo, row.commit, entry.path)]
             if src is None or not src.is_file():
+                where = "store" if row.is_model else "view"
                 raise BadInput(f"{row.repo}@{row.commit[:12]}: {entry.path} is recorded as staged but missing "
-                               "from the view: run 'frt-mirror verify', then 'frt-mirror stage' again")
+                               f"from the {where}: run 'frt-mirror verify', then 'frt-mirror stage' again")
             # huggingface_hub names a blob by the ETag the Hub sends: sha256 for LFS files, git oid otherwise.
             _place(repo_dir, row.commit, entry.path, src, etag=entry.sha256 or entry.git_oid)
         (repo_dir / "trees" / f"{row.commit}.json").unlink(missing_ok=True)

@@ -69,7 +69,8 @@ def verify_cmd(app: App, as_json):
         emit_json(report.to_json())
     else:
         click.echo(f"{report.blobs} blobs ({human_bytes(report.bytes)}) re-hashed, {report.view_files} view files "
-                   f"checked, {report.model_files} model files checked, publishers' digests checked ({report.no_digest} variant(s) have none): "
+                   f"and {report.model_files} model files checked, publishers' digests checked "
+                   f"({report.no_digest} variant(s) have none): "
                    f"{'ok' if report.ok else f'{len(report.problems)} problem(s)'}")
         for p in report.problems:
             click.echo(f"  {p}")
