@@ -125,7 +125,7 @@ def test_pin_prints_the_env_for_one_commit(hub, home, drift):
 
 
 def test_bad_ranges_are_bad_input(hub, home, drift):
-    shas, script = drift
+    shas, _ = drift
     p = run_cli("--endpoint", hub.url, "bisect", DRIFT, "--good", shas[5], "--bad", shas[2], "--target", TARGET,
                 "--", "true", home=home)
     assert p.returncode == 2 and "is not an ancestor" in p.stderr
