@@ -7,7 +7,9 @@ import sys
 import click
 
 from frt.mirror.home import check_writable
+from frt.mirror.render import table
 from frt.resolver import KernelUnavailable, exit_code
+from frt.resolver.errors import BadInput
 from frt.resolver.gate import check_repo_id
 
 from .app import App, cli, emit_json, endpoint_option, json_option, parse_targets
@@ -47,18 +49,34 @@ def pin_cmd(app: App, repo, revision, target, fmt, endpoint):
 @click.option("--timeout", type=float, help="Seconds per run; a run that takes longer is skipped.")
 @click.option("--refresh", is_flag=True, help="Scan upstream first even if the ledger knows the range.")
 @click.option("--offline", is_flag=True, help="Use only the ledger and what is staged.")
+@click.option("--metric", metavar="REGEX", help="Bisect a performance drift: judge each commit by the figure "
+              "CMD prints (the first match on its stdout: group `value`, else the first group).")
+@click.option("--higher-is-better/--lower-is-better", "higher", default=None,
+              help="The metric's direction (default: lower is better, as for a time).")
+@click.option("--repeat", type=int, help="Runs per commit, for the median (default 5).")
+@click.option("--threshold", type=float, metavar="PCT",
+              help="A commit is bad when its median is worse than the good one's by more than PCT (default 5).")
+@click.option("--interleave", is_flag=True, help="Alternate each commit's runs with runs of the good commit, "
+              "and compare it with those.")
 @endpoint_option
 @json_option
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.pass_obj
-def bisect_cmd(app: App, repo, good, bad, target, timeout, refresh, offline, endpoint, as_json, cmd):
+def bisect_cmd(app: App, repo, good, bad, target, timeout, refresh, offline, metric, higher, repeat, threshold,
+               interleave, endpoint, as_json, cmd):
     """Find the first bad commit of REPO between --good and --bad: each probed commit is staged and
     CMD runs with FRT_KERNEL_REV_<ID> and LOCAL_KERNELS pointing at it. CMD exit: 0 good, 125 skip,
-    other bad (as git bisect run); a timeout is a skip."""
-    from frt.mirror.bisect import bisect
-
+    other bad (as git bisect run); a timeout is a skip. With --metric, a commit is judged by the median
+    of the figure CMD prints over --repeat runs, against the good commit's."""
+    perf = _metric(metric, higher, repeat, threshold, interleave)
     if not offline:
         check_writable(app.root, "bisect stages the commits it probes (bisect --offline uses only what is staged)")
+    common = {"good": good, "bad": bad, "target": target, "cmd": list(cmd), "home": app.home,
+              "hub": None if offline else app.hub(endpoint), "timeout": timeout, "refresh": refresh}
+    if perf is not None:
+        _bisect_perf(check_repo_id(repo), perf, common, as_json)
+
+    from frt.mirror.bisect import bisect
 
     def show(step):
         if not as_json:
@@ -66,9 +84,7 @@ def bisect_cmd(app: App, repo, good, bad, target, timeout, refresh, offline, end
             click.echo(f"  {step.commit[:12]}  {step.variant}  exit {code}  {step.seconds:.1f}s  {step.verdict}"
                        + (f"  ({step.note})" if step.note else ""), err=True)
 
-    result = bisect(check_repo_id(repo), good=good, bad=bad, target=target, cmd=list(cmd),
-                    home=app.home, hub=None if offline else app.hub(endpoint),
-                    timeout=timeout, refresh=refresh, on_step=show)
+    result = bisect(check_repo_id(repo), **common, on_step=show)
     if as_json:
         emit_json(result.to_json())
     else:
@@ -80,3 +96,75 @@ def bisect_cmd(app: App, repo, good, bad, target, timeout, refresh, offline, end
             click.echo("undecided (runs were skipped): first bad is one of " + ", ".join(result.undecided))
         click.echo(f"{len(result.steps)} runs over {len(result.candidates)} candidate commits")
     sys.exit(0 if result.first_bad else 1)
+
+
+def _bisect_perf(repo, perf, common, as_json):
+    """The performance mode: each step on stderr as it is decided, then the result; exits."""
+    from frt.mirror.bisect_perf import bisect_metric
+
+    def progress(step):
+        if not as_json:
+            click.echo("  " + "  ".join(str(c) for c in _perf_row(step) if c), err=True)
+
+    result = bisect_metric(repo, metric=perf, **common, on_step=progress)
+    if as_json:
+        emit_json(result.to_json())
+    else:
+        click.echo(render_perf(result))
+    sys.exit(0 if result.first_bad else 1)
+
+
+def _metric(pattern, higher, repeat, threshold, interleave):
+    """The performance mode's settings, or None for a correctness bisect (exit codes only)."""
+    import re
+
+    from frt.mirror.bisect_perf import Metric
+
+    if pattern is None:
+        given = [name for name, v in (("--higher-is-better/--lower-is-better", higher), ("--repeat", repeat),
+                                      ("--threshold", threshold), ("--interleave", interleave or None)) if v is not None]
+        if given:
+            raise BadInput(f"{', '.join(given)}: only with --metric REGEX (a performance bisect)")
+        return None
+    try:
+        compiled = re.compile(pattern)
+    except re.error as e:
+        raise BadInput(f"--metric {pattern!r}: not a regular expression ({e})") from None
+    if repeat is not None and repeat < 1:
+        raise BadInput(f"--repeat {repeat}: at least 1")
+    if threshold is not None and not threshold > 0:
+        raise BadInput(f"--threshold {threshold:g}: a percentage above 0")
+    return Metric(compiled, higher_is_better=bool(higher), repeat=repeat or 5,
+                  threshold=5.0 if threshold is None else threshold, interleave=interleave)
+
+
+def _figure(x: float | None) -> str:
+    if x is None:
+        return ""
+    return f"{x:.1f}" if abs(x) >= 10 else f"{x:.4g}"  # one column of one width for times and rates
+
+
+def _perf_row(step) -> list:
+    change = "" if step.change is None else f"{step.change:+.1f}%"
+    spread = "" if step.spread is None else f"{step.spread:.1f}%"
+    runs = " ".join(_figure(r) for r in step.runs)
+    return [step.role, step.commit[:12], step.variant, runs, _figure(step.median), spread, change, step.verdict,
+            step.reason]
+
+
+def render_perf(result) -> str:
+    """A performance bisect for people: every step, then the answer (or why there is none)."""
+    lines = [f"skipped {sha[:12]}: {why}" for sha, why in result.skipped]
+    lines.append(table(["step", "commit", "variant", "runs", "median", "spread", "change", "verdict", "why"],
+                       [_perf_row(s) for s in result.steps]))
+    if result.stopped:
+        lines.append(result.stopped)
+    elif result.first_bad:
+        lines.append(f"first bad commit: {result.first_bad}  {result.first_bad_date}  {result.first_bad_title}")
+    else:
+        lines.append("undecided (runs were skipped): first bad is one of " + ", ".join(result.undecided))
+    if not result.stopped or result.stopped.startswith("cannot"):
+        lines.append(f"good median {_figure(result.good_median)}, bad median {_figure(result.bad_median)} "
+                     f"({result.direction}, threshold {result.threshold:g}%, {result.repeat} runs per commit"
+                     f"{', interleaved with the good commit' if result.interleave else ''})")
+    return "\n".join(lines)
