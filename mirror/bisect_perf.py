@@ -153,20 +153,17 @@ class _Probe:
         return self.metric.read(ran.stdout)
 
     def measure(self, *shas: str) -> list[Sample]:
-        """`repeat` runs of each commit; with several, their runs alternate (a, b, a, b, ...). A commit's
-        first failed run ends its sample (and the others': a measurement taken alongside is a pair)."""
+        """`repeat` runs of each commit; with interleave their runs alternate (a, b, a, b, ...), else
+        each commit's runs come together. A commit's first failed run ends every sample: runs taken
+        alongside one another are compared as a set."""
+        n = self.metric.repeat
+        order = [i for _ in range(n) for i in range(len(shas))] if self.metric.interleave else \
+            [i for i in range(len(shas)) for _ in range(n)]
         runs: list[list[float]] = [[] for _ in shas]
-        for _ in range(self.metric.repeat):
-            for i, sha in enumerate(shas if self.metric.interleave else ()):
-                if isinstance(got := self.once(sha), str):
-                    return [Sample(tuple(r), got if j == i else "") for j, r in enumerate(runs)]
-                runs[i].append(got)
-        if not self.metric.interleave:
-            for i, sha in enumerate(shas):
-                for _ in range(self.metric.repeat):
-                    if isinstance(got := self.once(sha), str):
-                        return [Sample(tuple(r), got if j == i else "") for j, r in enumerate(runs)]
-                    runs[i].append(got)
+        for i in order:
+            if isinstance(got := self.once(shas[i]), str):
+                return [Sample(tuple(r), got if j == i else "") for j, r in enumerate(runs)]
+            runs[i].append(got)
         return [Sample(tuple(r)) for r in runs]
 
 
