@@ -57,6 +57,10 @@ class VerificationFailed(FrtError):
     """Bytes did not match what was advertised or recorded (a tampered download or bundle)."""
 
 
+class LocalDiskError(FrtError):
+    """A write to the local disk failed (full, read-only): the home's problem, not the upstream's."""
+
+
 class LedgerUnavailable(FrtError):
     """The ledger's database could not be had in time (locked past the busy timeout, or down)."""
 

@@ -22,7 +22,7 @@ from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from .dialect import cached
-from .errors import FrtError, HomeReadOnly, LedgerCorrupt, LedgerUnavailable, first_line
+from .errors import FrtError, HomeReadOnly, LocalDiskError, LedgerCorrupt, LedgerUnavailable, first_line
 from .ledger_open import (WRITING, advisory_lock, busy_timeout, cannot_write, ledger_url, lock_server_writes, read_only_engine,
                           read_write_engine, server_engine)
 from .ledger_view import LedgerView
@@ -151,6 +151,8 @@ class Ledger:
             yield
         except (DatabaseError, sqlite3.DatabaseError) as e:
             orig = getattr(e, "orig", e)
+            if getattr(orig, "sqlite_errorname", "") == "SQLITE_FULL":
+                raise LocalDiskError(f"cannot write ledger {self.where}: {orig} (a local disk error)") from None
             if _locked(orig):
                 raise LedgerUnavailable(f"ledger {self.where} is locked by another process past the "
                                         f"{busy_timeout():g} s busy timeout: try again later") from None
