@@ -17,21 +17,9 @@ import sqlalchemy as sa
 from tests.conftest import RELU, cli_env, run_cli
 from tests.kernel_fixtures import ORG
 from tests.test_stage import X86, write_manifest
-from tests.test_stage_faults import BIG, big_repo
+from tests.test_stage_faults import BIG, big_hub, manifest  # noqa: F401 (fixtures, shared)
 
 EXE = str(Path(sys.executable).with_name("frt-mirror"))
-
-
-@pytest.fixture
-def big_hub(hub):
-    hub.add_repo(big_repo())
-    return hub
-
-
-@pytest.fixture
-def manifest(tmp_path):
-    return write_manifest(tmp_path / "m.toml", {BIG: {"version": 1}, RELU: {"version": 1}},
-                          [X86, "torch2.11-cu130-aarch64-linux"])
 
 
 def body_gets(hub) -> Counter:
