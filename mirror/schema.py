@@ -1,5 +1,5 @@
 """The mirror's tables in the ledger, and their migration track (see frt.resolver.migrations): the
-blob store's index, what is staged for which target, and serve's bearer tokens. Only this package
+blob store's index, what is staged for which target, and serve's bearer tokens, the change serial, the events log. Only this package
 reads or writes them; the resolver's tables are the resolver's."""
 
 from __future__ import annotations
@@ -60,13 +60,33 @@ class Change(Base):
     serial: Mapped[int]
 
 
+class Event(Base):
+    """One finished piece of work on the home: a stage, a bundle written, an import, a gc. The operator's
+    page shows the last of each kind; an incremental bundle's import checks its base was imported here."""
+
+    __tablename__ = "mirror_events"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16), index=True)  # "stage", "bundle", "import", "gc", "pull"
+    at: Mapped[datetime] = mapped_column(default=utcnow)
+    ref: Mapped[str | None] = mapped_column(index=True)  # a bundle's id (sha256 of its manifest), a manifest
+    base: Mapped[str | None]  # an incremental bundle's base id
+    files: Mapped[int] = mapped_column(default=0)
+    nbytes: Mapped[int] = mapped_column(default=0)
+    detail: Mapped[str] = mapped_column(default="")  # one line for people
+
+
 def _v2_changes(conn: Connection) -> None:
     """Version 2: the change serial serve's replicas poll."""
     Base.metadata.create_all(conn, tables=[Change.__table__])
 
 
+def _v3_events(conn: Connection) -> None:
+    """Version 3: the events the operator's page and incremental bundles read."""
+    Base.metadata.create_all(conn, tables=[Event.__table__])
+
+
 # Version 1 is blobs, staged and tokens as the resolver's track created them up to its version 3: a
 # ledger from then keeps its rows (create_all skips tables that exist) and is stamped.
-MIRROR_VERSION = 2
+MIRROR_VERSION = 3
 MIRROR_TRACK = SchemaTrack.of("mirror", Base.metadata, MIRROR_VERSION, "mirror_schema_migrations",
-                              {2: _v2_changes})
+                              {2: _v2_changes, 3: _v3_events})

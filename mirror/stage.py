@@ -19,6 +19,7 @@ from .fetch import Fetched, IntegrityError, expected_key, fetch_file
 from .home import Home
 from .progress import Progress
 from .publisher import digest_mismatch, metadata_refusal, publisher_expectations, variant_metadata, view_check
+from .events import record_event
 from .records import record_blobs, record_staged, recorded_blobs, sha256_by_git_oid
 from .transport import Transport
 from .views import Views
@@ -100,6 +101,9 @@ def stage(requests: list[Request], targets: list[Target], *, home: Home, hub: Hu
         report.rows.append(StageRow(r.repo, r.request.label, str(r.target), r.commit, r.variant, len(r.files),
                                     sum(f.size for f in r.files), "staged", publisher_digest=meta.has_digest))
     record_staged(ledger, good)
+    if good:
+        record_event(ledger, "stage", files=sum(len(r.files) for r in good),
+                     nbytes=report.downloaded_bytes, detail=f"{len(good)} staged, {len(report.rows) - len(good)} not")
     report.rows.sort(key=lambda row: (row.repo, row.requested, row.target))
     dead = next((e for e in failures.values() if isinstance(e, UpstreamUnavailable)), None)
     if dead is not None:  # what completed is kept and recorded; the cause is one line, not a row per file

@@ -9,8 +9,6 @@ from __future__ import annotations
 import http.client
 import json
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -20,7 +18,7 @@ from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_download, hf_hub
 from huggingface_hub.errors import HfHubHTTPError, RevisionNotFoundError
 
 import tests.test_fakehub as base  # a module, so pytest does not collect its tests twice here
-from tests.fakehub import FakeHub, RateLimits, git_blob_oid, sha256
+from tests.fakehub import FakeHub, RateLimits, sha256
 
 ORG, REPO_ID, UNIV, BIG = base.ORG, base.REPO_ID, base.UNIV, base.BIG
 HUB2 = int(huggingface_hub.__version__.split(".")[0]) >= 2

@@ -89,6 +89,16 @@ def test_stage_fetches_exactly_the_needed_files_and_reruns_for_free(hub, home, m
     assert again["downloaded_bytes"] == 0 and resolve_gets(hub) == []
     assert [r["status"] for r in again["rows"]] == [r["status"] for r in doc["rows"]]
     assert run_cli("verify", home=home).returncode == 0
+    # Each stage that staged something is one event (the operator's page shows the last one).
+    from frt.mirror.events import last_events
+    from frt.mirror.home import Home
+
+    h = Home(home)
+    try:
+        stages = last_events(h.ledger)["stage"]
+    finally:
+        h.close()
+    assert stages.nbytes == 0 and stages.files == sum(r["files"] for r in again["rows"] if r["status"] == "staged")
 
 
 def test_human_output_is_a_table_with_a_total(hub, home, manifest):

@@ -5,7 +5,6 @@ local disk that fails — which must be reported as that, never as the upstream 
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ACTIVATION, RELU, cli_env, run_cli
+from tests.conftest import RELU, cli_env, run_cli
 from tests.fakehub import FakeHub, FakeRepo
 from tests.fakehub.ratelimit import RateLimits
 from tests.kernel_fixtures import ORG, X86_CPU, blob, build, demo_repos

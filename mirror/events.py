@@ -1,0 +1,47 @@
+"""The home's events log: what was staged, bundled, imported or collected, and when (schema.Event)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from frt.resolver.ledger import Ledger
+from sqlalchemy import func, select
+
+from .schema import Event
+
+
+@dataclass(frozen=True)
+class EventRow:
+    kind: str
+    at: datetime
+    ref: str | None
+    base: str | None
+    files: int
+    nbytes: int
+    detail: str
+
+
+def record_event(ledger: Ledger, kind: str, *, ref: str | None = None, base: str | None = None,
+                 files: int = 0, nbytes: int = 0, detail: str = "") -> None:
+    with ledger.session(write=True) as s:
+        s.add(Event(kind=kind, ref=ref, base=base, files=files, nbytes=nbytes, detail=detail))
+
+
+def last_events(ledger: Ledger) -> dict[str, EventRow]:
+    """The newest event of each kind."""
+    newest = select(Event.kind, func.max(Event.id).label("id")).group_by(Event.kind).subquery()
+    q = select(Event).join(newest, Event.id == newest.c.id)
+    with ledger.session(write=False) as s:
+        return {e.kind: _row(e) for e in s.scalars(q)}
+
+
+def events_with_ref(ledger: Ledger, kind: str, ref: str) -> list[EventRow]:
+    """Every event of `kind` naming `ref`, oldest first (e.g. the imports of one bundle)."""
+    q = select(Event).where(Event.kind == kind, Event.ref == ref).order_by(Event.id)
+    with ledger.session(write=False) as s:
+        return [_row(e) for e in s.scalars(q)]
+
+
+def _row(e: Event) -> EventRow:
+    return EventRow(e.kind, e.at, e.ref, e.base, e.files, e.nbytes, e.detail)
