@@ -43,7 +43,7 @@ from frt.resolver.resolution import VariantInfo, parent_chain
 from frt.atomic import fsync_dir
 
 from .home import Home
-from .records import MODEL_SELECTION, StagedRow, all_blobs, blob_for, record_blobs, record_staged_rows, staged_rows
+from .records import MODEL_SELECTION, PULLED, StagedRow, all_blobs, blob_for, record_blobs, record_staged_rows, staged_rows
 from .render import human_bytes, table
 from .store import CHUNK, BlobStore, Digest
 
@@ -291,7 +291,8 @@ def _check_manifest(doc: dict):
         check_commit(row.commit, where=where)
         check_variant(row.variant, where=where)
         model = row.is_model and row.variant == MODEL_SELECTION
-        _need(_request(row).label == row.requested and (model or str(parse_target(row.target)) == row.target),
+        pulled = row.target == PULLED + row.variant  # serve --upstream's: for whichever target accepts it
+        _need(_request(row).label == row.requested and (model or pulled or str(parse_target(row.target)) == row.target),
               f"bad staged row {s}")
         files = variants.get((row.repo, row.commit, row.variant))
         _need(files, f"staged {row.repo}@{row.commit[:12]} {row.variant} has no build listing")

@@ -21,6 +21,10 @@ from .store import Digest
 # frt.mirror.models).
 MODEL_TARGET = "model"
 MODEL_SELECTION = "files"
+# A kernel variant a client pulled through `serve --upstream` (frt.mirror.pull_through) was asked for by no
+# target: its row's target is PULLED + the variant's name, and a target's staged set takes it where that
+# target accepts the variant (see staged_for).
+PULLED = "pulled:"
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,10 @@ class StagedRow:
     @property
     def is_model(self) -> bool:
         return self.target == MODEL_TARGET
+
+    @property
+    def is_pulled(self) -> bool:
+        return self.target.startswith(PULLED)
 
     @property
     def repo_type(self) -> str:
@@ -124,3 +132,26 @@ def staged_rows(ledger: Ledger, target: str | None = None) -> list[StagedRow]:
     with ledger.session(write=False) as s:
         return [StagedRow(r.repo_id, r.requested, r.version, r.revision, r.target, r.commit_sha, r.variant)
                 for r in s.scalars(q)]
+
+
+def staged_for(ledger: Ledger, target: str | None) -> list[StagedRow]:
+    """What is staged for `target`: its own rows, and each pulled-through request's best variant that the
+    target accepts, unless the target has its own row for that request."""
+    rows = staged_rows(ledger, target)
+    if target is None or not target.startswith("torch"):
+        return rows
+    from frt.resolver.targets import parse_target
+    from frt.resolver.variants import accepted
+
+    t, own = parse_target(target), {(r.repo, r.requested) for r in rows}
+    pulled: dict[tuple[str, str, str], list[StagedRow]] = {}
+    for r in staged_rows(ledger):
+        if r.is_pulled and (r.repo, r.requested) not in own:
+            pulled.setdefault((r.repo, r.requested, r.commit), []).append(r)
+    chosen = []
+    for group in pulled.values():
+        best = accepted(t, [r.variant for r in group])
+        chosen += [r for r in group if best and r.variant == best[0]]
+    if not chosen:
+        return rows
+    return sorted(rows + chosen, key=lambda r: (r.repo, r.version or 0, r.requested, r.target))
