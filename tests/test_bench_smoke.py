@@ -19,6 +19,9 @@ ROWS = {
               "throughput ratio nginx + 2 replicas/nginx static at 64 clients =", "HEAD latency,",
               "serve HEAD p99 =", "HEAD p99 through nginx (nginx + 2 replicas) =",
               "HEAD p99 through nginx (same + head cache) ="),
+    "pull_through": ("straight to the upstream", "through serve --upstream (cold)", "through serve --upstream (warm)",
+                     "staged serve (no upstream)", "upstream bytes / file size through the mirror =",
+                     "warm-hit throughput ratio pull-through/staged serve ="),
     "seats": ("seats: [frt.seats] 145 seats (5 head slabs), 0 refused", "plain load", "attach, warm",
               "target: attach of >= 144 seats < 0.5 s:", "seat/direct"),
 }

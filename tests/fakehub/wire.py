@@ -176,6 +176,7 @@ class BaseHandler(BaseHTTPRequestHandler):
         try:
             for off in range(0, len(view), step):  # stream: no per-request copy of a large body
                 self.wfile.write(view[off:off + step])
+                self.hub._sent(min(step, len(view) - off))
                 if rate is not None:
                     time.sleep(step / rate)
         finally:
