@@ -32,15 +32,22 @@ def serve_env(**extra: str) -> dict:
     return {**base, "PYTHONWARNINGS": "ignore", **FAST, **extra}
 
 
-def upstream_hub(tmp: Path) -> FakeHub:
-    write_tiny_model(tmp / "saved")
-    return FakeHub(demo_repos() + [big_repo(), tiny_model_repo(tmp / "saved")], trusted_orgs=[ORG], page_size=5,
+@pytest.fixture(scope="module")
+def saved_model(tmp_path_factory) -> Path:
+    """The tiny model, written once (it takes torch and transformers a while)."""
+    out = tmp_path_factory.mktemp("pull") / "saved"
+    write_tiny_model(out)
+    return out
+
+
+def upstream_hub(saved: Path) -> FakeHub:
+    return FakeHub(demo_repos() + [big_repo(), tiny_model_repo(saved)], trusted_orgs=[ORG], page_size=5,
                    redirects=True)
 
 
 @pytest.fixture
-def upstream(tmp_path):
-    with upstream_hub(tmp_path) as hub:
+def upstream(saved_model):
+    with upstream_hub(saved_model) as hub:
         yield hub
 
 
@@ -106,9 +113,10 @@ def test_a_repo_outside_the_allow_list_is_not_found_and_never_asked_for(upstream
     assert not [e for e in upstream.request_log if TINY_MODEL in e.path]
 
 
-def test_without_allow_serve_refuses_to_start(upstream, tmp_path):
-    p = run_cli("serve", "--upstream", upstream.url, home=tmp_path / "home")
-    assert p.returncode == 2 and "--allow" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+def test_upstream_and_allow_go_together(upstream, tmp_path):
+    for args in (["--upstream", upstream.url], ["--allow", ORG]):
+        p = run_cli("serve", *args, home=tmp_path / "home")
+        assert p.returncode == 2 and "--allow" in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
 
 
 CONCURRENT = f"""
@@ -164,11 +172,14 @@ def test_an_upstream_cut_mid_transfer_stores_nothing_and_a_retry_succeeds(upstre
         upstream.faults.clear()
         p, out = run_client(fetch, m.url, tmp_path / "hf2")
         assert out == big_sha(upstream), p.stderr[-2000:]
+    # The retry resumed from the bytes already down (a Range request), not from zero.
+    last = body_transfers(upstream, big_sha(upstream))[-1]
+    assert last.status == 206 and last.headers.get("Range", "").startswith("bytes="), last
     assert run_cli("verify", home=home).returncode == 0
 
 
-def test_with_the_upstream_stopped_everything_pulled_still_loads_flagged_stale(tmp_path):
-    hub = upstream_hub(tmp_path)
+def test_with_the_upstream_stopped_everything_pulled_still_loads_flagged_stale(saved_model, tmp_path):
+    hub = upstream_hub(saved_model)
     hub.start()
     home = tmp_path / "home"
     try:
