@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .events import record_event
 from .home import Home
 from .records import all_blobs, blob_for, delete_blob_records, staged_rows
 from .render import human_bytes
@@ -96,6 +97,8 @@ def collect(home: Home, *, dry_run: bool = False, on_wait: Callable[[str], None]
                 home.store.remove(d.sha256, *([d.git_oid] if d.git_oid else []))
             for part in p.parts:
                 _remove_part(home, part)
+            record_event(home.ledger, "gc", files=len(report.removed), nbytes=report.removed_bytes,
+                         detail=f"{len(report.parts)} partial download(s), {report.part_bytes} bytes")
     return report
 
 

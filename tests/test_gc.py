@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+from frt.mirror.events import last_events
 from frt.mirror.gc import SWEEP_AGE_S, plan
 from frt.mirror.home import Home
 from frt.mirror.records import all_blobs
@@ -97,6 +98,12 @@ def test_unstage_then_gc_frees_exactly_the_unreferenced_blobs(ledger_each, hub, 
     done = cli_json("gc", home=home)
     assert {b["sha256"] for b in done["blobs"]} == x86 - noarch
     assert done["removed_bytes"] == dry["removed_bytes"] == out["reclaimable_bytes"]
+    h = Home(home)
+    try:  # the operator's page shows the last gc
+        gc_event = last_events(h.ledger)["gc"]
+    finally:
+        h.close()
+    assert (gc_event.files, gc_event.nbytes) == (len(x86 - noarch), done["removed_bytes"])
     assert store_blobs(home) == before - (x86 - noarch) == recorded(home)
     assert shared <= store_blobs(home)
     verify_clean(home)
@@ -199,7 +206,8 @@ def _wait_for(what: str, check, timeout: float = 120.0):
 def test_gc_racing_a_stage_never_takes_a_blob_from_under_it(ledger_each, hub, home, tmp_path):
     old = write_manifest(tmp_path / "old.toml", {ACTIVATION: {"version": 1}}, [X86])
     assert stage_json(home, old, hub)[0].returncode == 0
-    cli_json("unstage", ACTIVATION, home=home)
+    v1 = hub.repos[("kernel", ACTIVATION)].branches["v1"]
+    assert [r["commit"] for r in cli_json("unstage", f"{ACTIVATION}@{v1[:8]}", home=home)["rows"]] == [v1]
     garbage = variant_blobs(hub, ACTIVATION, "v1", X86_CPU)
     new = variant_blobs(hub, ACTIVATION, "v2", X86_CPU)
     assert garbage and new and not garbage & new
