@@ -9,7 +9,7 @@ from frt.resolver import Ledger, Resolution
 from frt.resolver.dialect import insert_for
 from frt.resolver.migrations import utcnow
 from frt.resolver.resolution import FileEntry
-from sqlalchemy import select
+from sqlalchemy import delete, select, tuple_
 from sqlalchemy.orm import Session
 
 from .schema import Blob, Change, Staged
@@ -155,3 +155,24 @@ def staged_for(ledger: Ledger, target: str | None) -> list[StagedRow]:
     if not chosen:
         return rows
     return sorted(rows + chosen, key=lambda r: (r.repo, r.version or 0, r.requested, r.target))
+
+
+def delete_blob_records(ledger: Ledger, shas: Iterable[str]) -> None:
+    """Forget blobs gc is about to remove (before their files go: a record never claims bytes the
+    store lacks, and a file left by a gc cut short is only an unrecorded blob, which verify adopts)."""
+    shas = sorted(set(shas))
+    if shas:
+        with ledger.session() as s:
+            for i in range(0, len(shas), 500):
+                s.execute(delete(Blob).where(Blob.sha256.in_(shas[i:i + 500])))
+
+
+def delete_staged(ledger: Ledger, rows: Iterable[StagedRow]) -> None:
+    """Drop staged rows (unstage), in one write that tells serve's replicas."""
+    keys = sorted({(r.repo, r.requested, r.target) for r in rows})
+    if keys:
+        with ledger.session() as s:
+            for i in range(0, len(keys), 300):
+                s.execute(delete(Staged).where(
+                    tuple_(Staged.repo_id, Staged.requested, Staged.target).in_(keys[i:i + 300])))
+            bump_serial(s)

@@ -137,6 +137,7 @@ class FakeHub:
         would go on serving their keep-alive connections, so a client that had opened its downloads
         would finish them against an upstream that is supposedly gone.
         """
+        self.faults.release()  # a held body must not keep its handler thread waiting
         with self._start_lock:
             servers, self._server, self._cdn = [self._server, self._cdn], None, None
             threads, self._threads = self._threads, []
