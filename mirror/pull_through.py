@@ -36,6 +36,7 @@ from .home import Home
 from .publisher import digest_mismatch, publisher_expectations, variant_metadata, view_check
 from .records import (MODEL_SELECTION, MODEL_TARGET, PULLED, StagedRow, blob_for, record_blobs,
                       record_staged_rows, recorded_blobs, sha256_by_git_oid, staged_rows)
+from .storelock import store_writer
 from .serve.catalog import ServedCommit, ServedFile, ServedRepo, add_refs
 from .transport import Transport
 
@@ -123,22 +124,23 @@ class PullThrough:
     def fetch(self, repo_type: str, repo_id: str, commit: str, path: str) -> ServedFile:
         """Fetch `path` at `commit` into the store (verified), record it, and when that completes a
         kernel variant, stage the variant. The file as served from now on."""
-        entry, variant = self._entry(repo_type, repo_id, commit, path)
-        ledger, store = self.home.ledger, self.home.store
-        publisher = None
-        if variant is not None:
-            publisher = publisher_expectations([(variant, variant_metadata(variant))]).get(expected_key(entry))
-        known = sha256_by_git_oid(ledger, [entry.git_oid]) if not entry.sha256 else {}
-        got = fetch_file(self.transport, store, repo_id, commit, entry, known_sha256=known.get(entry.git_oid),
-                         publisher=publisher, recorded=recorded_blobs(ledger, [entry.sha256] if entry.sha256 else []),
-                         repo_type=repo_type, stored_by_oid=lambda oid: sha256_by_git_oid(ledger, [oid]).get(oid),
-                         on_stored=lambda d: record_blobs(ledger, [d]))
-        if got.downloaded:
-            record_event(ledger, "pull", ref=f"{repo_id}@{commit}", files=1, nbytes=got.downloaded, detail=path)
-        if variant is not None:
-            self._stage_if_complete(variant)
-        else:
-            self._extend_selection(repo_id, commit, entry)
+        with store_writer(self.home):  # a gc waits: the blob is referenced (staged) only at the end
+            entry, variant = self._entry(repo_type, repo_id, commit, path)
+            ledger, store = self.home.ledger, self.home.store
+            publisher = None
+            if variant is not None:
+                publisher = publisher_expectations([(variant, variant_metadata(variant))]).get(expected_key(entry))
+            known = sha256_by_git_oid(ledger, [entry.git_oid]) if not entry.sha256 else {}
+            got = fetch_file(self.transport, store, repo_id, commit, entry, known_sha256=known.get(entry.git_oid),
+                             publisher=publisher, recorded=recorded_blobs(ledger, [entry.sha256] if entry.sha256 else []),
+                             repo_type=repo_type, stored_by_oid=lambda oid: sha256_by_git_oid(ledger, [oid]).get(oid),
+                             on_stored=lambda d: record_blobs(ledger, [d]))
+            if got.downloaded:
+                record_event(ledger, "pull", ref=f"{repo_id}@{commit}", files=1, nbytes=got.downloaded, detail=path)
+            if variant is not None:
+                self._stage_if_complete(variant)
+            else:
+                self._extend_selection(repo_id, commit, entry)
         return served_file(entry, got.digest.sha256, store)
 
     def _entry(self, repo_type: str, repo_id: str, commit: str, path: str) -> tuple[FileEntry, Resolution | None]:
