@@ -7,7 +7,8 @@ weights from ``self`` (the original module, as ``kernels.kernelize`` binds them)
 the seat kinds' conventions (``linear(x, weight, bias)``, ``rms_norm(x, weight, eps)``, ``silu(x)``).
 
 - ``seat-rmsnorm``: RMSNorm (layer and function), torch-universal.
-- ``seat-activation``: SiLU / SiLU-and-mul (layers and functions), torch-cpu.
+- ``seat-activation``: SiLU / SiLU-and-mul (layers and functions) and a gated MLP block layer
+  (``mlp`` seats), torch-cpu.
 - ``seat-linear``: a dense projection that keeps the bias (layer and function), torch-cpu and
   torch-universal; v2 exists upstream but the tests stage only v1 (an unstaged version).
 - ``seat-experts``: a gather-based expert bank for decode-sized batches, torch-universal; it takes
@@ -61,6 +62,18 @@ class SiluAndMul(torch.nn.Module):
         from . import silu_and_mul
 
         return silu_and_mul(x)
+
+
+class GatedMLP(torch.nn.Module):
+    """A whole gated MLP block (an ``mlp`` seat): the block's own projections, this package's SiLU."""
+
+    can_torch_compile = True
+    has_backward = False
+
+    def forward(self, x):
+        from . import silu
+
+        return self.down_proj(silu(self.gate_proj(x)) * self.up_proj(x))
 '''
 
 SOURCES: dict[str, dict[str, str]] = {
