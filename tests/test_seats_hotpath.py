@@ -113,3 +113,19 @@ def test_an_mlp_seat_takes_the_whole_block(seats_home):
     with pytest.raises(SeatSpecError, match="an mlp seat needs a layer"):
         SeatSpec("mlp", KernelRef(ACTIVATION, version=1, function="silu"), match=("mlp",))
 
+
+
+def test_the_static_cache_decode_loop_is_a_decode(seats_home):
+    """tests/graph_decode.py's step, run eagerly here (the GPU tests replay it as a CUDA graph): with
+    seats attached, its tokens are generate's and its logits what one plain forward predicts."""
+    from tests.graph_decode import StaticDecoder, teacher_forced_logits
+
+    model = tiny_qwen3()
+    handle = attach(model, EXAMPLE, home=seats_home)
+    prompt = torch.randint(1, 320, (2, 7), generator=torch.Generator().manual_seed(4))  # 0 is generate's pad
+    dec = StaticDecoder(model, prompt, new=6, keep_logits=True)
+    tokens = dec.run()
+    assert torch.equal(tokens, generate(model, prompt, n=7)[:, 7:])
+    assert rel(dec.logits, teacher_forced_logits(model, prompt, tokens)) < 1e-5
+    assert torch.equal(dec.run(), tokens)  # a second run starts from a clean cache
+    handle.detach()
