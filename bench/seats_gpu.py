@@ -140,7 +140,8 @@ def decode_rows(model, catalog, home: Path, batch: int, new: int, rounds: int) -
                 best[side, "eager"] = max(best[side, "eager"], tps)
                 tps, graph_tokens = _timed(dec, graphs=True)
                 best[side, "graphs"] = max(best[side, "graphs"], tps)
-                out["same"][side] = bool(torch.equal(eager_tokens, graph_tokens))
+                same = bool(torch.equal(eager_tokens, graph_tokens))
+                out["same"][side] = out["same"].get(side, True) and same  # in every round
                 if side == "seated":
                     out["eager"] = handle.summary()
     del decs

@@ -119,8 +119,10 @@ class Seat(torch.nn.Module):
             return torch.nn.Module.__call__(self, *_join(x, args), **kwargs)
         if args or kwargs or x is _UNSET:
             return self.forward(*_join(x, args), **kwargs)
+        # Guard and counters stay outside any CUDA graph: during a capture this Python runs once (counted
+        # as captured) and the graph records only the kernel it chose; replays run no seat code.
         stats = hot.stats
-        if _UNDERWAY[0] and hot.cuda and capture.stream_capturing():  # a global read unless capturing
+        if _UNDERWAY[0] and hot.cuda and capture.stream_capturing():  # one global read unless capturing
             stats.captured += 1
         else:
             stats.calls += 1
