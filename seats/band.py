@@ -19,7 +19,7 @@ import torch
 
 from .calls import Call
 from .guards import Guard
-from .seat import Seat
+from .seat import Seat, _count, _note_trace
 
 _SEATS: dict[int, MoeSeat] = {}
 _KEYS = itertools.count(1)
@@ -55,13 +55,16 @@ class MoeSeat(Seat):
         _SEATS.pop(self.key, None)
 
     def forward(self, hidden_states, top_k_index, top_k_weights):
-        counting = not torch.compiler.is_compiling()
-        if counting:
-            self.stats.calls += 1
-        if self._admits(hidden_states):
+        hot = self._hot
+        if torch.compiler.is_dynamo_compiling():
+            _note_trace(hot)  # the band op counts the compiled calls themselves, at run time
+            if hot.admits(hidden_states):
+                return moe_band(hidden_states, top_k_index, top_k_weights, self.key)
+            return self._original(hidden_states, top_k_index, top_k_weights)
+        stats = _count(hot)
+        if hot.admits(hidden_states):
             return moe_band(hidden_states, top_k_index, top_k_weights, self.key)
-        if counting:
-            self.stats.fallbacks += 1
+        stats.fallbacks += 1
         return self._original(hidden_states, top_k_index, top_k_weights)
 
     def run_band(self, hidden, top_k_index, top_k_weights) -> torch.Tensor:

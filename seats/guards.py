@@ -24,12 +24,17 @@ class Guard:
     max_rows: int | None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "admits", _specialised(self))
+        admits, check = _specialised(self)
+        object.__setattr__(self, "admits", admits)
+        object.__setattr__(self, "check", check)
 
     def admits(self, x: object) -> bool:  # replaced per instance by _specialised; kept for the type
         raise NotImplementedError
 
-    def __reduce__(self):  # the specialised function is rebuilt, not pickled
+    def check(self, x: object) -> bool:  # the same test, for a caller that catches its exceptions
+        raise NotImplementedError
+
+    def __reduce__(self):  # the specialised functions are rebuilt, not pickled
         return (Guard, (self.dtypes, self.devices, self.width, self.max_rows))
 
     def describe(self) -> str:
@@ -42,26 +47,32 @@ class Guard:
 
 
 def _specialised(g: Guard):
-    """One expression with only the tests this guard needs, built once per seat.
+    """Two expressions with only the tests this guard needs, built once per seat: ``admits`` (safe on
+    any object) and ``check`` (the same verdict on tensors; raises on what is not one).
 
-    A seat's guard runs on every call of a site that may take ~20 us in all (a Triton launch), so
-    its cost is the seat's overhead: a generic method that branches on which fields are set cost
-    ~0.8 us on CPython 3.11; the expression costs a few attribute reads. ``x.is_cuda``/``x.is_cpu``
-    are plain flags where ``x.device`` builds an object. Dynamo traces it like any function.
+    A seat's guard runs on every eager call of a site that may take ~20 us in all (a Triton launch),
+    so its cost is the seat's overhead: a generic method that branches on which fields are set cost
+    ~0.8 us on CPython 3.11; each tensor attribute read here costs ~0.1-0.4 us (``x.shape`` builds a
+    torch.Size). ``check`` drops the two tests that only keep a non-tensor or a 0-d tensor from
+    raising (``isinstance``, ``ndim``): the seat's hot path catches the AttributeError/IndexError
+    instead, which costs nothing when nothing is raised. ``x.is_cuda``/``x.is_cpu`` are plain flags
+    where ``x.device`` builds an object. Dynamo traces ``admits`` like any function.
     """
-    tests = ["isinstance(x, Tensor)"]
-    tests.append("x.dtype is DTYPE" if len(g.dtypes) == 1 else "x.dtype in DTYPES")
+    tests = ["x.dtype is DTYPE" if len(g.dtypes) == 1 else "x.dtype in DTYPES"]
     if g.devices in (("cpu",), ("cuda",)):
         tests.append(f"x.is_{g.devices[0]}")
     else:
         tests.append("x.device.type in DEVICES")
+    shape = []
     if g.width is not None:
-        tests.append("x.ndim > 0 and x.shape[-1] == WIDTH")
+        shape.append("x.shape[-1] == WIDTH")
     if g.max_rows is not None:
-        tests.append("x.numel() <= MAX_ROWS * max(1, x.shape[-1])")
+        shape.append("x.numel() <= MAX_ROWS * max(1, x.shape[-1])")
     scope = {"Tensor": torch.Tensor, "DTYPE": g.dtypes[0] if g.dtypes else None, "DTYPES": g.dtypes,
              "DEVICES": g.devices, "WIDTH": g.width, "MAX_ROWS": g.max_rows}
-    return eval(compile(f"lambda x: {' and '.join(tests)}", f"<frt.seats guard {g.describe()}>", "eval"), scope)
+    safe = ["isinstance(x, Tensor)", *tests, *(["x.ndim > 0"] if shape else []), *shape]
+    name = f"<frt.seats guard {g.describe()}>"
+    return tuple(eval(compile(f"lambda x: {' and '.join(t)}", name, "eval"), scope) for t in (safe, tests + shape))
 
 
 def module_width(kind: str, module: torch.nn.Module) -> int | None:
@@ -73,6 +84,12 @@ def module_width(kind: str, module: torch.nn.Module) -> int | None:
         return int(weight.shape[-1])
     if kind == "moe_experts":
         width = getattr(module, "hidden_dim", None) or getattr(module, "hidden_size", None)
+        return int(width) if isinstance(width, int) else None
+    if kind == "mlp":
+        width = getattr(module, "hidden_size", None)
+        gate = getattr(getattr(module, "gate_proj", None), "weight", None)
+        if not isinstance(width, int) and isinstance(gate, torch.Tensor) and gate.dim() == 2:
+            width = gate.shape[1]
         return int(width) if isinstance(width, int) else None
     return None  # activation: elementwise, any width
 
