@@ -19,7 +19,8 @@ import torch
 
 from .calls import Call
 from .guards import Guard
-from .seat import Seat, _count, _note_trace
+from .hot import count, note_trace
+from .seat import Seat
 
 _SEATS: dict[int, MoeSeat] = {}
 _KEYS = itertools.count(1)
@@ -42,6 +43,7 @@ class MoeSeat(Seat):
 
     # Seat's hot path calls the kernel itself; an expert bank must go through forward (the band op).
     __call__ = torch.nn.Module.__call__
+    own_class = False
 
     def __init__(self, original: torch.nn.Module, call: Call, guard: Guard, site: str, band: int):
         super().__init__(original, call, guard, site, "moe_experts")
@@ -57,11 +59,11 @@ class MoeSeat(Seat):
     def forward(self, hidden_states, top_k_index, top_k_weights):
         hot = self._hot
         if torch.compiler.is_dynamo_compiling():
-            _note_trace(hot)  # the band op counts the compiled calls themselves, at run time
+            note_trace(hot)  # the band op counts the compiled calls themselves, at run time
             if hot.admits(hidden_states):
                 return moe_band(hidden_states, top_k_index, top_k_weights, self.key)
             return self._original(hidden_states, top_k_index, top_k_weights)
-        stats = _count(hot)
+        stats = count(hot)
         if hot.admits(hidden_states):
             return moe_band(hidden_states, top_k_index, top_k_weights, self.key)
         stats.fallbacks += 1

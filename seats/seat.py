@@ -5,6 +5,11 @@ and hooks still reach its weights, and ``detach`` puts back the very same object
 keys are those of the base model (the ``original.`` step is hidden both ways), so a checkpoint
 saved with seats attached loads into a model without them.
 
+Each seat's class is its own: a subclass of Seat (same name, no state of its own) whose ``__call__``
+is the hot path over this seat's state (seats.hot), made at init and again for a copy (a copy names
+the shared class and makes its own). ``isinstance(x, Seat)`` holds. A seat does not pickle (its call
+and trace counter are closures), now as before.
+
 Counters, by how the call ran (none of them syncs with the device, none is inside a graph):
 
 - ``calls`` / ``fallbacks``: eager calls; a fallback is a call the guard sent to the original.
@@ -18,81 +23,23 @@ Counters, by how the call ran (none of them syncs with the device, none is insid
 
 from __future__ import annotations
 
-import copy
+import copyreg
 
 import torch
-from torch.nn.modules.module import (_global_backward_hooks, _global_backward_pre_hooks, _global_forward_hooks,
-                                     _global_forward_pre_hooks)
 
 from . import capture
 from .calls import Call
 from .guards import Guard
+from .hot import Hot, SeatStats, count, hot_call, note_trace
 
+__all__ = ["Seat", "SeatStats"]
 _STEP = "original."
-_dynamo = torch.compiler.is_dynamo_compiling  # one frame; torch.compiler.is_compiling() takes three
-_UNDERWAY = capture.UNDERWAY
-_UNSET = object()
-
-
-class SeatStats:
-    __slots__ = ("calls", "fallbacks", "captured", "traced", "band_kernel", "band_original")
-
-    def __init__(self) -> None:
-        self.calls = self.fallbacks = self.captured = self.traced = self.band_kernel = self.band_original = 0
-
-
-class _Hot:
-    """What a seat's hot path reads, in slots. A Seat is an nn.Module, whose ``__getattr__`` keeps
-    CPython from specialising attribute reads on it: each ``self.x`` cost ~0.1 us, a dozen per call.
-    The hook dicts are the module's own objects (hooks are added to them in place), so reading them
-    here sees every registration."""
-
-    __slots__ = ("call", "check", "admits", "original", "stats", "fwd", "fwd_pre", "bwd", "bwd_pre",
-                 "compiled", "cuda", "on_trace")
-
-    def __init__(self, seat: Seat, original: torch.nn.Module, call: Call, guard: Guard, stats: SeatStats):
-        self.call, self.check, self.admits, self.original, self.stats = call, guard.check, guard.admits, original, stats
-        self.fwd, self.fwd_pre = seat._forward_hooks, seat._forward_pre_hooks
-        self.bwd, self.bwd_pre = seat._backward_hooks, seat._backward_pre_hooks
-        self.compiled = False  # Module.compile() on the seat: calls must go through nn.Module.__call__
-        self.cuda = "cuda" in guard.devices
-        self.on_trace = _trace_counter(stats)
-
-    def __deepcopy__(self, memo):
-        # A deep-copied seat (its module dicts and stats copied through memo) gets its own trace
-        # counter: a function is copied by reference, so the old one would count for the source seat.
-        new = _Hot.__new__(_Hot)
-        for name in _Hot.__slots__:
-            if name != "on_trace":
-                setattr(new, name, copy.deepcopy(getattr(self, name), memo))
-        new.on_trace = _trace_counter(new.stats)
-        return new
-
-
-def _trace_counter(stats: SeatStats):
-    """A plain function for Dynamo's comptime: it runs it at trace time, and only then."""
-    def on_trace(ctx) -> None:
-        stats.traced += 1
-
-    return on_trace
-
-
-def _note_trace(hot: _Hot) -> None:
-    from torch._dynamo.comptime import comptime  # only reached while Dynamo traces: already imported
-
-    comptime(hot.on_trace)
-
-
-def _count(hot: _Hot) -> SeatStats:
-    stats = hot.stats
-    if _UNDERWAY[0] and hot.cuda and capture.stream_capturing():
-        stats.captured += 1
-    else:
-        stats.calls += 1
-    return stats
 
 
 class Seat(torch.nn.Module):
+    #: False where a subclass's calls must go through nn.Module.__call__ (band.MoeSeat): no class of its own
+    own_class = True
+
     def __init__(self, original: torch.nn.Module, call: Call, guard: Guard, site: str, kind: str):
         super().__init__()
         self.original = original
@@ -101,47 +48,37 @@ class Seat(torch.nn.Module):
         self.site, self.kind = site, kind
         self._call, self._guard, self._admits = call, guard, guard.admits
         self.stats = SeatStats()
-        self.__dict__["_hot"] = _Hot(self, original, call, guard, self.stats)
+        self.__dict__["_hot"] = Hot(self, original, call, guard, self.stats)
         if "cuda" in guard.devices and torch.cuda.is_available():
             capture.install()
         self._register_state_dict_hook(_hide_step)
         self._register_load_state_dict_pre_hook(_add_step)
+        _own_class(self)
 
-    def __call__(self, x=_UNSET, *args, **kwargs):
-        # The hot path: one positional argument, no hook, not traced. nn.Module.__call__ would cost
-        # two frames and a dozen checks before forward, as much as the seat itself; it is taken only
-        # where it would do more than call forward: a hook (this seat's or a global one),
-        # Module.compile() on the seat, or a torch.compile trace (Dynamo inlines it; forward then
-        # counts the trace, not the call). A torch.jit.trace records the kernel's ops through here.
-        hot = self._hot
-        if (_dynamo() or hot.compiled or hot.fwd or hot.fwd_pre or hot.bwd or hot.bwd_pre or _global_forward_hooks
-                or _global_forward_pre_hooks or _global_backward_hooks or _global_backward_pre_hooks):
-            return torch.nn.Module.__call__(self, *_join(x, args), **kwargs)
-        if args or kwargs or x is _UNSET:
-            return self.forward(*_join(x, args), **kwargs)
-        # Guard and counters stay outside any CUDA graph: during a capture this Python runs once (counted
-        # as captured) and the graph records only the kernel it chose; replays run no seat code.
-        stats = hot.stats
-        if _UNDERWAY[0] and hot.cuda and capture.stream_capturing():  # one global read unless capturing
-            stats.captured += 1
-        else:
-            stats.calls += 1
-        try:
-            ok = hot.check(x)
-        except (AttributeError, IndexError):  # not a tensor, or a 0-d one: not the kernel's
-            ok = False
-        if ok:
-            return hot.call(hot.original, x)
-        stats.fallbacks += 1
-        return hot.original(x)
+    def __call__(self, *args, **kwargs):
+        # Only a seat without a class of its own comes here (one being unpickled, say): the same path.
+        return hot_call(self._hot)(self, *args, **kwargs)
+
+    def __reduce_ex__(self, protocol):
+        # Copied as the shared class; __setstate__ then makes the copy a class of its own,
+        # over its own state (a deep copy's Hot is its own, a shallow copy's the source's, as for any attribute).
+        rv = list(super().__reduce_ex__(protocol))
+        if rv[0] in (copyreg.__newobj__, copyreg._reconstructor) and rv[1] and rv[1][0] is type(self):
+            rv[1] = (_shared_class(type(self)), *rv[1][1:])
+        return tuple(rv)
+
+    def __setstate__(self, state) -> None:
+        super().__setstate__(state)
+        if "_hot" in self.__dict__:
+            _own_class(self)
 
     def forward(self, *args, **kwargs):
         hot = self._hot
         x = args[0] if args else next(iter(kwargs.values()), None)
-        if _dynamo():
-            _note_trace(hot)
+        if torch.compiler.is_dynamo_compiling():
+            note_trace(hot)
             return hot.call(hot.original, *args, **kwargs) if hot.admits(x) else hot.original(*args, **kwargs)
-        stats = _count(hot)
+        stats = count(hot)
         if hot.admits(x):
             return hot.call(hot.original, *args, **kwargs)
         stats.fallbacks += 1
@@ -155,8 +92,21 @@ class Seat(torch.nn.Module):
         return f"site={self.site!r}, kind={self.kind}, guard={self._guard.describe()!r}"
 
 
-def _join(x, args: tuple) -> tuple:
-    return args if x is _UNSET else (x, *args)
+def _shared_class(cls: type) -> type:
+    return cls.__dict__.get("_shared_class", cls)
+
+
+def _own_class(seat: Seat) -> None:
+    """Give the seat a class of its own, a subclass with no state of its own (same name, same layout),
+    whose ``__call__`` is `hot.hot_call` over this seat's Hot: the hot path then reads nothing from
+    the module, whose attribute reads cost ~0.1 us each (nn.Module's ``__getattr__``)."""
+    shared = _shared_class(type(seat))
+    if not shared.own_class:
+        return
+    own = type(shared.__name__, (shared,), {"__call__": hot_call(seat._hot), "__slots__": (),
+                                            "__module__": shared.__module__, "__qualname__": shared.__qualname__,
+                                            "_shared_class": shared})
+    seat.__class__ = own
 
 
 def _hide_step(module, state_dict, prefix, local_metadata):

@@ -70,6 +70,44 @@ def test_the_guard_still_refuses_what_is_not_its_kernels(seats_home):
     handle.detach()
 
 
+@pytest.mark.parametrize("fast_match", [True, False], ids=["tensor-guards", "python-check-only"])
+def test_after_the_first_admitted_call_the_guard_still_refuses_what_is_not_its_kernels(seats_home, monkeypatch,
+                                                                                     fast_match):
+    """The fast match is specialised on the first admitted tensor; what differs from it goes to the full
+    guard, which still decides: admitted (other leading sizes, dims, grad, inference mode) or refused.
+    Without torch's TensorGuards (python-check-only) the guard's own check is the fast test."""
+    from frt.seats import guards
+
+    monkeypatch.setattr(guards, "_TENSOR_GUARDS", [] if fast_match else [None])
+    model = tiny_qwen3()
+    handle = attach(model, NORM_ONLY, home=seats_home)
+    seat = model.model.norm
+    kernel = lambda x: seat._call(seat.original, x)  # noqa: E731
+    admitted = [torch.randn(1, 2, 64), torch.randn(3, 5, 64), torch.randn(7, 64),
+                torch.randn(2, 1, 64, requires_grad=True), torch.randn(1, 64, 2).transpose(1, 2)]
+    refused = [torch.randn(1, 2, 64, dtype=torch.float64), torch.randn(1, 2, 32), torch.tensor(1.0), "text"]
+    with torch.no_grad():
+        assert torch.equal(seat(admitted[0]), kernel(admitted[0]))
+        assert type(seat._hot.fast).__name__ == ("builtin_function_or_method" if fast_match else "function")
+        for x in admitted[1:] + admitted:
+            assert torch.equal(seat(x), kernel(x))
+        with torch.inference_mode():
+            y = torch.randn(1, 2, 64)
+            assert torch.equal(seat(y), kernel(y))
+        for x in refused:
+            try:
+                want = seat.original(x)
+            except (RuntimeError, AttributeError) as e:
+                with pytest.raises(type(e)):
+                    seat(x)
+            else:
+                assert torch.equal(seat(x), want)
+    calls = 2 * len(admitted) + 1 + len(refused)
+    assert (seat.stats.calls, seat.stats.fallbacks) == (calls, len(refused))
+    assert seat._hot.rematches <= 4  # re-specialised a bounded number of times, not on every change
+    handle.detach()
+
+
 def test_a_copied_seat_counts_for_itself_and_runs_its_own_hooks(seats_home):
     model = tiny_qwen3()
     handle = attach(model, NORM_ONLY, home=seats_home)
