@@ -9,7 +9,7 @@
 # editable build, and liger-kernel 0.8.5. Then: the GPU tests, then the benchmark; a failing test does
 # not stop the benchmark. Everything is logged under $OUT (install.log, pytest.log, bench.log,
 # bench.json); the exit status is the first failing step's.
-#   all    install, tests (at most 220 s), bench (at most 320 s): the default, inside one 600 s device call
+#   all    install, tests (at most 150 s), bench (at most 400 s): the default, inside one 600 s device call
 #   tests  install, tests          bench  install, bench          smoke  install, tests, bench --quick
 set -x
 cd "$(dirname "$0")/.." || exit 2
@@ -43,7 +43,7 @@ print("frt-mirror", v("frt-mirror"), "kernels", v("kernels"), "liger-kernel", v(
 
 if [ "$what" = all ] || [ "$what" = tests ] || [ "$what" = smoke ]; then
   set -o pipefail
-  timeout 220 "$py" -m pytest -v -rs --durations=8 tests/test_seats_gpu.py 2>&1 | tee "$OUT/pytest.log"
+  timeout 150 "$py" -m pytest -v -rs --durations=8 tests/test_seats_gpu.py 2>&1 | tee "$OUT/pytest.log"
   note $?
   set +o pipefail
 fi
@@ -51,7 +51,7 @@ if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = smoke ]; then
   quick=()
   [ "$what" = smoke ] && quick=(--quick)
   set -o pipefail
-  timeout 320 "$py" -m bench.seats --device cuda "${quick[@]}" --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
+  timeout 400 "$py" -m bench.seats --device cuda "${quick[@]}" --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
   note $?
   set +o pipefail
 fi

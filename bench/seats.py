@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import json
 import statistics
 import sys
@@ -49,20 +50,66 @@ def median_s(fn, n: int) -> float:
     return statistics.median(times)
 
 
-def per_call_us(fns: dict, x, calls: int, repeats: int, sync=lambda: None) -> dict[str, float]:
-    """Per function, the best of `repeats` loops of `calls` calls (the floor, where scheduler noise
-    is least), the functions interleaved loop by loop so that drift in the machine hits them alike.
-    ``sync`` ends each loop (a device sync on a GPU, so queued work is paid for)."""
-    best = dict.fromkeys(fns, float("inf"))
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            sync()
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn(x)
-            sync()
-            best[name] = min(best[name], (time.perf_counter() - t0) / calls)
-    return {name: t * 1e6 for name, t in best.items()}
+def per_call_us(fns: dict, x, calls: int, rounds: int, sync=lambda: None) -> dict[str, list[float]]:
+    """Per function, its us per call in each of `rounds` rounds. A round runs one loop of `calls` calls
+    of every function, so drift in the machine hits all of them alike, in an order that turns around
+    each round (no function always runs right after another, or first); ``sync`` ends each loop (a
+    device sync on a GPU, so queued work is paid for). The garbage collector is off while the loops
+    run, as in timeit: a collection would be charged to whichever loop it fell in."""
+    order = list(fns.items())
+    per_round: dict[str, list[float]] = {name: [] for name in fns}
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for r in range(rounds):
+            for name, fn in order if r % 2 == 0 else order[::-1]:
+                sync()
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    fn(x)
+                sync()
+                per_round[name].append((time.perf_counter() - t0) / calls * 1e6)
+    finally:
+        if was_enabled:
+            gc.enable()
+    return per_round
+
+
+def medians(per_round: dict[str, list[float]]) -> dict[str, float]:
+    return {name: statistics.median(ts) for name, ts in per_round.items()}
+
+
+def paired(per_round: dict[str, list[float]], a: str, b: str) -> tuple[float, float]:
+    """(median of a/b, median of a-b in us), each taken round by round: the two ran side by side in a
+    round, so what slowed that round slowed both, and the ratio of their medians would not cancel it."""
+    pairs = list(zip(per_round[a], per_round[b]))
+    return statistics.median(x / y for x, y in pairs), statistics.median(x - y for x, y in pairs)
+
+
+def own_cost_line(device: str = "cpu") -> str:
+    """The seat's own cost on this host: a seat whose kernel returns its input, against that kernel
+    called directly, on a decode-sized bf16 tensor; a plain Python call beside it, for the host's speed."""
+    import torch
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+
+    from frt.seats.guards import Guard
+    from frt.seats.seat import Seat
+
+    def kernel(m, x):
+        return x
+
+    def nothing(x):
+        return x
+
+    module = Qwen3RMSNorm(1024)
+    seat = Seat(module, kernel, Guard((torch.bfloat16,), (device,), 1024, None), "site", "norm")
+    x = torch.zeros(16, 1, 1024, dtype=torch.bfloat16, device=device)
+    rs = per_call_us({"direct": lambda x, m=module, f=kernel: f(m, x), "seat": seat, "python call": nothing},
+                     x, 20000, 21)
+    t, (_, cost) = medians(rs), paired(rs, "seat", "direct")
+    return (f"the seat's own cost on this host ({device} tensor, a kernel that returns its input): "
+            f"{cost * 1e3:.0f} ns per call (seat {t['seat'] * 1e3:.0f} ns, direct {t['direct'] * 1e3:.0f} ns; "
+            f"a bare Python call here: {t['python call'] * 1e3:.0f} ns)")
 
 
 def bench_attach(home: Path, quick: bool) -> None:
@@ -158,12 +205,13 @@ def bench_overhead(home: Path, quick: bool) -> None:
              ("linear", 16, torch.nn.Linear(1024, 3072, bias=False)),
              ("linear", 1, torch.nn.Linear(64, 64, bias=False)),
              ("norm", 1, Qwen3RMSNorm(1024))]
-    budget, repeats = (0.02, 5) if quick else (0.1, 9)
-    print(f"\nper-call cost, CPU fp32, us per call (best of {repeats} loops of ~{budget:g} s each, interleaved).\n"
+    budget, rounds = (0.005, 9) if quick else (0.02, 31)
+    print(f"\nper-call cost, CPU fp32, us per call (median of {rounds} rounds of ~{budget:g} s loops, the functions "
+          "interleaved; ratios and seat-direct: medians of the rounds' own).\n"
           "module: the original; direct: the kernel's forward called as the seat calls it; kernelized: the module "
           "with that forward bound in place, as kernels.kernelize does; seat: guard + counters + the same call")
-    print(f"{'site':26} {'module':>9} {'direct':>9} {'kernelized':>11} {'seat':>9} {'seat/direct':>12} "
-          f"{'seat/kernelized':>16}")
+    print(f"{'site':26} {'module':>9} {'direct':>9} {'kernelized':>11} {'seat':>9} {'seat-direct':>12} "
+          f"{'seat/direct':>12} {'seat/kernelized':>16}")
     for kind, rows, module in cases:
         host = torch.nn.Sequential()
         host.add_module("site", module)
@@ -182,12 +230,13 @@ def bench_overhead(home: Path, quick: bool) -> None:
         x = torch.randn(rows, module.weight.shape[-1])
         with torch.no_grad():
             calls = max(10, min(2000, int(budget / (median_s(lambda: module(x), 5) or 1e-6))))
-            t = per_call_us({"module": module, "direct": run_direct, "kernelized": kernelized, "seat": seat},
-                            x, calls, repeats)
+            rs = per_call_us({"module": module, "direct": run_direct, "kernelized": kernelized, "seat": seat},
+                             x, calls, rounds)
         handle.detach()
+        t, (vs_direct, cost), (vs_kernelized, _) = medians(rs), paired(rs, "seat", "direct"), paired(rs, "seat", "kernelized")
         shape = f"{rows}x{x.shape[1]}" + (f"->{module.weight.shape[0]}" if kind == "linear" else "")
         print(f"{kind + ' ' + shape:26} {t['module']:>9.2f} {t['direct']:>9.2f} {t['kernelized']:>11.2f} "
-              f"{t['seat']:>9.2f} {t['seat'] / t['direct']:>11.3f}x {t['seat'] / t['kernelized']:>15.3f}x")
+              f"{t['seat']:>9.2f} {cost:>12.2f} {vs_direct:>11.3f}x {vs_kernelized:>15.3f}x")
 
 
 def main() -> None:
@@ -217,6 +266,7 @@ def main() -> None:
             return
         bench_attach(home, args.quick)
         bench_overhead(home, args.quick)
+        print(own_cost_line())
 
 
 if __name__ == "__main__":

@@ -13,8 +13,9 @@ Decode: greedy, a 16-token prompt then 48 steps over a transformers StaticCache
 (tests/graph_decode.py), batch 1 and 16; "eager" runs each step's forward, "graphs" replays the step
 captured once with torch.cuda.CUDAGraph. Sides: base (no kernels), kernelized (each kernel bound as
 its module's forward, no seat: what kernels.kernelize does) and seated. Rounds alternate the sides so
-drift hits all; each keeps its best. The graphs are captured once per side and batch and replayed in
-every round (a graph records the model as it was at capture). Timed: the decode steps, not the prefill.
+drift hits all; the tok/s printed are each side's best, the ratios the medians of each round's own.
+The graphs are captured once per side and batch and replayed in every round (a graph records the
+model as it was at capture). Timed: the decode steps, not the prefill.
 
 Per call: decode- and prefill-sized calls of each kernel, module / direct / kernelized / seat, each
 loop ending in a device sync. Then the issue's targets, each PASS or MISS with its numbers.
@@ -24,11 +25,14 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import gc
+import statistics
 import time
 from pathlib import Path
 from types import MethodType
 
 PROMPT, NEW = 16, 48
+PER_CALL, PER_CALL_QUICK = (0.01, 31), (0.005, 7)  # per-call: (seconds per loop, rounds)
 DEVICE = "cuda"  # one name for every tensor here, so that a CPU dry run can swap it
 # Per-call cases (kind, rows, width): decode-sized (launch-bound: the seat's Python is what shows), then
 # prefill-sized, where the GPU's own time covers it. Each kernel set runs the kinds it seats.
@@ -87,14 +91,23 @@ def build_model(layers: int):
 
 
 def _timed(dec, graphs: bool) -> tuple[float, object]:
+    """tok/s of the decode steps. The garbage collector is off while they run, as in timeit: attach and
+    detach leave cyclic garbage (each seat's own class), and a full collection of this process's heap
+    would land on whichever side's decode it fell in."""
     import torch
 
     dec.prefill()  # eager in both modes, and not decode: off the clock
     torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    out = dec.decode(graphs=graphs)
-    torch.cuda.synchronize()
-    return dec.prompt.shape[0] * dec.new / (time.perf_counter() - t0), out.clone()
+    gc.collect()
+    gc.disable()
+    try:
+        t0 = time.perf_counter()
+        out = dec.decode(graphs=graphs)
+        torch.cuda.synchronize()
+        t = time.perf_counter() - t0
+    finally:
+        gc.enable()
+    return dec.prompt.shape[0] * dec.new / t, out.clone()
 
 
 def decode_rows(model, catalog, home: Path, batch: int, new: int, rounds: int) -> dict:
@@ -132,26 +145,32 @@ def decode_rows(model, catalog, home: Path, batch: int, new: int, rounds: int) -
             dec.capture()
             if side == "seated":
                 out["line"], out["captured"] = handle.line(), handle.summary()
-    best = {(s, m): 0.0 for s in decs for m in ("eager", "graphs")}
+    per_round = {(s, m): [] for s in decs for m in ("eager", "graphs")}
     for _ in range(rounds):
         for side, dec in decs.items():
             with side_state(side) as handle:
                 tps, eager_tokens = _timed(dec, graphs=False)
-                best[side, "eager"] = max(best[side, "eager"], tps)
+                per_round[side, "eager"].append(tps)
                 tps, graph_tokens = _timed(dec, graphs=True)
-                best[side, "graphs"] = max(best[side, "graphs"], tps)
+                per_round[side, "graphs"].append(tps)
                 same = bool(torch.equal(eager_tokens, graph_tokens))
                 out["same"][side] = out["same"].get(side, True) and same  # in every round
                 if side == "seated":
                     out["eager"] = handle.summary()
     del decs
     torch.cuda.empty_cache()
+    best = {k: max(v) for k, v in per_round.items()}
     out.update(best)
+    # The ratios the targets read: seated against base or kernelized of the same round, then the median
+    # over the rounds (drift slower than a round cancels; one slow round moves the median little).
+    out["ratio"] = {(a, b, m): statistics.median(x / y for x, y in zip(per_round[a, m], per_round[b, m]))
+                    for a, b in (("seated", "kernelized"), ("seated", "base")) for m in ("eager", "graphs")}
     return out
 
 
 def per_call_rows(home: Path, quick: bool, sets: dict) -> list[tuple]:
-    """(label, kernel set, t dict) per case; t in us: module, direct, kernelized, seat."""
+    """(label, kernel set, t, paired) per case: t the median us per call of module, direct, kernelized
+    and seat; paired {"direct": (ratio, us), "kernelized": (ratio, us)}, seat against each, per round."""
     import torch
     from transformers import Qwen3Config
     from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm
@@ -159,10 +178,10 @@ def per_call_rows(home: Path, quick: bool, sets: dict) -> list[tuple]:
     from frt.manifests import SeatCatalog, SeatSpec
     from frt.seats import attach
 
-    from .seats import median_s, per_call_us
+    from .seats import median_s, medians, paired, per_call_us
 
     cfg = Qwen3Config(hidden_size=1024, intermediate_size=3072)
-    budget, repeats = (0.02, 5) if quick else (0.05, 7)
+    budget, rounds = PER_CALL_QUICK if quick else PER_CALL
     rows = []
     for set_name, catalog in sets.items():
         specs = {s.kind: s for s in catalog.seats}
@@ -193,9 +212,10 @@ def per_call_rows(home: Path, quick: bool, sets: dict) -> list[tuple]:
                 torch.cuda.synchronize()
                 t = median_s(lambda: (seat(x), torch.cuda.synchronize()), 20)
                 calls = max(10, min(5000, int(budget / (t or 1e-6))))
-                t = per_call_us(fns, x, calls, repeats, sync=torch.cuda.synchronize)
+                rs = per_call_us(fns, x, calls, rounds, sync=torch.cuda.synchronize)
             handle.detach()
-            rows.append((f"{kind} {rows_}x{width}", set_name, t))
+            rows.append((f"{kind} {rows_}x{width}", set_name, medians(rs),
+                         {b: paired(rs, "seat", b) for b in ("direct", "kernelized")}))
     return rows
 
 
@@ -208,7 +228,7 @@ def report(home: Path, quick: bool) -> dict:
     import torch
 
     layers = 4 if quick else 28
-    new, rounds = (8, 1) if quick else (NEW, 4)
+    new, rounds = (8, 1) if quick else (NEW, 6)
     sets, notes = kernel_sets()
     model = build_model(layers)
     print(f"\nGPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; model: transformers Qwen3, {layers} "
@@ -222,38 +242,45 @@ def report(home: Path, quick: bool) -> dict:
             if r["eager"]["fallbacks"] or r["captured"]["fallbacks"]:
                 raise SystemExit(f"bench.seats: {name} batch {batch}: seats fell back: {r['eager']}")
             decode[name, batch] = r
-    print(f"\ndecode tok/s, greedy, {PROMPT}-token prompt then {new} steps over a StaticCache; best of {rounds} "
-          "alternating rounds. kernelized: the same kernels bound as each module's forward, no seat")
+    print(f"\ndecode tok/s, greedy, {PROMPT}-token prompt then {new} steps over a StaticCache: the best of {rounds} "
+          "rounds, each running base, kernelized, seated in turn (GC off while timed); the ratios: medians of each "
+          "round's own. kernelized: the same kernels bound as each module's forward, no seat")
     print(f"{'set':9} {'batch':>5} {'mode':7} {'base':>9} {'kernelized':>11} {'seated':>9} {'seated/base':>12} "
           f"{'seated/kernelized':>18}  graph tokens == eager")
     for (name, batch), r in decode.items():
         for mode in ("eager", "graphs"):
             b, k, s = r["base", mode], r["kernelized", mode], r["seated", mode]
+            vs_b, vs_k = r["ratio"]["seated", "base", mode], r["ratio"]["seated", "kernelized", mode]
             same = " ".join(f"{side}:{'yes' if ok else 'NO'}" for side, ok in r["same"].items()) if mode == "graphs" else ""
-            print(f"{name:9} {batch:>5} {mode:7} {b:>9.1f} {k:>11.1f} {s:>9.1f} {s / b:>12.3f} {s / k:>18.3f}  {same}")
+            print(f"{name:9} {batch:>5} {mode:7} {b:>9.1f} {k:>11.1f} {s:>9.1f} {vs_b:>12.3f} {vs_k:>18.3f}  {same}")
     for (name, batch), r in decode.items():
         c = r["captured"]
         print(f"{name} batch {batch}: {r['line']}; at capture: {c['captured_calls']} captured calls, "
               f"{c['guarded_calls']} eager, {c['fallbacks']} fallbacks, {c['seats_never_called']} never called")
 
+    from .seats import own_cost_line
+
     calls = per_call_rows(home, quick, sets)
-    print("\nper call, bf16, us (best of interleaved loops, each ending in a sync). module: the original; direct: "
-          "the kernel called as the seat calls it; kernelized: bound as the module's forward; seat: guard + "
-          "counters + that call")
-    print(f"{'site':22} {'set':9} {'module':>9} {'direct':>9} {'kernelized':>11} {'seat':>9} {'seat/direct':>12} "
-          f"{'seat/kernelized':>16}")
-    for label, name, t in calls:
+    budget, rounds = PER_CALL_QUICK if quick else PER_CALL
+    print(f"\nper call, bf16, us: the median of {rounds} rounds, each a ~{budget * 1e3:g} ms loop of every function in "
+          "turn (the order turned around each round), each loop ending in a sync; seat-direct and the ratios: "
+          "medians of each round's own. module: the original; direct: the kernel called as the seat calls it; "
+          "kernelized: bound as the module's forward; seat: guard + counters + that call")
+    print(f"{'site':22} {'set':9} {'module':>9} {'direct':>9} {'kernelized':>11} {'seat':>9} {'seat-direct':>12} "
+          f"{'seat/direct':>12} {'seat/kernelized':>16}")
+    for label, name, t, p in calls:
         print(f"{label:22} {name:9} {t['module']:>9.2f} {t['direct']:>9.2f} {t['kernelized']:>11.2f} "
-              f"{t['seat']:>9.2f} {t['seat'] / t['direct']:>11.3f}x {t['seat'] / t['kernelized']:>15.3f}x")
+              f"{t['seat']:>9.2f} {p['direct'][1]:>12.2f} {p['direct'][0]:>11.3f}x {p['kernelized'][0]:>15.3f}x")
+    print(own_cost_line(DEVICE))
 
     print("\ntargets (issue #18):")
     for name in sets:
         for mode, bound in (("graphs", 0.99), ("eager", 0.98)):
-            ratios = {b: decode[name, b]["seated", mode] / decode[name, b]["kernelized", mode] for b in (1, 16)}
+            ratios = {b: decode[name, b]["ratio"]["seated", "kernelized", mode] for b in (1, 16)}
             worst = min(ratios.values())
             print(f"  {_mark(worst >= bound)} {mode} seated/kernelized >= {bound} ({name}): "
                   + ", ".join(f"batch {b} {v:.3f}" for b, v in ratios.items()))
-    big = [(label, name, t["seat"] / t["direct"], t["direct"]) for label, name, t in calls if t["direct"] >= 30]
+    big = [(label, name, p["direct"][0], t["direct"]) for label, name, t, p in calls if t["direct"] >= 30]
     if big:
         worst = max(big, key=lambda c: c[2])
         print(f"  {_mark(worst[2] <= 1.03)} eager per-call seat/direct <= 1.03 for calls >= 30 us: worst "
@@ -263,7 +290,7 @@ def report(home: Path, quick: bool) -> dict:
     if "liger" in sets:
         for b in (1, 16):
             r = decode["liger", b]
-            g, e = r["seated", "graphs"] / r["base", "graphs"], r["seated", "eager"] / r["base", "eager"]
+            g, e = r["ratio"]["seated", "base", "graphs"], r["ratio"]["seated", "base", "eager"]
             print(f"  {_mark(g > 1)} liger graphs seated/base > 1, batch {b}: {g:.3f} (eager, printed beside: {e:.3f})")
     else:
         print(f"  MISS liger graphs seated/base > 1: not run ({notes['liger']})")
@@ -271,5 +298,7 @@ def report(home: Path, quick: bool) -> dict:
     print(f"  {'ok' if same else 'DIFFERS'} graph-replayed tokens equal the eager steps' tokens, every side and batch")
     return {"decode": {f"{n} b{b} {side} {mode}": v for (n, b), r in decode.items()
                        for (side, mode), v in ((k, r[k]) for k in r if isinstance(k, tuple))},
+            "ratios": {f"{n} b{b} {a}/{c} {m}": v for (n, b), r in decode.items() for (a, c, m), v in r["ratio"].items()},
             "same": {f"{n} b{b}": r["same"] for (n, b), r in decode.items()},
-            "per_call_us": {f"{label} {name}": t for label, name, t in calls}, "notes": notes}
+            "per_call_us": {f"{label} {name}": t for label, name, t, _ in calls},
+            "per_call_seat_vs": {f"{label} {name}": p for label, name, _, p in calls}, "notes": notes}
