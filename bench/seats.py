@@ -1,7 +1,7 @@
 """Seats: attach time of a 145-seat model beside its plain load and forward; a seat's per-call cost.
 
     python -m bench.seats [--quick] [--threads N]      # CPU, pure-torch fixture kernels
-    python -m bench.seats --device cuda [--quick]      # GPU, the Triton fixture kernels
+    python -m bench.seats --device cuda [--quick] [--json PATH]   # GPU: bench/seats_gpu.py
 
 Model: a random-weight transformers Qwen3 with 36 layers (Qwen3-8B's depth) and Qwen3's vocabulary
 of 151,936, narrowed so it fits a CPU box. Seats: q_proj, o_proj, gate_proj, down_proj in every
@@ -14,11 +14,10 @@ forward, decode tokens/s base and seated, attach (first in the process, then war
 parity, detach (base and seated rows alternate in rounds, each keeps its best). Then per-call: the module as it was, its kernel called directly (exactly the call
 the seat makes), and the seat (guard + counters + that call); the ratio seat/direct is the overhead.
 
---device cuda: a Qwen3-0.6B-shaped model (28 layers, hidden 1024, 16/8 heads of 128, MLP 3072, vocab
-151,936, tied head) in bf16 with random weights, in transformers. Seats: every RMSNorm (q/k norms
-included) and the MLP activation take the Triton kernels (torch-cuda), the LM head its row slabs;
-decode tokens/s base vs seated at batch 1 and 16 (greedy, fixed length, rounds alternating, best of
-each); then per call on the GPU, as on the CPU, each loop ending in a device sync.
+--device cuda (bench/seats_gpu.py): a Qwen3-0.6B-shaped model in bf16, the Triton fixtures and
+Liger-Kernel's own RMSNorm and SwiGLU, decode tok/s base / kernelized / seated at batch 1 and 16,
+eager and under CUDA graphs (the decode step captured with torch.cuda.CUDAGraph over a StaticCache),
+per-call cost, and the issue's targets.
 
 CPU threads default to 1: on small boxes, OpenMP's fork-join around each op can cost more than the
 op (a 4x256x768 matmul takes 15 ms with 2 threads on a 2-vCPU VM, 0.1 ms with 1).
@@ -27,8 +26,9 @@ op (a 4x256x768 matmul takes 15 ms with 2 threads on a 2-vCPU VM, 0.1 ms with 1)
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
+import gc
+import json
 import statistics
 import sys
 import tempfile
@@ -50,20 +50,66 @@ def median_s(fn, n: int) -> float:
     return statistics.median(times)
 
 
-def per_call_us(fns: dict, x, calls: int, repeats: int, sync=lambda: None) -> dict[str, float]:
-    """Per function, the best of `repeats` loops of `calls` calls (the floor, where scheduler noise
-    is least), the functions interleaved loop by loop so that drift in the machine hits them alike.
-    ``sync`` ends each loop (a device sync on a GPU, so queued work is paid for)."""
-    best = dict.fromkeys(fns, float("inf"))
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            sync()
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn(x)
-            sync()
-            best[name] = min(best[name], (time.perf_counter() - t0) / calls)
-    return {name: t * 1e6 for name, t in best.items()}
+def per_call_us(fns: dict, x, calls: int, rounds: int, sync=lambda: None) -> dict[str, list[float]]:
+    """Per function, its us per call in each of `rounds` rounds. A round runs one loop of `calls` calls
+    of every function, so drift in the machine hits all of them alike, in an order that turns around
+    each round (no function always runs right after another, or first); ``sync`` ends each loop (a
+    device sync on a GPU, so queued work is paid for). The garbage collector is off while the loops
+    run, as in timeit: a collection would be charged to whichever loop it fell in."""
+    order = list(fns.items())
+    per_round: dict[str, list[float]] = {name: [] for name in fns}
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for r in range(rounds):
+            for name, fn in order if r % 2 == 0 else order[::-1]:
+                sync()
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    fn(x)
+                sync()
+                per_round[name].append((time.perf_counter() - t0) / calls * 1e6)
+    finally:
+        if was_enabled:
+            gc.enable()
+    return per_round
+
+
+def medians(per_round: dict[str, list[float]]) -> dict[str, float]:
+    return {name: statistics.median(ts) for name, ts in per_round.items()}
+
+
+def paired(per_round: dict[str, list[float]], a: str, b: str) -> tuple[float, float]:
+    """(median of a/b, median of a-b in us), each taken round by round: the two ran side by side in a
+    round, so what slowed that round slowed both, and the ratio of their medians would not cancel it."""
+    pairs = list(zip(per_round[a], per_round[b]))
+    return statistics.median(x / y for x, y in pairs), statistics.median(x - y for x, y in pairs)
+
+
+def own_cost_line(device: str = "cpu") -> str:
+    """The seat's own cost on this host: a seat whose kernel returns its input, against that kernel
+    called directly, on a decode-sized bf16 tensor; a plain Python call beside it, for the host's speed."""
+    import torch
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+
+    from frt.seats.guards import Guard
+    from frt.seats.seat import Seat
+
+    def kernel(m, x):
+        return x
+
+    def nothing(x):
+        return x
+
+    module = Qwen3RMSNorm(1024)
+    seat = Seat(module, kernel, Guard((torch.bfloat16,), (device,), 1024, None), "site", "norm")
+    x = torch.zeros(16, 1, 1024, dtype=torch.bfloat16, device=device)
+    rs = per_call_us({"direct": lambda x, m=module, f=kernel: f(m, x), "seat": seat, "python call": nothing},
+                     x, 20000, 21)
+    t, (_, cost) = medians(rs), paired(rs, "seat", "direct")
+    return (f"the seat's own cost on this host ({device} tensor, a kernel that returns its input): "
+            f"{cost * 1e3:.0f} ns per call (seat {t['seat'] * 1e3:.0f} ns, direct {t['direct'] * 1e3:.0f} ns; "
+            f"a bare Python call here: {t['python call'] * 1e3:.0f} ns)")
 
 
 def bench_attach(home: Path, quick: bool) -> None:
@@ -159,12 +205,13 @@ def bench_overhead(home: Path, quick: bool) -> None:
              ("linear", 16, torch.nn.Linear(1024, 3072, bias=False)),
              ("linear", 1, torch.nn.Linear(64, 64, bias=False)),
              ("norm", 1, Qwen3RMSNorm(1024))]
-    budget, repeats = (0.02, 5) if quick else (0.1, 9)
-    print(f"\nper-call cost, CPU fp32, us per call (best of {repeats} loops of ~{budget:g} s each, interleaved).\n"
+    budget, rounds = (0.005, 9) if quick else (0.02, 31)
+    print(f"\nper-call cost, CPU fp32, us per call (median of {rounds} rounds of ~{budget:g} s loops, the functions "
+          "interleaved; ratios and seat-direct: medians of the rounds' own).\n"
           "module: the original; direct: the kernel's forward called as the seat calls it; kernelized: the module "
           "with that forward bound in place, as kernels.kernelize does; seat: guard + counters + the same call")
-    print(f"{'site':26} {'module':>9} {'direct':>9} {'kernelized':>11} {'seat':>9} {'seat/direct':>12} "
-          f"{'seat/kernelized':>16}")
+    print(f"{'site':26} {'module':>9} {'direct':>9} {'kernelized':>11} {'seat':>9} {'seat-direct':>12} "
+          f"{'seat/direct':>12} {'seat/kernelized':>16}")
     for kind, rows, module in cases:
         host = torch.nn.Sequential()
         host.add_module("site", module)
@@ -183,141 +230,13 @@ def bench_overhead(home: Path, quick: bool) -> None:
         x = torch.randn(rows, module.weight.shape[-1])
         with torch.no_grad():
             calls = max(10, min(2000, int(budget / (median_s(lambda: module(x), 5) or 1e-6))))
-            t = per_call_us({"module": module, "direct": run_direct, "kernelized": kernelized, "seat": seat},
-                            x, calls, repeats)
+            rs = per_call_us({"module": module, "direct": run_direct, "kernelized": kernelized, "seat": seat},
+                             x, calls, rounds)
         handle.detach()
+        t, (vs_direct, cost), (vs_kernelized, _) = medians(rs), paired(rs, "seat", "direct"), paired(rs, "seat", "kernelized")
         shape = f"{rows}x{x.shape[1]}" + (f"->{module.weight.shape[0]}" if kind == "linear" else "")
         print(f"{kind + ' ' + shape:26} {t['module']:>9.2f} {t['direct']:>9.2f} {t['kernelized']:>11.2f} "
-              f"{t['seat']:>9.2f} {t['seat'] / t['direct']:>11.3f}x {t['seat'] / t['kernelized']:>15.3f}x")
-
-
-@contextlib.contextmanager
-def bound_in_place(handle):
-    """While attached: each seat's kernel call bound as its original module's forward, and the
-    original put back in the seat's place; afterwards the seats again. The same kernels, no seat."""
-    for r in handle.records:
-        r.original.forward = MethodType(r.seat._call, r.original)
-        setattr(r.parent, r.attr, r.original)
-    try:
-        yield
-    finally:
-        for r in handle.records:
-            del r.original.forward
-            setattr(r.parent, r.attr, r.seat)
-
-
-def bench_gpu(home: Path, quick: bool) -> None:
-    import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
-
-    from frt.manifests import KernelRef, SeatCatalog, SeatSpec
-    from frt.seats import attach
-    from tests.seat_fixtures import LINEAR, TRITON
-
-    layers = 4 if quick else 28
-    cfg = Qwen3Config(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=layers,
-                      num_attention_heads=16, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True,
-                      max_position_embeddings=4096)
-    catalog = SeatCatalog((
-        SeatSpec("norm", KernelRef(TRITON, version=1, layer="RMSNorm"), match_class=("Qwen3RMSNorm",)),
-        SeatSpec("activation", KernelRef(TRITON, version=1, function="silu"), match=("mlp.act_fn",)),
-        SeatSpec("lm_head", KernelRef(LINEAR, version=1, function="linear"), match=("lm_head",), tolerance=2e-2),
-    ))
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = Qwen3ForCausalLM(cfg).to(torch.bfloat16).eval()
-    gpu = torch.cuda.get_device_name()
-
-    def decode_tps(batch: int, new: int) -> float:
-        ids = torch.randint(0, cfg.vocab_size, (batch, 16), device="cuda",
-                            generator=torch.Generator("cuda").manual_seed(batch))
-        with torch.no_grad():
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            out = model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0)
-            torch.cuda.synchronize()
-            return batch * (out.shape[1] - ids.shape[1]) / (time.perf_counter() - t0)
-
-    new, rounds = (8, 1) if quick else (64, 6)
-    # A full-length warm-up of each side and batch: generate's first-call setup, Triton's JIT and the
-    # attention backend's per-length plans are charged to neither side.
-    handle = attach(model, catalog, home=home, strict=True)
-    line = handle.line()
-    for batch in (1, 16):
-        decode_tps(batch, new)
-    handle.detach()
-    for batch in (1, 16):
-        decode_tps(batch, new)
-    t0 = time.perf_counter()
-    handle = attach(model, catalog, home=home, strict=True)
-    attach_s = time.perf_counter() - t0
-    handle.detach()
-
-    print(f"\nGPU: {gpu}; model: transformers Qwen3, {layers} layers, hidden 1024, vocab 151936 (Qwen3-0.6B's "
-          f"shape), bf16, random weights")
-    print(f"seats: {line}; attach (warm, parity on) {attach_s:.3f} s")
-    print("kernelized: the same kernels bound as each module's forward, no seat (what kernels.kernelize does): "
-          "seated/kernelized is the seats' own cost in decode")
-    print(f"{'decode, greedy, ' + str(new) + ' new tokens':28} {'base tok/s':>11} {'kernelized':>11} "
-          f"{'seated tok/s':>13} {'seated/base':>12} {'seated/kernelized':>18}")
-    for batch in (1, 16):
-        base = kernelized = seated = 0.0
-        for _ in range(rounds):  # alternate, so drift hits every side; each keeps its best
-            base = max(base, decode_tps(batch, new))
-            handle = attach(model, catalog, home=home, strict=True)
-            seated = max(seated, decode_tps(batch, new))
-            summary = handle.summary()
-            with bound_in_place(handle):
-                kernelized = max(kernelized, decode_tps(batch, new))
-            handle.detach()
-        assert summary["fallbacks"] == 0, summary  # every seated call took the kernel
-        print(f"{'batch ' + str(batch):28} {base:>11.1f} {kernelized:>11.1f} {seated:>13.1f} {seated / base:>12.3f} "
-              f"{seated / kernelized:>18.3f}")
-
-    # Decode-sized calls (launch-bound: the seat's Python is what shows), then prefill-sized ones,
-    # where the GPU's own time covers it.
-    cases = [("norm", 1, Qwen3RMSNorm(1024)), ("norm", 16, Qwen3RMSNorm(1024)),
-             ("norm", 16 * 16, Qwen3RMSNorm(128)), ("activation", 1, torch.nn.SiLU()),
-             ("activation", 16, torch.nn.SiLU()), ("norm", 16384, Qwen3RMSNorm(1024)),
-             ("activation", 16384, torch.nn.SiLU())]
-    budget, repeats = (0.02, 5) if quick else (0.1, 9)
-    print(f"\nper-call cost on the GPU, bf16, us per call (best of {repeats} loops of ~{budget:g} s each, "
-          "interleaved, each loop ending in a sync). module: the original; direct: the kernel called as the seat "
-          "calls it; kernelized: the module with that forward bound in place; seat: guard + counters + that call")
-    print(f"{'site':26} {'module':>9} {'direct':>9} {'kernelized':>11} {'seat':>9} {'seat/direct':>12} "
-          f"{'seat/kernelized':>16}")
-    for kind, rows, module in cases:
-        host = torch.nn.Sequential()
-        host.add_module("site", module)
-        host.to(device="cuda", dtype=torch.bfloat16).eval()
-        ref = KernelRef(TRITON, version=1, layer="RMSNorm") if kind == "norm" else \
-            KernelRef(TRITON, version=1, function="silu")
-        if kind == "activation":
-            host.add_module("anchor", torch.nn.Linear(1, 1).to(device="cuda", dtype=torch.bfloat16))
-        handle = attach(host, SeatCatalog((SeatSpec(kind, ref, match=("site",)),)), home=home, strict=True)
-        seat = host.site
-        direct = seat._call
-
-        def run_direct(x, m=module, f=direct):
-            return f(m, x)
-
-        kernelized = copy.deepcopy(module)
-        kernelized.forward = MethodType(direct, kernelized)
-        width = module.weight.shape[-1] if kind == "norm" else 3072
-        x = torch.randn(rows, width, device="cuda", dtype=torch.bfloat16)
-        with torch.no_grad():
-            for f in (module, run_direct, kernelized, seat):
-                f(x)  # JIT and caches warm
-            torch.cuda.synchronize()
-            t = median_s(lambda: (seat(x), torch.cuda.synchronize()), 20)
-            calls = max(10, min(5000, int(budget / (t or 1e-6))))
-            t = per_call_us({"module": module, "direct": run_direct, "kernelized": kernelized, "seat": seat},
-                            x, calls, repeats, sync=torch.cuda.synchronize)
-        handle.detach()
-        print(f"{kind + ' ' + str(rows) + 'x' + str(width):26} {t['module']:>9.2f} {t['direct']:>9.2f} "
-              f"{t['kernelized']:>11.2f} {t['seat']:>9.2f} {t['seat'] / t['direct']:>11.3f}x "
-              f"{t['seat'] / t['kernelized']:>15.3f}x")
+              f"{t['seat']:>9.2f} {cost:>12.2f} {vs_direct:>11.3f}x {vs_kernelized:>15.3f}x")
 
 
 def main() -> None:
@@ -325,7 +244,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="a narrower model and fewer repeats (smoke test)")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1; see the docstring)")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                    help="cuda: decode tokens/s and per-call cost with the Triton kernels (needs a GPU)")
+                    help="cuda: decode tok/s eager and under CUDA graphs, per-call cost, with the Triton fixtures "
+                         "and Liger's kernels (needs a GPU); see bench/seats_gpu.py")
+    ap.add_argument("--json", metavar="PATH", help="--device cuda: also write the figures to PATH as JSON")
     args = ap.parse_args()
     import torch
 
@@ -337,10 +258,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="frt-bench-seats-") as tmp:
         home = staged_home(Path(tmp))  # fake Hub + real stage CLI; not timed
         if args.device == "cuda":
-            bench_gpu(home, args.quick)
+            from bench.seats_gpu import report
+
+            figures = report(home, args.quick)
+            if args.json:
+                Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")
             return
         bench_attach(home, args.quick)
         bench_overhead(home, args.quick)
+        print(own_cost_line())
 
 
 if __name__ == "__main__":

@@ -28,8 +28,9 @@ from .toml_lines import line_of, scan
 
 #: linear: a dense projection (``y = x W^T + b``); norm: RMSNorm-like (weight, eps);
 #: activation: elementwise ``y = f(x)``; moe_experts: a routed expert bank
-#: ``f(hidden, top_k_index, top_k_weights)`` with a row band; lm_head: a projection bound as row slabs.
-KINDS = ("linear", "norm", "activation", "moe_experts", "lm_head")
+#: ``f(hidden, top_k_index, top_k_weights)`` with a row band; lm_head: a projection bound as row slabs;
+#: mlp: a whole gated MLP block (``down(act(gate(x)) * up(x))``), so a fused SiLU-and-mul can serve it.
+KINDS = ("linear", "norm", "activation", "moe_experts", "lm_head", "mlp")
 DTYPES = ("float32", "float16", "bfloat16", "float64")
 DEVICE_TYPES = ("cpu", "cuda", "xpu", "mps", "npu")
 DEFAULT_BAND = 16  # FRT_MOE_BAND_T when unset: flash-rt's decode band
@@ -180,6 +181,10 @@ class SeatSpec:
             # a kernels-style layer reads it from self, a bare function would have to guess it.
             raise SeatSpecError("kernel.layer", "a moe_experts seat needs a layer (forward(self, "
                                                 "hidden_states, top_k_index, top_k_weights)), not a function")
+        if self.kind == "mlp" and self.kernel.layer is None:
+            # Which projections the block holds, and how they are fused, is the module's business.
+            raise SeatSpecError("kernel.layer", "an mlp seat needs a layer (forward(self, x), reading the "
+                                                "block's own projections), not a function")
         if self.kind == "lm_head" and self.kernel.function is None:
             # Each slab is a view of the weight's rows; a layer would read the whole module's weight.
             raise SeatSpecError("kernel.function", "an lm_head seat calls a function f(x, weight, bias) "

@@ -19,6 +19,7 @@ import torch
 
 from .calls import Call
 from .guards import Guard
+from .hot import count, note_trace
 from .seat import Seat
 
 _SEATS: dict[int, MoeSeat] = {}
@@ -42,6 +43,7 @@ class MoeSeat(Seat):
 
     # Seat's hot path calls the kernel itself; an expert bank must go through forward (the band op).
     __call__ = torch.nn.Module.__call__
+    own_class = False
 
     def __init__(self, original: torch.nn.Module, call: Call, guard: Guard, site: str, band: int):
         super().__init__(original, call, guard, site, "moe_experts")
@@ -55,13 +57,16 @@ class MoeSeat(Seat):
         _SEATS.pop(self.key, None)
 
     def forward(self, hidden_states, top_k_index, top_k_weights):
-        counting = not torch.compiler.is_compiling()
-        if counting:
-            self.stats.calls += 1
-        if self._admits(hidden_states):
+        hot = self._hot
+        if torch.compiler.is_dynamo_compiling():
+            note_trace(hot)  # the band op counts the compiled calls themselves, at run time
+            if hot.admits(hidden_states):
+                return moe_band(hidden_states, top_k_index, top_k_weights, self.key)
+            return self._original(hidden_states, top_k_index, top_k_weights)
+        stats = count(hot)
+        if hot.admits(hidden_states):
             return moe_band(hidden_states, top_k_index, top_k_weights, self.key)
-        if counting:
-            self.stats.fallbacks += 1
+        stats.fallbacks += 1
         return self._original(hidden_states, top_k_index, top_k_weights)
 
     def run_band(self, hidden, top_k_index, top_k_weights) -> torch.Tensor:

@@ -24,12 +24,17 @@ class Guard:
     max_rows: int | None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "admits", _specialised(self))
+        admits, check = _specialised(self)
+        object.__setattr__(self, "admits", admits)
+        object.__setattr__(self, "check", check)
 
     def admits(self, x: object) -> bool:  # replaced per instance by _specialised; kept for the type
         raise NotImplementedError
 
-    def __reduce__(self):  # the specialised function is rebuilt, not pickled
+    def check(self, x: object) -> bool:  # the same test, for a caller that catches its exceptions
+        raise NotImplementedError
+
+    def __reduce__(self):  # the specialised functions are rebuilt, not pickled
         return (Guard, (self.dtypes, self.devices, self.width, self.max_rows))
 
     def describe(self) -> str:
@@ -42,26 +47,76 @@ class Guard:
 
 
 def _specialised(g: Guard):
-    """One expression with only the tests this guard needs, built once per seat.
+    """Two expressions with only the tests this guard needs, built once per seat: ``admits`` (safe on
+    any object) and ``check`` (the same verdict on tensors; raises on what is not one).
 
-    A seat's guard runs on every call of a site that may take ~20 us in all (a Triton launch), so
-    its cost is the seat's overhead: a generic method that branches on which fields are set cost
-    ~0.8 us on CPython 3.11; the expression costs a few attribute reads. ``x.is_cuda``/``x.is_cpu``
-    are plain flags where ``x.device`` builds an object. Dynamo traces it like any function.
+    A seat's guard runs on every eager call of a site that may take ~20 us in all (a Triton launch),
+    so its cost is the seat's overhead: a generic method that branches on which fields are set cost
+    ~0.8 us on CPython 3.11; each tensor attribute read here costs ~0.1-0.4 us (``x.shape`` builds a
+    torch.Size). ``check`` drops the two tests that only keep a non-tensor or a 0-d tensor from
+    raising (``isinstance``, ``ndim``): the seat's hot path catches the AttributeError/IndexError
+    instead, which costs nothing when nothing is raised. ``x.is_cuda``/``x.is_cpu`` are plain flags
+    where ``x.device`` builds an object. Dynamo traces ``admits`` like any function.
     """
-    tests = ["isinstance(x, Tensor)"]
-    tests.append("x.dtype is DTYPE" if len(g.dtypes) == 1 else "x.dtype in DTYPES")
+    tests = ["x.dtype is DTYPE" if len(g.dtypes) == 1 else "x.dtype in DTYPES"]
     if g.devices in (("cpu",), ("cuda",)):
         tests.append(f"x.is_{g.devices[0]}")
     else:
         tests.append("x.device.type in DEVICES")
+    shape = []
     if g.width is not None:
-        tests.append("x.ndim > 0 and x.shape[-1] == WIDTH")
+        shape.append("x.shape[-1] == WIDTH")
     if g.max_rows is not None:
-        tests.append("x.numel() <= MAX_ROWS * max(1, x.shape[-1])")
+        shape.append("x.numel() <= MAX_ROWS * max(1, x.shape[-1])")
     scope = {"Tensor": torch.Tensor, "DTYPE": g.dtypes[0] if g.dtypes else None, "DTYPES": g.dtypes,
              "DEVICES": g.devices, "WIDTH": g.width, "MAX_ROWS": g.max_rows}
-    return eval(compile(f"lambda x: {' and '.join(tests)}", f"<frt.seats guard {g.describe()}>", "eval"), scope)
+    safe = ["isinstance(x, Tensor)", *tests, *(["x.ndim > 0"] if shape else []), *shape]
+    name = f"<frt.seats guard {g.describe()}>"
+    return tuple(eval(compile(f"lambda x: {' and '.join(t)}", name, "eval"), scope) for t in (safe, tests + shape))
+
+
+_TENSOR_GUARDS: list = []  # [TensorGuards class or None], decided once per process by _probe
+
+
+def tensor_match(g: Guard, example: torch.Tensor):
+    """A one-call C check that admits only what ``g`` admits, specialised on an admitted example:
+    torch's own Dynamo tensor guard (``torch._C._dynamo.guards.TensorGuards``), given every size but
+    the guarded width as dynamic and no strides. It checks the example's Python type, dtype, device
+    (index too), number of dims, that width, requires_grad and dispatch keys, all read in C++: ~250 ns
+    where the three tensor attributes read from Python cost ~450 ns on a 2-vCPU VM (each
+    ``x.attr`` is a torch getter; ``x.shape`` builds a torch.Size). Strictly narrower than ``g``: a
+    tensor it passes differs from the example only in sizes that ``g`` does not test and in strides,
+    which it does not test either. What it misses goes to ``g.admits`` (the seat's `_admit`), so a
+    miss costs time, never a wrong verdict. None where ``g`` bounds rows (a numel test it cannot
+    express) or where this torch has no such class or it does not behave as probed."""
+    if g.max_rows is not None or not _probe():
+        return None
+    sizes = [None] * example.dim()
+    if g.width is not None:
+        sizes[-1] = g.width
+    try:
+        return _TENSOR_GUARDS[0](example, dynamic_dims_sizes=[sizes], dynamic_dims_strides=[[None] * len(sizes)]).check
+    except Exception:  # a torch whose class takes other arguments: the Python guard alone
+        return None
+
+
+def _probe() -> bool:
+    """Is there a TensorGuards that keeps the verdicts `tensor_match` relies on? Checked once, on CPU
+    tensors: an equal tensor of other leading sizes passes; other width, dtype, dims, a non-tensor fail."""
+    if not _TENSOR_GUARDS:
+        found = None
+        try:
+            from torch._C._dynamo.guards import TensorGuards
+
+            ex = torch.zeros(2, 1, 8)
+            check = TensorGuards(ex, dynamic_dims_sizes=[[None, None, 8]], dynamic_dims_strides=[[None] * 3]).check
+            if (check(torch.zeros(5, 3, 8)) is True and not check(torch.zeros(2, 1, 4))
+                    and not check(ex.double()) and not check(torch.zeros(2, 8)) and not check("x")):
+                found = TensorGuards
+        except Exception:  # absent or changed in this torch: every seat keeps its Python check
+            found = None
+        _TENSOR_GUARDS.append(found)
+    return _TENSOR_GUARDS[0] is not None
 
 
 def module_width(kind: str, module: torch.nn.Module) -> int | None:
@@ -73,6 +128,12 @@ def module_width(kind: str, module: torch.nn.Module) -> int | None:
         return int(weight.shape[-1])
     if kind == "moe_experts":
         width = getattr(module, "hidden_dim", None) or getattr(module, "hidden_size", None)
+        return int(width) if isinstance(width, int) else None
+    if kind == "mlp":
+        width = getattr(module, "hidden_size", None)
+        gate = getattr(getattr(module, "gate_proj", None), "weight", None)
+        if not isinstance(width, int) and isinstance(gate, torch.Tensor) and gate.dim() == 2:
+            width = gate.shape[1]
         return int(width) if isinstance(width, int) else None
     return None  # activation: elementwise, any width
 

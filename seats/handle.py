@@ -44,10 +44,13 @@ class Handle:
                 f"{len(self.notes['refused'])} refused")
 
     def summary(self) -> dict:
-        """Counters since attach. ``guarded_calls`` and ``fallbacks`` (a guard missed: the original
-        ran) count eager calls; a compiled graph runs seats uncounted, except the MoE band, whose
-        ``band_kernel``/``band_original`` count inside the custom op, compiled or not. ``clean``: no
-        refusal and no fallback."""
+        """Counters since attach, by how the calls ran. ``guarded_calls`` and ``fallbacks`` (a guard
+        missed: the original ran) count eager calls. ``captured_calls``: calls recorded into a CUDA
+        graph, each counted once, at capture (its replays run the kernel with no seat code and are
+        not seen). ``compiled_traces``: times torch.compile traced a seat into a graph (the compiled
+        calls go uncounted). The MoE band's ``band_kernel``/``band_original`` count inside its custom
+        op, compiled or not. ``seats_never_called``: seats none of these saw. ``clean``: no refusal
+        and no fallback."""
         stats = [r.seat.stats for r in self.records]
         fallbacks = sum(s.fallbacks for s in stats)
         return {
@@ -55,9 +58,12 @@ class Handle:
             "head_slabs": self.head_slabs,
             "refused": len(self.notes["refused"]),
             "guarded_calls": sum(s.calls for s in stats),
+            "captured_calls": sum(s.captured for s in stats),
+            "compiled_traces": sum(s.traced for s in stats),
             "fallbacks": fallbacks,
             "seats_fell_back": sum(1 for s in stats if s.fallbacks),
-            "seats_never_called": sum(1 for s in stats if not s.calls + s.band_kernel + s.band_original),
+            "seats_never_called": sum(1 for s in stats
+                                      if not s.calls + s.captured + s.traced + s.band_kernel + s.band_original),
             "band_kernel": sum(s.band_kernel for s in stats),
             "band_original": sum(s.band_original for s in stats),
             "attached": self.attached,

@@ -4,77 +4,109 @@ The original module stays a registered child (``.original``), so ``model.to()``,
 and hooks still reach its weights, and ``detach`` puts back the very same object. ``state_dict``
 keys are those of the base model (the ``original.`` step is hidden both ways), so a checkpoint
 saved with seats attached loads into a model without them.
+
+Each seat's class is its own: a subclass of Seat (same name, no state of its own) whose ``__call__``
+is the hot path over this seat's state (seats.hot), made at init and again for a copy (a copy names
+the shared class and makes its own). ``isinstance(x, Seat)`` holds. A seat does not pickle (its call
+and trace counter are closures), now as before.
+
+Counters, by how the call ran (none of them syncs with the device, none is inside a graph):
+
+- ``calls`` / ``fallbacks``: eager calls; a fallback is a call the guard sent to the original.
+- ``captured``: calls made while a CUDA graph was being captured (`frt.seats.capture`). The guard
+  ran then, once; each replay runs the kernel it chose with no seat code, so replays are not counted.
+- ``traced``: times ``torch.compile`` traced the seat into a graph. Counted at trace time (Dynamo's
+  ``comptime``): an int that the traced code read would become a guard and force a recompile per
+  call, so compiled calls themselves go uncounted, except the MoE band, which counts inside its
+  custom op at run time.
 """
 
 from __future__ import annotations
 
-import torch
-from torch.nn.modules.module import (_global_backward_hooks, _global_backward_pre_hooks, _global_forward_hooks,
-                                     _global_forward_pre_hooks)
+import copyreg
 
+import torch
+
+from . import capture
 from .calls import Call
 from .guards import Guard
+from .hot import Hot, SeatStats, count, hot_call, note_trace
 
+__all__ = ["Seat", "SeatStats"]
 _STEP = "original."
-_is_compiling = torch.compiler.is_compiling
-_tracing = torch._C._get_tracing_state
-
-
-class SeatStats:
-    """Plain counters. Under ``torch.compile`` they are not touched (an int that a graph reads would
-    become a guard and force a recompile per call): compiled calls go uncounted, except the MoE band,
-    which counts inside its custom op at run time."""
-
-    __slots__ = ("calls", "fallbacks", "band_kernel", "band_original")
-
-    def __init__(self) -> None:
-        self.calls = self.fallbacks = self.band_kernel = self.band_original = 0
 
 
 class Seat(torch.nn.Module):
+    #: False where a subclass's calls must go through nn.Module.__call__ (band.MoeSeat): no class of its own
+    own_class = True
+
     def __init__(self, original: torch.nn.Module, call: Call, guard: Guard, site: str, kind: str):
         super().__init__()
         self.original = original
-        # Also a plain instance attribute: reading a registered child goes through
-        # nn.Module.__getattr__ (~1.5 us a call here), more than the whole guard.
+        # Plain instance attributes: reading a registered child goes through nn.Module.__getattr__.
         self.__dict__["_original"] = original
         self.site, self.kind = site, kind
         self._call, self._guard, self._admits = call, guard, guard.admits
         self.stats = SeatStats()
+        self.__dict__["_hot"] = Hot(self, original, call, guard, self.stats)
+        if "cuda" in guard.devices and torch.cuda.is_available():
+            capture.install()
         self._register_state_dict_hook(_hide_step)
         self._register_load_state_dict_pre_hook(_add_step)
+        _own_class(self)
 
     def __call__(self, *args, **kwargs):
-        # The hot path, in the fewest frames: nn.Module.__call__ would cost two frames and a dozen
-        # checks before forward, as much as the seat itself. It is taken only where it would do
-        # more than call forward: any hook (this seat's or global), a jit trace, Module.compile() on
-        # the seat, or a torch.compile trace (Dynamo inlines this method; forward then skips counting).
-        if (self._compiled_call_impl is not None or _tracing() or self._forward_hooks or self._forward_pre_hooks
-                or self._backward_hooks or self._backward_pre_hooks or _global_forward_hooks
-                or _global_forward_pre_hooks or _global_backward_hooks or _global_backward_pre_hooks
-                or _is_compiling()):
-            return torch.nn.Module.__call__(self, *args, **kwargs)
-        stats = self.stats
-        stats.calls += 1
-        if self._admits(args[0] if args else next(iter(kwargs.values()), None)):
-            return self._call(self._original, *args, **kwargs)
-        stats.fallbacks += 1
-        return self._original(*args, **kwargs)
+        # Only a seat without a class of its own comes here (one being unpickled, say): the same path.
+        return hot_call(self._hot)(self, *args, **kwargs)
+
+    def __reduce_ex__(self, protocol):
+        # Copied as the shared class; __setstate__ then makes the copy a class of its own,
+        # over its own state (a deep copy's Hot is its own, a shallow copy's the source's, as for any attribute).
+        rv = list(super().__reduce_ex__(protocol))
+        if rv[0] in (copyreg.__newobj__, copyreg._reconstructor) and rv[1] and rv[1][0] is type(self):
+            rv[1] = (_shared_class(type(self)), *rv[1][1:])
+        return tuple(rv)
+
+    def __setstate__(self, state) -> None:
+        super().__setstate__(state)
+        if "_hot" in self.__dict__:
+            _own_class(self)
 
     def forward(self, *args, **kwargs):
+        hot = self._hot
         x = args[0] if args else next(iter(kwargs.values()), None)
-        original = self._original
-        if _is_compiling():
-            return self._call(original, *args, **kwargs) if self._admits(x) else original(*args, **kwargs)
-        stats = self.stats
-        stats.calls += 1
-        if self._admits(x):
-            return self._call(original, *args, **kwargs)
+        if torch.compiler.is_dynamo_compiling():
+            note_trace(hot)
+            return hot.call(hot.original, *args, **kwargs) if hot.admits(x) else hot.original(*args, **kwargs)
+        stats = count(hot)
+        if hot.admits(x):
+            return hot.call(hot.original, *args, **kwargs)
         stats.fallbacks += 1
-        return original(*args, **kwargs)
+        return hot.original(*args, **kwargs)
+
+    def compile(self, *args, **kwargs) -> None:
+        super().compile(*args, **kwargs)
+        self._hot.compiled = True
 
     def extra_repr(self) -> str:
         return f"site={self.site!r}, kind={self.kind}, guard={self._guard.describe()!r}"
+
+
+def _shared_class(cls: type) -> type:
+    return cls.__dict__.get("_shared_class", cls)
+
+
+def _own_class(seat: Seat) -> None:
+    """Give the seat a class of its own, a subclass with no state of its own (same name, same layout),
+    whose ``__call__`` is `hot.hot_call` over this seat's Hot: the hot path then reads nothing from
+    the module, whose attribute reads cost ~0.1 us each (nn.Module's ``__getattr__``)."""
+    shared = _shared_class(type(seat))
+    if not shared.own_class:
+        return
+    own = type(shared.__name__, (shared,), {"__call__": hot_call(seat._hot), "__slots__": (),
+                                            "__module__": shared.__module__, "__qualname__": shared.__qualname__,
+                                            "_shared_class": shared})
+    seat.__class__ = own
 
 
 def _hide_step(module, state_dict, prefix, local_metadata):

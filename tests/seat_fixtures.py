@@ -7,7 +7,8 @@ weights from ``self`` (the original module, as ``kernels.kernelize`` binds them)
 the seat kinds' conventions (``linear(x, weight, bias)``, ``rms_norm(x, weight, eps)``, ``silu(x)``).
 
 - ``seat-rmsnorm``: RMSNorm (layer and function), torch-universal.
-- ``seat-activation``: SiLU / SiLU-and-mul (layers and functions), torch-cpu.
+- ``seat-activation``: SiLU / SiLU-and-mul (layers and functions) and a gated MLP block layer
+  (``mlp`` seats), torch-cpu.
 - ``seat-linear``: a dense projection that keeps the bias (layer and function), torch-cpu and
   torch-universal; v2 exists upstream but the tests stage only v1 (an unstaged version).
 - ``seat-experts``: a gather-based expert bank for decode-sized batches, torch-universal; it takes
@@ -20,6 +21,9 @@ the seat kinds' conventions (``linear(x, weight, bias)``, ``rms_norm(x, weight, 
 - ``seat-triton-sm80``: the same sources, but its metadata declares CUDA archs ``["8.0"]`` (a plain
   cubin list): on a Hopper device the seat must refuse it, as `kernels` itself would.
 
+- ``liger-kernels``: Liger-Kernel's own Triton RMSNorm and SwiGLU from its wheel, in a ``torch-cuda``
+  variant (tests/liger_fixture.py), staged where the host is a CUDA one and the wheel is at hand.
+
 The compiled CPU arch variant (C++, ``torch.utils.cpp_extension``, cached between runs) lives apart,
 in tests/seat_fixtures_compiled.py: staging it here would make every seat test wait for a compiler.
 """
@@ -31,6 +35,7 @@ from pathlib import Path
 
 from tests.fakehub import FakeRepo
 from tests.kernel_fixtures import ORG
+from tests.liger_fixture import LIGER
 
 RMSNORM, ACTIVATION, LINEAR = f"{ORG}/seat-rmsnorm", f"{ORG}/seat-activation", f"{ORG}/seat-linear"
 EXPERTS, WRONG = f"{ORG}/seat-experts", f"{ORG}/seat-wrong"
@@ -61,6 +66,18 @@ class SiluAndMul(torch.nn.Module):
         from . import silu_and_mul
 
         return silu_and_mul(x)
+
+
+class GatedMLP(torch.nn.Module):
+    """A whole gated MLP block (an ``mlp`` seat): the block's own projections, this package's SiLU."""
+
+    can_torch_compile = True
+    has_backward = False
+
+    def forward(self, x):
+        from . import silu
+
+        return self.down_proj(silu(self.gate_proj(x)) * self.up_proj(x))
 '''
 
 SOURCES: dict[str, dict[str, str]] = {
@@ -288,8 +305,26 @@ def _repo(name: str, variants: list[str], versions: tuple[int, ...] = (1,), depe
     return repo
 
 
+_LIGER: dict[str, object] = {}
+
+
+def liger_problem() -> str | None:
+    """Why the Liger kernel cannot be packaged here (no liger-kernel 0.8.5 found), or None."""
+    from tests.liger_fixture import LigerUnavailable, liger_source
+
+    if "source" not in _LIGER:
+        try:
+            _LIGER["source"], _LIGER["problem"] = liger_source(), None
+        except LigerUnavailable as e:
+            _LIGER["source"], _LIGER["problem"] = None, str(e)
+    return _LIGER["problem"]
+
+
 def seat_repos() -> list[FakeRepo]:
-    return [
+    from tests.liger_fixture import liger_repo
+
+    extra = [] if liger_problem() else [liger_repo(_LIGER["source"])]
+    return extra + [
         _repo("seat-rmsnorm", ["torch-universal"]),
         # torch-universal too, so that seat-experts' dependency on it resolves on a GPU host.
         _repo("seat-activation", ["torch-cpu", "torch-universal"]),
@@ -324,7 +359,8 @@ def staged_home(root: Path) -> Path:
         home = root / "home"
         with FakeHub(seat_repos(), trusted_orgs=[ORG]) as hub:
             target = host_target()
-            repos = STAGED + (STAGED_CUDA if target.backend.startswith("cu") else ())
+            cuda = target.backend.startswith("cu")
+            repos = STAGED + (STAGED_CUDA if cuda else ()) + ((LIGER,) if cuda and not liger_problem() else ())
             manifest = write_stage_manifest(root / "seats-manifest.toml", str(target), repos)
             p = run_cli("--endpoint", hub.url, "stage", str(manifest), home=home)
         if p.returncode != 0:

@@ -1,9 +1,12 @@
-"""Seats on a CUDA GPU with Triton kernels: the CPU suite's scenarios, on the device.
+"""Seats on a CUDA GPU with Triton kernels: the CPU suite's scenarios, on the device, then decode under
+CUDA graphs and a kernel library nobody here wrote (Liger-Kernel's RMSNorm and SwiGLU).
 
 The Triton fixtures (`seat-triton`, a noarch ``torch-cuda`` variant) are staged only where the host is
 a CUDA one; `seat-triton-sm80` declares archs ``["8.0"]`` so that the arch check has a build to refuse
-on a newer device. Every test here needs a CUDA device and skips, saying so, where there is none
-(CI has no GPU: these ran on an H200, see the README's "GPU tests").
+on a newer device. `liger-kernels` is Liger's own code from its wheel (tests/liger_fixture.py), staged
+and resolved like any other kernel. Every test here needs a CUDA device and skips, saying so, where
+there is none (CI has no GPU: these ran on an H200, see the README's "GPU tests"); the Liger ones also
+skip, saying so, where no liger-kernel 0.8.5 wheel is at hand.
 """
 
 from __future__ import annotations
@@ -21,8 +24,10 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
 from frt.manifests import EXAMPLES, KernelRef, SeatCatalog, SeatSpec, load_seat_catalog  # noqa: E402
 from frt.resolver import KernelUnavailable  # noqa: E402
 from frt.seats import MoeSeat, Seat, SeatsRefused, attach  # noqa: E402
+from tests.graph_decode import StaticDecoder, teacher_forced_logits  # noqa: E402
+from tests.liger_fixture import LIGER  # noqa: E402
 from tests.seat_fixtures import (  # noqa: E402
-    LINEAR, TRITON, TRITON_SM80, WRONG, generate, logits, rel, staged_home, tiny_qwen3, tiny_qwen3_moe)
+    LINEAR, TRITON, TRITON_SM80, WRONG, generate, liger_problem, logits, rel, staged_home, tiny_qwen3, tiny_qwen3_moe)
 
 EXAMPLE = load_seat_catalog(EXAMPLES / "seats-qwen3.toml")
 
@@ -36,6 +41,13 @@ def with_triton(catalog: SeatCatalog) -> SeatCatalog:
 
 
 CATALOG = with_triton(EXAMPLE)
+# Liger's kernels where they fit a transformers Qwen3: every RMSNorm, and each MLP block whole (its
+# SiLU-and-mul fused between the block's own projections).
+LIGER_CATALOG = SeatCatalog((
+    SeatSpec("norm", KernelRef(LIGER, version=1, layer="RMSNorm"), match_class=("Qwen3RMSNorm",)),
+    SeatSpec("mlp", KernelRef(LIGER, version=1, layer="SwiGLUMLP"), match=("mlp",)),
+))
+needs_liger = pytest.mark.skipif(liger_problem() is not None, reason=f"Liger: {liger_problem()}")
 
 
 @pytest.fixture(scope="session")
@@ -137,6 +149,66 @@ def test_band_on_gpu_prefill_original_decode_kernel(seats_home):
     handle.detach()
 
 
+@pytest.mark.parametrize("catalog", [CATALOG, pytest.param(LIGER_CATALOG, marks=needs_liger)],
+                         ids=["triton-fixtures", "liger"])
+def test_graph_captured_decode_equals_eager_seated_decode(seats_home, catalog):
+    """The decode step captured once with torch.cuda.CUDAGraph over a StaticCache, seats attached: its
+    replays give the tokens and logits of the same steps run eagerly. The seats' Python ran at capture
+    only: those calls are counted as captured, and no replay moves a counter."""
+    model = on_gpu(tiny_qwen3())
+    prompt = ids_on_gpu(2, 7, seed=4)
+    handle = attach(model, catalog, home=seats_home, strict=True)
+    seats = len(handle.records)
+    dec = StaticDecoder(model, prompt, new=8, keep_logits=True)
+    eager = dec.run().clone()
+    eager_logits = dec.logits.clone()
+    # The hand-made loop is a decode: its step logits are what one plain forward over the tokens predicts.
+    assert rel(eager_logits, teacher_forced_logits(model, prompt, eager)) < 1e-4
+    dec.capture()
+    at_capture = handle.summary()
+    assert at_capture["captured_calls"] == seats  # one step recorded: each seat once
+    replayed = dec.run(graphs=True).clone()
+    torch.cuda.synchronize()
+    assert torch.equal(replayed, eager)
+    assert rel(dec.logits, eager_logits) < 1e-6
+    s = handle.summary()
+    assert s["captured_calls"] == seats and s["guarded_calls"] == at_capture["guarded_calls"] + seats  # the prefill
+    assert s["fallbacks"] == 0 and s["seats_never_called"] == 0
+    handle.detach()
+
+
+@needs_liger
+@pytest.mark.parametrize("dtype,bound", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)], ids=["fp32", "bf16"])
+def test_liger_kernels_parity_generate_and_detach_bit_identical(seats_home, dtype, bound):
+    import sys
+
+    model = on_gpu(tiny_qwen3(), dtype)
+    ids = ids_on_gpu(2, 7, seed=5)
+    before = dict(model.named_modules())
+    base, base_tokens = logits(model, ids), generate(model, ids)
+    handle = attach(model, LIGER_CATALOG, home=seats_home, strict=True)
+    # 2 layers x (input, post-attention, q and k norms) + the final norm; 2 MLP blocks
+    assert sorted(r.kind for r in handle.records) == ["mlp"] * 2 + ["norm"] * 9
+    assert {r.variant for r in handle.records} == {"torch-cuda"}
+    assert all(r.parity.error <= r.parity.bound for r in handle.records)
+    assert "liger_kernel" not in sys.modules  # the staged copy ran, not an installed liger-kernel
+    assert rel(logits(model, ids), base) < bound
+    tokens = generate(model, ids)
+    seated_along = logits(model, tokens)
+    s = handle.summary()
+    assert s["fallbacks"] == 0 and s["seats_never_called"] == 0 and s["clean"]
+    handle.detach()
+    assert all(m is before[n] for n, m in model.named_modules())
+    assert torch.equal(logits(model, ids), base)
+    assert torch.equal(generate(model, ids), base_tokens)
+    # generate, equal within the bound: in fp32 the very tokens; bf16 rounding may flip a near-tie, so
+    # what is bounded there is the logits along the seated run's tokens against the unseated model's.
+    if dtype == torch.float32:
+        assert torch.equal(tokens, base_tokens)
+    assert rel(seated_along, logits(model, tokens)) < bound
+
+
+# Last: Inductor's compile is the slowest step here.
 @pytest.mark.parametrize("make", [tiny_qwen3, tiny_qwen3_moe], ids=["qwen3", "qwen3-moe"])
 def test_compiled_model_with_triton_seats_matches_eager(seats_home, make):
     model = on_gpu(make())

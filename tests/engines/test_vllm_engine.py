@@ -129,7 +129,8 @@ def test_compiled_engine_traces_the_seats(runs):
     assert "enforce_eager=False" in run.log and compile_at > attach_at, "vLLM did not compile after the attach"
     # No call ever took a seat's eager path (which counts calls): vLLM compiles with fullgraph=True, so
     # a seat that Dynamo could not trace would have failed the run, and every call ran in the graph.
-    assert summary["guarded_calls"] == 0 and summary["seats_never_called"] == 7
+    # Each seat counted its trace (at trace time), so none reads as never called.
+    assert summary["guarded_calls"] == 0 and summary["compiled_traces"] >= 7 and summary["seats_never_called"] == 0
     assert_same_greedy(runs.result("base").doc, run.doc)
 
 
