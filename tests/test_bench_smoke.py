@@ -19,6 +19,9 @@ ROWS = {
               "throughput ratio nginx + 2 replicas/nginx static at 64 clients =", "HEAD latency,",
               "serve HEAD p99 =", "HEAD p99 through nginx (nginx + 2 replicas) =",
               "HEAD p99 through nginx (same + head cache) ="),
+    "bundle": ("A: full, before v3", "incremental --since A", "full bundle, after v3",
+               "bytes ratio incremental/full =", "tar -xf", "frt-mirror import --quiet (the whole command)",
+               "import_bundle() (Python start-up not timed)", "throughput ratio import/tar -x ="),
     "seats": ("seats: [frt.seats] 145 seats (5 head slabs), 0 refused", "plain load", "attach, warm",
               "target: attach of >= 144 seats < 0.5 s:", "seat/direct"),
 }
