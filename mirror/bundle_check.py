@@ -24,7 +24,7 @@ from frt.resolver.resolution import VariantInfo, parent_chain
 
 from .bundle_format import READS
 from .bundle_state import check_state
-from .records import MODEL_SELECTION, StagedRow
+from .records import MODEL_SELECTION, PULLED, StagedRow
 from .store import Digest
 
 
@@ -103,7 +103,8 @@ def _staged_row(s: dict) -> StagedRow:
     check_commit(row.commit, where=where)
     check_variant(row.variant, where=where)
     model = row.is_model and row.variant == MODEL_SELECTION
-    _need(_request(row).label == row.requested and (model or str(parse_target(row.target)) == row.target),
+    pulled = row.target == PULLED + row.variant  # serve --upstream's: for whichever target accepts it
+    _need(_request(row).label == row.requested and (model or pulled or str(parse_target(row.target)) == row.target),
           f"bad staged row {s}")
     return row
 

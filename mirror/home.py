@@ -13,7 +13,7 @@ from frt.resolver import Ledger
 from frt.resolver.errors import HomeReadOnly
 from frt.resolver.resolution import FileEntry
 
-from .records import StagedRow, blob_for, staged_rows
+from .records import StagedRow, blob_for, staged_for, staged_rows
 from .schema import MIRROR_TRACK
 from .store import BlobStore
 from .views import Views
@@ -89,7 +89,8 @@ class Home:
         return blob_for(self.ledger, entries)
 
     def staged(self, target: str | None = None) -> list[StagedRow]:
-        return staged_rows(self.ledger, target)
+        """Rows staged for `target` (with the pulled-through variants it accepts), or every row."""
+        return staged_for(self.ledger, target) if target is not None else staged_rows(self.ledger)
 
     def close(self) -> None:
         if self._ledger is not None:

@@ -9,7 +9,7 @@ from frt.resolver import Ledger, Resolution
 from frt.resolver.dialect import insert_for
 from frt.resolver.migrations import utcnow
 from frt.resolver.resolution import FileEntry
-from sqlalchemy import select
+from sqlalchemy import delete, select, tuple_
 from sqlalchemy.orm import Session
 
 from .schema import Blob, Change, Staged
@@ -21,6 +21,10 @@ from .store import Digest
 # frt.mirror.models).
 MODEL_TARGET = "model"
 MODEL_SELECTION = "files"
+# A kernel variant a client pulled through `serve --upstream` (frt.mirror.pull_through) was asked for by no
+# target: its row's target is PULLED + the variant's name, and a target's staged set takes it where that
+# target accepts the variant (see staged_for).
+PULLED = "pulled:"
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,10 @@ class StagedRow:
     @property
     def is_model(self) -> bool:
         return self.target == MODEL_TARGET
+
+    @property
+    def is_pulled(self) -> bool:
+        return self.target.startswith(PULLED)
 
     @property
     def repo_type(self) -> str:
@@ -124,3 +132,47 @@ def staged_rows(ledger: Ledger, target: str | None = None) -> list[StagedRow]:
     with ledger.session(write=False) as s:
         return [StagedRow(r.repo_id, r.requested, r.version, r.revision, r.target, r.commit_sha, r.variant)
                 for r in s.scalars(q)]
+
+
+def staged_for(ledger: Ledger, target: str | None) -> list[StagedRow]:
+    """What is staged for `target`: its own rows, and each pulled-through request's best variant that the
+    target accepts, unless the target has its own row for that request."""
+    rows = staged_rows(ledger, target)
+    if target is None or not target.startswith("torch"):
+        return rows
+    from frt.resolver.targets import parse_target
+    from frt.resolver.variants import accepted
+
+    t, own = parse_target(target), {(r.repo, r.requested) for r in rows}
+    pulled: dict[tuple[str, str, str], list[StagedRow]] = {}
+    for r in staged_rows(ledger):
+        if r.is_pulled and (r.repo, r.requested) not in own:
+            pulled.setdefault((r.repo, r.requested, r.commit), []).append(r)
+    chosen = []
+    for group in pulled.values():
+        best = accepted(t, [r.variant for r in group])
+        chosen += [r for r in group if best and r.variant == best[0]]
+    if not chosen:
+        return rows
+    return sorted(rows + chosen, key=lambda r: (r.repo, r.version or 0, r.requested, r.target))
+
+
+def delete_blob_records(ledger: Ledger, shas: Iterable[str]) -> None:
+    """Forget blobs gc is about to remove (before their files go: a record never claims bytes the
+    store lacks, and a file left by a gc cut short is only an unrecorded blob, which verify adopts)."""
+    shas = sorted(set(shas))
+    if shas:
+        with ledger.session() as s:
+            for i in range(0, len(shas), 500):
+                s.execute(delete(Blob).where(Blob.sha256.in_(shas[i:i + 500])))
+
+
+def delete_staged(ledger: Ledger, rows: Iterable[StagedRow]) -> None:
+    """Drop staged rows (unstage), in one write that tells serve's replicas."""
+    keys = sorted({(r.repo, r.requested, r.target) for r in rows})
+    if keys:
+        with ledger.session() as s:
+            for i in range(0, len(keys), 300):
+                s.execute(delete(Staged).where(
+                    tuple_(Staged.repo_id, Staged.requested, Staged.target).in_(keys[i:i + 300])))
+            bump_serial(s)

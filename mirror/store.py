@@ -111,5 +111,13 @@ class BlobStore:
             except FileNotFoundError:
                 pass
 
+    def remove(self, sha256: str, *keys: str) -> None:
+        """Unlink a blob (gc) under the lock of every key a download of its content takes (its sha256,
+        and the git oid a small file is fetched by): never from under a writer of the same bytes."""
+        with ExitStack() as held:
+            for key in sorted({sha256, *keys}):
+                held.enter_context(self.lock(key))
+            self.path(sha256).unlink(missing_ok=True)
+
     def blobs(self) -> list[Path]:
         return sorted(p for p in self.root.glob("??/*") if p.is_file())

@@ -33,7 +33,10 @@ class ScanReport:
 
 
 def scan(repo_id: str, *, hub: HubClient, ledger: Ledger, jobs: int = 8, repo_type: str = "kernel",
-         extra_revisions: tuple[str, ...] = (), progress: Callable[[str], None] | None = None) -> ScanReport:
+         extra_revisions: tuple[str, ...] = (), progress: Callable[[str], None] | None = None,
+         heads_only: bool = False) -> ScanReport:
+    """`heads_only`: list build/ of the refs' heads (and `extra_revisions`) only, not of every commit in
+    their history: what a pull-through mirror needs to answer a client now, one listing per new head."""
     check_repo_id(repo_id)
     refs = hub.refs(repo_id, repo_type)
     ledger.record_refs(repo_id, refs, endpoint=hub.endpoint, repo_type=repo_type)
@@ -42,10 +45,12 @@ def scan(repo_id: str, *, hub: HubClient, ledger: Ledger, jobs: int = 8, repo_ty
     heads = sorted(set(refs.values()))
     for rev in extra_revisions:
         heads.append(hub.revision_sha(repo_id, rev, repo_type))
-    for head in _heads_without_history(ledger, repo_id, heads):
+    for head in heads_without_history(ledger, repo_id, heads):
         ledger.record_history(repo_id, head, hub.history(repo_id, head, repo_type))
 
     todo = ledger.unscanned_commits(repo_id)
+    if heads_only:
+        todo = [sha for sha in todo if sha in set(heads)]
     if progress and todo:
         progress(f"{repo_id}: listing build/ of {len(todo)} commit(s)")
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
@@ -68,7 +73,7 @@ def _record_publisher(org: str, *, hub: HubClient, ledger: Ledger) -> None:
         ledger.record_publisher(org, trusted, endpoint=hub.endpoint)
 
 
-def _heads_without_history(ledger: Ledger, repo_id: str, heads: list[str]) -> list[str]:
+def heads_without_history(ledger: Ledger, repo_id: str, heads: list[str]) -> list[str]:
     """Heads whose listing is not recorded. A commit's history never changes, so a listing once
     recorded is kept; a new head (a push) is asked for its own."""
     with ledger.session(write=False) as s:

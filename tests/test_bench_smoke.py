@@ -22,6 +22,9 @@ ROWS = {
     "bundle": ("A: full, before v3", "incremental --since A", "full bundle, after v3",
                "bytes ratio incremental/full =", "tar -xf", "frt-mirror import --quiet (the whole command)",
                "import_bundle() (Python start-up not timed)", "throughput ratio import/tar -x ="),
+    "pull_through": ("straight to the upstream", "through serve --upstream (cold)", "through serve --upstream (warm)",
+                     "staged serve (no upstream)", "upstream bytes / file size through the mirror =",
+                     "warm-hit throughput ratio pull-through/staged serve ="),
     "seats": ("seats: [frt.seats] 145 seats (5 head slabs), 0 refused", "plain load", "attach, warm",
               "target: attach of >= 144 seats < 0.5 s:", "seat/direct"),
 }

@@ -28,8 +28,21 @@ from .app import App, cli, emit_json, json_option
                    "headers and X-Accel-Redirect: PREFIX/<blob>, and nginx sends the bytes from its internal "
                    "location PREFIX over the store. Requests that did not come through that nginx get the "
                    f"bytes from serve, as without it. nginx-conf's PREFIX: {DEFAULT_ACCEL}.")
+@click.option("--upstream", metavar="URL",
+              help="Pull-through: a request for an allowed repo, revision or file this mirror does not have is "
+                   "resolved against URL (a Hub, or another mirror), fetched, verified, stored and recorded as "
+                   "staged, then answered. Needs --allow and a writable home.")
+@click.option("--allow", "allow", multiple=True, metavar="ORG",
+              help="With --upstream: an org whose repos may be pulled through (repeatable; '*' for any). "
+                   "Any other repo that is not staged is RepoNotFound.")
+@click.option("--refs-ttl", "refs_ttl", default=60.0, show_default=True, type=click.FloatRange(0),
+              help="With --upstream: seconds a repo's refs are answered before the upstream is asked again.")
+@click.option("--upstream-timeout", "upstream_timeout", default=10.0, show_default=True,
+              type=click.FloatRange(0.1), help="With --upstream: seconds to wait for a refs refresh; past that, "
+              "or with the upstream down, the last known refs and everything stored are served, flagged.")
 @click.pass_obj
-def serve_cmd(app: App, host, port, trust, access_log, workers, accel_redirect):
+def serve_cmd(app: App, host, port, trust, access_log, workers, accel_redirect, upstream, allow, refs_ttl,
+              upstream_timeout):
     """Serve the staged set as a read-only Hub endpoint: point HF_ENDPOINT at it.
 
     Exits 2 without serving when it cannot listen (the port is in use) or open the access log."""
@@ -37,11 +50,16 @@ def serve_cmd(app: App, host, port, trust, access_log, workers, accel_redirect):
     from frt.mirror.serve.workers import AppSpec, serve_workers
 
     accel = check_accel_prefix(accel_redirect) if accel_redirect is not None else None
+    pull = _upstream(app, upstream, allow, refs_ttl, upstream_timeout)
     sockets = listen(host, port)  # first: a busy port is one line and exit 2, before anything is said
-    spec = AppSpec(app.home.root, frozenset(trust), access_log, accel, ledger_url=app.home.ledger_url)
+    spec = AppSpec(app.home.root, frozenset(trust), access_log, accel, ledger_url=app.home.ledger_url,
+                   upstream=pull)
     mirror = spec.build(app.home)  # here, once: a bad access log or ledger is one line before serving
     # Not mirror.catalog(): its first call starts the catalog's poller thread, which a fork must not copy.
-    if not app.home.staged():
+    if pull is not None:
+        click.echo(f"frt-mirror: pulling through from {pull.endpoint} for {', '.join(sorted(pull.allow))} "
+                   f"(refs kept {refs_ttl:g} s)", err=True)
+    elif not app.home.staged():
         click.echo(f"frt-mirror: warning: nothing is staged in {app.home}: every repo will be answered "
                    "RepoNotFound (stage first: frt-mirror stage MANIFEST)", err=True)
     for org in trust:
@@ -59,6 +77,22 @@ def serve_cmd(app: App, host, port, trust, access_log, workers, accel_redirect):
     code = serve_workers(spec, sockets, workers)
     if code:
         click.get_current_context().exit(code)
+
+
+def _upstream(app: App, url, allow, refs_ttl, timeout):
+    from frt.mirror.serve.pull import Upstream
+    from frt.resolver.errors import BadInput
+
+    if url is None:
+        if allow:
+            raise BadInput("--allow only means something with --upstream URL")
+        return None
+    if not allow:
+        raise BadInput("--upstream needs --allow ORG (repeatable, or '*'): which repos this mirror may pull through")
+    check_writable(app.root, "serve --upstream stores what it pulls")
+    from frt.resolver.hub import resolve_endpoint
+
+    return Upstream(resolve_endpoint(url), frozenset(allow), refs_ttl, timeout)
 
 
 @cli.group("token")

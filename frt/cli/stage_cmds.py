@@ -9,6 +9,7 @@ import click
 
 from frt.mirror.home import check_writable
 from frt.mirror.render import human_bytes, table
+from frt.mirror.storelock import store_writer
 
 from .app import App, cli, emit_json, endpoint_option, json_option, parse_targets
 
@@ -35,11 +36,12 @@ def stage_cmd(app: App, manifest, targets, jobs, endpoint, quiet, as_json):
     check_writable(app.root, "stage writes the ledger, the store and the views")
     plan = load_plan(manifest, targets)
     report = StageReport()
-    if plan.requests:
-        report = stage(plan.requests, plan.targets, home=app.home, hub=app.hub(endpoint),
-                       jobs=jobs, publishers=plan.publishers, progress=not (quiet or as_json))
-    if plan.models:  # target-less: after the kernels, so a kernel failure is reported first
-        stage_models(plan.models, home=app.home, hub=app.hub(endpoint), jobs=jobs, report=report)
+    with store_writer(app.home):  # gc waits: what is stored here is referenced only at the end
+        if plan.requests:
+            report = stage(plan.requests, plan.targets, home=app.home, hub=app.hub(endpoint),
+                           jobs=jobs, publishers=plan.publishers, progress=not (quiet or as_json))
+        if plan.models:  # target-less: after the kernels, so a kernel failure is reported first
+            stage_models(plan.models, home=app.home, hub=app.hub(endpoint), jobs=jobs, report=report)
     if as_json:
         emit_json({"ok": report.ok, "downloaded_bytes": report.downloaded_bytes,
                     "needed_bytes": report.needed_bytes, "rows": [r.to_json() for r in report.rows]})
@@ -140,7 +142,9 @@ def import_cmd(app: App, src, require_signature, quiet, as_json):
     from frt.mirror.bundle import import_bundle
 
     check_writable(app.root, "import writes the ledger, the store and the views")
-    report = import_bundle(src, app.home, require_signature=require_signature, progress=not (quiet or as_json))
+    with store_writer(app.home):  # gc waits: what is stored here is referenced only at the end
+        report = import_bundle(src, app.home, require_signature=require_signature,
+                               progress=not (quiet or as_json))
     if as_json:
         emit_json(report.to_json())
     else:

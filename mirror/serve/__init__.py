@@ -12,6 +12,8 @@ from .app import MirrorApp
 from .watch import CatalogWatcher
 from .listen import listen
 
+KEEP_ALIVE_S = 75
+
 __all__ = ["AccessLog", "MirrorApp", "listen", "make_app", "open_sink", "serve"]
 
 def make_app(home: Home, trust_override: frozenset[str] = frozenset(), log: AccessLog | None = None) -> MirrorApp:
@@ -23,8 +25,10 @@ def serve(app: MirrorApp, sockets: list[socket.socket]) -> None:
     """Run uvicorn on sockets already bound (see listen.py); then write out the access log's last lines."""
     import uvicorn
 
+    # A client's pool leaves a connection idle between a HEAD and its GET, seconds on a busy node;
+    # uvicorn's default 5 s keep-alive closed it under a GET being sent (RemoteProtocolError). nginx's 75 s.
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", server_header=False,
-                            date_header=True)
+                            date_header=True, timeout_keep_alive=KEEP_ALIVE_S)
     try:
         uvicorn.Server(config).run(sockets=sockets)
     finally:

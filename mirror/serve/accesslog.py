@@ -84,8 +84,9 @@ class AccessLog:
                 self._paths.clear()
             path = self._paths[raw] = escape(raw)
         client = scope.get("client")
+        flag = " stale" if "frt.stale" in scope else ""  # pull-through answered from the last known refs
         self.sink.add(f'{client[0] if client else "-"} - - [{self.now()}] "{scope["method"]} {path} '
-                      f'HTTP/{scope.get("http_version", "1.1")}" {status} {nbytes} {ms:.3f}ms\n')
+                      f'HTTP/{scope.get("http_version", "1.1")}" {status} {nbytes} {ms:.3f}ms{flag}\n')
 
     def now(self) -> str:
         """The time field, formatted once per second (strftime per request would cost more than the rest)."""

@@ -26,10 +26,13 @@ import anyio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from frt.resolver.errors import FrtError
+
 from ..store import blob_relpath
 from .accesslog import AccessLog, Counted
 from .catalog import Catalog, ServedCommit, ServedFile, ServedRepo, dir_oid, etag_of
 from .protocol import HubError, parse_range, split_raw_path, split_revision
+from .pull import STALE_HEADER, PullService, upstream_error
 
 REPO_TYPES = {"models": "model", "kernels": "kernel", "datasets": "dataset", "spaces": "space"}
 PREFIXES = {"kernels": "kernel", "datasets": "dataset", "spaces": "space"}
@@ -52,8 +55,9 @@ class MirrorApp:
     path of nginx's internal location over the store (serve --accel-redirect; set before serving)."""
 
     def __init__(self, catalog: Callable[[], Catalog], authorized: Callable[[str | None], bool],
-                 log: AccessLog | None = None, accel_redirect: str | None = None):
+                 log: AccessLog | None = None, accel_redirect: str | None = None, pull: PullService | None = None):
         self.catalog = catalog
+        self.pull = pull  # serve --upstream: misses of allowed repos go to the upstream (see pull.py)
         self.authorized = authorized
         self.log = log
         self.accel_redirect = accel_redirect
@@ -90,6 +94,8 @@ class MirrorApp:
             response = await self.dispatch(request)
         except HubError as e:
             response = e.response(head=request.method == "HEAD")
+        if (stale := scope.get("frt.stale")) is not None:
+            response.raw_headers = [*response.raw_headers, (STALE_HEADER.lower().encode(), stale.encode("ascii", "replace"))]
         await response(scope, receive, send)
 
     async def hot(self, scope, receive, send) -> int | None:
@@ -127,7 +133,7 @@ class MirrorApp:
             if typed or (len(segs) >= 4 and segs[2] == "resolve"):
                 repo_type, rest = (PREFIXES[segs[0]], segs[1:]) if typed else ("model", segs)
                 rev, path = split_revision(rest[3:])
-                return self.resolve(request, repo_type, f"{rest[0]}/{rest[1]}", rev, "/".join(path))
+                return await self.resolve(request, repo_type, f"{rest[0]}/{rest[1]}", rev, "/".join(path))
         raise HubError(404, None, "Not found")
 
     async def api(self, request: Request, segs: list[str], method: str) -> Response:
@@ -136,12 +142,15 @@ class MirrorApp:
         if len(segs) == 3 and segs[0] == "organizations" and segs[2] == "overview" and method == "GET":
             org = segs[1]
             trusted = self.catalog().publisher_trusted(org)
+            if trusted is None and self.pull is not None and self.pull.allowed(f"{org}/-"):
+                trusted = await self.pull.publisher_trusted(org)
             if trusted is None:  # never recorded: not ours to vouch for (kernels then refuses, as online)
                 raise HubError(404, None, f"Organization {org!r} not found on this mirror")
             return JSONResponse({"name": org, "fullname": org, "trustedKernelPublisher": trusted})
         if len(segs) < 3 or segs[0] not in REPO_TYPES:
             raise HubError(404, None, "Not found")
-        repo = self.repo(REPO_TYPES[segs[0]], f"{segs[1]}/{segs[2]}")
+        rev = split_revision(segs[4:])[0] if len(segs) >= 5 else None
+        repo = await self.repo(request, REPO_TYPES[segs[0]], f"{segs[1]}/{segs[2]}", rev)
         if method == "GET" and len(segs) == 3:
             return self.info(repo, repo.default())
         if method == "GET" and segs[3:] == ["refs"]:
@@ -161,8 +170,14 @@ class MirrorApp:
 
     # -- repos and revisions -------------------------------------------------------------------
 
-    def repo(self, repo_type: str, repo_id: str) -> ServedRepo:
-        repo = self.catalog().repo(repo_type, repo_id)
+    async def repo(self, request: Request, repo_type: str, repo_id: str, rev: str | None = None) -> ServedRepo:
+        """The staged repo; with pull-through, an allowed repo as the upstream has it (see pull.py)."""
+        repo = None
+        if self.pull is not None and self.pull.allowed(repo_id):
+            repo, stale = await self.pull.repo(repo_type, repo_id, rev)
+            if stale is not None:
+                request.scope["frt.stale"] = stale
+        repo = repo or self.catalog().repo(repo_type, repo_id)
         if repo is None:
             raise HubError(404, "RepoNotFound", f"Repository not found: {repo_id} is not staged on this mirror")
         return repo
@@ -247,13 +262,18 @@ class MirrorApp:
 
     # -- files -----------------------------------------------------------------------------------
 
-    def resolve(self, request: Request, repo_type: str, repo_id: str, rev: str, path: str) -> Response:
+    async def resolve(self, request: Request, repo_type: str, repo_id: str, rev: str, path: str) -> Response:
         catalog = self.catalog()
-        repo = self.repo(repo_type, repo_id)
+        repo = await self.repo(request, repo_type, repo_id, rev)
         c = self.commit(repo, rev)
         f = c.files.get(path)
         if f is None:
             raise HubError(404, "EntryNotFound", f"{path} is not staged at {rev}", {"X-Repo-Commit": c.sha})
+        if f.blob is None and request.method != "HEAD":  # listed upstream, not stored: pull it now
+            try:
+                f = await self.pull.file(repo, c.sha, f)
+            except FrtError as e:
+                raise upstream_error(e, f"{repo_id}/{path}@{c.sha[:12]}") from None
         rng = parse_range(request.headers.get("range"), f.size)
         if rng == "unsatisfiable":
             raise HubError(416, None, "Requested Range Not Satisfiable",
@@ -266,7 +286,7 @@ class MirrorApp:
             return BlobResponse(f, 0, 0, 200, self.accel(f, fixed, ranged=rng is not None), head=True)
         if rng is not None:
             headers.append((b"content-range", b"bytes %d-%d/%d" % (start, end - 1, f.size)))
-        elif (raw := request.scope.get("raw_path")) and catalog is self.catalog():
+        elif (raw := request.scope.get("raw_path")) and catalog is self.catalog() and repo is catalog.repo(repo_type, repo_id):
             if len(self._hot) >= HOT_MAX:  # distinct spellings of one URL must not grow it without bound
                 self._hot.clear()
             accel = self.accel(f, fixed, ranged=False) if self.accel_redirect else None

@@ -28,7 +28,7 @@ class ServedFile:
     oid: str  # git oid as upstream listed it (for LFS files: the pointer's)
     sha256: str  # of the content: names the blob in the store
     lfs: bool
-    blob: Path
+    blob: Path | None  # None: listed upstream, not stored yet (pull-through fetches it on a GET)
 
     def tree_entry(self) -> dict:
         entry = {"type": "file", "oid": self.oid, "size": self.size, "path": self.path}
@@ -124,18 +124,19 @@ def load_catalog(home: Home, trust_override: frozenset[str] = frozenset()) -> Ca
                     if content and store.has(content):  # only verified bytes are served
                         commit.files[f.path] = ServedFile(f.path, f.size, f.git_oid, content, f.sha256 is not None,
                                                           store.path(content))
-            _refs(v, served, [r for r in rows if r.repo == repo_id])
+            add_refs(v, served, [r for r in rows if r.repo == repo_id])
     publishers = {org: p.trusted for org, p in ledger.publishers().items()}
     return Catalog(repos, publishers, frozenset(trust_override))
 
 
-def _refs(view, served: ServedRepo, rows) -> None:
-    """Branches v<N> as staged (what `kernels` resolves), plus upstream refs that point at staged commits."""
+def add_refs(view, served: ServedRepo, rows, upstream: bool = False) -> None:
+    """Branches v<N> as staged (what `kernels` resolves), plus upstream refs that point at staged commits.
+    `upstream` (pull-through): the upstream's refs as last seen win over what was staged under a name."""
     for kind, name, sha in view.refs(served.repo_id):
         if sha in served.commits:
             (served.branches if kind == "branch" else served.tags)[name] = sha
     for r in sorted(rows, key=lambda r: r.commit):
-        if r.version is not None:
+        if r.version is not None and not (upstream and f"v{r.version}" in served.branches):
             served.branches[f"v{r.version}"] = r.commit
         elif r.revision and r.revision != r.commit and not r.revision.startswith(r.commit[:7]):
             served.branches.setdefault(r.revision, r.commit)

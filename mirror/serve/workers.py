@@ -26,6 +26,7 @@ from pathlib import Path
 from frt.resolver.errors import EXIT_UNAVAILABLE, BadInput, FrtError
 
 from ..home import Home
+from .pull import Upstream
 from . import make_app, serve
 from .accesslog import AccessLog, open_sink
 from .app import MirrorApp
@@ -42,6 +43,7 @@ class AppSpec:
     access_log: str | None = None  # FILE, "-" (stdout) or None (stderr): see open_sink
     accel_redirect: str | None = None  # nginx's internal location over the store (serve --accel-redirect)
     ledger_url: str | None = None  # the ledger on a server (--ledger), else the home's SQLite file
+    upstream: Upstream | None = None  # serve --upstream: pull-through
 
     def build(self, home: Home) -> MirrorApp:
         """Raises BadInput where the access log cannot be opened."""
@@ -51,6 +53,8 @@ class AppSpec:
             raise BadInput(f"cannot open the access log {self.access_log}: {e.strerror}") from None
         app = make_app(home, self.trust, log=AccessLog(sink))
         app.accel_redirect = self.accel_redirect
+        if self.upstream is not None:
+            app.pull = self.upstream.service(home)
         return app
 
 

@@ -31,6 +31,8 @@ class Faults:
         self._drops: list[_Drop] = []
         self._delays: list[tuple[str, float]] = []
         self._rates: list[tuple[str, float]] = []
+        self._holds: list[tuple[str, int]] = []
+        self._released = threading.Event()
 
     def fail_next(self, n: int, status: int = 503, match: str = "") -> None:
         """The next `n` requests whose raw path contains `match` get `status` (no X-Error-Code)."""
@@ -54,7 +56,21 @@ class Faults:
         with self._lock:
             self._rates.append((match, bytes_per_s))
 
+    def hold(self, match: str, after: int) -> None:
+        """Matching file bodies send `after` bytes, then wait for `release()`: a download that stays in
+        flight for exactly as long as a test needs, with no clock in it."""
+        with self._lock:
+            self._holds.append((match, after))
+            self._released.clear()
+
+    def release(self) -> None:
+        """Let held bodies (and any that would be held) finish."""
+        with self._lock:
+            self._holds.clear()
+            self._released.set()
+
     def clear(self) -> None:
+        self.release()
         with self._lock:
             self._rates.clear()
             self._fails.clear()
@@ -71,6 +87,13 @@ class Faults:
         with self._lock:
             rates = [r for m, r in self._rates if m in path]
         return min(rates) if rates else None
+
+    def hold_for(self, path: str) -> int | None:
+        with self._lock:
+            return next((n for m, n in self._holds if m in path), None)
+
+    def wait_released(self, timeout: float = 300.0) -> None:
+        self._released.wait(timeout)
 
     def take_failure(self, path: str) -> int | None:
         return self._take(self._fails, path, lambda r: r.status)

@@ -89,6 +89,7 @@ class FakeHub:
         self._start_lock = threading.Lock()
         self._conns: set[socket.socket] = set()  # open client connections (both hosts), severed by stop()
         self._bodies = 0  # file bodies being streamed right now
+        self._body_bytes = 0
         self._signer = UrlSigner()
         self._cdn_objects: dict[str, tuple[Commit, str]] = {}  # sha256 -> where its served bytes live
 
@@ -136,6 +137,7 @@ class FakeHub:
         would go on serving their keep-alive connections, so a client that had opened its downloads
         would finish them against an upstream that is supposedly gone.
         """
+        self.faults.release()  # a held body must not keep its handler thread waiting
         with self._start_lock:
             servers, self._server, self._cdn = [self._server, self._cdn], None, None
             threads, self._threads = self._threads, []
@@ -232,6 +234,16 @@ class FakeHub:
     def _body(self, delta: int) -> None:
         with self._log_lock:
             self._bodies += delta
+
+    @property
+    def body_bytes(self) -> int:
+        """File body bytes written to clients so far, on both hosts (what a link to the Hub would carry)."""
+        with self._log_lock:
+            return self._body_bytes
+
+    def _sent(self, n: int) -> None:
+        with self._log_lock:
+            self._body_bytes += n
 
 
 class _Handler(BaseHandler):

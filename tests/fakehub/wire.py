@@ -174,8 +174,14 @@ class BaseHandler(BaseHTTPRequestHandler):
         step = CHUNK if rate is None else max(1, min(CHUNK, int(rate / 20)))
         self.hub._body(+1)
         try:
+            if (held := self.hub.faults.hold_for(self.path)) is not None:
+                self.wfile.write(view[:held])
+                self.wfile.flush()
+                self.hub.faults.wait_released()
+                view = view[held:]
             for off in range(0, len(view), step):  # stream: no per-request copy of a large body
                 self.wfile.write(view[off:off + step])
+                self.hub._sent(min(step, len(view) - off))
                 if rate is not None:
                     time.sleep(step / rate)
         finally:

@@ -1,0 +1,169 @@
+"""Pull-through: 64 cold clients through `serve --upstream` vs. the same 64 straight to the upstream, and
+warm hits through it vs. a staged `serve`.
+
+    python -m bench.pull_through [--quick]
+
+The upstream is the test fake Hub with the real Hub's redirects (LFS bodies from a CDN host), holding
+one kernel whose torch-universal build carries a 64 MiB LFS file (--quick: 2 MiB). Each row is 64
+concurrent `hf_hub_download`s of that file (threads of one child process, each into its own fresh cache
+dir, HEAD then GET as the client does): the upstream's body bytes / file size (what the link to the Hub
+carried: target 1.0 through the mirror) and wall time. Then the same 64 again through the same
+mirror, now warm, vs. a `serve` of a home where the file was staged the ordinary way (`stage`):
+3 runs each, interleaved, median wall time (the clients share one GIL: the figure is the pair's ratio).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import statistics
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from bench.serve import emit, free_port, wait_listening
+
+ROOT = Path(__file__).resolve().parents[1]
+MiB = 1 << 20
+REPO, VARIANT = "bench-org/pull", "torch-universal"
+FILE = f"build/{VARIANT}/_weights.bin"
+CLIENTS, RUNS = 64, 3
+
+
+def child_clients(endpoint: str, caches: str, n: int) -> dict:
+    """`n` concurrent hf_hub_downloads into fresh caches; wall seconds and every file's sha256."""
+    import threading
+
+    from huggingface_hub import hf_hub_download
+
+    shas, errors = [], []
+
+    def one(i: int) -> None:
+        try:
+            path = hf_hub_download(REPO, FILE, repo_type="kernel", revision="v1", cache_dir=f"{caches}/c{i}",
+                                   endpoint=endpoint)
+            with open(path, "rb") as f:
+                shas.append(hashlib.file_digest(f, "sha256").hexdigest())
+        except Exception as e:  # reported, and the run fails
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return {"wall": time.perf_counter() - t0, "shas": sorted(set(shas)), "ok": len(shas), "errors": errors[:3]}
+
+
+def clients(endpoint: str, tmp: Path, name: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env.update(HF_HUB_DISABLE_XET="1", HF_HUB_DISABLE_PROGRESS_BARS="1", HF_HUB_DOWNLOAD_TIMEOUT="120")
+    out = subprocess.run([sys.executable, "-m", "bench.pull_through", "--child", endpoint, str(tmp / name),
+                          str(CLIENTS)], capture_output=True, text=True, timeout=900, cwd=ROOT, env=env)
+    if out.returncode:
+        sys.exit(f"clients {name} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def serve(home: Path, tmp: Path, *args: str) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    exe = str(Path(sys.executable).with_name("frt-mirror"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "FRT_"))}
+    with open(tmp / f"serve-{port}.log", "wb") as log:
+        proc = subprocess.Popen([exe, "--home", str(home), "serve", "--port", str(port), *args], stdout=log,
+                                stderr=subprocess.STDOUT, env=env)
+    wait_listening(port, proc, "frt-mirror serve")
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:  # the port is bound before the app is built: wait for an answer, not for a listener
+        try:
+            urllib.request.urlopen(f"{url}/api/agent-harnesses", timeout=5)
+        except urllib.error.HTTPError:
+            return proc, url
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                sys.exit(f"frt-mirror serve did not answer (exit {proc.poll()})")
+            time.sleep(0.05)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(prog="python -m bench.pull_through", description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="a 2 MiB file, one warm run each (< 1 min)")
+    ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        return emit(child_clients(args.child[0], args.child[1], int(args.child[2])))
+    sys.path.insert(0, str(ROOT))
+    from frt.mirror.home import Home
+    from frt.mirror.stage import stage
+    from frt.resolver import HubClient, make_request, parse_target
+    from tests.fakehub import FakeHub, FakeRepo
+    from tests.kernel_fixtures import variant_files
+
+    size = (2 if args.quick else 64) * MiB
+    payload = hashlib.shake_128(b"bench.pull_through").digest(size)
+    repo = FakeRepo(REPO)
+    repo.commit(variant_files("pull", VARIANT, version=1, extra={"_weights.bin": payload}), title="w", branch="v1")
+    want = hashlib.sha256(payload).hexdigest()
+    rows, procs = {}, []
+    with tempfile.TemporaryDirectory(prefix="frt-bench-pull-") as t, FakeHub([repo], redirects=True,
+                                                                            trusted_orgs=["bench-org"]) as hub:
+        tmp = Path(t)
+
+        def run(name: str, endpoint: str) -> None:
+            before = hub.body_bytes
+            r = clients(endpoint, tmp, f"{name}-{len(rows.get(name, []))}")
+            if r["errors"] or r["ok"] != CLIENTS or r["shas"] != [want]:
+                sys.exit(f"{name}: {r['ok']}/{CLIENTS} correct, errors {r['errors']}")
+            rows.setdefault(name, []).append({**r, "upstream": (hub.body_bytes - before) / size})
+
+        try:
+            run("direct", hub.url)
+            p, mirror = serve(tmp / "pulled", tmp, "--upstream", hub.url, "--allow", "bench-org")
+            procs.append(p)
+            run("cold", mirror)
+            home = Home(tmp / "staged")
+            report = stage([make_request(REPO, version=1)], [parse_target("torch2.13-cpu-x86_64-linux")], home=home,
+                           hub=HubClient(hub.url), progress=False)
+            home.close()
+            if not report.ok:
+                sys.exit(f"staging failed: {report.rows}")
+            p, staged = serve(tmp / "staged", tmp)
+            procs.append(p)
+            for _ in range(1 if args.quick else RUNS):  # warm hits: interleaved, the median of each
+                run("warm", mirror)
+                run("staged", staged)
+        finally:
+            for p in procs:
+                p.terminate()
+                p.wait(timeout=10)
+    report_rows(rows, size)
+
+
+def report_rows(rows: dict, size: int) -> None:
+    mb = CLIENTS * size / 1e6
+    print(f"pull-through: {CLIENTS} concurrent cold hf_hub_download of one {size // MiB} MiB LFS file "
+          f"(fake Hub, redirects to its CDN host)")
+    print(f"{'':34}{'upstream bytes / file size':>28}{'wall s':>9}{'client MB/s':>13}")
+    labels = {"direct": "straight to the upstream", "cold": "through serve --upstream (cold)",
+              "warm": "through serve --upstream (warm)", "staged": "staged serve (no upstream)"}
+    rows = {name: {"upstream": max(r["upstream"] for r in runs), "wall": statistics.median(r["wall"] for r in runs)}
+            for name, runs in rows.items()}
+    for name, label in labels.items():
+        r = rows[name]
+        print(f"{label:34}{r['upstream']:>28.2f}{r['wall']:>9.2f}{mb / r['wall']:>13.1f}")
+    print(f"upstream bytes / file size through the mirror = {rows['cold']['upstream']:.2f} (target 1.0; "
+          f"straight: {rows['direct']['upstream']:.2f})")
+    print(f"cold wall-time ratio mirror/straight = {rows['cold']['wall'] / rows['direct']['wall']:.2f}")
+    print(f"warm-hit throughput ratio pull-through/staged serve = {rows['staged']['wall'] / rows['warm']['wall']:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+"""Commands that shrink the home: unstage (drop a staged set) and gc (reclaim what nothing references)."""
+
+from __future__ import annotations
+
+import click
+
+from frt.mirror.home import check_writable
+from frt.resolver import parse_target
+from frt.resolver.errors import BadInput
+
+from .app import App, cli, emit_json, json_option
+
+
+def _note(what: str) -> None:
+    click.echo(f"frt-mirror: {what}", err=True)
+
+
+def _existing(app: App) -> None:
+    if not app.root.is_dir():  # rather than create an empty home only to find nothing in it
+        raise BadInput(f"home {app.root} does not exist")
+
+
+@cli.command("gc")
+@click.option("--dry-run", is_flag=True, help="Report what would be removed; remove nothing.")
+@json_option
+@click.pass_obj
+def gc_cmd(app: App, dry_run, as_json):
+    """Remove blobs no staged row and no view references, and partial downloads of dead runs.
+
+    Waits for a stage or import running in this home (and they wait for it)."""
+    from frt.mirror.gc import collect
+
+    _existing(app)
+    check_writable(app.root, "gc removes blobs and their ledger rows (--dry-run as well: it takes the store's "
+                             "lock)")
+    report = collect(app.home, dry_run=dry_run, on_wait=_note)
+    if as_json:
+        emit_json(report.to_json())
+    else:
+        click.echo(report.render())
+
+
+@cli.command("unstage")
+@click.argument("spec", metavar="REPO[@REV]")
+@click.option("--target", help="Only what is staged for this target (default: every target).")
+@json_option
+@click.pass_obj
+def unstage_cmd(app: App, spec, target, as_json):
+    """Drop a staged set: its staged rows and the views no other row needs; then 'gc' reclaims its blobs.
+
+    REV: a staged version (v1), branch, tag or commit (default: everything staged of REPO)."""
+    from frt.mirror.unstage import parse_spec, unstage
+
+    repo, rev = parse_spec(spec)
+    target = str(parse_target(target)) if target is not None else None
+    _existing(app)
+    check_writable(app.root, "unstage writes the ledger and the views")
+    report = unstage(app.home, repo, rev, target, on_wait=_note)
+    if as_json:
+        emit_json(report.to_json())
+    else:
+        click.echo(report.render())

@@ -1,0 +1,148 @@
+"""serve's pull-through policy over frt.mirror.pull_through: single flight, refs TTL, outages.
+
+- One upstream call per thing at a time, per process: concurrent misses for one blob (or one repo's
+  refresh) wait for the first one's result. Its work runs in a thread and is never cancelled by a client
+  that goes away, so a slow first fetch still completes and is stored for the next request. Across
+  serve's workers (and other hosts on a PostgreSQL ledger) fetch_file's per-blob lock makes the others
+  find the stored blob instead of fetching it again.
+- A waiter gets the result, or the fetch's own error (a cut transfer is stored as nothing: the next
+  request starts a new fetch, resuming from the bytes already down when the upstream allows it).
+- Refs are refreshed when older than `refs_ttl`; a refresh that fails or takes longer than `timeout`
+  leaves the last known refs and everything stored in service, flagged: the response carries
+  `X-Mirror-Stale` and the access log line ends in `stale`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import anyio
+
+from frt.resolver.errors import BadInput, FrtError, UpstreamUnavailable, VerificationFailed
+
+from ..pull_through import NotAllowed, PullThrough
+from .catalog import ServedFile, ServedRepo
+from .protocol import HubError
+
+STALE_HEADER = "X-Mirror-Stale"
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """serve --upstream URL --allow ORG… --refs-ttl S --upstream-timeout S: each worker builds its own service."""
+
+    endpoint: str
+    allow: frozenset[str]
+    refs_ttl: float = 60.0
+    timeout: float = 10.0
+
+    def service(self, home) -> PullService:
+        from frt.resolver import HubClient
+
+        return PullService(PullThrough(home, HubClient(self.endpoint), self.allow), refs_ttl=self.refs_ttl,
+                           timeout=self.timeout)
+
+
+@dataclass
+class _Known:
+    repo: ServedRepo | None
+    at: float  # monotonic time of the last refresh that reached the upstream (or of the failed try)
+    stale: str | None = None  # why the upstream could not be asked, when it could not
+
+
+class PullService:
+    def __init__(self, pull: PullThrough, *, refs_ttl: float = 60.0, timeout: float = 10.0):
+        self.pull, self.refs_ttl, self.timeout = pull, refs_ttl, timeout
+        self._known: dict[tuple[str, str], _Known] = {}
+        self._flights: dict[object, asyncio.Future] = {}
+        self._tried: dict[tuple, float] = {}  # (repo key, commit sha) -> when the upstream was last asked
+
+    def allowed(self, repo_id: str) -> bool:
+        return self.pull.allowed(repo_id)
+
+    async def repo(self, repo_type: str, repo_id: str, revision: str | None = None) -> tuple[ServedRepo | None, str | None]:
+        """The repo as the mirror can answer it now, and why that is stale (None: fresh). The refs are
+        asked for when older than the TTL; a commit sha nobody listed yet, at most once per TTL."""
+        if not self.allowed(repo_id):
+            return None, None
+        key, now = (repo_type, repo_id), time.monotonic()
+        known = self._known.get(key)
+        if known is None or now - known.at >= self.refs_ttl:
+            rev = revision if revision is not None and _is_sha(revision) else None
+            await self._flight(("refresh", key, rev), lambda: self._refresh(repo_type, repo_id, rev))
+        elif (revision is not None and _is_sha(revision) and (known.repo is None or known.repo.resolve(revision) is None)
+              and now - self._tried.get((key, revision), -self.refs_ttl) >= self.refs_ttl):
+            if len(self._tried) >= 4096:
+                self._tried.clear()
+            self._tried[(key, revision)] = now
+            await self._flight(("refresh", key, revision), lambda: self._refresh(repo_type, repo_id, revision))
+        known = self._known[key]
+        return known.repo, known.stale
+
+    async def _refresh(self, repo_type: str, repo_id: str, revision: str | None) -> None:
+        stale = None
+        try:
+            with anyio.fail_after(self.timeout):
+                await anyio.to_thread.run_sync(self.pull.refresh, repo_type, repo_id, revision,
+                                               abandon_on_cancel=True)
+        except TimeoutError:
+            stale = f"upstream did not answer within {self.timeout:g} s"
+        except UpstreamUnavailable as e:
+            stale = f"upstream unavailable: {e}"
+        except NotAllowed:
+            self._known[(repo_type, repo_id)] = _Known(None, time.monotonic())
+            return
+        except FrtError:  # RepoNotFound / RevisionNotFound: the upstream's answer; what we have still stands
+            pass
+        repo = await anyio.to_thread.run_sync(self.pull.served_repo, repo_type, repo_id)
+        self._known[(repo_type, repo_id)] = _Known(repo, time.monotonic(), stale)
+
+    async def file(self, repo: ServedRepo, commit: str, f: ServedFile) -> ServedFile:
+        """`f` stored (fetched now, or by whoever was fetching it); the cached repo is updated in place."""
+        stored = await self._flight(("file", f.sha256 or f.oid),
+                                    lambda: anyio.to_thread.run_sync(self.pull.fetch, repo.repo_type, repo.repo_id,
+                                                                     commit, f.path))
+        c = repo.commits.get(commit)
+        if c is not None:
+            c.files[f.path] = stored
+        return stored
+
+    async def publisher_trusted(self, org: str) -> bool | None:
+        """The upstream's word on the org, asked once per TTL (kernels asks before anything else)."""
+        key, now = ("org", org), time.monotonic()
+        ask = now - self._tried.get(key, -self.refs_ttl) >= self.refs_ttl
+        if ask:
+            self._tried[key] = now
+        try:
+            with anyio.fail_after(self.timeout):
+                return await self._flight(key, lambda: anyio.to_thread.run_sync(
+                    self.pull.publisher_trusted, org, ask, abandon_on_cancel=True))
+        except (TimeoutError, UpstreamUnavailable):
+            return await anyio.to_thread.run_sync(self.pull.publisher_trusted, org)
+
+    async def _flight(self, key, start: Callable[[], Awaitable]):
+        """The result of `start()`, run once for all concurrent callers with this key. The work is a task
+        of its own: a caller that goes away (a client disconnect cancels its request) does not stop it."""
+        fut = self._flights.get(key)
+        if fut is None:
+            fut = self._flights[key] = asyncio.ensure_future(start())
+            fut.add_done_callback(lambda _: self._flights.pop(key, None))
+        return await asyncio.shield(fut)
+
+
+def _is_sha(rev: str) -> bool:
+    return len(rev) == 40 and all(c in "0123456789abcdef" for c in rev)
+
+
+def upstream_error(e: FrtError, where: str) -> HubError:
+    """A pull that failed, as the client sees it: nothing was stored, and the next request tries again."""
+    if isinstance(e, VerificationFailed):
+        return HubError(502, None, f"{where}: the upstream's bytes failed verification and were not stored: {e}")
+    if isinstance(e, UpstreamUnavailable):
+        return HubError(502, None, f"{where}: the upstream is unavailable, nothing was stored: {e}")
+    if isinstance(e, BadInput):
+        return HubError(404, "EntryNotFound", str(e))
+    return HubError(502, None, f"{where}: {e}")

@@ -1,0 +1,105 @@
+"""The home's store lock: writers of the store (stage, import) hold it shared, gc and unstage hold it
+exclusive.
+
+Why a home-wide lock, beside the per-blob one a download holds (BlobStore.lock): a stager stores a
+blob minutes before the staged row that makes it referenced, and it reuses a blob already in the
+store without taking any lock at all. A gc that looked only at staged rows, views and per-blob locks
+would remove such a blob from under the stager, whose view then cannot be linked. So gc waits for
+the stagers running now, and a stager that starts meanwhile waits for gc (which only unlinks files).
+
+On one host the lock is an flock on `locks/store.lock`; on a server ledger it is also the server's
+advisory lock (shared or exclusive), since many shared filesystems do not honour file locks across
+hosts, and the server drops it when its holder dies.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+
+from frt.resolver.errors import LedgerUnavailable, first_line
+from sqlalchemy.exc import DBAPIError
+
+from .home import Home
+
+_NAME = "frt-mirror store writers"
+_KEY = int.from_bytes(hashlib.sha256(_NAME.encode()).digest()[:8], "big", signed=True)
+
+
+def _nothing(_what: str) -> None:
+    pass
+
+
+@contextmanager
+def store_writer(home: Home) -> Iterator[None]:
+    """Held by a command that puts blobs in the store and then records what references them."""
+    with _store_lock(home, exclusive=False, on_wait=_nothing):
+        yield
+
+
+@contextmanager
+def store_collector(home: Home, on_wait: Callable[[str], None] = _nothing) -> Iterator[None]:
+    """Held by gc and unstage: no writer is between storing a blob and recording its reference.
+    `on_wait` is told once, before waiting, that a writer holds the store."""
+    with _store_lock(home, exclusive=True, on_wait=on_wait):
+        yield
+
+
+@contextmanager
+def _store_lock(home: Home, *, exclusive: bool, on_wait: Callable[[str], None]) -> Iterator[None]:
+    told = []
+
+    def wait_note() -> None:
+        if not told:
+            told.append(True)
+            on_wait("waiting for the stage or import running in this home to finish")
+
+    with ExitStack() as held:
+        held.enter_context(_flock(home.store.locks / "store.lock", exclusive, wait_note))
+        if home.ledger.url:
+            held.enter_context(_server_lock(home, exclusive, wait_note))
+        yield
+
+
+@contextmanager
+def _flock(path, exclusive: bool, wait_note: Callable[[], None]) -> Iterator[None]:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        op = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
+        try:
+            fcntl.flock(fd, op | fcntl.LOCK_NB)
+        except BlockingIOError:
+            wait_note()
+            fcntl.flock(fd, op)
+        yield
+    finally:
+        os.close(fd)  # and with it the lock
+
+
+@contextmanager
+def _server_lock(home: Home, exclusive: bool, wait_note: Callable[[], None]) -> Iterator[None]:
+    engine = home.ledger.engine
+    kind = "" if exclusive else "_shared"
+    where = engine.url.render_as_string(hide_password=True)
+    try:
+        conn = engine.connect()
+        if not conn.exec_driver_sql(f"SELECT pg_try_advisory_lock{kind}({_KEY})").scalar():
+            wait_note()
+            conn.exec_driver_sql(f"SELECT pg_advisory_lock{kind}({_KEY})")
+        conn.commit()  # hold no transaction (nor its snapshot) for as long as a stage takes
+    except DBAPIError as e:
+        raise LedgerUnavailable(f"ledger {where} is unavailable (taking the store's lock): "
+                                f"{first_line(e.orig)}") from None
+    try:
+        yield
+    finally:
+        try:
+            conn.exec_driver_sql(f"SELECT pg_advisory_unlock{kind}({_KEY})")
+            conn.commit()
+        except DBAPIError:
+            pass  # the server dropped the connection, and the lock with it
+        finally:
+            conn.close()

@@ -1,0 +1,122 @@
+"""unstage: drop a staged set (its staged rows, and the views no remaining row needs), so that gc can
+reclaim its blobs.
+
+A view is a (repo, commit, variant) tree that several staged rows can share (two targets that chose
+the same variant, `v1` and `revision release/v1` at one commit): it goes only with the last row that
+needs it, so `env` and `serve` keep answering every remaining row, and no link dangles. Rows go
+first, in one write that bumps the change serial (serve's replicas reload and stop offering them),
+then the views: a run cut short between the two leaves a view no row names, whose blobs gc keeps
+until it is gone, never a row without its view.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from frt.resolver.errors import BadInput
+from frt.resolver.gate import check_repo_id, ref_problem
+
+from .gc import plan
+from .home import Home
+from .records import StagedRow, delete_staged, staged_rows
+from .render import human_bytes, table
+from .store import Digest
+from .storelock import store_collector
+from .views import Views
+
+
+@dataclass
+class UnstageReport:
+    rows: list[StagedRow]
+    views: list[Path] = field(default_factory=list)  # variant dirs removed
+    view_files: int = 0
+    reclaimable: list[Digest] = field(default_factory=list)  # what gc would now remove
+
+    @property
+    def reclaimable_bytes(self) -> int:
+        return sum(d.size for d in self.reclaimable)
+
+    def to_json(self) -> dict:
+        return {"rows": [dict(r.__dict__) for r in self.rows], "views": [str(p) for p in self.views],
+                "view_files": self.view_files, "reclaimable_blobs": len(self.reclaimable),
+                "reclaimable_bytes": self.reclaimable_bytes}
+
+    def render(self) -> str:
+        out = table(["repo", "requested", "target", "commit", "variant"],
+                    [(r.repo, r.requested, r.target, r.commit[:12], r.variant) for r in self.rows])
+        return out + (f"\nunstaged {len(self.rows)} row(s); removed {len(self.views)} view(s) ({self.view_files} "
+                      f"file(s)); 'frt-mirror gc' can now reclaim {len(self.reclaimable)} blob(s) "
+                      f"({human_bytes(self.reclaimable_bytes)})")
+
+
+def parse_spec(spec: str) -> tuple[str, str | None]:
+    """REPO[@REV]: a repo id, and a version (`v1`), branch, tag, requested revision or commit (prefix)."""
+    repo, sep, rev = spec.partition("@")
+    check_repo_id(repo, where="unstage")
+    if sep and (not rev or ref_problem(rev)):
+        raise BadInput(f"unstage {spec!r}: expected REPO or REPO@REV (a version such as v1, a branch, a tag or "
+                       "a commit)")
+    return repo, rev or None
+
+
+def unstage(home: Home, repo: str, rev: str | None = None, target: str | None = None,
+            on_wait: Callable[[str], None] = lambda what: None) -> UnstageReport:
+    """Drop every staged row of `repo` that `rev` and `target` (None: any) match; BadInput if none."""
+    with store_collector(home, on_wait):  # no stager is linking the views this removes
+        ledger, views = home.ledger, home.views
+        rows = [r for r in staged_rows(ledger) if r.repo == repo]
+        chosen = [r for r in rows if (target is None or r.target == target) and (rev is None or _matches(r, rev))]
+        if not chosen:
+            raise BadInput(_nothing_matches(repo, rev, target, rows))
+        delete_staged(ledger, chosen)
+        still = {(r.repo, r.commit, r.variant) for r in staged_rows(ledger) if not r.is_model}
+        report = UnstageReport(chosen)
+        for key in sorted({(r.repo, r.commit, r.variant) for r in chosen if not r.is_model} - still):
+            removed = _remove_view(views, *key)
+            if removed is not None:
+                report.views.append(views.variant_dir(*key))
+                report.view_files += removed
+        report.reclaimable = plan(home).garbage
+    return report
+
+
+def _matches(row: StagedRow, rev: str) -> bool:
+    if rev in (row.requested, row.revision):
+        return True
+    low = rev.lower()
+    return len(low) >= 7 and all(c in "0123456789abcdef" for c in low) and row.commit.startswith(low)
+
+
+def _nothing_matches(repo: str, rev: str | None, target: str | None, rows: list[StagedRow]) -> str:
+    asked = f"{repo}@{rev}" if rev else repo
+    where = f" for {target}" if target else ""
+    if not rows:
+        return f"unstage {asked}: {repo} is not staged"
+    staged = ", ".join(sorted({f"{r.requested} ({r.commit[:12]}) for {r.target}" for r in rows}))
+    return f"unstage {asked}: nothing staged matches it{where}; staged: {staged}"
+
+
+def _remove_view(views: Views, repo: str, commit: str, variant: str) -> int | None:
+    """Take a variant's view out of sight in one rename, then delete it and the folders it leaves
+    empty. The number of files it held, or None where there was none."""
+    final = views.variant_dir(repo, commit, variant)
+    if not final.is_dir():
+        return None
+    views.tmp.mkdir(parents=True, exist_ok=True)
+    aside = views.tmp / f"stale-{uuid.uuid4().hex}"
+    os.rename(final, aside)
+    files = sum(len(names) for _, _, names in os.walk(aside))
+    shutil.rmtree(aside, ignore_errors=True)
+    parent = final.parent
+    while parent != views.root and parent.is_relative_to(views.root):
+        try:
+            parent.rmdir()  # only when empty: another variant of the commit keeps it
+        except OSError:
+            break
+        parent = parent.parent
+    return files

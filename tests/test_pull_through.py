@@ -1,0 +1,256 @@
+"""Pull-through (`serve --upstream URL --allow ORG`): an empty home that fetches on first use, verifies,
+keeps, and serves it from then on, also with the upstream gone. Unmodified clients (kernels'
+get_kernel, huggingface_hub's hf_hub_download / snapshot_download, transformers) in subprocesses; the
+upstream is the fake Hub with the real Hub's redirects to a CDN host. Also in the huggingface_hub 1.33
+venv (Makefile HUB1_TESTS)."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ACTIVATION, run_cli
+from tests.fakehub import FakeHub
+from tests.kernel_fixtures import ORG, X86_CPU, build, demo_repos
+from tests.model_fixtures import TINY_MODEL, tiny_model_repo, write_tiny_model
+from tests.serve_helpers import raw_http, raw_request, run_client, serving
+from tests.test_serve import BIG, BIG_FILE, BIG_SIZE, X86, big_repo
+from tests.test_stage import load_offline
+
+MODEL_ORG = TINY_MODEL.split("/")[0]
+FAST = {"FRT_RETRY_ATTEMPTS": "2", "FRT_RETRY_BASE_WAIT": "0.05"}
+
+
+def serve_env(**extra: str) -> dict:
+    import os
+
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("FRT_", "HF_", "LOCAL_KERNELS"))}
+    return {**base, "PYTHONWARNINGS": "ignore", **FAST, **extra}
+
+
+@pytest.fixture(scope="module")
+def saved_model(tmp_path_factory) -> Path:
+    """The tiny model, written once (it takes torch and transformers a while)."""
+    out = tmp_path_factory.mktemp("pull") / "saved"
+    write_tiny_model(out)
+    return out
+
+
+def upstream_hub(saved: Path) -> FakeHub:
+    return FakeHub(demo_repos() + [big_repo(), tiny_model_repo(saved)], trusted_orgs=[ORG], page_size=5,
+                   redirects=True)
+
+
+@pytest.fixture
+def upstream(saved_model):
+    with upstream_hub(saved_model) as hub:
+        yield hub
+
+
+def pulled(home: Path, upstream: FakeHub, *args: str):
+    return serving(home, "--upstream", upstream.url, "--allow", ORG, "--allow", MODEL_ORG, *args, env=serve_env())
+
+
+GET_BOTH = f"""
+    import kernels
+    a = kernels.get_kernel("{ACTIVATION}", version=1)
+    b = kernels.get_kernel("{ACTIVATION}", version=2)
+    report({{"v1": [a.VERSION, a.REVISION_NOTE, a.VARIANT], "v2": [b.VERSION, b.REVISION_NOTE, b.VARIANT]}})
+"""
+
+
+def body_transfers(hub: FakeHub, sha256: str) -> list:
+    """The upstream's answers that carried an LFS file's bytes: the CDN's, behind the Hub's redirect."""
+    return [e for e in hub.request_log if e.server == "cdn" and e.method == "GET"
+            and e.path.split("?")[0] == f"/cdn/{sha256}" and e.status in (200, 206)]
+
+
+def test_get_kernel_v1_and_v2_on_first_use_then_an_ordinary_staged_set(upstream, tmp_path):
+    home = tmp_path / "home"
+    with pulled(home, upstream) as m:
+        p, out = run_client(GET_BOTH, m.url, tmp_path / "hf")
+        assert out == {"v1": [1, "cu-rebuild", X86_CPU], "v2": [2, "v2.1", X86_CPU]}, p.stderr[-3000:]
+        # Exactly the files the client asked for crossed the wire: the chosen variant's, once each.
+        gets = [e.path for e in upstream.request_log if e.method == "GET" and e.server == "hub"
+                and "/resolve/" in e.path and "metadata.json" not in e.path]
+        assert gets and all(X86_CPU in g for g in gets) and len(gets) == len(set(gets)), gets
+    # What was pulled is staged: verify, env, export-cache (loaded offline), bundle + import elsewhere.
+    assert run_cli("verify", home=home).returncode == 0
+    p = run_cli("env", "--target", X86, home=home)
+    assert p.returncode == 0 and "activation" in p.stdout, p.stderr
+    cache = tmp_path / "cache"
+    p = run_cli("export-cache", str(cache), "--target", X86, home=home)
+    assert p.returncode == 0, p.stderr
+    p = load_offline(f"""
+        import kernels
+        k = kernels.get_kernel("{ACTIVATION}", version=2)
+        assert (k.VERSION, k.REVISION_NOTE) == (2, "v2.1"), k.REVISION_NOTE
+    """, {"HF_HUB_CACHE": str(cache)})
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert run_cli("bundle", str(tmp_path / "b.tar"), home=home).returncode == 0
+    other = tmp_path / "other"
+    p = run_cli("import", str(tmp_path / "b.tar"), home=other)
+    assert p.returncode == 0, p.stderr
+    assert run_cli("verify", home=other).returncode == 0
+
+
+def test_a_repo_outside_the_allow_list_is_not_found_and_never_asked_for(upstream, tmp_path):
+    with serving(tmp_path / "home", "--upstream", upstream.url, "--allow", ORG, env=serve_env()) as m:
+        p, out = run_client(f"""
+            from huggingface_hub import hf_hub_download
+            from huggingface_hub.errors import RepositoryNotFoundError
+            try:
+                hf_hub_download({TINY_MODEL!r}, "config.json")
+                report("downloaded")
+            except RepositoryNotFoundError as e:
+                report("RepositoryNotFoundError")
+        """, m.url, tmp_path / "hf")
+        assert out == "RepositoryNotFoundError", p.stderr[-2000:]
+    assert not [e for e in upstream.request_log if TINY_MODEL in e.path]
+
+
+def test_upstream_and_allow_go_together(upstream, tmp_path):
+    for args in (["--upstream", upstream.url], ["--allow", ORG]):
+        p = run_cli("serve", *args, home=tmp_path / "home")
+        assert p.returncode == 2 and "--allow" in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
+CONCURRENT = f"""
+    import hashlib, threading
+    from huggingface_hub import hf_hub_download
+    results, errors = [], []
+    def one(i):
+        try:
+            path = hf_hub_download({BIG!r}, {BIG_FILE!r}, repo_type="kernel", revision="v1",
+                                   cache_dir=f"{{CACHE}}/c{{i}}")
+            results.append(hashlib.sha256(open(path, "rb").read()).hexdigest())
+        except Exception as e:
+            errors.append(repr(e))
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(64)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    report({{"results": results, "errors": errors[:3]}})
+"""
+
+
+def big_sha(upstream: FakeHub) -> str:
+    repo = upstream.repos[("kernel", BIG)]
+    return hashlib.sha256(repo.commits[repo.branches["v1"]].files[BIG_FILE]).hexdigest()
+
+
+def test_64_concurrent_cold_downloads_are_one_upstream_body_transfer(upstream, tmp_path):
+    upstream.faults.throttle("_weights.bin", 24 << 20)  # about a second: every client arrives while it runs
+    with pulled(tmp_path / "home", upstream) as m:
+        code = CONCURRENT.replace("{CACHE}", str(tmp_path / "caches"))
+        p, out = run_client(code, m.url, tmp_path / "hf", timeout=300, HF_HUB_DOWNLOAD_TIMEOUT="60")
+        assert out is not None, p.stderr[-3000:]
+        assert out["errors"] == [] and out["results"] == [big_sha(upstream)] * 64
+    assert len(body_transfers(upstream, big_sha(upstream))) == 1
+
+
+def test_an_upstream_cut_mid_transfer_stores_nothing_and_a_retry_succeeds(upstream, tmp_path):
+    home = tmp_path / "home"
+    upstream.faults.drop_after("_weights.bin", 5 << 20, times=10)  # more than the mirror's retries
+    fetch = f"""
+        import hashlib
+        from huggingface_hub import hf_hub_download
+        try:
+            path = hf_hub_download({BIG!r}, {BIG_FILE!r}, repo_type="kernel", revision="v1")
+            report(hashlib.sha256(open(path, "rb").read()).hexdigest())
+        except Exception as e:
+            report(type(e).__name__ + ": " + str(e)[:300])
+    """
+    with pulled(home, upstream) as m:
+        p, out = run_client(fetch, m.url, tmp_path / "hf1")
+        assert out is not None and "Error" in out, (out, p.stderr[-2000:])
+        assert not (home / "store").exists() or not [b for b in (home / "store").rglob("*") if b.is_file()
+                                                      and b.stat().st_size == BIG_SIZE]
+        upstream.faults.clear()
+        p, out = run_client(fetch, m.url, tmp_path / "hf2")
+        assert out == big_sha(upstream), p.stderr[-2000:]
+    # The retry resumed from the bytes already down (a Range request), not from zero.
+    last = body_transfers(upstream, big_sha(upstream))[-1]
+    assert last.status == 206 and last.headers.get("Range", "").startswith("bytes="), last
+    assert run_cli("verify", home=home).returncode == 0
+
+
+def test_with_the_upstream_stopped_everything_pulled_still_loads_flagged_stale(saved_model, tmp_path):
+    hub = upstream_hub(saved_model)
+    hub.start()
+    home = tmp_path / "home"
+    try:
+        with pulled(home, hub, "--refs-ttl", "0.5", "--upstream-timeout", "5", "--access-log", "-") as m:
+            p, first = run_client(GET_BOTH, m.url, tmp_path / "hf1")
+            assert first is not None, p.stderr[-3000:]
+            hub.stop()
+            time.sleep(0.6)  # past the refs TTL: the next request asks the upstream, which is gone
+            p, out = run_client(GET_BOTH, m.url, tmp_path / "hf2")
+            assert out == first, p.stderr[-3000:]
+            status, headers, _ = raw_http(m.port, raw_request("GET", f"/api/kernels/{ACTIVATION}/refs"))
+            assert status == 200 and "upstream" in headers.get("x-mirror-stale", ""), headers
+            assert any(line.endswith(" stale") for line in m.stdout().splitlines())
+    finally:
+        hub.stop()
+
+
+def test_a_new_upstream_commit_on_v1_is_seen_after_the_ttl(upstream, tmp_path):
+    get_v1 = f"""
+        import kernels
+        k = kernels.get_kernel("{ACTIVATION}", version=1)
+        report(k.REVISION_NOTE)
+    """
+    with pulled(tmp_path / "home", upstream, "--refs-ttl", "1") as m:
+        p, out = run_client(get_v1, m.url, tmp_path / "hf1")
+        assert out == "cu-rebuild", p.stderr[-2000:]
+        repo = upstream.repos[("kernel", ACTIVATION)]
+        repo.commit(build("activation", [X86_CPU], version=1, note="hotfix"), title="Hotfix", branch="v1")
+        deadline = time.monotonic() + 30
+        while True:  # the TTL is 1 s; a loaded machine may take longer to get there
+            p, out = run_client(get_v1, m.url, tmp_path / f"hf{int(time.monotonic() * 1000)}")
+            if out == "hotfix" or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert out == "hotfix", p.stderr[-2000:]
+
+
+needs_transformers = pytest.mark.skipif(
+    importlib.util.find_spec("transformers") is None,
+    reason="this venv (huggingface_hub 1.33) has no transformers/torch; the main venv runs this load")
+
+
+def test_a_model_is_pulled_file_by_file_and_then_staged_as_pulled(upstream, tmp_path):
+    home = tmp_path / "home"
+    with pulled(home, upstream) as m:
+        p, out = run_client(f"""
+            import json
+            from huggingface_hub import hf_hub_download, snapshot_download
+            cfg = json.load(open(hf_hub_download({TINY_MODEL!r}, "config.json")))
+            snap = snapshot_download({TINY_MODEL!r}, allow_patterns=["*.json", "*.safetensors"])
+            import os
+            report({{"type": cfg["model_type"], "files": sorted(os.listdir(snap))}})
+        """, m.url, tmp_path / "hf")
+        assert out is not None and out["type"] == "qwen2", p.stderr[-3000:]
+        assert "README.md" not in out["files"] and "config.json" in out["files"]
+    assert run_cli("verify", home=home).returncode == 0
+    # Served again with the upstream unreachable: only what was pulled is there.
+    upstream.stop()
+    with serving(home, env=serve_env()) as m:
+        p, out = run_client(f"""
+            from huggingface_hub import hf_hub_download
+            report(open(hf_hub_download({TINY_MODEL!r}, "config.json")).read()[:1])
+        """, m.url, tmp_path / "hf2")
+        assert out == "{", p.stderr[-2000:]
+
+
+@needs_transformers
+def test_transformers_from_pretrained_through_pull_through(upstream, tmp_path):
+    from tests.test_models import LOAD
+
+    with pulled(tmp_path / "home", upstream) as m:
+        p, out = run_client(LOAD.format(repo=TINY_MODEL), m.url, tmp_path / "hf", timeout=300)
+        assert out is not None and out["type"] == "qwen2", p.stderr[-3000:]
+    assert run_cli("verify", home=tmp_path / "home").returncode == 0
