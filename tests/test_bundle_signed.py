@@ -16,7 +16,8 @@ import pytest
 from tests.conftest import RELU, run_cli
 from tests.fakehub import FakeHub
 from tests.kernel_fixtures import ORG, demo_repos
-from tests.test_bundle import import_offline, snapshot
+from tests.test_bundle import import_offline
+from tests.test_bundle_incremental import snapshot_data
 from tests.test_stage import NO_NET, X86, write_manifest
 
 
@@ -119,13 +120,13 @@ def test_bad_signatures_are_refused_and_nothing_is_written(signed, cluster, tmp_
               base64=True)
     else:
         _flip(signed.tar["good"], tar, _largest_blob(signed.tar["good"]))
-    before = snapshot(cluster)
+    before = snapshot_data(cluster)
     p = import_offline(cluster, tar, "--require-signature", str(signed.pub))
     assert p.returncode == 1, (p.stdout, p.stderr)
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in p.stderr, p.stderr
     assert says in lines[0] and "nothing was imported" in lines[0], lines[0]
-    assert snapshot(cluster) == before
+    assert snapshot_data(cluster) == before
 
 
 def test_a_format_1_bundle_is_unsigned(signed, cluster):
