@@ -1,46 +1,50 @@
-"""A one-line progress meter (bytes and files) for long work, drawn only on a terminal."""
+"""A one-line progress meter for long work (stage, bundle, import): bytes, files, rate and ETA, drawn by
+tqdm (installed with huggingface_hub) and only on a terminal.
+
+Off the terminal it draws nothing at all: a log or a pipe that reads stderr gets the command's own
+lines and no carriage-return debris. The callers pass no meter at all for `--quiet` and `--json`.
+"""
 
 from __future__ import annotations
 
 import sys
 import threading
-import time
 
-from .render import human_bytes
+from tqdm import tqdm
 
 
 class Progress:
     def __init__(self, total_bytes: int, total_files: int, *, label: str = "stage", stream=None):
-        self.total_bytes, self.total_files, self.label = total_bytes, total_files, label
-        self.bytes = self.files = 0
-        self.stream = stream or sys.stderr
-        self.enabled = self.stream.isatty()
+        self.total_files, self.files = total_files, 0
+        stream = stream or sys.stderr
+        self.enabled = _isatty(stream)
+        # Downloads report from several threads; tqdm's update is not atomic, so ours serializes them.
         self._lock = threading.Lock()
-        self._last = 0.0
-        self._start = time.monotonic()
+        self._bar = tqdm(total=total_bytes, desc=label, file=stream, disable=not self.enabled, unit="B",
+                         unit_scale=True, unit_divisor=1024, dynamic_ncols=True, leave=True,
+                         postfix=self._files())
+
+    def _files(self) -> str:
+        return f"{self.files}/{self.total_files} files"
 
     def add_bytes(self, n: int) -> None:
-        with self._lock:
-            self.bytes += n
-            self._draw()
+        if self.enabled:
+            with self._lock:
+                self._bar.update(n)
 
     def file_done(self) -> None:
         with self._lock:
             self.files += 1
-            self._draw(force=self.files == self.total_files)
-
-    def _draw(self, force: bool = False) -> None:
-        now = time.monotonic()
-        if not self.enabled or (not force and now - self._last < 0.1):
-            return
-        self._last = now
-        rate = self.bytes / max(now - self._start, 1e-6)
-        self.stream.write(f"\r{self.label}: {human_bytes(self.bytes)}/{human_bytes(self.total_bytes)}  "
-                          f"{self.files}/{self.total_files} files  {human_bytes(int(rate))}/s   ")
-        self.stream.flush()
+            if self.enabled:
+                self._bar.set_postfix_str(self._files(), refresh=self.files == self.total_files)
 
     def close(self) -> None:
-        if self.enabled:
-            self._draw(force=True)
-            self.stream.write("\n")
-            self.stream.flush()
+        with self._lock:
+            self._bar.close()
+
+
+def _isatty(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # a closed or file-like stream without a terminal behind it
+        return False

@@ -20,9 +20,10 @@ from .app import App, cli, emit_json, endpoint_option, json_option, parse_target
               help="Stage for this target (repeatable; replaces the manifest's targets).")
 @click.option("--jobs", default=8, show_default=True, type=click.IntRange(1, 64), help="Parallel downloads.")
 @endpoint_option
+@click.option("--quiet", "-q", is_flag=True, help="No progress meter (drawn only when stderr is a terminal).")
 @json_option
 @click.pass_obj
-def stage_cmd(app: App, manifest, targets, jobs, endpoint, as_json):
+def stage_cmd(app: App, manifest, targets, jobs, endpoint, quiet, as_json):
     """Fetch exactly the files the targets need, verified, into the store and views.
 
     MANIFEST: an frt manifest TOML, a pyproject.toml with [tool.kernels.dependencies], or a
@@ -38,7 +39,7 @@ def stage_cmd(app: App, manifest, targets, jobs, endpoint, as_json):
     with store_writer(app.home):  # gc waits: what is stored here is referenced only at the end
         if plan.requests:
             report = stage(plan.requests, plan.targets, home=app.home, hub=app.hub(endpoint),
-                           jobs=jobs, publishers=plan.publishers, progress=not as_json)
+                           jobs=jobs, publishers=plan.publishers, progress=not (quiet or as_json))
         if plan.models:  # target-less: after the kernels, so a kernel failure is reported first
             stage_models(plan.models, home=app.home, hub=app.hub(endpoint), jobs=jobs, report=report)
     if as_json:
@@ -100,17 +101,27 @@ def export_cache_cmd(app: App, out, target, as_json):
     click.echo(f"\nHF_HUB_CACHE={out.absolute()}  (with HF_HUB_OFFLINE=1 on the cluster)")
 
 
+quiet_option = click.option("--quiet", "-q", is_flag=True,
+                            help="No progress meter (it is drawn only when stderr is a terminal).")
+
+
 @cli.command("bundle")
 @click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--target", "targets", multiple=True, callback=parse_targets,
               help="Only what is staged for this target (repeatable; default: everything staged).")
+@click.option("--since", type=click.Path(exists=True, dir_okay=False, path_type=Path), metavar="PREV.tar",
+              help="Incremental: only the blobs and records PREV.tar (and its bases) do not carry.")
+@click.option("--sign", type=click.Path(exists=True, dir_okay=False, path_type=Path), metavar="KEY",
+              help="Sign the manifest with this private key ('frt-mirror key new KEY').")
+@quiet_option
 @json_option
 @click.pass_obj
-def bundle_cmd(app: App, out, targets, as_json):
+def bundle_cmd(app: App, out, targets, since, sign, quiet, as_json):
     """Write OUT.tar: the staged set (blobs and ledger rows) for 'frt-mirror import' across an air gap."""
     from frt.mirror.bundle import bundle
 
-    report = bundle(out, app.home, [str(t) for t in targets] or None)
+    report = bundle(out, app.home, [str(t) for t in targets] or None, since=since, sign=sign,
+                    progress=not (quiet or as_json))
     if as_json:
         emit_json(report.to_json())
     else:
@@ -119,15 +130,21 @@ def bundle_cmd(app: App, out, targets, as_json):
 
 @cli.command("import")
 @click.argument("src", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--require-signature", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              metavar="KEY.pub", help="Refuse the bundle unless this public key signed it.")
+@quiet_option
 @json_option
 @click.pass_obj
-def import_cmd(app: App, src, as_json):
-    """Verify every file of IN.tar, then add it to the store, ledger and views; nothing if any check fails."""
+def import_cmd(app: App, src, require_signature, quiet, as_json):
+    """Verify every file of IN.tar, then add it to the store, ledger and views; nothing if any check fails.
+
+    An incremental bundle ('bundle --since') imports only into a home that holds its base."""
     from frt.mirror.bundle import import_bundle
 
     check_writable(app.root, "import writes the ledger, the store and the views")
     with store_writer(app.home):  # gc waits: what is stored here is referenced only at the end
-        report = import_bundle(src, app.home)
+        report = import_bundle(src, app.home, require_signature=require_signature,
+                               progress=not (quiet or as_json))
     if as_json:
         emit_json(report.to_json())
     else:

@@ -1,0 +1,160 @@
+"""Bundles: an incremental bundle vs a full one for one new kernel version, and `import` vs `tar -x`.
+
+    python -m bench.bundle [--quick]
+
+The repos of bench.stage (--quick: its quick subset at 1/8 size) are staged for its four targets
+from a fake Hub in this process and bundled (A). The upstream then publishes one new kernel version,
+bench-org/activation v3 (new payloads for every variant it builds), the home stages it, and writes B
+`--since A` and a full bundle of the same set. Rows: each bundle's size and blob count, and the ratio
+incremental/full beside what v3's own files weigh (the floor an incremental can reach).
+
+Then the full bundle is imported into a fresh home by `frt-mirror import --quiet` (verified: every
+member streamed, sha256- and git-oid-hashed, fsynced into the store, ledger rows and views written) and
+unpacked by `tar -xf` into a fresh directory: the same file, page cache warm (read once beforehand),
+each a child process, 3 runs each interleaved, median wall time and MiB/s of the bundle's size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.stage import ARM, CPU, CU11, CU12, QUICK_REPOS, QUICK_SCALE, REPOS, TARGETS, MiB, hub_env, make_repos, payload
+
+ROOT = Path(__file__).resolve().parents[1]
+NEW = {CU11: ("act3-cu", 24), CU12: ("act3-cu", 24), ARM: ("act3-arm", 20), CPU: ("act3-cpu", 6)}
+RUNS = 3
+
+
+def publish_v3(repo, scale: float) -> int:
+    """Commit activation v3 on branch v3 (main follows); returns the bytes of its distinct new payloads."""
+    from tests.kernel_fixtures import variant_files
+
+    change: dict = {"README.md": b"# activation\n", "build/": None}
+    for variant, (seed, mib) in NEW.items():
+        change.update(variant_files("activation", variant, version=3,
+                                    extra={"_ops.abi3.so": payload(seed, int(mib * scale * MiB))}))
+    repo.commit(change, title="v3 build 0", branch="v3")
+    repo.branch("main", "v3")
+    return sum(int(mib * scale * MiB) for mib in dict(NEW.values()).values())  # one blob per seed
+
+
+def stage_all(home, hub_url: str, pairs) -> None:
+    from frt.mirror.stage import stage
+    from frt.resolver import HubClient, make_request, parse_target
+
+    report = stage([make_request(r, version=v) for r, v in pairs], [parse_target(t) for t in TARGETS],
+                   home=home, hub=HubClient(hub_url), jobs=8, progress=False)
+    if report.downloaded_bytes == 0:
+        sys.exit("bench.bundle: the stage downloaded nothing")
+
+
+def timed(cmd: list[str], env: dict) -> tuple[float, str]:
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
+    wall = time.perf_counter() - t0
+    if p.returncode:
+        sys.exit(f"{' '.join(cmd[:3])} failed:\n{p.stderr}")
+    return wall, p.stdout
+
+
+def child_import(full: str, home: str) -> None:
+    """In the child: open (create) the home's ledger, then time import_bundle alone."""
+    from frt.mirror.bundle import import_bundle
+    from frt.mirror.home import Home
+
+    h = Home(Path(home))
+    h.ledger  # noqa: B018  (created and migrated before the clock starts)
+    t0 = time.perf_counter()
+    import_bundle(Path(full), h)
+    print(time.perf_counter() - t0)
+
+
+def import_vs_tar(full: Path, tmp: Path) -> dict[str, float]:
+    """Median wall seconds of `tar -xf`, of `frt-mirror import` and of import_bundle() in a child (its
+    Python imports and ledger creation not timed), each of `full` into a fresh place; and the blobs stored."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FRT_", "HF_"))}
+    exe = str(Path(sys.executable).with_name("frt-mirror"))
+    with open(full, "rb") as f:  # warm the page cache: all of them then read it from memory
+        while f.read(16 * MiB):
+            pass
+    runs: dict[str, list[float]] = {"tar": [], "cli": [], "api": []}
+    blobs = 0
+    for i in range(RUNS):
+        out, cli_home, api_home = tmp / f"tar-{i}", tmp / f"cli-{i}", tmp / f"api-{i}"
+        out.mkdir()
+        runs["tar"].append(timed(["tar", "-xf", str(full), "-C", str(out)], env)[0])
+        runs["cli"].append(timed([exe, "--home", str(cli_home), "import", str(full), "--quiet"], env)[0])
+        runs["api"].append(float(timed([sys.executable, "-m", "bench.bundle", "--child-import", str(full),
+                                        str(api_home)], env)[1].split()[-1]))
+        blobs = sum(1 for p in (cli_home / "store" / "sha256").rglob("*") if p.is_file())
+        for d in (out, cli_home, api_home):
+            shutil.rmtree(d)
+    return {**{k: statistics.median(v) for k, v in runs.items()}, "blobs": blobs}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(prog="python -m bench.bundle", description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="bench.stage's quick repos at 1/8 size, for tests")
+    ap.add_argument("--child-import", nargs=2, metavar=("BUNDLE", "HOME"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child_import:
+        return child_import(*args.child_import)
+    tmp_dir = tempfile.TemporaryDirectory(prefix="frt-bench-bundle-")
+    hub_env("http://unused.invalid", tmp_dir.name)
+    from frt.mirror.bundle import bundle
+    from frt.mirror.home import Home
+    from tests.fakehub import FakeHub
+
+    names, scale = (QUICK_REPOS, QUICK_SCALE) if args.quick else (tuple(REPOS), 1.0)
+    repos = {r.repo_id: r for r in make_repos(names, scale)}
+    pairs = [(r, v) for r in repos for v in REPOS[r.split("/")[1]]]
+    with tmp_dir as tmp_name, FakeHub(list(repos.values()), page_size=1000) as hub:
+        tmp = Path(tmp_name)
+        home = Home(tmp / "home")
+        stage_all(home, hub.url, pairs)
+        a = bundle(tmp / "a.tar", home)
+        new_bytes = publish_v3(repos["bench-org/activation"], scale)
+        stage_all(home, hub.url, pairs + [("bench-org/activation", 3)])
+        b = bundle(tmp / "b.tar", home, since=tmp / "a.tar")
+        full = bundle(tmp / "full.tar", home)
+        home.close()
+        size = {k: (tmp / f"{k}.tar").stat().st_size for k in ("a", "b", "full")}
+        t = import_vs_tar(tmp / "full.tar", tmp)
+
+    print(f"bundle: {len(repos)} repos, {len(pairs)} requests x {len(TARGETS)} targets staged, then one new "
+          f"kernel version,\n  bench-org/activation v3 ({len(NEW)} variants, {new_bytes / MiB:.2f} MiB of new "
+          "payload), staged again")
+    print(f"\n{'':34} {'file MiB':>9} {'blobs':>6} {'blob MiB':>9}")
+    for label, rep, key in (("A: full, before v3", a, "a"), ("incremental --since A", b, "b"),
+                            ("full bundle, after v3", full, "full")):
+        print(f"{label:34} {size[key] / MiB:>9.2f} {rep.blobs:>6} {rep.bytes / MiB:>9.2f}")
+    print(f"\nbytes ratio incremental/full = {size['b'] / size['full']:.3f} (v3's new payload alone: "
+          f"{new_bytes / size['full']:.3f} of the full bundle; the rest of the incremental is v3's small files,\n"
+          f"  records and the base's state: {(size['b'] - new_bytes) / 1024:.1f} KiB)")
+    if b.base != a.id:
+        print("WARNING: the incremental does not name A as its base")
+    mib = size["full"] / MiB
+    print(f"\nimport vs tar -x of the full bundle ({mib:.2f} MiB, page cache warm, each a child process, "
+          f"median of {RUNS})")
+    print(f"{'':44} {'wall s':>7} {'MiB/s':>8}")
+    for label, key in (("tar -xf", "tar"), ("frt-mirror import --quiet (the whole command)", "cli"),
+                       ("import_bundle() (Python start-up not timed)", "api")):
+        print(f"{label:44} {t[key]:>7.2f} {mib / t[key]:>8.1f}")
+    if t["blobs"] != full.blobs:
+        print(f"WARNING: the import stored {t['blobs']} blobs, the bundle lists {full.blobs}")
+    print(f"\nthroughput ratio import/tar -x = {t['tar'] / t['api']:.2f} (import_bundle; the whole command: "
+          f"{t['tar'] / t['cli']:.2f}, of which {t['cli'] - t['api']:.2f} s start-up and ledger creation)\n"
+          "  import hashes every member twice (sha256, git sha1), fsyncs each blob, writes the ledger and the "
+          "views; tar -x only copies bytes")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""The bundle archive: what its members are, what its manifest says, and the report both ends print.
+
+A bundle is a plain tar: `frt-bundle.json` first (the manifest: the ledger rows that describe the
+set, the list of blobs by sha256, size and git oid, the upstream's trustedKernelPublisher per org, and
+for an incremental bundle its base), then `frt-bundle.sig` if it is signed (see frt.mirror.signing),
+then `blobs/<sha256>` for every blob the manifest lists, and nothing else.
+
+A bundle's id is the sha256 of its manifest member's bytes: an incremental bundle names its base by
+it, and the events log records it on both sides of the gap.
+
+Formats: 1 kept each commit's parent link; 2 keeps each head's history as the upstream listed it;
+3 may name a base (`base`, see frt.mirror.bundle_state) and may carry a signature member. A reader of
+format 2 would import an incremental bundle as if it were the whole set, so format 3 is refused there
+rather than half-understood.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import tarfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from frt.resolver.errors import VerificationFailed
+
+from .records import StagedRow
+from .render import human_bytes, table
+from .store import CHUNK, Digest
+
+FORMAT = 3
+READS = (1, 2, 3)
+MANIFEST = "frt-bundle.json"
+SIGNATURE = "frt-bundle.sig"
+MAX_MANIFEST = 256 << 20  # read into memory: refuse a hostile giant before reading it
+MAX_SIGNATURE = 64 << 10
+BLOB = re.compile(r"blobs/([0-9a-f]{64})")
+REGULAR = (tarfile.REGTYPE, tarfile.AREGTYPE)  # never links, devices or dirs
+
+
+class BundleRejected(VerificationFailed):
+    """A bundle that cannot be written or trusted; on import, nothing of it was kept (exit 1)."""
+
+
+def bundle_id(manifest: bytes) -> str:
+    return hashlib.sha256(manifest).hexdigest()
+
+
+@dataclass
+class BundleReport:
+    path: Path
+    blobs: int
+    bytes: int
+    staged: list[StagedRow]
+    id: str = ""
+    base: str | None = None  # an incremental bundle's base id
+    base_name: str | None = None
+    signed_by: str | None = None  # the key id that signed it (import: checked only with --require-signature)
+    new_blobs: int | None = None  # import only: blobs this home did not have
+    new_rows: int | None = None  # import only: staged rows added or changed
+
+    def to_json(self) -> dict:
+        return {"ok": True, "bundle": str(self.path), "id": self.id, "base": self.base,
+                "base_name": self.base_name, "signed_by": self.signed_by, "blobs": self.blobs,
+                "bytes": self.bytes, "new_blobs": self.new_blobs, "new_rows": self.new_rows,
+                "staged": [dict(r.__dict__) for r in self.staged]}
+
+    def render(self) -> str:
+        rows = [(r.repo, r.requested, r.target, r.commit[:12], r.variant) for r in self.staged]
+        done = (f"wrote {self.path}" if self.new_blobs is None else
+                f"imported {self.path}: {self.new_blobs} new blob(s), {self.new_rows} new staged row(s)")
+        if self.base:
+            done += f" (incremental on {self.base_name or 'its base'}, id {self.base[:12]})"
+        if self.signed_by:
+            done += f", signed by key {self.signed_by}"
+        return (table(["repo", "requested", "target", "commit", "variant"], rows)
+                + f"\n{done}; {self.blobs} blobs, {human_bytes(self.bytes)}; bundle id {self.id[:12]}")
+
+
+class Hashing:
+    """A reader that hashes what passes through it: sha256, and the git blob sha1 that small
+    files are known by (its header needs the size up front: a wrong size shows as a wrong oid).
+    `on_bytes` hears of every chunk (a progress meter)."""
+
+    def __init__(self, f, size: int, on_bytes: Callable[[int], None] | None = None):
+        self.f, self.seen, self.on_bytes = f, 0, on_bytes
+        self.h256, self.hgit = hashlib.sha256(), hashlib.sha1(f"blob {size}\0".encode())
+
+    def read(self, n: int = CHUNK) -> bytes:
+        chunk = self.f.read(n)
+        self.h256.update(chunk)
+        self.hgit.update(chunk)
+        self.seen += len(chunk)
+        if self.on_bytes:
+            self.on_bytes(len(chunk))
+        return chunk
+
+    def digest(self) -> Digest:
+        return Digest(self.h256.hexdigest(), self.hgit.hexdigest(), self.seen)
+
+
+def read_head(tf: tarfile.TarFile, members) -> tuple[bytes, bytes | None, tarfile.TarInfo | None]:
+    """The manifest's bytes, the signature member's (None: unsigned) and the first blob member (or None),
+    read from the start of an archive being streamed, before any blob."""
+    first = next(members, None)
+    if first is None or first.name != MANIFEST or first.type not in REGULAR or first.size > MAX_MANIFEST:
+        raise BundleRejected(f"the first member must be a regular file named {MANIFEST}")
+    manifest = tf.extractfile(first).read()
+    second = next(members, None)
+    if second is None or second.name != SIGNATURE:
+        return manifest, None, second
+    if second.type not in REGULAR or second.size > MAX_SIGNATURE:
+        raise BundleRejected(f"{SIGNATURE} must be a small regular file")
+    return manifest, tf.extractfile(second).read(), next(members, None)

@@ -1,0 +1,187 @@
+"""import: verify a bundle in full, then add it to the store, the ledger and the views.
+
+Import trusts nothing in the archive. In order, before anything is written: the signature over the
+manifest (with `require_signature`), the manifest's content (frt.mirror.bundle_check), an incremental
+bundle's base (the home must hold it: frt.mirror.bundle_state), then every blob member, streamed into
+tmp/ and hashed. Only when all of them match does anything enter the store, the ledger or the views.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import tarfile
+import uuid
+from pathlib import Path
+
+from frt.resolver.errors import BadInput
+from frt.resolver.ledger_io import merge_repo_record
+
+from . import signing
+from .bundle_check import Manifest, check_manifest
+from .bundle_format import (
+    BLOB,
+    MANIFEST,
+    REGULAR,
+    SIGNATURE,
+    BundleRejected,
+    BundleReport,
+    Hashing,
+    bundle_id,
+    read_head,
+)
+from .bundle_state import base_refusal, missing_here
+from .events import events_with_ref, record_event
+from .home import Home
+from .progress import Progress
+from .records import blob_for, record_blobs, record_staged_rows, staged_rows
+from .store import BlobStore, Digest
+
+
+def import_bundle(src: Path, home: Home, *, require_signature: Path | None = None,
+                  progress: bool = False) -> BundleReport:
+    key = signing.load_public(require_signature) if require_signature else None  # bad input: before any read
+    ledger, store = home.ledger, home.store
+    parts: dict[str, Path | None] = {}  # sha -> its .part in tmp/ (None: already in the store)
+    try:
+        got = _read_and_verify(src, home, key, parts, progress)
+    except BaseException as e:
+        for p in parts.values():
+            if p is not None:
+                p.unlink(missing_ok=True)
+        if isinstance(e, (tarfile.TarError, EOFError)):
+            e = f"truncated or not a tar archive ({e})"
+        elif not isinstance(e, (BundleRejected, OSError)):
+            raise
+        raise BundleRejected(f"{src}: {e}; nothing was imported") from None
+    m, ident, signer = got
+    # Everything verified: store, then ledger, then views, then the staged rows that point at them.
+    for sha, part in parts.items():
+        if part is not None:
+            store.commit(part, m.listed[sha])
+    record_blobs(ledger, m.listed.values())
+    for repo in m.repos:
+        merge_repo_record(ledger, repo.repo, repo_type=repo.repo_type, endpoint=repo.endpoint,
+                          scanned_at=repo.scanned_at, refs=repo.refs, commits=repo.commits,
+                          listings=repo.listings, builds=repo.builds)
+    for pub in m.publishers:
+        ledger.record_publisher(pub.org, pub.trusted, endpoint=pub.endpoint, seen_at=pub.seen_at)
+    views = home.views
+    for row, pairs in m.staged:
+        if not row.is_model:  # models have no view (frt.mirror.models)
+            views.link(row.repo, row.commit, row.variant, pairs)
+    have = set(staged_rows(ledger))
+    new = [row for row, _ in m.staged if row not in have]
+    record_staged_rows(ledger, new)
+    report = BundleReport(src, len(m.listed), sum(d.size for d in m.listed.values()), [r for r, _ in m.staged],
+                          id=ident, base=m.base and m.base["id"], base_name=m.base and m.base.get("name"),
+                          signed_by=signer, new_blobs=sum(p is not None for p in parts.values()),
+                          new_rows=len(new))
+    # Once per bundle and home: a repeated import that adds nothing leaves the home as it was.
+    if new or report.new_blobs or not events_with_ref(ledger, "import", ident):
+        record_event(ledger, "import", ref=ident, base=report.base, files=report.new_blobs, nbytes=report.bytes,
+                     detail=str(src))
+    return report
+
+
+def _read_and_verify(src: Path, home: Home, key, parts: dict[str, Path | None], progress: bool):
+    """Returns the checked manifest (every staged row's files paired with blobs), the bundle's id and
+    the key id that signed it (None: unsigned)."""
+    with tarfile.open(src, mode="r:") as tf:
+        members = iter(tf)
+        manifest, signature, first_blob = read_head(tf, members)
+        signer = _check_signature(manifest, signature, key)
+        try:
+            m = check_manifest(json.loads(manifest))
+        except BadInput as e:  # the gate's line names the value and where it sits
+            raise BundleRejected(f"malformed {MANIFEST}: {e}") from None
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
+            raise BundleRejected(f"malformed {MANIFEST}: {type(e).__name__}: {e}") from None
+        if m.base is not None:
+            if missing := missing_here(m.base["state"], home):
+                raise BundleRejected(base_refusal(m.base, missing, home))
+            _pair_from_home(m, home)
+        home.store.sweep_parts("*.import-*.part")  # left by a killed import; a running one's are recent
+        meter = Progress(sum(d.size for d in m.listed.values()), len(m.listed), label="import") if progress else None
+        try:
+            for mem in ([first_blob] if first_blob else []):
+                _verify_member(tf, mem, m.listed, parts, home.store, meter)
+            for mem in members:
+                _verify_member(tf, mem, m.listed, parts, home.store, meter)
+        finally:
+            if meter:
+                meter.close()
+        missing = sorted(set(m.listed) - set(parts))
+        if missing:
+            raise BundleRejected(f"{len(missing)} listed blob(s) missing from the archive, e.g. {missing[0]}")
+        # A tar cut off exactly between members reads as complete: require its end-of-archive marker.
+        tf.fileobj.seek(tf.offset)
+        if tf.fileobj.read(2 * tarfile.BLOCKSIZE) != bytes(2 * tarfile.BLOCKSIZE):
+            raise BundleRejected("no end-of-archive marker: the archive is truncated")
+    return m, bundle_id(manifest), signer
+
+
+def _check_signature(manifest: bytes, signature: bytes | None, key) -> str | None:
+    """Without a required key a signature is carried along unchecked (and its key id reported as
+    claimed); with one, an unsigned or otherwise-signed bundle is refused before its manifest is read."""
+    if key is None:
+        if signature is None:
+            return None
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            return str(json.loads(signature)["key_id"])
+        return None
+    if signature is None:
+        raise BundleRejected(f"the bundle is not signed (no {SIGNATURE}), and --require-signature was given")
+    if problem := signing.check(manifest, signature, key):
+        raise BundleRejected(problem)
+    return signing.key_id(key)
+
+
+def _pair_from_home(m: Manifest, home: Home) -> None:
+    """An incremental bundle's staged rows may use build listings and blobs only its base carried: find
+    them in this home (which holds the base), so the views are linked as after a full import."""
+    by_oid = {d.git_oid: d.sha256 for d in m.listed.values()}
+    with home.ledger.view() as v:
+        for i, (row, pairs) in enumerate(m.staged):
+            if pairs is None:  # as bundle_check pairs a carried listing: LFS files by sha256, others by oid
+                files = v.variant(row.repo, row.commit, row.variant)[0]
+                m.staged[i] = (row, [(f, (f.sha256 if f.sha256 in m.listed else None) if f.sha256 else
+                                      by_oid.get(f.git_oid)) for f in files])
+    here = blob_for(home.ledger, (f for _, pairs in m.staged for f, sha in pairs if sha is None))
+    for i, (row, pairs) in enumerate(m.staged):
+        out = []
+        for f, sha in pairs:
+            if sha is None:  # not carried: the base's, so this home's
+                sha = here.get(f)
+                if sha is None or not home.store.has(sha):
+                    raise BundleRejected(f"{row.repo}: {f.path} has no blob in the bundle nor in this home")
+            out.append((f, sha))
+        if not out:
+            raise BundleRejected(f"staged {row.repo}@{row.commit[:12]} {row.variant} has no build listing here")
+        m.staged[i] = (row, out)
+
+
+def _verify_member(tf: tarfile.TarFile, m: tarfile.TarInfo, listed: dict[str, Digest],
+                   parts: dict[str, Path | None], store: BlobStore, meter: Progress | None) -> None:
+    """Stream one `blobs/<sha256>` member into tmp/ (or nowhere, if the store has it), hashing it."""
+    match = BLOB.fullmatch(m.name)
+    if match is None or m.type not in REGULAR:
+        raise BundleRejected(f"unexpected member {m.name!r} (only regular files {MANIFEST}, {SIGNATURE}, "
+                             "blobs/<sha256>)")
+    sha = match[1]
+    if sha not in listed or sha in parts:
+        raise BundleRejected(f"blob {sha} " + ("appears twice" if sha in parts else f"is not in {MANIFEST}"))
+    want = listed[sha]
+    if m.size != want.size:  # refused before a byte of it lands in tmp/
+        raise BundleRejected(f"blob {sha} is {m.size} bytes in the archive, listed as {want.size}")
+    parts[sha] = None if store.has(sha) else store.part_path(f"{sha}.import-{uuid.uuid4().hex}")
+    reader = Hashing(tf.extractfile(m), m.size, meter and meter.add_bytes)
+    with open(parts[sha], "wb") if parts[sha] else contextlib.nullcontext() as out:
+        while chunk := reader.read():
+            if out is not None:
+                out.write(chunk)
+    if (got := reader.digest()) != want:
+        raise BundleRejected(f"blob {sha} is tampered or damaged: expected sha256 {want.sha256}, "
+                             f"content hashes to {got.sha256} ({got.size} bytes)")
+    if meter:
+        meter.file_done()
