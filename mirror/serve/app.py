@@ -52,7 +52,9 @@ PLAIN_RANGE = re.compile(r"bytes=(\d{1,18}-\d{0,18}|-\d{1,18})", re.ASCII)
 class MirrorApp:
     """ASGI app. `catalog()` returns the current index; `authorized(header)` checks a bearer token;
     `log`, if given, gets one record per request (serve's access log); `accel_redirect`, if set, is the
-    path of nginx's internal location over the store (serve --accel-redirect; set before serving)."""
+    path of nginx's internal location over the store (serve --accel-redirect; set before serving).
+    `operator` (page.OperatorRoutes) answers `/` and `/-/…` before the Hub API is routed; make_app
+    sets it."""
 
     def __init__(self, catalog: Callable[[], Catalog], authorized: Callable[[str | None], bool],
                  log: AccessLog | None = None, accel_redirect: str | None = None, pull: PullService | None = None):
@@ -62,6 +64,7 @@ class MirrorApp:
         self.log = log
         self.accel_redirect = accel_redirect
         self._hot: dict[bytes, tuple] = {}  # raw path -> (catalog, file, headers, accel headers): see hot()
+        self.operator = None
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "lifespan":
@@ -126,6 +129,8 @@ class MirrorApp:
     async def dispatch(self, request: Request) -> Response:
         segs = split_raw_path(request.scope.get("raw_path") or request.scope["path"].encode())
         method = request.method
+        if self.operator is not None and (not segs or segs[0] == "-"):  # never a Hub route
+            return await self.operator(request, segs)
         if segs[:1] == ["api"]:
             return await self.api(request, segs[1:], method)
         if method in ("GET", "HEAD"):
