@@ -230,5 +230,5 @@ def test_wheel_carries_the_templates(tmp_path):
     assert templates and templates <= names, templates - names
     meta = next(n for n in names if n.endswith(".dist-info/METADATA"))
     requires = re.findall(r"^Requires-Dist: ([A-Za-z0-9_.-]+)", zipfile.ZipFile(wheel).read(meta).decode(), re.M)
-    assert {"jinja2"} <= {r.lower().replace("-", "_") for r in requires}
+    assert {"jinja2", "prometheus_client"} <= {r.lower().replace("-", "_") for r in requires}
 
