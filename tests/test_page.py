@@ -232,3 +232,25 @@ def test_wheel_carries_the_templates(tmp_path):
     requires = re.findall(r"^Requires-Dist: ([A-Za-z0-9_.-]+)", zipfile.ZipFile(wheel).read(meta).decode(), re.M)
     assert {"jinja2", "prometheus_client"} <= {r.lower().replace("-", "_") for r in requires}
 
+
+
+def test_a_pulled_through_variant_serves_the_targets_that_choose_it(staged, tmp_path):
+    """serve --upstream records a pulled variant under no target (`pulled:<variant>`): on the page it
+    is served for every target whose choice it is at that commit, and names no column of its own."""
+    from frt.mirror.home import Home
+    from frt.mirror.records import PULLED, StagedRow, record_staged_rows
+    from frt.mirror.serve.page import Cell, operator_view
+
+    home, _, _ = staged
+    shutil.copytree(home, tmp_path / "home")
+    h = Home(tmp_path / "home")
+    initial = operator_view(h, RELU).repos[0].rows[-1].commit  # torch-universal only; nothing staged there
+    before = operator_view(h, RELU).repos[0].cells
+    assert {before[(initial, t)].state for t in (X86, ARM_CU)} == {"not-staged"}
+    record_staged_rows(h.ledger, [StagedRow(RELU, f"revision {initial}", None, initial, PULLED + "torch-universal",
+                                            initial, "torch-universal")])
+    view = operator_view(h, RELU)
+    h.close()
+    (relu,) = view.repos
+    assert {str(t) for t in relu.matrix.targets} == {X86, ARM_CU}
+    assert {relu.cells[(initial, t)] for t in (X86, ARM_CU)} == {Cell("served", "torch-universal")}

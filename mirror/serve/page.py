@@ -31,7 +31,7 @@ from sqlalchemy import func, select
 
 from ..events import EventRow, last_events
 from ..home import Home
-from ..records import StagedRow
+from ..records import PULLED, StagedRow
 from ..render import human_bytes
 from ..schema import Blob
 
@@ -113,7 +113,7 @@ def operator_view(home: Home, repo: str | None = None, targets: list[Target] | N
     refusals = ledger.refusals()
     names = sorted(({repo} if repo else set(ledger.repos()) | {r.repo for r in staged}
                     | {r.repo_id for r in refusals}))
-    staged_targets = sorted({r.target for r in staged if not r.is_model})
+    staged_targets = sorted({r.target for r in staged if not (r.is_model or r.is_pulled)})
     columns = targets or [parse_target(t) for t in staged_targets]
     with ledger.view() as view:
         sets = {r: _staged_set(view, r) for r in staged if r.repo in names}
@@ -173,7 +173,8 @@ def _cell(row: MatrixRow, t: Target, served: dict, recorded: dict) -> Cell:
     key = (row.commit, str(t))
     chosen = row.serves.get(str(t))
     if chosen is not None:
-        staged = served.get(key)
+        # a pulled-through variant's row names no target (PULLED + its name): it serves every target that chooses it
+        staged = served.get(key) or served.get((row.commit, PULLED + chosen))
         return Cell("served", staged) if staged else Cell("not-staged", chosen)
     if (r := recorded.get(key)) is not None:
         text = r.message + (f"\n\n{r.detail}" if r.detail and r.detail != r.message else "")
