@@ -74,14 +74,21 @@ def resolve_cmd(app: App, repo, version, revision, target, offline, endpoint, as
 @click.argument("repo")
 @click.option("--target", "targets", multiple=True, callback=parse_targets,
               help="Targets to show (repeatable; default: the targets the repo's variants were built for).")
+@click.option("--html", "html", metavar="FILE",
+              help="Write the matrix as one self-contained HTML page (the page serve shows at /-/repos/REPO): "
+                   "cells coloured served / not staged / refused, each refusal's text in full.")
 @json_option
 @click.pass_obj
-def matrix_cmd(app: App, repo, targets, as_json):
+def matrix_cmd(app: App, repo, targets, html, as_json):
     """Availability from the ledger: revision × variant, and which targets each revision serves."""
     check_repo_id(repo)
     from frt.mirror.records import MODEL_TARGET
 
     models = [r for r in app.home.staged(MODEL_TARGET) if r.repo == repo]
+    if html is not None:
+        _write_html(app, repo, list(targets) or None, html, known=bool(models))
+        if not as_json:
+            return
     if models:  # a model has files, not variants: nothing to tabulate by target
         if as_json:
             emit_json({"repo": repo, "repo_type": "model", "targets": [],
@@ -98,6 +105,24 @@ def matrix_cmd(app: App, repo, targets, as_json):
         emit_json(m.to_json())
         return
     click.echo(_render_matrix(m))
+
+
+def _write_html(app: App, repo: str, targets, path: str, known: bool) -> None:
+    from pathlib import Path
+
+    from frt.atomic import atomic_write
+    from frt.mirror.serve.page import operator_view, render
+
+    if not known:
+        with app.ledger.view() as view:
+            if not view.known(repo):
+                raise BadInput(f"{repo} is not in the ledger: run 'frt-mirror scan {repo}' first")
+    page = render(operator_view(app.home, repo, targets), title=f"{repo} · frt-mirror matrix", standalone=True)
+    try:
+        atomic_write(Path(path), page)
+    except OSError as e:
+        raise BadInput(f"cannot write {path}: {e.strerror or e}") from None
+    click.echo(f"wrote the matrix of {repo} to {path} ({human_bytes(len(page.encode()))})", err=True)
 
 
 def _render_matrix(m) -> str:

@@ -52,6 +52,8 @@ def serve_cmd(app: App, host, port, trust, access_log, workers, accel_redirect, 
     accel = check_accel_prefix(accel_redirect) if accel_redirect is not None else None
     pull = _upstream(app, upstream, allow, refs_ttl, upstream_timeout)
     sockets = listen(host, port)  # first: a busy port is one line and exit 2, before anything is said
+    if workers > 1:  # before any app is built: the workers' metrics are summed from files (metrics.py)
+        metrics_dir = multiprocess_metrics()
     spec = AppSpec(app.home.root, frozenset(trust), access_log, accel, ledger_url=app.home.ledger_url,
                    upstream=pull)
     mirror = spec.build(app.home)  # here, once: a bad access log or ledger is one line before serving
@@ -74,7 +76,10 @@ def serve_cmd(app: App, host, port, trust, access_log, workers, accel_redirect, 
         return
     mirror.log.sink.close()  # each worker builds its own app: its own sink, its own ledger connection
     app.home.close()
-    code = serve_workers(spec, sockets, workers)
+    try:
+        code = serve_workers(spec, sockets, workers)
+    finally:
+        metrics_dir.cleanup()
     if code:
         click.get_current_context().exit(code)
 
@@ -93,6 +98,19 @@ def _upstream(app: App, url, allow, refs_ttl, timeout):
     from frt.resolver.hub import resolve_endpoint
 
     return Upstream(resolve_endpoint(url), frozenset(allow), refs_ttl, timeout)
+
+
+def multiprocess_metrics():
+    """A private folder for prometheus_client's multiprocess mode, named in its environment variable
+    (inherited by the forked workers); a fresh one per serve, so no earlier run's counts are summed in."""
+    import os
+    import tempfile
+
+    from frt.mirror.serve.metrics import MULTIPROC_ENV
+
+    folder = tempfile.TemporaryDirectory(prefix="frt-metrics-")
+    os.environ[MULTIPROC_ENV] = folder.name
+    return folder
 
 
 @cli.group("token")

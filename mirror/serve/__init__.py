@@ -11,14 +11,20 @@ from .accesslog import AccessLog, open_sink
 from .app import MirrorApp
 from .watch import CatalogWatcher
 from .listen import listen
+from .metrics import Metrics
+from .page import OperatorRoutes
 
 KEEP_ALIVE_S = 75
 
 __all__ = ["AccessLog", "MirrorApp", "listen", "make_app", "open_sink", "serve"]
 
 def make_app(home: Home, trust_override: frozenset[str] = frozenset(), log: AccessLog | None = None) -> MirrorApp:
-    """The app over `home`; its catalog follows the ledger's changes (see watch.py)."""
-    return MirrorApp(CatalogWatcher(home, trust_override), TokenCheck(home.ledger), log)
+    """The app over `home`; its catalog follows the ledger's changes (see watch.py). It answers the
+    operator's page and /metrics too (page.py, metrics.py)."""
+    app = MirrorApp(CatalogWatcher(home, trust_override), TokenCheck(home.ledger), log)
+    app.metrics = Metrics(home)
+    app.operator = OperatorRoutes(home, app.metrics)
+    return app
 
 
 def serve(app: MirrorApp, sockets: list[socket.socket]) -> None:

@@ -52,7 +52,9 @@ PLAIN_RANGE = re.compile(r"bytes=(\d{1,18}-\d{0,18}|-\d{1,18})", re.ASCII)
 class MirrorApp:
     """ASGI app. `catalog()` returns the current index; `authorized(header)` checks a bearer token;
     `log`, if given, gets one record per request (serve's access log); `accel_redirect`, if set, is the
-    path of nginx's internal location over the store (serve --accel-redirect; set before serving)."""
+    path of nginx's internal location over the store (serve --accel-redirect; set before serving).
+    `metrics` (metrics.Metrics) counts every request; `operator` (page.OperatorRoutes) answers `/`,
+    `/-/…` and `/metrics` before the Hub API is routed; make_app sets both."""
 
     def __init__(self, catalog: Callable[[], Catalog], authorized: Callable[[str | None], bool],
                  log: AccessLog | None = None, accel_redirect: str | None = None, pull: PullService | None = None):
@@ -62,6 +64,8 @@ class MirrorApp:
         self.log = log
         self.accel_redirect = accel_redirect
         self._hot: dict[bytes, tuple] = {}  # raw path -> (catalog, file, headers, accel headers): see hot()
+        self.metrics = None
+        self.operator = None
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "lifespan":
@@ -69,21 +73,27 @@ class MirrorApp:
                 await send({"type": "lifespan.startup.complete"})
             if self.log:  # a worker of serve --workers exits right after: its last lines go out now
                 self.log.sink.flush()
+            if self.metrics:
+                self.metrics.flush()
             await send({"type": "lifespan.shutdown.complete"})
             return
         if scope["type"] != "http":
             return
-        t0, log = time.perf_counter(), self.log
+        t0, log, metrics = time.perf_counter(), self.log, self.metrics
         if scope["method"] in ("GET", "HEAD") and (sent := await self.hot(scope, receive, send)) is not None:
             if log:  # logged here, not by wrapping send: that wrapper would cost more than the hit itself
                 log.record(scope, 200, sent, t0)
+            if metrics:
+                metrics.count("resolve", scope["method"], 200, sent)
             return
-        counted = Counted(send) if log else send
+        counted = Counted(send) if log or metrics else send
         try:
             await self.answer(scope, receive, counted)
         finally:
             if log:
                 log.record(scope, counted.status, counted.nbytes, t0)
+            if metrics:
+                metrics.request(scope, counted.status, counted.nbytes)
 
     async def answer(self, scope, receive, send):
         """Every request the hot path did not take: routing, then a response or a HubError's."""
@@ -126,6 +136,8 @@ class MirrorApp:
     async def dispatch(self, request: Request) -> Response:
         segs = split_raw_path(request.scope.get("raw_path") or request.scope["path"].encode())
         method = request.method
+        if self.operator is not None and (not segs or segs[0] in ("-", "metrics")):  # never a Hub route
+            return await self.operator(request, segs)
         if segs[:1] == ["api"]:
             return await self.api(request, segs[1:], method)
         if method in ("GET", "HEAD"):

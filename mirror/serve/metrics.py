@@ -1,0 +1,233 @@
+"""serve's metrics: `GET /metrics` in the Prometheus text format, through `prometheus_client`.
+
+What is counted (the README's "Metrics" lists every series):
+
+- every request, by route (one of ROUTES: a fixed set of names, never the raw path, so a client asking
+  a million distinct URLs adds no series), method and status, and the body bytes sent per route;
+- resolve, stage and pull-through work done inside serve (pull-through on a miss), as counts and
+  duration histograms: the pull-through code calls `observe_pull` (and `observe_resolve`,
+  `observe_stage`), module functions that do nothing in a process that is not serving;
+- the home, read from the ledger when scraped (never per Hub request): store bytes and blobs, staged
+  variants per target, and the time, files and bytes of the last stage, import, bundle and gc (a stage
+  or import run by the CLI shows up there, not in the counters of a serve that did not do it).
+
+The hot path (a HEAD answered by MirrorApp.hot in some tens of microseconds) must not pay for this:
+a request adds one to a plain dict entry keyed by (route, method, status); the tally goes into the
+prometheus_client counters on a timer (every FLUSH_S, on the event loop) and before every scrape.
+A prometheus_client counter increment costs a lock, and in multiprocess mode a write to a memory-mapped
+file besides: several microseconds that a per-request increment would add to every HEAD.
+
+`serve --workers N`: each worker is its own process and a scrape through the one port lands on any of
+them, so per-worker numbers would jump between workers from one scrape to the next (counters seeming
+to reset). serve therefore runs prometheus_client's multiprocess mode: it points
+PROMETHEUS_MULTIPROC_DIR at a private temporary folder before the workers fork; each worker writes
+its counters there, and whichever worker answers a scrape sums every worker's files (a worker that
+died keeps its counts; the folder goes when serve exits). One worker reports only its own, in memory.
+A worker's tally reaches the folder within FLUSH_S, so a scrape may miss the last second of another
+worker's requests, never lose them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+
+ROUTES = ("resolve", "api_repo", "api_refs", "api_tree", "api_paths_info", "api_commits", "api_overview",
+          "page", "metrics", "other")
+METHODS = frozenset({"GET", "HEAD", "POST"})
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+FLUSH_S = 1.0
+# Durations of resolve, stage and pull-through: a resolve from the ledger takes milliseconds, a pull of a
+# large file through a slow upstream minutes.
+WORK_BUCKETS = (0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 180.0, 600.0)
+_API_ROUTES = {"refs": "api_refs", "revision": "api_repo", "tree": "api_tree", "paths-info": "api_paths_info",
+               "commits": "api_commits"}
+_WORD = re.compile(r"[a-z][a-z0-9_]{0,31}")
+
+_process: Metrics | None = None  # this process's serve metrics, once built; None in every other process
+
+
+def route_name(raw_path: bytes) -> str:
+    """The route a request path names, from ROUTES; routed as MirrorApp.dispatch does, on the raw path,
+    without decoding it (only which route, not whether the repo or file exists)."""
+    segs = raw_path.split(b"?", 1)[0].strip(b"/").split(b"/")
+    if segs == [b""] or segs[0] == b"-":
+        return "page"
+    if segs == [b"metrics"]:
+        return "metrics"
+    if segs[0] == b"api":
+        if len(segs) == 4 and segs[1] == b"organizations" and segs[3] == b"overview":
+            return "api_overview"
+        if len(segs) == 4 and segs[1] in (b"models", b"kernels", b"datasets", b"spaces"):
+            return "api_repo"
+        if len(segs) >= 5 and segs[1] in (b"models", b"kernels", b"datasets", b"spaces"):
+            return _API_ROUTES.get(segs[4].decode("latin-1"), "other")
+        return "other"
+    if (len(segs) >= 4 and segs[2] == b"resolve") or (len(segs) >= 5 and segs[3] == b"resolve"):
+        return "resolve"
+    return "other"
+
+
+def _word(value: str) -> str:
+    """A label value from a caller: a short lower-case word, else "other" (labels must stay few)."""
+    return value if _WORD.fullmatch(value) else "other"
+
+
+class Metrics:
+    """One serve process's metrics. `home`: what the scrape-time figures are read from (None: none)."""
+
+    def __init__(self, home=None):
+        from prometheus_client import CollectorRegistry, Counter, Histogram, values
+
+        folder = os.environ.get(MULTIPROC_ENV)
+        if folder and values.ValueClass is values.MutexValue:
+            # prometheus_client picks its value class once, when first imported: a process that imported it
+            # before the folder was named would keep counting in memory, unseen by the other workers.
+            values.ValueClass = values.get_value_class()
+        self.registry = CollectorRegistry()
+        # Multiprocess mode: the series live in the folder's files and a collector reads them all back;
+        # registering the metric objects too would report this worker's share twice.
+        reg = None if folder else self.registry
+        self.requests = Counter("frt_mirror_requests", "HTTP requests answered, by route, method and status",
+                                ["route", "method", "status"], registry=reg)
+        self.sent = Counter("frt_mirror_response_bytes", "Response body bytes sent, by route", ["route"],
+                            registry=reg)
+        self.resolve_seconds = Histogram("frt_mirror_resolve_seconds", "Resolves done by serve, by outcome",
+                                         ["outcome"], buckets=WORK_BUCKETS, registry=reg)
+        self.stage_seconds = Histogram("frt_mirror_stage_seconds", "Stages done by serve, by outcome",
+                                       ["outcome"], buckets=WORK_BUCKETS, registry=reg)
+        self.stage_bytes = Counter("frt_mirror_stage_bytes", "Bytes stored by stages done by serve",
+                                   ["outcome"], registry=reg)
+        self.pull_seconds = Histogram("frt_mirror_pull_seconds", "Pull-through fetches from upstream, by kind "
+                                      "and outcome", ["kind", "outcome"], buckets=WORK_BUCKETS, registry=reg)
+        self.pull_bytes = Counter("frt_mirror_pull_bytes", "Bytes pulled through from upstream, by kind",
+                                  ["kind", "outcome"], registry=reg)
+        if folder:
+            from prometheus_client.multiprocess import MultiProcessCollector
+
+            MultiProcessCollector(self.registry, path=folder)
+        if home is not None:
+            self.registry.register(HomeCollector(home))
+        self._tally: dict[tuple[str, str, int], list[int]] = {}
+        self._flushing = False
+        global _process
+        _process = self
+
+    def count(self, route: str, method: str, status: int, nbytes: int) -> None:
+        """One answered request (the hot path: a dict entry, no lock, no prometheus_client call)."""
+        key = (route, method, status)
+        tally = self._tally.get(key)
+        if tally is None:
+            tally = self._tally[key] = [0, 0]
+        tally[0] += 1
+        tally[1] += nbytes
+        if not self._flushing:
+            self._flushing = True
+            try:
+                asyncio.get_running_loop().call_later(FLUSH_S, self.flush)
+            except RuntimeError:  # no loop (a test calling the app by hand): the next scrape flushes
+                self._flushing = False
+
+    def request(self, scope, status: int, nbytes: int) -> None:
+        """A request the hot path did not answer: its route named from the raw path."""
+        method = scope["method"]
+        self.count(route_name(scope.get("raw_path") or scope["path"].encode()),
+                   method if method in METHODS else "other", status, nbytes)
+
+    def flush(self) -> None:
+        """The tally into the counters (on the event loop, where `count` runs)."""
+        self._flushing = False
+        tally, self._tally = self._tally, {}
+        for (route, method, status), (n, nbytes) in tally.items():
+            self.requests.labels(route, method, str(status)).inc(n)
+            if nbytes:
+                self.sent.labels(route).inc(nbytes)
+
+    def exposition(self) -> bytes:
+        """The text a scrape gets (reads the ledger: run it off the event loop, after `flush`)."""
+        from prometheus_client import generate_latest
+
+        return generate_latest(self.registry)
+
+    # Called by the code that does the work (pull-through, in serve); thread-safe.
+    def pull(self, kind: str, seconds: float, nbytes: int, outcome: str) -> None:
+        kind, outcome = _word(kind), _word(outcome)
+        self.pull_seconds.labels(kind, outcome).observe(seconds)
+        if nbytes:
+            self.pull_bytes.labels(kind, outcome).inc(nbytes)
+
+
+def observe_pull(kind: str, seconds: float, nbytes: int, outcome: str) -> None:
+    """One pull-through fetch from upstream, as serve's pull-through records it: `kind` what was fetched
+    and `outcome` how it ended, each one short lower-case word from a small fixed set (say "refs",
+    "listing", "file"; "ok", "refused", "unavailable", "error"), never a repo id or a path; `nbytes`
+    the bytes fetched. Nothing happens in a process that is not serving."""
+    if _process is not None:
+        _process.pull(kind, seconds, nbytes, outcome)
+
+
+def observe_resolve(seconds: float, outcome: str) -> None:
+    """One resolve done by serve (pull-through): `outcome` "resolved" or "refused" (or another word)."""
+    if _process is not None:
+        _process.resolve_seconds.labels(_word(outcome)).observe(seconds)
+
+
+def observe_stage(seconds: float, nbytes: int, outcome: str) -> None:
+    """One stage done by serve (pull-through): the bytes it stored; `outcome` "staged", "refused", ..."""
+    if _process is not None:
+        outcome = _word(outcome)
+        _process.stage_seconds.labels(outcome).observe(seconds)
+        if nbytes:
+            _process.stage_bytes.labels(outcome).inc(nbytes)
+
+
+class HomeCollector:
+    """Figures of the home, read from the ledger at each scrape: the same whichever worker answers."""
+
+    def __init__(self, home):
+        self.home = home
+
+    def collect(self):
+        from frt.resolver.errors import FrtError
+        from prometheus_client.core import GaugeMetricFamily
+        from sqlalchemy.exc import SQLAlchemyError
+
+        from ..events import last_events
+        from .page import store_usage
+
+        try:  # a ledger that does not answer now costs the scrape these figures, not the scrape
+            usage, staged, events = store_usage(self.home), self.home.staged(), last_events(self.home.ledger)
+        except (FrtError, SQLAlchemyError, OSError):
+            return
+        yield GaugeMetricFamily("frt_mirror_store_bytes", "Bytes of the blobs the store holds (the ledger's "
+                                "record)", value=usage.nbytes)
+        yield GaugeMetricFamily("frt_mirror_store_blobs", "Blobs the store holds", value=usage.blobs)
+        if usage.disk_free is not None:
+            yield GaugeMetricFamily("frt_mirror_disk_free_bytes", "Free bytes on the store's filesystem",
+                                    value=usage.disk_free)
+        per_target: dict[str, int] = {}
+        for r in staged:
+            per_target[r.target] = per_target.get(r.target, 0) + 1
+        g = GaugeMetricFamily("frt_mirror_staged_variants", "Staged sets (a repo's requested version or "
+                              "revision for a target: one variant; models: target \"model\")", labels=["target"])
+        for target, n in sorted(per_target.items()):
+            g.add_metric([target], n)
+        yield g
+        at = GaugeMetricFamily("frt_mirror_last_event_timestamp_seconds", "When the last stage, import, bundle "
+                               "or gc on this home finished", labels=["kind"])
+        files = GaugeMetricFamily("frt_mirror_last_event_files", "Files of the last event of each kind",
+                                  labels=["kind"])
+        nbytes = GaugeMetricFamily("frt_mirror_last_event_bytes", "Bytes of the last event of each kind",
+                                   labels=["kind"])
+        for kind, e in sorted(events.items()):
+            at.add_metric([kind], _epoch(e.at))
+            files.add_metric([kind], e.files)
+            nbytes.add_metric([kind], e.nbytes)
+        yield from (at, files, nbytes)
+
+
+def _epoch(dt) -> float:
+    from datetime import timezone
+
+    return (dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)).timestamp()
