@@ -121,9 +121,9 @@ class PullThrough:
 
     # -- one file --------------------------------------------------------------------------------
 
-    def fetch(self, repo_type: str, repo_id: str, commit: str, path: str) -> ServedFile:
+    def fetch(self, repo_type: str, repo_id: str, commit: str, path: str) -> tuple[ServedFile, int]:
         """Fetch `path` at `commit` into the store (verified), record it, and when that completes a
-        kernel variant, stage the variant. The file as served from now on."""
+        kernel variant, stage the variant. The file as served from now on, and the bytes downloaded."""
         with store_writer(self.home):  # a gc waits: the blob is referenced (staged) only at the end
             entry, variant = self._entry(repo_type, repo_id, commit, path)
             ledger, store = self.home.ledger, self.home.store
@@ -141,7 +141,7 @@ class PullThrough:
                 self._stage_if_complete(variant)
             else:
                 self._extend_selection(repo_id, commit, entry)
-        return served_file(entry, got.digest.sha256, store)
+        return served_file(entry, got.digest.sha256, store), got.downloaded
 
     def _entry(self, repo_type: str, repo_id: str, commit: str, path: str) -> tuple[FileEntry, Resolution | None]:
         if repo_type != "kernel":

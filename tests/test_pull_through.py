@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import ACTIVATION, run_cli
 from tests.fakehub import FakeHub
@@ -78,6 +79,13 @@ def test_get_kernel_v1_and_v2_on_first_use_then_an_ordinary_staged_set(upstream,
         gets = [e.path for e in upstream.request_log if e.method == "GET" and e.server == "hub"
                 and "/resolve/" in e.path and "metadata.json" not in e.path]
         assert gets and all(X86_CPU in g for g in gets) and len(gets) == len(set(gets)), gets
+        # /metrics counts the pulls: one refs refresh at least, and the files with their bytes.
+        status, _, body = raw_http(m.port, raw_request("GET", "/metrics"))
+        samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+                   for fam in text_string_to_metric_families(body.decode()) for s in fam.samples}
+        files = samples.get(("frt_mirror_pull_seconds_count", (("kind", "file"), ("outcome", "ok"))), 0)
+        pulled_bytes = samples.get(("frt_mirror_pull_bytes_total", (("kind", "file"), ("outcome", "ok"))), 0)
+        assert status == 200 and files >= 6 and pulled_bytes > 96 * 1024, sorted(k for k in samples if "pull" in k[0])
     # What was pulled is staged: verify, env, export-cache (loaded offline), bundle + import elsewhere.
     assert run_cli("verify", home=home).returncode == 0
     p = run_cli("env", "--target", X86, home=home)

@@ -25,6 +25,7 @@ from frt.resolver.errors import BadInput, FrtError, UpstreamUnavailable, Verific
 
 from ..pull_through import NotAllowed, PullThrough
 from .catalog import ServedFile, ServedRepo
+from .metrics import observe_pull
 from .protocol import HubError
 
 STALE_HEADER = "X-Mirror-Stale"
@@ -83,32 +84,47 @@ class PullService:
         return known.repo, known.stale
 
     async def _refresh(self, repo_type: str, repo_id: str, revision: str | None) -> None:
-        stale = None
+        stale, outcome, t0 = None, "ok", time.perf_counter()
         try:
             with anyio.fail_after(self.timeout):
                 await anyio.to_thread.run_sync(self.pull.refresh, repo_type, repo_id, revision,
                                                abandon_on_cancel=True)
         except TimeoutError:
-            stale = f"upstream did not answer within {self.timeout:g} s"
+            stale, outcome = f"upstream did not answer within {self.timeout:g} s", "timeout"
         except UpstreamUnavailable as e:
-            stale = f"upstream unavailable: {e}"
+            stale, outcome = f"upstream unavailable: {e}", "unavailable"
         except NotAllowed:
             self._known[(repo_type, repo_id)] = _Known(None, time.monotonic())
             return
         except FrtError:  # RepoNotFound / RevisionNotFound: the upstream's answer; what we have still stands
-            pass
+            outcome = "notfound"
+        observe_pull("refs", time.perf_counter() - t0, 0, outcome)
         repo = await anyio.to_thread.run_sync(self.pull.served_repo, repo_type, repo_id)
         self._known[(repo_type, repo_id)] = _Known(repo, time.monotonic(), stale)
 
     async def file(self, repo: ServedRepo, commit: str, f: ServedFile) -> ServedFile:
         """`f` stored (fetched now, or by whoever was fetching it); the cached repo is updated in place."""
-        stored = await self._flight(("file", f.sha256 or f.oid),
-                                    lambda: anyio.to_thread.run_sync(self.pull.fetch, repo.repo_type, repo.repo_id,
-                                                                     commit, f.path))
+        stored = await self._flight(("file", f.sha256 or f.oid), lambda: self._fetch(repo, commit, f))
         c = repo.commits.get(commit)
         if c is not None:
             c.files[f.path] = stored
         return stored
+
+    async def _fetch(self, repo: ServedRepo, commit: str, f: ServedFile) -> ServedFile:
+        t0, outcome, nbytes = time.perf_counter(), "error", 0
+        try:
+            stored, nbytes = await anyio.to_thread.run_sync(self.pull.fetch, repo.repo_type, repo.repo_id, commit,
+                                                            f.path)
+            outcome = "ok"
+            return stored
+        except VerificationFailed:
+            outcome = "refused"
+            raise
+        except UpstreamUnavailable:
+            outcome = "unavailable"
+            raise
+        finally:
+            observe_pull("file", time.perf_counter() - t0, nbytes, outcome)
 
     async def publisher_trusted(self, org: str) -> bool | None:
         """The upstream's word on the org, asked once per TTL (kernels asks before anything else)."""
