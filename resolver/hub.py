@@ -69,12 +69,13 @@ class RetryPolicy:
                    base_wait=env_number("FRT_RETRY_BASE_WAIT", cls.base_wait, float))
 
 
-def resolve_endpoint(endpoint: str | None) -> str:
-    """The upstream's URL, checked here: a malformed one is bad input at once, not seconds of retries."""
+def resolve_endpoint(endpoint: str | None, option: str = "--endpoint") -> str:
+    """The upstream's URL, checked here: a malformed one is bad input at once, not seconds of retries.
+    `option`: the option that gave `endpoint`, named in the error."""
     url = (endpoint or os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.netloc or parts.query or parts.fragment:
-        where = "--endpoint" if endpoint else "HF_ENDPOINT"
+        where = option if endpoint else "HF_ENDPOINT"
         raise BadInput(f"{where} {url!r} is not an upstream URL: expected http(s)://host[:port], "
                        "e.g. https://huggingface.co or http://mirror:8470")
     return url

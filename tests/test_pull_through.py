@@ -125,6 +125,8 @@ def test_upstream_and_allow_go_together(upstream, tmp_path):
     for args in (["--upstream", upstream.url], ["--allow", ORG]):
         p = run_cli("serve", *args, home=tmp_path / "home")
         assert p.returncode == 2 and "--allow" in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    p = run_cli("serve", "--upstream", "ftp://mirror", "--allow", ORG, home=tmp_path / "home")
+    assert p.returncode == 2 and p.stderr.startswith("frt-mirror: --upstream 'ftp://mirror' is not an upstream URL")
 
 
 CONCURRENT = f"""

@@ -97,7 +97,7 @@ def _upstream(app: App, url, allow, refs_ttl, timeout):
     check_writable(app.root, "serve --upstream stores what it pulls")
     from frt.resolver.hub import resolve_endpoint
 
-    return Upstream(resolve_endpoint(url), frozenset(allow), refs_ttl, timeout)
+    return Upstream(resolve_endpoint(url, "--upstream"), frozenset(allow), refs_ttl, timeout)
 
 
 def multiprocess_metrics():
