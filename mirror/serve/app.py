@@ -184,12 +184,14 @@ class MirrorApp:
 
     async def repo(self, request: Request, repo_type: str, repo_id: str, rev: str | None = None) -> ServedRepo:
         """The staged repo; with pull-through, an allowed repo as the upstream has it (see pull.py)."""
-        repo = None
+        repo = stale = None
         if self.pull is not None and self.pull.allowed(repo_id):
             repo, stale = await self.pull.repo(repo_type, repo_id, rev)
             if stale is not None:
                 request.scope["frt.stale"] = stale
         repo = repo or self.catalog().repo(repo_type, repo_id)
+        if repo is None and stale is not None:  # not "does not exist": nobody could ask
+            raise HubError(502, None, f"{repo_id} is not on this mirror, and its upstream cannot be asked ({stale})")
         if repo is None:
             raise HubError(404, "RepoNotFound", f"Repository not found: {repo_id} is not staged on this mirror")
         return repo
