@@ -145,8 +145,15 @@ class PullService:
         fut = self._flights.get(key)
         if fut is None:
             fut = self._flights[key] = asyncio.ensure_future(start())
-            fut.add_done_callback(lambda _: self._flights.pop(key, None))
+            fut.add_done_callback(lambda f: self._landed(key, f))
         return await asyncio.shield(fut)
+
+    def _landed(self, key, fut: asyncio.Future) -> None:
+        """The flight is over: the next miss starts a new one. Its error is read here too, so one whose
+        waiters all went away (clients that disconnected) is not logged as never retrieved."""
+        self._flights.pop(key, None)
+        if not fut.cancelled():
+            fut.exception()
 
 
 def _is_sha(rev: str) -> bool:
