@@ -219,3 +219,13 @@ def test_with_tokens_the_page_and_metrics_need_one(home, tmp_path):
         for path in ("/", "/metrics", f"/-/repos/{RELU}"):
             assert raw_http(srv.port, raw_request("GET", path))[0] == 401, path
             assert raw_http(srv.port, raw_request("GET", path, f"Authorization: Bearer {token}"))[0] == 200, path
+
+
+def test_an_org_named_metrics_is_still_a_hub_repo(home):
+    """`/metrics` and `/-/…` are the operator's; `/metrics/x/resolve/main/f` is org "metrics"'s model repo
+    (the first version routed every path starting with "metrics" to the page: a 404 page, no X-Error-Code)."""
+    with serving(home) as srv:
+        status, headers, _ = raw_http(srv.port, raw_request("GET", "/metrics/tiny/resolve/main/config.json"))
+        assert (status, headers.get("x-error-code")) == (404, "RepoNotFound"), headers
+        status, headers, _ = raw_http(srv.port, raw_request("GET", "/api/models/metrics/tiny"))
+        assert (status, headers.get("x-error-code")) == (404, "RepoNotFound"), headers

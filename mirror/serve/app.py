@@ -136,7 +136,8 @@ class MirrorApp:
     async def dispatch(self, request: Request) -> Response:
         segs = split_raw_path(request.scope.get("raw_path") or request.scope["path"].encode())
         method = request.method
-        if self.operator is not None and (not segs or segs[0] in ("-", "metrics")):  # never a Hub route
+        # Never a Hub route: `/`, `/metrics` and `/-/…` (`/metrics/x/resolve/…` is an org's model repo).
+        if self.operator is not None and (not segs or segs == ["metrics"] or segs[0] == "-"):
             return await self.operator(request, segs)
         if segs[:1] == ["api"]:
             return await self.api(request, segs[1:], method)
