@@ -64,7 +64,10 @@ def child_clients(endpoint: str, caches: str, n: int) -> dict:
 
 def clients(endpoint: str, tmp: Path, name: str) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
-    env.update(HF_HUB_DISABLE_XET="1", HF_HUB_DISABLE_PROGRESS_BARS="1", HF_HUB_DOWNLOAD_TIMEOUT="120")
+    # Throughput is measured here, not client timeouts: a cold HEAD waits for the upstream's listing,
+    # which on a loaded 2-core CI box once took longer than huggingface_hub's 10 s HEAD timeout.
+    env.update(HF_HUB_DISABLE_XET="1", HF_HUB_DISABLE_PROGRESS_BARS="1", HF_HUB_DOWNLOAD_TIMEOUT="120",
+               HF_HUB_ETAG_TIMEOUT="120")
     out = subprocess.run([sys.executable, "-m", "bench.pull_through", "--child", endpoint, str(tmp / name),
                           str(CLIENTS)], capture_output=True, text=True, timeout=900, cwd=ROOT, env=env)
     if out.returncode:
@@ -121,7 +124,8 @@ def main() -> None:
             before = hub.body_bytes
             r = clients(endpoint, tmp, f"{name}-{len(rows.get(name, []))}")
             if r["errors"] or r["ok"] != CLIENTS or r["shas"] != [want]:
-                sys.exit(f"{name}: {r['ok']}/{CLIENTS} correct, errors {r['errors']}")
+                logs = "".join(p.read_text()[-3000:] for p in tmp.glob("serve-*.log"))
+                sys.exit(f"{name}: {r['ok']}/{CLIENTS} correct, errors {r['errors']}\nserve's log:\n{logs}")
             rows.setdefault(name, []).append({**r, "upstream": (hub.body_bytes - before) / size})
 
         try:

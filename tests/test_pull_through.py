@@ -53,7 +53,15 @@ def upstream(saved_model):
 
 
 def pulled(home: Path, upstream: FakeHub, *args: str):
-    return serving(home, "--upstream", upstream.url, "--allow", ORG, "--allow", MODEL_ORG, *args, env=serve_env())
+    """serve --upstream. A cold request waits for the upstream's listing: on a loaded 2-core box that can
+    pass the 5 s default, so the tests that do not time the upstream give it 30 s (a later option wins)."""
+    return serving(home, "--upstream", upstream.url, "--allow", ORG, "--allow", MODEL_ORG, "--upstream-timeout", "30",
+                   *args, env=serve_env())
+
+
+def client(code: str, url: str, hf_home: Path, timeout: float = 180, **extra: str):
+    """run_client, with huggingface_hub's HEAD timeout (10 s) raised past the mirror's own waits."""
+    return run_client(code, url, hf_home, timeout=timeout, **{"HF_HUB_ETAG_TIMEOUT": "60", **extra})
 
 
 GET_BOTH = f"""
@@ -73,7 +81,7 @@ def body_transfers(hub: FakeHub, sha256: str) -> list:
 def test_get_kernel_v1_and_v2_on_first_use_then_an_ordinary_staged_set(upstream, tmp_path):
     home = tmp_path / "home"
     with pulled(home, upstream) as m:
-        p, out = run_client(GET_BOTH, m.url, tmp_path / "hf")
+        p, out = client(GET_BOTH, m.url, tmp_path / "hf")
         assert out == {"v1": [1, "cu-rebuild", X86_CPU], "v2": [2, "v2.1", X86_CPU]}, p.stderr[-3000:]
         # Exactly the files the client asked for crossed the wire: the chosen variant's, once each.
         gets = [e.path for e in upstream.request_log if e.method == "GET" and e.server == "hub"
@@ -108,7 +116,7 @@ def test_get_kernel_v1_and_v2_on_first_use_then_an_ordinary_staged_set(upstream,
 
 def test_a_repo_outside_the_allow_list_is_not_found_and_never_asked_for(upstream, tmp_path):
     with serving(tmp_path / "home", "--upstream", upstream.url, "--allow", ORG, env=serve_env()) as m:
-        p, out = run_client(f"""
+        p, out = client(f"""
             from huggingface_hub import hf_hub_download
             from huggingface_hub.errors import RepositoryNotFoundError
             try:
@@ -156,7 +164,7 @@ def test_64_concurrent_cold_downloads_are_one_upstream_body_transfer(upstream, t
     upstream.faults.throttle("_weights.bin", 24 << 20)  # about a second: every client arrives while it runs
     with pulled(tmp_path / "home", upstream) as m:
         code = CONCURRENT.replace("{CACHE}", str(tmp_path / "caches"))
-        p, out = run_client(code, m.url, tmp_path / "hf", timeout=300, HF_HUB_DOWNLOAD_TIMEOUT="60")
+        p, out = client(code, m.url, tmp_path / "hf", timeout=300, HF_HUB_DOWNLOAD_TIMEOUT="60")
         assert out is not None, p.stderr[-3000:]
         assert out["errors"] == [] and out["results"] == [big_sha(upstream)] * 64
     assert len(body_transfers(upstream, big_sha(upstream))) == 1
@@ -175,12 +183,12 @@ def test_an_upstream_cut_mid_transfer_stores_nothing_and_a_retry_succeeds(upstre
             report(type(e).__name__ + ": " + str(e)[:300])
     """
     with pulled(home, upstream) as m:
-        p, out = run_client(fetch, m.url, tmp_path / "hf1")
+        p, out = client(fetch, m.url, tmp_path / "hf1")
         assert out is not None and "Error" in out, (out, p.stderr[-2000:])
         assert not (home / "store").exists() or not [b for b in (home / "store").rglob("*") if b.is_file()
                                                       and b.stat().st_size == BIG_SIZE]
         upstream.faults.clear()
-        p, out = run_client(fetch, m.url, tmp_path / "hf2")
+        p, out = client(fetch, m.url, tmp_path / "hf2")
         assert out == big_sha(upstream), p.stderr[-2000:]
     # The retry resumed from the bytes already down (a Range request), not from zero.
     last = body_transfers(upstream, big_sha(upstream))[-1]
@@ -194,11 +202,11 @@ def test_with_the_upstream_stopped_everything_pulled_still_loads_flagged_stale(s
     home = tmp_path / "home"
     try:
         with pulled(home, hub, "--refs-ttl", "0.5", "--upstream-timeout", "5", "--access-log", "-") as m:
-            p, first = run_client(GET_BOTH, m.url, tmp_path / "hf1")
+            p, first = client(GET_BOTH, m.url, tmp_path / "hf1")
             assert first is not None, p.stderr[-3000:]
             hub.stop()
             time.sleep(0.6)  # past the refs TTL: the next request asks the upstream, which is gone
-            p, out = run_client(GET_BOTH, m.url, tmp_path / "hf2")
+            p, out = client(GET_BOTH, m.url, tmp_path / "hf2")
             assert out == first, p.stderr[-3000:]
             status, headers, _ = raw_http(m.port, raw_request("GET", f"/api/kernels/{ACTIVATION}/refs"))
             assert status == 200 and "upstream" in headers.get("x-mirror-stale", ""), headers
@@ -218,13 +226,13 @@ def test_a_new_upstream_commit_on_v1_is_seen_after_the_ttl(upstream, tmp_path):
         report(k.REVISION_NOTE)
     """
     with pulled(tmp_path / "home", upstream, "--refs-ttl", "1") as m:
-        p, out = run_client(get_v1, m.url, tmp_path / "hf1")
+        p, out = client(get_v1, m.url, tmp_path / "hf1")
         assert out == "cu-rebuild", p.stderr[-2000:]
         repo = upstream.repos[("kernel", ACTIVATION)]
         repo.commit(build("activation", [X86_CPU], version=1, note="hotfix"), title="Hotfix", branch="v1")
         deadline = time.monotonic() + 30
         while True:  # the TTL is 1 s; a loaded machine may take longer to get there
-            p, out = run_client(get_v1, m.url, tmp_path / f"hf{int(time.monotonic() * 1000)}")
+            p, out = client(get_v1, m.url, tmp_path / f"hf{int(time.monotonic() * 1000)}")
             if out == "hotfix" or time.monotonic() > deadline:
                 break
             time.sleep(0.5)
@@ -239,7 +247,7 @@ needs_transformers = pytest.mark.skipif(
 def test_a_model_is_pulled_file_by_file_and_then_staged_as_pulled(upstream, tmp_path):
     home = tmp_path / "home"
     with pulled(home, upstream) as m:
-        p, out = run_client(f"""
+        p, out = client(f"""
             import json
             from huggingface_hub import hf_hub_download, snapshot_download
             cfg = json.load(open(hf_hub_download({TINY_MODEL!r}, "config.json")))
@@ -253,7 +261,7 @@ def test_a_model_is_pulled_file_by_file_and_then_staged_as_pulled(upstream, tmp_
     # Served again with the upstream unreachable: only what was pulled is there.
     upstream.stop()
     with serving(home, env=serve_env()) as m:
-        p, out = run_client(f"""
+        p, out = client(f"""
             from huggingface_hub import hf_hub_download
             report(open(hf_hub_download({TINY_MODEL!r}, "config.json")).read()[:1])
         """, m.url, tmp_path / "hf2")
@@ -265,6 +273,6 @@ def test_transformers_from_pretrained_through_pull_through(upstream, tmp_path):
     from tests.test_models import LOAD
 
     with pulled(tmp_path / "home", upstream) as m:
-        p, out = run_client(LOAD.format(repo=TINY_MODEL), m.url, tmp_path / "hf", timeout=300)
+        p, out = client(LOAD.format(repo=TINY_MODEL), m.url, tmp_path / "hf", timeout=300)
         assert out is not None and out["type"] == "qwen2", p.stderr[-3000:]
     assert run_cli("verify", home=tmp_path / "home").returncode == 0

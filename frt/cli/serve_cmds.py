@@ -37,9 +37,10 @@ from .app import App, cli, emit_json, json_option
                    "Any other repo that is not staged is RepoNotFound.")
 @click.option("--refs-ttl", "refs_ttl", default=60.0, show_default=True, type=click.FloatRange(0),
               help="With --upstream: seconds a repo's refs are answered before the upstream is asked again.")
-@click.option("--upstream-timeout", "upstream_timeout", default=10.0, show_default=True,
+@click.option("--upstream-timeout", "upstream_timeout", default=5.0, show_default=True,
               type=click.FloatRange(0.1), help="With --upstream: seconds to wait for a refs refresh; past that, "
-              "or with the upstream down, the last known refs and everything stored are served, flagged.")
+              "or with the upstream down, the last known refs and everything stored are served, flagged. Keep "
+              "it under the clients' own HEAD timeout (huggingface_hub's HF_HUB_ETAG_TIMEOUT: 10 s).")
 @click.pass_obj
 def serve_cmd(app: App, host, port, trust, access_log, workers, accel_redirect, upstream, allow, refs_ttl,
               upstream_timeout):

@@ -38,7 +38,7 @@ class Upstream:
     endpoint: str
     allow: frozenset[str]
     refs_ttl: float = 60.0
-    timeout: float = 10.0
+    timeout: float = 5.0
 
     def service(self, home) -> PullService:
         from frt.resolver import HubClient
@@ -55,7 +55,7 @@ class _Known:
 
 
 class PullService:
-    def __init__(self, pull: PullThrough, *, refs_ttl: float = 60.0, timeout: float = 10.0):
+    def __init__(self, pull: PullThrough, *, refs_ttl: float = 60.0, timeout: float = 5.0):
         self.pull, self.refs_ttl, self.timeout = pull, refs_ttl, timeout
         self._known: dict[tuple[str, str], _Known] = {}
         self._flights: dict[object, asyncio.Future] = {}
