@@ -15,18 +15,13 @@ hosts, and the server drops it when its holder dies.
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import os
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 
-from frt.resolver.errors import LedgerUnavailable, first_line
-from sqlalchemy.exc import DBAPIError
-
 from .home import Home
 
 _NAME = "frt-mirror store writers"
-_KEY = int.from_bytes(hashlib.sha256(_NAME.encode()).digest()[:8], "big", signed=True)
 
 
 def _nothing(_what: str) -> None:
@@ -59,8 +54,7 @@ def _store_lock(home: Home, *, exclusive: bool, on_wait: Callable[[str], None]) 
 
     with ExitStack() as held:
         held.enter_context(_flock(home.store.locks / "store.lock", exclusive, wait_note))
-        if home.ledger.url:
-            held.enter_context(_server_lock(home, exclusive, wait_note))
+        held.enter_context(home.ledger.named_lock(_NAME, shared=not exclusive, on_wait=wait_note))
         yield
 
 
@@ -77,29 +71,3 @@ def _flock(path, exclusive: bool, wait_note: Callable[[], None]) -> Iterator[Non
         yield
     finally:
         os.close(fd)  # and with it the lock
-
-
-@contextmanager
-def _server_lock(home: Home, exclusive: bool, wait_note: Callable[[], None]) -> Iterator[None]:
-    engine = home.ledger.engine
-    kind = "" if exclusive else "_shared"
-    where = engine.url.render_as_string(hide_password=True)
-    try:
-        conn = engine.connect()
-        if not conn.exec_driver_sql(f"SELECT pg_try_advisory_lock{kind}({_KEY})").scalar():
-            wait_note()
-            conn.exec_driver_sql(f"SELECT pg_advisory_lock{kind}({_KEY})")
-        conn.commit()  # hold no transaction (nor its snapshot) for as long as a stage takes
-    except DBAPIError as e:
-        raise LedgerUnavailable(f"ledger {where} is unavailable (taking the store's lock): "
-                                f"{first_line(e.orig)}") from None
-    try:
-        yield
-    finally:
-        try:
-            conn.exec_driver_sql(f"SELECT pg_advisory_unlock{kind}({_KEY})")
-            conn.commit()
-        except DBAPIError:
-            pass  # the server dropped the connection, and the lock with it
-        finally:
-            conn.close()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime
@@ -163,10 +163,11 @@ class Ledger:
                 raise  # a constraint is a bug, not a corrupt file
             raise LedgerCorrupt(f"ledger {self.where} {failure}: {first_line(e)}") from None
 
-    def named_lock(self, name: str):
+    def named_lock(self, name: str, *, shared: bool = False, on_wait: Callable[[], None] | None = None):
         """A lock held across processes and hosts while the block runs: on a server ledger, the
-        server's advisory lock; on SQLite, none (the caller's file lock, on one host, is the lock)."""
-        return advisory_lock(self.engine, name) if self.url else nullcontext()
+        server's advisory lock (ledger_open.advisory_lock); on SQLite, none (the caller's file lock,
+        on one host, is the lock)."""
+        return advisory_lock(self.engine, name, shared=shared, on_wait=on_wait) if self.url else nullcontext()
 
     # -- writes -------------------------------------------------------------------------
 

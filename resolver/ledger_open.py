@@ -25,7 +25,7 @@ import functools
 import hashlib
 import os
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
@@ -120,15 +120,22 @@ def lock_server_writes(conn: Connection) -> None:
 
 
 @contextmanager
-def advisory_lock(engine: Engine, name: str) -> Iterator[None]:
+def advisory_lock(engine: Engine, name: str, *, shared: bool = False,
+                  on_wait: Callable[[], None] | None = None) -> Iterator[None]:
     """A lock named `name`, held on its own connection to the server until the block ends; every host
-    using this database honours it, and the server drops it if this process dies."""
+    using this database honours it, and the server drops it if this process dies. `shared`: any
+    number of shared holders, no exclusive one. `on_wait` is called once, before waiting, when
+    another holder has it."""
     key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
+    kind = "_shared" if shared else ""
     where = engine.url.render_as_string(hide_password=True)
     try:
         conn = engine.connect()
-        conn.exec_driver_sql(f"SELECT pg_advisory_lock({key})")
-        conn.commit()  # hold no transaction (nor its snapshot) for as long as a download takes
+        if not conn.exec_driver_sql(f"SELECT pg_try_advisory_lock{kind}({key})").scalar():
+            if on_wait is not None:
+                on_wait()
+            conn.exec_driver_sql(f"SELECT pg_advisory_lock{kind}({key})")
+        conn.commit()  # hold no transaction (nor its snapshot) for as long as the block takes
     except DBAPIError as e:
         raise LedgerUnavailable(f"ledger {where} is unavailable (taking the lock on {name}): "
                                 f"{first_line(e.orig)}") from None
@@ -136,7 +143,7 @@ def advisory_lock(engine: Engine, name: str) -> Iterator[None]:
         yield
     finally:
         try:
-            conn.exec_driver_sql(f"SELECT pg_advisory_unlock({key})")
+            conn.exec_driver_sql(f"SELECT pg_advisory_unlock{kind}({key})")
             conn.commit()
         except DBAPIError:
             pass  # the server dropped the connection, and the lock with it
