@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import re
 import threading
+from collections.abc import Callable
 
 from frt.resolver import HubClient, make_request
 from frt.resolver.errors import BadInput
@@ -30,7 +31,7 @@ from frt.resolver.resolution import FileEntry, Resolution, VariantInfo
 from frt.resolver.scan import heads_without_history, scan
 from frt.resolver.targets import parse_target
 
-from .events import record_event
+from .events import events_with_ref, record_event
 from .fetch import IntegrityError, expected_key, fetch_file
 from .home import Home
 from .publisher import digest_mismatch, publisher_expectations, variant_metadata, view_check
@@ -42,6 +43,7 @@ from .transport import Transport
 
 SHA = re.compile(r"[0-9a-f]{40}")
 VERSION = re.compile(r"v(\d+)")
+UNVOUCHED = "pull-unvouched"  # the events kind: see note_unvouched
 # A pulled variant was chosen by its client for a target the mirror never learns; a Resolution needs one,
 # and nothing that reads a pulled Resolution (publisher checks, views, the staged row) looks at it.
 NO_TARGET = parse_target("torch0.0-cpu-x86_64-linux")
@@ -121,9 +123,21 @@ class PullThrough:
 
     # -- one file --------------------------------------------------------------------------------
 
-    def fetch(self, repo_type: str, repo_id: str, commit: str, path: str) -> tuple[ServedFile, int]:
+    def note_unvouched(self, key: str, path: str) -> None:
+        """Bytes of blob `key` reached a client before they were verified, and then were not: a client
+        may hold them as the start of its `.incomplete` file (serve/stream.py)."""
+        record_event(self.home.ledger, UNVOUCHED, ref=key, detail=path)
+
+    def unvouched(self, key: str) -> bool:
+        """Was `key` ever streamed unverified from a fetch that then failed? Then no client's resume of
+        it is answered with a tail (serve answers the whole file)."""
+        return bool(events_with_ref(self.home.ledger, UNVOUCHED, key))
+
+    def fetch(self, repo_type: str, repo_id: str, commit: str, path: str,
+              on_bytes: Callable[[int], None] = lambda n: None) -> tuple[ServedFile, int]:
         """Fetch `path` at `commit` into the store (verified), record it, and when that completes a
-        kernel variant, stage the variant. The file as served from now on, and the bytes downloaded."""
+        kernel variant, stage the variant. The file as served from now on, and the bytes downloaded.
+        `on_bytes` is told each write to the `.part` file (a negative count: it restarted from byte 0)."""
         with store_writer(self.home):  # a gc waits: the blob is referenced (staged) only at the end
             entry, variant = self._entry(repo_type, repo_id, commit, path)
             ledger, store = self.home.ledger, self.home.store
@@ -134,7 +148,7 @@ class PullThrough:
             got = fetch_file(self.transport, store, repo_id, commit, entry, known_sha256=known.get(entry.git_oid),
                              publisher=publisher, recorded=recorded_blobs(ledger, [entry.sha256] if entry.sha256 else []),
                              repo_type=repo_type, stored_by_oid=lambda oid: sha256_by_git_oid(ledger, [oid]).get(oid),
-                             on_stored=lambda d: record_blobs(ledger, [d]))
+                             on_stored=lambda d: record_blobs(ledger, [d]), on_bytes=on_bytes)
             if got.downloaded:
                 record_event(ledger, "pull", ref=f"{repo_id}@{commit}", files=1, nbytes=got.downloaded, detail=path)
             if variant is not None:

@@ -33,6 +33,7 @@ from .accesslog import AccessLog, Counted
 from .catalog import Catalog, ServedCommit, ServedFile, ServedRepo, dir_oid, etag_of
 from .protocol import HubError, parse_range, split_raw_path, split_revision
 from .pull import STALE_HEADER, PullService, upstream_error
+from .stream import FlowResponse
 
 REPO_TYPES = {"models": "model", "kernels": "kernel", "datasets": "dataset", "spaces": "space"}
 PREFIXES = {"kernels": "kernel", "datasets": "dataset", "spaces": "space"}
@@ -285,11 +286,17 @@ class MirrorApp:
         if f is None:
             raise HubError(404, "EntryNotFound", f"{path} is not staged at {rev}", {"X-Repo-Commit": c.sha})
         if f.blob is None and request.method != "HEAD":  # listed upstream, not stored: pull it now
+            if self.pull.streams(f):  # sent as it comes, whole (a Range too): serve/stream.py
+                headers = [*file_headers(c.sha, etag_of(f), f.sha256, f.size), (b"content-length", b"%d" % f.size)]
+                return FlowResponse(self.pull.begin(repo, c.sha, f), self.pull, headers)
             try:
                 f = await self.pull.file(repo, c.sha, f)
             except FrtError as e:
                 raise upstream_error(e, f"{repo_id}/{path}@{c.sha[:12]}") from None
-        rng = parse_range(request.headers.get("range"), f.size)
+        rng, whole = parse_range(request.headers.get("range"), f.size), False
+        if (isinstance(rng, tuple) and rng[0] and self.pull is not None and self.pull.allowed(repo_id)
+                and self.pull.streams(f) and await self.pull.unvouched(f)):
+            rng, whole = None, True  # once streamed unverified from a fetch that failed: a client's prefix may be bad
         if rng == "unsatisfiable":
             raise HubError(416, None, "Requested Range Not Satisfiable",
                            {"Content-Range": f"bytes */{f.size}", "X-Repo-Commit": c.sha})
@@ -297,7 +304,7 @@ class MirrorApp:
         fixed = file_headers(c.sha, etag_of(f), f.sha256 if f.lfs else None, f.size)
         headers = [*fixed, (b"content-length", b"%d" % (end - start))]
         head = request.method == "HEAD"
-        if not head and self.accel_redirect and accel_ok(request.scope["headers"], rng):
+        if not head and self.accel_redirect and not whole and accel_ok(request.scope["headers"], rng):
             return BlobResponse(f, 0, 0, 200, self.accel(f, fixed, ranged=rng is not None), head=True)
         if rng is not None:
             headers.append((b"content-range", b"bytes %d-%d/%d" % (start, end - 1, f.size)))

@@ -18,6 +18,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import anyio
 
@@ -29,6 +30,9 @@ from .metrics import observe_pull
 from .protocol import HubError
 
 STALE_HEADER = "X-Mirror-Stale"
+# Files this big (LFS ones) are streamed to the first clients while they are fetched; smaller ones are
+# verified before their first byte goes out (they come down well within a client's 10 s read timeout).
+STREAM_MIN = 8 << 20
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,27 @@ class Upstream:
                            timeout=self.timeout)
 
 
+@dataclass(eq=False)
+class Flow:
+    """A big file's fetch in flight, as the answers streaming it read it: the `.part` file it grows,
+    its size, and the flight (a future of the stored ServedFile). `written` counts bytes written to
+    the part, `restarts` the times it began again from byte 0 (bytes sent before that may differ)."""
+
+    part: Path
+    size: int
+    key: str
+    path: str
+    done: asyncio.Future | None = None
+    written: int = 0
+    restarts: int = 0
+
+    def wrote(self, n: int) -> None:  # the fetch's on_bytes, in its thread: plain int updates
+        if n < 0:
+            self.restarts += 1
+        else:
+            self.written += n
+
+
 @dataclass
 class _Known:
     repo: ServedRepo | None
@@ -59,6 +84,7 @@ class PullService:
         self.pull, self.refs_ttl, self.timeout = pull, refs_ttl, timeout
         self._known: dict[tuple[str, str], _Known] = {}
         self._flights: dict[object, asyncio.Future] = {}
+        self._flows: dict[str, Flow] = {}  # blob key -> its streamed fetch in flight
         self._tried: dict[tuple, float] = {}  # (repo key, commit sha) -> when the upstream was last asked
 
     def allowed(self, repo_id: str) -> bool:
@@ -104,18 +130,37 @@ class PullService:
 
     async def file(self, repo: ServedRepo, commit: str, f: ServedFile) -> ServedFile:
         """`f` stored (fetched now, or by whoever was fetching it); the cached repo is updated in place."""
-        stored = await self._flight(("file", f.sha256 or f.oid), lambda: self._fetch(repo, commit, f))
-        c = repo.commits.get(commit)
-        if c is not None:
-            c.files[f.path] = stored
-        return stored
+        return await self._flight(("file", _key(f)), lambda: self._fetch(repo, commit, f))
 
-    async def _fetch(self, repo: ServedRepo, commit: str, f: ServedFile) -> ServedFile:
+    def streams(self, f: ServedFile) -> bool:
+        """Is `f` sent as it is fetched (serve/stream.py), rather than verified before its first byte?"""
+        return f.lfs and f.size >= STREAM_MIN
+
+    def begin(self, repo: ServedRepo, commit: str, f: ServedFile) -> Flow:
+        """The fetch of `f` in flight, started now if none is: what a streaming answer reads."""
+        key = _key(f)
+        flow = self._flows.get(key)
+        if flow is None:
+            flow = self._flows[key] = Flow(self.pull.home.store.part_path(key), f.size, key, f.path)
+            flow.done = self._start(("file", key), lambda: self._fetch(repo, commit, f, flow))
+            flow.done.add_done_callback(lambda _: self._flows.pop(key, None))
+        return flow
+
+    async def unvouched(self, f: ServedFile) -> bool:
+        return await anyio.to_thread.run_sync(self.pull.unvouched, _key(f))
+
+    async def note_unvouched(self, flow: Flow) -> None:
+        await anyio.to_thread.run_sync(self.pull.note_unvouched, flow.key, flow.path)
+
+    async def _fetch(self, repo: ServedRepo, commit: str, f: ServedFile, flow: Flow | None = None) -> ServedFile:
         t0, outcome, nbytes = time.perf_counter(), "error", 0
+        on_bytes = flow.wrote if flow is not None else (lambda n: None)
         try:
             stored, nbytes = await anyio.to_thread.run_sync(self.pull.fetch, repo.repo_type, repo.repo_id, commit,
-                                                            f.path)
+                                                            f.path, on_bytes)
             outcome = "ok"
+            if (c := repo.commits.get(commit)) is not None:
+                c.files[f.path] = stored
             return stored
         except VerificationFailed:
             outcome = "refused"
@@ -125,6 +170,8 @@ class PullService:
             raise
         finally:
             observe_pull("file", time.perf_counter() - t0, nbytes, outcome)
+            if flow is not None and flow.written and (outcome != "ok" or flow.restarts):
+                await self.note_unvouched(flow)  # bytes of it may be with a client already
 
     async def publisher_trusted(self, org: str) -> bool | None:
         """The upstream's word on the org, asked once per TTL (kernels asks before anything else)."""
@@ -140,13 +187,17 @@ class PullService:
             return await anyio.to_thread.run_sync(self.pull.publisher_trusted, org)
 
     async def _flight(self, key, start: Callable[[], Awaitable]):
-        """The result of `start()`, run once for all concurrent callers with this key. The work is a task
-        of its own: a caller that goes away (a client disconnect cancels its request) does not stop it."""
+        """The result of `start()`, run once for all concurrent callers with this key."""
+        return await asyncio.shield(self._start(key, start))
+
+    def _start(self, key, start: Callable[[], Awaitable]) -> asyncio.Future:
+        """The flight with this key, started if none is. The work is a task of its own: a caller that
+        goes away (a client disconnect cancels its request) does not stop it."""
         fut = self._flights.get(key)
         if fut is None:
             fut = self._flights[key] = asyncio.ensure_future(start())
             fut.add_done_callback(lambda f: self._landed(key, f))
-        return await asyncio.shield(fut)
+        return fut
 
     def _landed(self, key, fut: asyncio.Future) -> None:
         """The flight is over: the next miss starts a new one. Its error is read here too, so one whose
@@ -154,6 +205,11 @@ class PullService:
         self._flights.pop(key, None)
         if not fut.cancelled():
             fut.exception()
+
+
+def _key(f: ServedFile) -> str:
+    """The blob-to-be's name (fetch.expected_key): its sha256 for an LFS file, else its git oid."""
+    return f.sha256 if f.lfs else f.oid
 
 
 def _is_sha(rev: str) -> bool:

@@ -1,0 +1,136 @@
+"""A big file's first answers, sent while pull-through fetches it: the bytes as they reach the `.part`
+file, the last one only once the whole file is verified and stored.
+
+Why: a client waiting for the mirror's whole upstream transfer receives nothing meanwhile, and
+huggingface_hub gives up after 10 s without a byte (HF_HUB_DOWNLOAD_TIMEOUT), retrying from scratch.
+
+What keeps it honest (clients check only sizes, so the mirror is the only check):
+- The client never has the whole file until the mirror verified it: the last byte is held back, and
+  a fetch that fails or is refused cuts the answer short. The client then has an `.incomplete` file.
+- A resume of such a file must not append a verified tail to bytes the mirror never vouched for: the
+  fetch (or this answer) records the blob as unvouched in the home's events
+  (PullThrough.note_unvouched), and serve answers any Range request for it with the whole file, a
+  200, which both huggingface_hub 1.x and 2.x take as "start over" (they truncate what they had).
+- Bytes sent are the bytes of the very file that is verified: the answer reads one open `.part`
+  (same inode, renamed into the store on success) and is cut if the fetch restarted it from byte 0.
+
+A worker streams only the fetches it runs itself; a client of another worker of the same home waits
+for that fetch, as before (fetch_file's per-blob lock), and gets the stored file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+
+import anyio
+from starlette.responses import Response
+
+from frt.resolver.errors import FrtError
+
+from .catalog import ServedFile
+from .pull import Flow, PullService
+
+CHUNK = 4 << 20
+POLL_S = 0.02  # how often an answer looks for new bytes in the `.part` (no per-write wakeup to a thread)
+log = logging.getLogger("frt.serve")
+
+
+class Cut(Exception):
+    """The bytes already sent cannot be vouched for: end the answer short."""
+
+
+class FlowResponse(Response):
+    """200 with the file's headers (Content-Length its size), then its bytes as the fetch writes them.
+    A Range is not honoured: a file not yet stored is sent whole (both clients start over on a 200)."""
+
+    def __init__(self, flow: Flow, service: PullService, headers: list):
+        self.status_code, self.raw_headers, self.background = 200, headers, None
+        self.flow, self.service, self.started = flow, service, False
+
+    async def __call__(self, scope, receive, send) -> int:
+        """Sends the answer; returns the body bytes sent. The status line waits for the first byte: a
+        fetch that fails before one is the same 502 as for a small file."""
+        flow, fd = self.flow, None
+        restarts, sent = flow.restarts, 0
+
+        async def body(chunk: bytes, more: bool) -> None:
+            nonlocal sent
+            if sent == 0 and not self.started:
+                self.started = True
+                await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            await send({"type": "http.response.body", "body": chunk, "more_body": more})
+            sent += len(chunk)
+
+        try:
+            fd = await self._while_fetching(body, restarts)
+            try:
+                stored: ServedFile = await asyncio.shield(flow.done)
+            except FrtError as e:
+                if not self.started:
+                    return await self._failed(e, scope, receive, send)
+                raise Cut(str(e)) from None
+            if sent and (flow.restarts != restarts or os.fstat(fd).st_ino != os.stat(stored.blob).st_ino):
+                raise Cut("the fetch started the file over after some of it was sent")
+            await _rest_of(stored, sent, body)
+            return sent
+        except Cut as e:
+            log.warning("frt-mirror: serve: %s: answer cut after %d of %d bytes: %s", flow.path, sent, flow.size, e)
+            if sent:
+                await self.service.note_unvouched(flow)
+            return sent  # returning with the body incomplete makes the server close the connection
+        finally:
+            if fd is not None:
+                os.close(fd)
+
+    async def _failed(self, e: FrtError, scope, receive, send) -> int:
+        from .pull import upstream_error
+
+        answer = upstream_error(e, self.flow.path).response(head=False)
+        await answer(scope, receive, send)
+        return 0
+
+    async def _while_fetching(self, body, restarts: int) -> int | None:
+        """Send what the `.part` holds, all but the last byte, until the fetch lands; the part's fd."""
+        flow, sent, fd = self.flow, 0, None
+        limit = flow.size - 1
+        while not flow.done.done():
+            if fd is None:
+                fd = _open(flow.part)
+            have = os.fstat(fd).st_size if fd is not None else 0
+            if flow.restarts != restarts:
+                raise Cut("the fetch started the file over")
+            if have > sent and sent < limit:
+                chunk = await anyio.to_thread.run_sync(os.pread, fd, min(CHUNK, have - sent, limit - sent), sent)
+                if flow.restarts != restarts:
+                    raise Cut("the fetch started the file over")
+                await body(chunk, True)
+                sent += len(chunk)
+            else:
+                await asyncio.sleep(POLL_S)
+        return fd
+
+
+def _open(part) -> int | None:
+    try:
+        return os.open(part, os.O_RDONLY)
+    except FileNotFoundError:  # not begun yet, or already stored
+        return None
+
+
+async def _rest_of(f: ServedFile, start: int, body) -> None:
+    """Bytes `start`.. of the stored (verified) file: the answer's end."""
+    fd = os.open(f.blob, os.O_RDONLY)
+    try:
+        off = start
+        while off < f.size:
+            chunk = await anyio.to_thread.run_sync(os.pread, fd, min(CHUNK, f.size - off), off)
+            if not chunk:
+                raise Cut("the stored file is shorter than listed")
+            off += len(chunk)
+            await body(chunk, off < f.size)
+        if start >= f.size:
+            await body(b"", False)
+    finally:
+        os.close(fd)
