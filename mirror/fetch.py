@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from frt.resolver.errors import VerificationFailed
 from frt.resolver.resolution import FileEntry
 
-from .store import BlobStore, Digest, digest_file
+from .store import BlobStore, Digest, RunningDigest, digest_file
 from .transport import ContentTooLarge, Transport
 
 
@@ -95,15 +95,16 @@ def _download_verified(transport, store, repo_id, commit, entry, key, on_bytes, 
         downloaded += n
         on_bytes(n)
 
+    running = RunningDigest(entry.size)
     for clean_retry in (False, True):
         had = part.exists() and part.stat().st_size > 0
         try:
             transport.fetch(repo_id, entry.path, commit, part, size=entry.size, on_bytes=count,
-                            repo_type=repo_type)
+                            repo_type=repo_type, running=running)
         except ContentTooLarge as e:
             part.unlink(missing_ok=True)
             raise IntegrityError(str(e), repo=repo_id, path=entry.path, commit=commit) from None
-        digest = digest_file(part)
+        digest = running.digest(part) or digest_file(part)
         if matches(entry, digest) and publisher and digest.sha256 not in publisher:
             part.unlink()
             raise IntegrityError(f"{where}: served bytes match the upstream's git oid {entry.git_oid} but hash to "

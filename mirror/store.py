@@ -42,6 +42,50 @@ def digest_file(path: Path) -> Digest:
     return Digest(h256.hexdigest(), hgit.hexdigest(), size)
 
 
+class RunningDigest:
+    """digest_file's two hashes of a `.part`, taken as it is written, so a finished download is not
+    read back to be verified (for a big file that second read is what a streamed client would wait
+    for before its last byte). `size` is the advertised size: the git oid's header. `catch_up` makes
+    it cover exactly the part's first `upto` bytes before the download appends (a resume), re-reading
+    only what it has not seen; `digest` is None unless it covers the whole file as advertised."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.reset()
+
+    def reset(self) -> None:
+        self.h256, self.hgit, self.n = hashlib.sha256(), hashlib.sha1(f"blob {self.size}\0".encode()), 0
+
+    def update(self, chunk: bytes) -> None:
+        self.h256.update(chunk)
+        self.hgit.update(chunk)
+        self.n += len(chunk)
+
+    def catch_up(self, path: Path, upto: int) -> None:
+        if self.n > upto:  # the part was cut back or restarted: what was hashed is no longer its start
+            self.reset()
+        if self.n == upto:
+            return
+        with open(path, "rb") as f:
+            f.seek(self.n)
+            while self.n < upto and (chunk := f.read(min(CHUNK, upto - self.n))):
+                self.update(chunk)
+        if self.n != upto:
+            self.reset()  # the part is shorter than it said: digest() stays None, the caller reads it whole
+
+    def digest(self, path: Path) -> Digest | None:
+        if self.n != self.size or _size(path) != self.n:
+            return None
+        return Digest(self.h256.hexdigest(), self.hgit.hexdigest(), self.n)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return -1
+
+
 def store_root(home: Path) -> Path:
     """The folder a home's blobs lie under (nginx-conf aliases its internal location onto it)."""
     return home / "store" / "sha256"

@@ -25,6 +25,8 @@ from frt.resolver.hub import HubClient, is_transient, rate_limited
 from huggingface_hub import get_session
 from huggingface_hub.utils import build_hf_headers, hf_raise_for_status
 
+from .store import RunningDigest
+
 try:  # huggingface_hub 2.x speaks httpx2, 1.x httpx
     import httpx2 as _httpx
 except ImportError:  # pragma: no cover - exercised in the 1.x environment
@@ -51,8 +53,10 @@ class Transport:
         self.hub = hub
 
     def fetch(self, repo_id: str, path: str, commit: str, part: Path, *, size: int,
-              on_bytes: Callable[[int], None] = lambda n: None, repo_type: str = "kernel") -> None:
-        """Make `part` hold the file's `size` bytes as served (resuming what it has), or raise."""
+              on_bytes: Callable[[int], None] = lambda n: None, repo_type: str = "kernel",
+              running: RunningDigest | None = None) -> None:
+        """Make `part` hold the file's `size` bytes as served (resuming what it has), or raise.
+        `running` is fed every byte the part ends up with, in order (see store.RunningDigest)."""
         where = f"{repo_id}/{path}@{commit[:12]}"
         attempt = resigns = 0
         while True:
@@ -65,7 +69,7 @@ class Transport:
             attempt += 1
             try:
                 self._get(repo_id, path, commit, part, offset=have, limit=size, on_bytes=on_bytes,
-                          repo_type=repo_type)
+                          repo_type=repo_type, running=running)
                 return
             except (ContentTooLarge, LocalWriteFailed):
                 raise
@@ -85,7 +89,7 @@ class Transport:
                     raise UpstreamUnavailable(f"{where}: gave up after {attempt} attempts: {first_line(e)}") from None
                 self.hub.retry.sleep(attempt)
 
-    def _get(self, repo_id, path, commit, dest: Path, *, offset, limit, on_bytes, repo_type) -> None:
+    def _get(self, repo_id, path, commit, dest: Path, *, offset, limit, on_bytes, repo_type, running) -> None:
         """One request, following the Hub's redirects, streaming into `dest` from `offset`."""
         headers = build_hf_headers(token=self.hub.token)
         if offset:
@@ -106,6 +110,8 @@ class Transport:
             written = offset if r.status_code == 206 and offset else 0
             if offset and not written:
                 on_bytes(-offset)  # the server ignored Range: the file restarts from byte 0
+            if running is not None:
+                running.catch_up(dest, written)
             with _open(dest, "ab" if written else "wb") as f:
                 for chunk in r.iter_bytes(WRITE_CHUNK):
                     written += len(chunk)
@@ -113,6 +119,8 @@ class Transport:
                         raise ContentTooLarge(f"{repo_id}/{path}@{commit[:12]}: more than the advertised "
                                               f"{limit} bytes")
                     _write(f, chunk, dest)
+                    if running is not None:
+                        running.update(chunk)
                     on_bytes(len(chunk))
 
 
