@@ -130,9 +130,7 @@ def main() -> None:
 
         try:
             run("direct", hub.url)
-            # Throughput, not the refresh timeout: a cold refresh once stalled ~10 s here under 64 clients.
-            p, mirror = serve(tmp / "pulled", tmp, "--upstream", hub.url, "--allow", "bench-org",
-                              "--upstream-timeout", "60")
+            p, mirror = serve(tmp / "pulled", tmp, "--upstream", hub.url, "--allow", "bench-org")
             procs.append(p)
             run("cold", mirror)
             home = Home(tmp / "staged")

@@ -81,8 +81,26 @@ def resolve_endpoint(endpoint: str | None, option: str = "--endpoint") -> str:
     return url
 
 
+def ask_only_our_endpoint() -> None:
+    """Keep huggingface_hub from asking its global endpoint for anything. To build its user agent it
+    fetches an agent registry (`/api/agent-harnesses`) from huggingface.co (or HF_ENDPOINT) once per
+    process, whatever endpoint the client was made for: a mirror on a fenced site waited ~10 s on DNS
+    for huggingface.co before its first upstream call. The registry only names AI-agent harnesses to
+    mention in the user agent; this process's is set to huggingface_hub's own "none known" (what it
+    falls back to offline). Not HF_HUB_DISABLE_TELEMETRY, which also skips it: kernels 0.17 then sends
+    a malformed user agent (see README, Notes for operators), and it would hold for the whole process.
+    A huggingface_hub without that registry is left as it is."""
+    try:
+        from huggingface_hub.utils import _detect_agent as agent
+    except ImportError:
+        return
+    if getattr(agent, "_registry", False) is None and isinstance(getattr(agent, "_EMPTY_REGISTRY", None), dict):
+        agent._registry = agent._EMPTY_REGISTRY
+
+
 class HubClient:
     def __init__(self, endpoint: str | None = None, *, token: str | None = None, retry: RetryPolicy | None = None):
+        ask_only_our_endpoint()
         self.endpoint = resolve_endpoint(endpoint)
         self.api = HfApi(endpoint=self.endpoint, token=token)
         self.token = token
