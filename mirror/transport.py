@@ -110,6 +110,9 @@ class Transport:
             written = offset if r.status_code == 206 and offset else 0
             if offset and not written:
                 on_bytes(-offset)  # the server ignored Range: the file restarts from byte 0
+                # ...as a new file, not truncated in place: a .part only ever grows, so what a streaming
+                # answer read of it is a prefix of whatever the same inode holds when it is verified.
+                dest.unlink(missing_ok=True)
             if running is not None:
                 running.catch_up(dest, written)
             with _open(dest, "ab" if written else "wb") as f:

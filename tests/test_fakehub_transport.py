@@ -200,6 +200,22 @@ def test_resumed_download_after_a_cdn_body_is_cut(hub, tmp_path):
     assert [s for m, p, s in hub.requests if "/resolve/" in p] == [302]  # the Hub was asked once
 
 
+def test_a_cdn_that_ignores_range_is_taken_as_start_over(hub, tmp_path):
+    """fake Hub `ignore_range`: the resume gets a 200 with the whole file, and both clients start over
+    (huggingface_hub truncates what it had: a CDN that will not range a compressed answer)."""
+    repo = hub.repos[("kernel", REPO_ID)]
+    huge = bytes(range(256)) * (96 * 1024)
+    repo.commit({"huge.bin": huge}, title="add a huge file", branch="huge")
+    hub.faults.drop_after("huge.bin", 16 << 20)
+    hub.faults.ignore_range("huge.bin")
+    path = dl(hub, "huge.bin", tmp_path, revision="huge")
+    assert path.read_bytes() == huge
+    cdn = [e for e in hub.request_log if e.server == "cdn"]
+    ranges = [{k.lower(): v for k, v in e.headers.items()}.get("range") for e in cdn]
+    assert [(e.method, e.status) for e in cdn] == [("GET", 200), ("GET", 200)]
+    assert ranges == [None, f"bytes={10 << 20}-"]
+
+
 def test_expired_signed_url(hub, tmp_path):
     hub.cdn_url_ttl = 1
     url = hf_hub_url(REPO_ID, "weights.bin", repo_type="kernel", revision="v1", endpoint=hub.url)

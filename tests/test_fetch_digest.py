@@ -87,3 +87,15 @@ def test_tampered_bytes_are_refused_and_not_stored(hub, tmp_path, monkeypatch, r
         run()
     assert not store.has(hashlib.sha256(DATA).hexdigest())
     assert not [p for p in store.tmp.iterdir() if p.name.endswith(".part")]
+
+
+def test_a_resume_the_upstream_answers_whole_starts_the_part_over(hub, tmp_path, monkeypatch, read_backs):
+    """A CDN that ignores Range (fake Hub `ignore_range`): the resumed request gets a 200 with the whole
+    file, which is written as a new `.part` from byte 0 (never appended, never truncated in place)."""
+    hub.faults.drop_after("_weights.bin", 1 << 20, times=1)
+    hub.faults.ignore_range("_weights.bin")
+    store, run = fetch(hub, tmp_path, monkeypatch)
+    got = run()
+    assert store.path(got.digest.sha256).read_bytes() == DATA and read_backs == []
+    gets = [e for e in hub.request_log if e.server == "cdn" and e.method == "GET"]
+    assert [e.status for e in gets] == [200, 200] and gets[1].headers.get("Range"), gets

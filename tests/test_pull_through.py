@@ -233,6 +233,36 @@ def test_a_big_cold_file_streams_to_the_client_while_the_upstream_is_still_sendi
     assert run_cli("verify", home=tmp_path / "home").returncode == 0
 
 
+def test_every_replica_streams_a_big_cold_file_whichever_one_fetches_it(upstream, tmp_path):
+    """Two serve processes over one home (replicas behind nginx, or --workers): a client of each at
+    once; one fetches (the per-blob lock), the other's answer reads the same `.part` as it grows, so
+    both get bytes while the upstream is still held, and one body crosses the wire."""
+    import socket
+
+    held = 12 << 20
+    upstream.faults.hold("_weights.bin", held)
+    home = tmp_path / "home"
+    with pulled(home, upstream) as a, pulled(home, upstream) as b, contextlib.ExitStack() as done:
+        done.callback(upstream.faults.release)
+        socks = [done.enter_context(socket.create_connection(("127.0.0.1", m.port), timeout=30)) for m in (a, b)]
+        bodies = []
+        for s in socks:
+            s.sendall(raw_request("GET", f"/kernels/{BIG}/resolve/v1/{BIG_FILE}"))
+            status, headers, body = read_response_head(s)
+            assert status == 200, headers
+            while len(body) < held - (2 << 20):
+                chunk = s.recv(1 << 20)
+                assert chunk, len(body)
+                body += chunk
+            bodies.append(body)
+        upstream.faults.release()
+        for s, body in zip(socks, bodies):
+            while chunk := s.recv(1 << 20):
+                body += chunk
+            assert hashlib.sha256(body).hexdigest() == big_sha(upstream)
+    assert len(body_transfers(upstream, big_sha(upstream))) == 1
+
+
 def test_a_slow_upstream_is_streamed_so_the_client_neither_times_out_nor_retries(upstream, tmp_path):
     """hf_hub_download with a 3 s read timeout, a file the upstream takes ~8 s to send: one GET, no retry."""
     upstream.faults.throttle("_weights.bin", 3 << 20)

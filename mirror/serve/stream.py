@@ -12,10 +12,11 @@ What keeps it honest (clients check only sizes, so the mirror is the only check)
   (PullThrough.note_unvouched), and serve answers any Range request for it with the whole file, a
   200, which both huggingface_hub 1.x and 2.x take as "start over" (they truncate what they had).
 - Bytes sent are the bytes of the very file that is verified: the answer reads one open `.part`
-  (same inode, renamed into the store on success) and is cut if the fetch restarted it from byte 0.
+  (same inode, renamed into the store on success; a fetch that starts over writes a new one) and is
+  cut if the fetch started over.
 
-A worker streams only the fetches it runs itself; a client of another worker of the same home waits
-for that fetch, as before (fetch_file's per-blob lock), and gets the stored file.
+Any serve process over the home streams so: one that finds another (a worker, a replica, a stage)
+fetching the file waits on its per-blob lock in a thread, while its answer reads the same `.part`.
 """
 
 from __future__ import annotations
@@ -108,8 +109,19 @@ class FlowResponse(Response):
                 await body(chunk, True)
                 sent += len(chunk)
             else:
+                if fd is not None and _replaced(flow.part, fd):
+                    raise Cut("the fetch started the file over")
                 await asyncio.sleep(POLL_S)
         return fd
+
+
+def _replaced(part, fd: int) -> bool:
+    """Is the `.part` now another file than the one being read? A fetch that starts over (in any
+    process) writes a new one (transport.fetch); gone means stored, or given up: the flight says which."""
+    try:
+        return os.stat(part).st_ino != os.fstat(fd).st_ino
+    except FileNotFoundError:
+        return False
 
 
 def _open(part) -> int | None:

@@ -32,6 +32,7 @@ class Faults:
         self._delays: list[tuple[str, float]] = []
         self._rates: list[tuple[str, float]] = []
         self._holds: list[tuple[str, int]] = []
+        self._whole: list[str] = []
         self._released = threading.Event()
 
     def fail_next(self, n: int, status: int = 503, match: str = "") -> None:
@@ -56,6 +57,12 @@ class Faults:
         with self._lock:
             self._rates.append((match, bytes_per_s))
 
+    def ignore_range(self, match: str) -> None:
+        """Answer matching file bodies whole, a 200, whatever `Range` asks (until `clear()`): what a CDN
+        does that will not serve a range of a compressed answer (huggingface_hub handles it)."""
+        with self._lock:
+            self._whole.append(match)
+
     def hold(self, match: str, after: int) -> None:
         """Matching file bodies send `after` bytes, then wait for `release()`: a download that stays in
         flight for exactly as long as a test needs, with no clock in it."""
@@ -76,12 +83,17 @@ class Faults:
             self._fails.clear()
             self._drops.clear()
             self._delays.clear()
+            self._whole.clear()
 
     # -- used by the server --------------------------------------------------------------------
 
     def delay_for(self, path: str) -> float:
         with self._lock:
             return sum(s for m, s in self._delays if m in path)
+
+    def ranges_ignored(self, path: str) -> bool:
+        with self._lock:
+            return any(m in path for m in self._whole)
 
     def rate_for(self, path: str) -> float | None:
         with self._lock:

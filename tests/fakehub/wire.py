@@ -149,6 +149,8 @@ class BaseHandler(BaseHTTPRequestHandler):
         """200 with `data`, or 206 for a single `Range`, or 416; streamed through the fault hooks."""
         status, start, end = 200, 0, len(data)
         rng = parse_range(self.headers.get("Range"), len(data))
+        if rng is not None and self.hub.faults.ranges_ignored(self.path):
+            rng = None
         if rng == "unsatisfiable":
             keep = {k: v for k, v in headers.items() if k == "X-Repo-Commit"}
             raise HubError(416, None, "Requested Range Not Satisfiable",
