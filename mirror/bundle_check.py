@@ -120,7 +120,7 @@ def _parse_repo(d: dict, base_commits: dict) -> RepoRows:
     """`base_commits`: the commits an incremental bundle's base holds of this repo, which its listings
     may name."""
     where = f"repo {check_repo_id(d['repo'], where='repos')}"
-    _need(d["repo_type"] in ("kernel", "model") and isinstance(d["endpoint"], (str, type(None))),
+    _need(d["repo_type"] in ("kernel", "model", "dataset") and isinstance(d["endpoint"], (str, type(None))),
           f"{d['repo']}: bad repo type or endpoint")
     refs = {}
     for r in d["refs"]:
@@ -135,7 +135,7 @@ def _parse_repo(d: dict, base_commits: dict) -> RepoRows:
         if "parent" in c:  # format 1 kept the upstream's list as parent links
             parents[sha] = None if c["parent"] is None else check_commit(c["parent"], where=where, what="parent")
         if c["variants"] is not None:
-            builds[c["sha"]] = [_parse_variant(v, f"{where}@{c['sha'][:12]}", model=d["repo_type"] == "model")
+            builds[c["sha"]] = [_parse_variant(v, f"{where}@{c['sha'][:12]}", model=d["repo_type"] != "kernel")
                                 for v in c["variants"]]
     if "listings" in d:
         _need(isinstance(d["listings"], dict), f"{where}: bad listings")

@@ -21,7 +21,7 @@ from frt.resolver.gate import check_commit, check_git_oid, check_path, check_ref
 from frt.atomic import atomic_write
 
 from .home import Home
-from .records import MODEL_TARGET, blob_for
+from .records import MODEL_TARGET, blob_for, repo_types
 
 CACHEDIR_TAG = "Signature: 8a477f597d28d172789f06886806bc55\n"
 
@@ -41,14 +41,17 @@ def export_cache(out: Path, home: Home, target: Target) -> list[tuple[str, str, 
     for row in rows:  # every name checked before the first write: a bad one leaves `out` untouched
         with home.ledger.view() as v:
             files, _ = v.variant(row.repo, row.commit, row.variant)
-        plan.append((row, _checked(row, files)))
+            # Staged by its commit (pulled through, or pinned): the refs the ledger knows at that commit
+            # too, so an offline client asking for `main` (as it asked the mirror) finds it.
+            at = [name for _kind, name, sha in v.refs(row.repo) if sha == row.commit] if row.revision == row.commit else []
+        plan.append((row, _checked(row, files, at)))
     sources = _sources(home, plan)
     out.mkdir(parents=True, exist_ok=True)
     if not (out / "CACHEDIR.TAG").exists():
         (out / "CACHEDIR.TAG").write_text(CACHEDIR_TAG)
-    written = []
-    for row, (files, ref) in plan:
-        repo_dir = out / cache_folder(row.repo, row.repo_type)
+    written, types = [], repo_types(home.ledger, rows)
+    for row, (files, refs) in plan:
+        repo_dir = out / cache_folder(row.repo, types[row])
         for entry in files:
             src = sources[(row.repo, row.commit, entry.path)]
             if src is None or not src.is_file():
@@ -58,7 +61,7 @@ def export_cache(out: Path, home: Home, target: Target) -> list[tuple[str, str, 
             # huggingface_hub names a blob by the ETag the Hub sends: sha256 for LFS files, git oid otherwise.
             _place(repo_dir, row.commit, entry.path, src, etag=entry.sha256 or entry.git_oid)
         (repo_dir / "trees" / f"{row.commit}.json").unlink(missing_ok=True)
-        if ref and ref != row.commit:
+        for ref in refs:
             atomic_write(repo_dir / "refs" / ref, row.commit)
             written.append((row.repo, ref, row.commit))
     return written
@@ -78,9 +81,9 @@ def _sources(home: Home, plan) -> dict[tuple[str, str, str], Path | None]:
     return out
 
 
-def _checked(row, files) -> tuple[list, str | None]:
-    """The row's files and ref name, through the gate: each becomes a path under `out`
-    (blobs/<etag>, snapshots/<commit>/<path>, refs/<ref>), and the ledger is only a file on disk."""
+def _checked(row, files, at: list[str]) -> tuple[list, list[str]]:
+    """The row's files and ref names (its own, then `at`), through the gate: each becomes a path under
+    `out` (blobs/<etag>, snapshots/<commit>/<path>, refs/<ref>), and the ledger is only a file on disk."""
     where = f"ledger's staged row {check_repo_id(row.repo, where='ledger')}@{row.commit[:12]}"
     check_commit(row.commit, where=where)
     for entry in files:
@@ -89,8 +92,9 @@ def _checked(row, files) -> tuple[list, str | None]:
             check_sha256(entry.sha256, where=where)
         else:
             check_git_oid(entry.git_oid, where=where)
-    ref = f"v{row.version}" if row.version is not None else row.revision
-    return files, ref and check_ref(ref, where=where, what="revision")
+    own = f"v{row.version}" if row.version is not None else row.revision
+    refs = [check_ref(r, where=where, what="revision") for r in dict.fromkeys([own, *at]) if r and r != row.commit]
+    return files, refs
 
 
 def _place(repo_dir: Path, commit: str, path: str, src: Path, *, etag: str) -> None:

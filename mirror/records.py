@@ -9,6 +9,7 @@ from frt.resolver import Ledger, Resolution
 from frt.resolver.dialect import insert_for
 from frt.resolver.migrations import utcnow
 from frt.resolver.resolution import FileEntry
+from frt.resolver.schema import Repo
 from sqlalchemy import delete, select, tuple_
 from sqlalchemy.orm import Session
 
@@ -47,6 +48,8 @@ class StagedRow:
 
     @property
     def repo_type(self) -> str:
+        """"model" for every target-less row, datasets too (bundles record it so): where a dataset must
+        be told apart (serving it, a cache folder), see repo_types."""
         return "model" if self.is_model else "kernel"
 
 
@@ -132,6 +135,17 @@ def staged_rows(ledger: Ledger, target: str | None = None) -> list[StagedRow]:
     with ledger.session(write=False) as s:
         return [StagedRow(r.repo_id, r.requested, r.version, r.revision, r.target, r.commit_sha, r.variant)
                 for r in s.scalars(q)]
+
+
+def repo_types(ledger: Ledger, rows: Iterable[StagedRow]) -> dict[StagedRow, str]:
+    """Each row's repo type as a client names it: kernel, or for a target-less row what the ledger
+    recorded of its repo (a model, or a dataset pulled through)."""
+    rows = list(rows)
+    with ledger.session(write=False) as s:
+        recorded = dict(s.execute(select(Repo.repo_id, Repo.repo_type).where(
+            Repo.repo_id.in_({r.repo for r in rows if r.is_model}))).all())
+    return {r: (recorded.get(r.repo) if recorded.get(r.repo) in ("model", "dataset") else "model") if r.is_model
+            else "kernel" for r in rows}
 
 
 def staged_for(ledger: Ledger, target: str | None) -> list[StagedRow]:

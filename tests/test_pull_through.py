@@ -16,7 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import ACTIVATION, run_cli
-from tests.fakehub import FakeHub
+from tests.fakehub import FakeHub, FakeRepo
 from tests.kernel_fixtures import ORG, X86_CPU, build, demo_repos
 from tests.model_fixtures import TINY_MODEL, tiny_model_repo, write_tiny_model
 from tests.serve_helpers import raw_http, raw_request, run_client, serving
@@ -42,9 +42,19 @@ def saved_model(tmp_path_factory) -> Path:
     return out
 
 
+DATASET = f"{MODEL_ORG}/tiny-dataset"
+TRAIN = b"text,label\n" + b"".join(b"row %d,%d\n" % (i, i % 2) for i in range(2000))
+
+
+def dataset_repo() -> FakeRepo:
+    repo = FakeRepo(DATASET, repo_type="dataset")
+    repo.commit({"README.md": b"# tiny\n", "data/train.csv": TRAIN, "data/test.csv": TRAIN[:400]}, title="data")
+    return repo
+
+
 def upstream_hub(saved: Path) -> FakeHub:
-    return FakeHub(demo_repos() + [big_repo(), tiny_model_repo(saved)], trusted_orgs=[ORG], page_size=5,
-                   redirects=True)
+    return FakeHub(demo_repos() + [big_repo(), tiny_model_repo(saved), dataset_repo()], trusted_orgs=[ORG],
+                   page_size=5, redirects=True)
 
 
 @pytest.fixture
@@ -374,6 +384,40 @@ def test_a_model_is_pulled_file_by_file_and_then_staged_as_pulled(upstream, tmp_
             report(open(hf_hub_download({TINY_MODEL!r}, "config.json")).read()[:1])
         """, m.url, tmp_path / "hf2")
         assert out == "{", p.stderr[-2000:]
+
+
+def test_a_dataset_is_pulled_as_a_model_is(upstream, tmp_path):
+    home = tmp_path / "home"
+    code = f"""
+        from huggingface_hub import hf_hub_download, snapshot_download
+        train = open(hf_hub_download({DATASET!r}, "data/train.csv", repo_type="dataset"), "rb").read()
+        snap = snapshot_download({DATASET!r}, repo_type="dataset", allow_patterns=["data/*"])
+        import os
+        report({{"train": len(train), "files": sorted(os.listdir(os.path.join(snap, "data")))}})
+    """
+    with pulled(home, upstream) as m:
+        p, out = client(code, m.url, tmp_path / "hf")
+        assert out == {"train": len(TRAIN), "files": ["test.csv", "train.csv"]}, p.stderr[-3000:]
+    assert run_cli("verify", home=home).returncode == 0
+    upstream.stop()  # served from the home alone now, by a serve without an upstream: as a dataset
+    with serving(home, env=serve_env()) as m:
+        p, out = client(code, m.url, tmp_path / "hf2")
+        assert out == {"train": len(TRAIN), "files": ["test.csv", "train.csv"]}, p.stderr[-3000:]
+    # An ordinary staged set: bundled and imported elsewhere, exported as an offline Hub cache.
+    assert run_cli("bundle", str(tmp_path / "b.tar"), home=home).returncode == 0
+    other = tmp_path / "other"
+    p = run_cli("import", str(tmp_path / "b.tar"), home=other)
+    assert p.returncode == 0, p.stderr
+    with serving(other, env=serve_env()) as m:
+        p, out = client(code, m.url, tmp_path / "hf3")
+        assert out == {"train": len(TRAIN), "files": ["test.csv", "train.csv"]}, p.stderr[-3000:]
+    p = run_cli("export-cache", str(tmp_path / "cache"), "--target", X86, home=other)
+    assert p.returncode == 0, p.stderr
+    p = load_offline(f"""
+        from huggingface_hub import hf_hub_download
+        assert len(open(hf_hub_download({DATASET!r}, "data/train.csv", repo_type="dataset"), "rb").read()) == {len(TRAIN)}
+    """, {"HF_HUB_CACHE": str(tmp_path / "cache")})
+    assert p.returncode == 0, p.stderr[-3000:]
 
 
 @needs_transformers

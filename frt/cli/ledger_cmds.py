@@ -82,7 +82,7 @@ def resolve_cmd(app: App, repo, version, revision, target, offline, endpoint, as
 def matrix_cmd(app: App, repo, targets, html, as_json):
     """Availability from the ledger: revision × variant, and which targets each revision serves."""
     check_repo_id(repo)
-    from frt.mirror.records import MODEL_TARGET
+    from frt.mirror.records import MODEL_TARGET, repo_types
 
     models = [r for r in app.home.staged(MODEL_TARGET) if r.repo == repo]
     if html is not None:
@@ -91,11 +91,13 @@ def matrix_cmd(app: App, repo, targets, html, as_json):
             return
     if models:  # a model has files, not variants: nothing to tabulate by target
         if as_json:
-            emit_json({"repo": repo, "repo_type": "model", "targets": [],
+            kind = repo_types(app.ledger, models)[models[0]]
+            emit_json({"repo": repo, "repo_type": kind, "targets": [],
                        "staged": [{"requested": r.requested, "commit": r.commit} for r in models]})
         else:
             staged = ", ".join(f"{r.requested} at {r.commit[:12]}" for r in models)
-            click.echo(f"{repo}: a model repo: models have no targets (staged: {staged})")
+            kind = repo_types(app.ledger, models)[models[0]]
+            click.echo(f"{repo}: a {kind} repo: {kind}s have no targets (staged: {staged})")
         return
     with app.ledger.view() as view:
         if not view.known(repo):

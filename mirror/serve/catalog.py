@@ -13,7 +13,7 @@ from datetime import datetime
 from pathlib import Path
 
 from ..home import Home
-from ..records import blob_for, staged_rows
+from ..records import blob_for, repo_types, staged_rows
 
 
 def lfs_pointer(sha256: str, size: int) -> bytes:
@@ -109,7 +109,8 @@ def load_catalog(home: Home, trust_override: frozenset[str] = frozenset()) -> Ca
             if (r.repo, r.commit, r.variant) not in entries:
                 entries[(r.repo, r.commit, r.variant)] = v.variant(r.repo, r.commit, r.variant)[0]
         blobs = blob_for(ledger, (f for fs in entries.values() for f in fs))
-        for repo_type, repo_id in sorted({(r.repo_type, r.repo) for r in rows}):
+        types = repo_types(ledger, rows)
+        for repo_type, repo_id in sorted({(types[r], r.repo) for r in rows}):
             served = repos[(repo_type, repo_id)] = ServedRepo(repo_id, repo_type)
             commits = v.commits(repo_id)
             served.meta = {c.sha: (c.date, c.title) for c in commits}
