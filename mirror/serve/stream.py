@@ -30,10 +30,10 @@ from starlette.responses import Response
 
 from frt.resolver.errors import FrtError
 
+from .blob import CHUNK
 from .catalog import ServedFile
 from .pull import Flow, PullService
 
-CHUNK = 4 << 20
 POLL_S = 0.02  # how often an answer looks for new bytes in the `.part` (no per-write wakeup to a thread)
 log = logging.getLogger("frt.serve")
 
