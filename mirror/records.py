@@ -144,8 +144,13 @@ def repo_types(ledger: Ledger, rows: Iterable[StagedRow]) -> dict[StagedRow, str
     with ledger.session(write=False) as s:
         recorded = dict(s.execute(select(Repo.repo_id, Repo.repo_type).where(
             Repo.repo_id.in_({r.repo for r in rows if r.is_model}))).all())
-    return {r: (recorded.get(r.repo) if recorded.get(r.repo) in ("model", "dataset") else "model") if r.is_model
-            else "kernel" for r in rows}
+
+    def kind(r: StagedRow) -> str:
+        if not r.is_model:
+            return "kernel"
+        return recorded[r.repo] if recorded.get(r.repo) in ("model", "dataset") else "model"
+
+    return {r: kind(r) for r in rows}
 
 
 def staged_for(ledger: Ledger, target: str | None) -> list[StagedRow]:

@@ -32,7 +32,7 @@ from frt.resolver.errors import FrtError
 
 from .blob import CHUNK
 from .catalog import ServedFile
-from .pull import Flow, PullService
+from .pull import Flow, PullService, upstream_error
 
 POLL_S = 0.02  # how often an answer looks for new bytes in the `.part` (no per-write wakeup to a thread)
 log = logging.getLogger("frt.serve")
@@ -86,8 +86,6 @@ class FlowResponse(Response):
                 os.close(fd)
 
     async def _failed(self, e: FrtError, scope, receive, send) -> int:
-        from .pull import upstream_error
-
         answer = upstream_error(e, self.flow.path).response(head=False)
         await answer(scope, receive, send)
         return 0
