@@ -243,6 +243,35 @@ def test_a_big_cold_file_streams_to_the_client_while_the_upstream_is_still_sendi
     assert run_cli("verify", home=tmp_path / "home").returncode == 0
 
 
+def test_a_client_that_goes_away_mid_stream_ends_its_answer_not_the_fetch(upstream, tmp_path):
+    import socket
+
+    held = 12 << 20
+    upstream.faults.hold("_weights.bin", held)
+    home = tmp_path / "home"
+    with pulled(home, upstream) as m, contextlib.ExitStack() as done:
+        done.callback(upstream.faults.release)
+        with socket.create_connection(("127.0.0.1", m.port), timeout=30) as s:
+            s.sendall(raw_request("GET", f"/kernels/{BIG}/resolve/v1/{BIG_FILE}"))
+            status, _, body = read_response_head(s)
+            assert status == 200
+        upstream.faults.release()
+        deadline = time.monotonic() + 60
+        while not [ln for ln in m.stderr().splitlines() if BIG_FILE in ln and '"GET ' in ln]:
+            assert time.monotonic() < deadline, m.stderr()
+            time.sleep(0.1)
+        line = next(ln for ln in m.stderr().splitlines() if BIG_FILE in ln and '"GET ' in ln)
+        assert int(line.split('" 200 ')[1].split()[0]) < BIG_SIZE, line  # not read to the end for nobody
+        p, out = client(f"""
+            import hashlib
+            from huggingface_hub import hf_hub_download
+            report(hashlib.sha256(open(hf_hub_download({BIG!r}, {BIG_FILE!r}, repo_type="kernel", revision="v1"),
+                                       "rb").read()).hexdigest())
+        """, m.url, tmp_path / "hf")
+        assert out == big_sha(upstream), p.stderr[-2000:]
+    assert len(body_transfers(upstream, big_sha(upstream))) == 1  # the fetch went on and was kept
+
+
 def test_every_replica_streams_a_big_cold_file_whichever_one_fetches_it(upstream, tmp_path):
     """Two serve processes over one home (replicas behind nginx, or --workers): a client of each at
     once; one fetches (the per-blob lock), the other's answer reads the same `.part` as it grows, so

@@ -48,7 +48,7 @@ class FlowResponse(Response):
 
     def __init__(self, flow: Flow, service: PullService, headers: list):
         self.status_code, self.raw_headers, self.background = 200, headers, None
-        self.flow, self.service, self.started = flow, service, False
+        self.flow, self.service, self.started, self.gone = flow, service, False, None
 
     async def __call__(self, scope, receive, send) -> int:
         """Sends the answer; returns the body bytes sent. The status line waits for the first byte: a
@@ -64,8 +64,11 @@ class FlowResponse(Response):
             await send({"type": "http.response.body", "body": chunk, "more_body": more})
             sent += len(chunk)
 
+        self.gone = asyncio.ensure_future(_disconnected(receive))
         try:
             fd = await self._while_fetching(body, restarts)
+            if self.gone.done():  # the client went away: the fetch goes on, this answer stops
+                return sent
             try:
                 stored: ServedFile = await asyncio.shield(flow.done)
             except FrtError as e:
@@ -82,6 +85,7 @@ class FlowResponse(Response):
                 await self.service.note_unvouched(flow)
             return sent  # returning with the body incomplete makes the server close the connection
         finally:
+            self.gone.cancel()
             if fd is not None:
                 os.close(fd)
 
@@ -94,7 +98,7 @@ class FlowResponse(Response):
         """Send what the `.part` holds, all but the last byte, until the fetch lands; the part's fd."""
         flow, sent, fd = self.flow, 0, None
         limit = flow.size - 1
-        while not flow.done.done():
+        while not flow.done.done() and not self.gone.done():
             if fd is None:
                 fd = _open(flow.part)
             have = os.fstat(fd).st_size if fd is not None else 0
@@ -111,6 +115,12 @@ class FlowResponse(Response):
                     raise Cut("the fetch started the file over")
                 await asyncio.sleep(POLL_S)
         return fd
+
+
+async def _disconnected(receive) -> None:
+    """Returns once the client has gone (a GET's request message comes first)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 def _replaced(part, fd: int) -> bool:
