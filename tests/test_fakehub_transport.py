@@ -185,10 +185,15 @@ def test_paths_info_and_tree(hub, api):
     assert set(tree) == set(c.files) | c.dirs() and tree[BLOB].lfs.sha256 == sha256(BIG[::-1])
 
 
+def huge_branch(hub) -> bytes:
+    """A 24 MiB file (past the clients' 10 MiB read chunk) on branch `huge`; its bytes."""
+    huge = bytes(range(256)) * (96 * 1024)
+    hub.repos[("kernel", REPO_ID)].commit({"huge.bin": huge}, title="add a huge file", branch="huge")
+    return huge
+
+
 def test_resumed_download_after_a_cdn_body_is_cut(hub, tmp_path):
-    repo = hub.repos[("kernel", REPO_ID)]
-    huge = bytes(range(256)) * (96 * 1024)  # 24 MiB: past the client's 10 MiB read chunk
-    repo.commit({"huge.bin": huge}, title="add a huge file", branch="huge")
+    huge = huge_branch(hub)
     hub.faults.drop_after("huge.bin", 16 << 20)  # the name rides in the CDN URL's query
     path = dl(hub, "huge.bin", tmp_path, revision="huge")
     assert path.read_bytes() == huge
@@ -203,9 +208,7 @@ def test_resumed_download_after_a_cdn_body_is_cut(hub, tmp_path):
 def test_a_cdn_that_ignores_range_is_taken_as_start_over(hub, tmp_path):
     """fake Hub `ignore_range`: the resume gets a 200 with the whole file, and both clients start over
     (huggingface_hub truncates what it had: a CDN that will not range a compressed answer)."""
-    repo = hub.repos[("kernel", REPO_ID)]
-    huge = bytes(range(256)) * (96 * 1024)
-    repo.commit({"huge.bin": huge}, title="add a huge file", branch="huge")
+    huge = huge_branch(hub)
     hub.faults.drop_after("huge.bin", 16 << 20)
     hub.faults.ignore_range("huge.bin")
     path = dl(hub, "huge.bin", tmp_path, revision="huge")
