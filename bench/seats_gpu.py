@@ -175,9 +175,7 @@ def per_call_rows(home: Path, quick: bool, sets: dict) -> list[tuple]:
     from transformers import Qwen3Config
     from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm
 
-    from frt.manifests import SeatCatalog, SeatSpec
-    from frt.seats import attach
-
+    from .seat_cost import seated_site
     from .seats import median_s, medians, paired, per_call_us
 
     cfg = Qwen3Config(hidden_size=1024, intermediate_size=3072)
@@ -190,14 +188,7 @@ def per_call_rows(home: Path, quick: bool, sets: dict) -> list[tuple]:
                 continue
             module = {"norm": lambda: Qwen3RMSNorm(width), "activation": torch.nn.SiLU,
                       "mlp": lambda: Qwen3MLP(cfg)}[kind]()
-            host = torch.nn.Sequential()
-            host.add_module("site", module)
-            if kind == "activation":  # an activation owns no weights: the model's dtype and device come from here
-                host.add_module("anchor", torch.nn.Linear(1, 1))
-            host.to(device=DEVICE, dtype=torch.bfloat16).eval()
-            spec = SeatSpec(kind, specs[kind].kernel, match=("site",))
-            handle = attach(host, SeatCatalog((spec,)), home=home, strict=True)
-            seat = host.site
+            seat, handle = seated_site(kind, module, specs[kind].kernel, DEVICE, torch.bfloat16, home)
 
             def run_direct(x, m=module, f=seat._call):
                 return f(m, x)
@@ -272,6 +263,10 @@ def report(home: Path, quick: bool) -> dict:
         print(f"{label:22} {name:9} {t['module']:>9.2f} {t['direct']:>9.2f} {t['kernelized']:>11.2f} "
               f"{t['seat']:>9.2f} {p['direct'][1]:>12.2f} {p['direct'][0]:>11.3f}x {p['kernelized'][0]:>15.3f}x")
     print(own_cost_line(DEVICE))
+    from .seat_cost import report as cost_report
+
+    cost = cost_report(DEVICE, home, quick)
+    print("\n" + "\n".join(cost))
 
     print("\ntargets (issue #18):")
     for name in sets:
@@ -301,4 +296,5 @@ def report(home: Path, quick: bool) -> dict:
             "ratios": {f"{n} b{b} {a}/{c} {m}": v for (n, b), r in decode.items() for (a, c, m), v in r["ratio"].items()},
             "same": {f"{n} b{b}": r["same"] for (n, b), r in decode.items()},
             "per_call_us": {f"{label} {name}": t for label, name, t, _ in calls},
-            "per_call_seat_vs": {f"{label} {name}": p for label, name, _, p in calls}, "notes": notes}
+            "per_call_seat_vs": {f"{label} {name}": p for label, name, _, p in calls}, "seat_cost": cost,
+            "notes": notes}

@@ -25,6 +25,8 @@ ROWS = {
     "pull_through": ("straight to the upstream", "through serve --upstream (cold)", "through serve --upstream (warm)",
                      "staged serve (no upstream)", "upstream bytes / file size through the mirror =",
                      "warm-hit throughput ratio pull-through/staged serve ="),
+    "seat_cost": ("where a seat's cost goes, beside its kernel's launch", "norm 1x1024 (float32, cpu)", "1 call",
+                  "6 guard", "  seat ", "the seat's own cost on this host"),
     "seats": ("seats: [frt.seats] 145 seats (5 head slabs), 0 refused", "plain load", "attach, warm",
               "target: attach of >= 144 seats < 0.5 s:", "seat/direct"),
 }
