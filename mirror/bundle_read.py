@@ -55,32 +55,35 @@ def import_bundle(src: Path, home: Home, *, require_signature: Path | None = Non
             raise
         raise BundleRejected(f"{src}: {e}; nothing was imported") from None
     m, ident, signer = got
-    # Everything verified: store, then ledger, then views, then the staged rows that point at them.
+    # Everything verified: the store, then the views (files no ledger row points at yet), then every
+    # ledger row in one transaction, so a failure there leaves the ledger as it was and a rerun
+    # completes the import (blobs and views already in place are kept, not redone).
     for sha, part in parts.items():
         if part is not None:
             store.commit(part, m.listed[sha])
-    record_blobs(ledger, m.listed.values())
-    for repo in m.repos:
-        merge_repo_record(ledger, repo.repo, repo_type=repo.repo_type, endpoint=repo.endpoint,
-                          scanned_at=repo.scanned_at, refs=repo.refs, commits=repo.commits,
-                          listings=repo.listings, builds=repo.builds)
-    for pub in m.publishers:
-        ledger.record_publisher(pub.org, pub.trusted, endpoint=pub.endpoint, seen_at=pub.seen_at)
     views = home.views
     for row, pairs in m.staged:
         if not row.is_model:  # models have no view (frt.mirror.models)
             views.link(row.repo, row.commit, row.variant, pairs)
-    have = set(staged_rows(ledger))
-    new = [row for row, _ in m.staged if row not in have]
-    record_staged_rows(ledger, new)
-    report = BundleReport(src, len(m.listed), sum(d.size for d in m.listed.values()), [r for r, _ in m.staged],
-                          id=ident, base=m.base and m.base["id"], base_name=m.base and m.base.get("name"),
-                          signed_by=signer, new_blobs=sum(p is not None for p in parts.values()),
-                          new_rows=len(new))
-    # Once per bundle and home: a repeated import that adds nothing leaves the home as it was.
-    if new or report.new_blobs or not events_with_ref(ledger, "import", ident):
-        record_event(ledger, "import", ref=ident, base=report.base, files=report.new_blobs, nbytes=report.bytes,
-                     detail=str(src))
+    with ledger.transaction():
+        record_blobs(ledger, m.listed.values())
+        for repo in m.repos:
+            merge_repo_record(ledger, repo.repo, repo_type=repo.repo_type, endpoint=repo.endpoint,
+                              scanned_at=repo.scanned_at, refs=repo.refs, commits=repo.commits,
+                              listings=repo.listings, builds=repo.builds)
+        for pub in m.publishers:
+            ledger.record_publisher(pub.org, pub.trusted, endpoint=pub.endpoint, seen_at=pub.seen_at)
+        have = set(staged_rows(ledger))
+        new = [row for row, _ in m.staged if row not in have]
+        record_staged_rows(ledger, new)
+        report = BundleReport(src, len(m.listed), sum(d.size for d in m.listed.values()),
+                              [r for r, _ in m.staged], id=ident, base=m.base and m.base["id"],
+                              base_name=m.base and m.base.get("name"), signed_by=signer,
+                              new_blobs=sum(p is not None for p in parts.values()), new_rows=len(new))
+        # Once per bundle and home: a repeated import that adds nothing leaves the home as it was.
+        if new or report.new_blobs or not events_with_ref(ledger, "import", ident):
+            record_event(ledger, "import", ref=ident, base=report.base, files=report.new_blobs,
+                         nbytes=report.bytes, detail=str(src))
     return report
 
 

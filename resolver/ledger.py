@@ -12,6 +12,7 @@ import json
 import sqlite3
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -80,6 +81,8 @@ class Ledger:
         self.readonly = readonly
         self.tracks = (RESOLVER_TRACK, *tracks)
         self.engine = None
+        # The write transaction that this thread's sessions and writes join (`transaction`), if any.
+        self._outer: ContextVar[Session | None] = ContextVar(f"ledger-outer-{id(self)}", default=None)
         try:
             self.engine = (server_engine(self.url, readonly=readonly) if self.url else
                            read_only_engine(self.path) if readonly else read_write_engine(self.path))
@@ -108,9 +111,26 @@ class Ledger:
                                "writes to it: run it where the home is writable")
 
     @contextmanager
+    def transaction(self) -> Iterator[Session]:
+        """One write transaction that every `session` and `write` on this thread joins until it ends:
+        several writers' rows commit together or not at all (an import's repos, builds, staged rows)."""
+        if (outer := self._outer.get()) is not None:
+            yield outer
+            return
+        with self.session() as s:
+            token = self._outer.set(s)
+            try:
+                yield s
+            finally:
+                self._outer.reset(token)
+
+    @contextmanager
     def write(self, failure: str = "is unreadable") -> Iterator[Connection]:
         """One write transaction, begun IMMEDIATE: it takes the write lock up front (waiting up to
         the busy timeout), so two processes never both read, then collide on upgrading to write."""
+        if (outer := self._outer.get()) is not None:
+            yield outer.connection()
+            return
         self._check_writable()
         token = WRITING.set(True)
         try:
@@ -124,7 +144,11 @@ class Ledger:
     @contextmanager
     def session(self, write: bool = True) -> Iterator[Session]:
         """An ORM session in one transaction: IMMEDIATE (as `write`) unless `write=False`, for reads
-        that must not queue behind, or hold up, a stager's writes."""
+        that must not queue behind, or hold up, a stager's writes. Inside `transaction`: its session."""
+        if (outer := self._outer.get()) is not None:
+            outer.flush()  # what the outer wrote so far is what this one reads
+            yield outer
+            return
         if write:
             self._check_writable()
         token = WRITING.set(write)
