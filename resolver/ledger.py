@@ -129,6 +129,7 @@ class Ledger:
         """One write transaction, begun IMMEDIATE: it takes the write lock up front (waiting up to
         the busy timeout), so two processes never both read, then collide on upgrading to write."""
         if (outer := self._outer.get()) is not None:
+            outer.flush()  # a Core statement here sees the outer's ORM rows
             yield outer.connection()
             return
         self._check_writable()
