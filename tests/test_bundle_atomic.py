@@ -9,6 +9,7 @@ half-merged: refs pointing at commits whose builds were not yet recorded.
 from __future__ import annotations
 
 import sqlite3
+from contextlib import contextmanager
 
 from tests.conftest import run_cli
 from tests.test_bundle import a, import_offline, make_bundle  # noqa: F401  (a: the module's staged home)
@@ -41,28 +42,30 @@ def test_a_failed_ledger_write_leaves_the_ledger_as_it_was(a, tmp_path):  # noqa
     assert make_bundle(b, tmp_path / "again.tar")["staged"] == make_bundle(fresh, tmp_path / "fresh.tar")["staged"]
 
 
+@contextmanager
+def _connection(url: str, *, begin: bool = False):
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(url)
+    try:
+        with engine.begin() if begin else engine.connect() as conn:
+            yield conn
+    finally:
+        engine.dispose()
+
+
 def _counts(url: str) -> dict[str, int]:
     import sqlalchemy as sa
 
-    engine = sa.create_engine(url)
-    try:
-        with engine.connect() as conn:
-            tables = sa.inspect(conn).get_table_names()
-            return {t: conn.exec_driver_sql(f'SELECT count(*) FROM "{t}"').scalar() for t in tables}
-    finally:
-        engine.dispose()
+    with _connection(url) as conn:
+        return {t: conn.exec_driver_sql(f'SELECT count(*) FROM "{t}"').scalar()
+                for t in sa.inspect(conn).get_table_names()}
 
 
 def _sql(url: str, *statements: str) -> None:
-    import sqlalchemy as sa
-
-    engine = sa.create_engine(url)
-    try:
-        with engine.begin() as conn:
-            for st in statements:
-                conn.exec_driver_sql(st)
-    finally:
-        engine.dispose()
+    with _connection(url, begin=True) as conn:
+        for st in statements:
+            conn.exec_driver_sql(st)
 
 
 def test_on_postgresql_too_a_failed_ledger_write_leaves_the_ledger_as_it_was(a, tmp_path, pg_url):  # noqa: F811
