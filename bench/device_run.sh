@@ -51,7 +51,7 @@ if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = smoke ]; then
   quick=()
   [ "$what" = smoke ] && quick=(--quick)
   set -o pipefail
-  timeout 400 "$py" -m bench.seats --device cuda "${quick[@]}" --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
+  timeout "${BENCH_S:-400}" "$py" -m bench.seats --device cuda "${quick[@]}" --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
   note $?
   set +o pipefail
 fi

@@ -16,19 +16,19 @@ state (seats.hot.Hot), each the one before plus the next part of the seat's hot 
   5 counter    the capture test and ``calls += 1``
   6 guard      the fast match (guards.tensor_match): the whole hot path, as the seat runs it
 
-and the seat itself beside them. Each figure: the median over rounds of (that call - the kernel
-called directly), each round's own, with a bootstrap 95% interval; "+step": its median less the
-previous one's. Noisy by nature: the steps are 50-500 ns each, the launches they sit beside ~30 us.
+and the seat itself beside them. Each figure: the median over steps of (that call - the kernel called
+directly in the same step), call by call (bench/call_pairs.py), with its 95% interval; "+step": its
+median less the previous one's. On the H200's host each part costs several times its tight-loop
+figure here (100-900 ns where a tight loop says 15-150): between two calls of a site, a ~30 us
+Triton launch has run, so the seat's code and objects are out of the caches, and each one it
+touches is a miss.
 """
 
 from __future__ import annotations
 
 import argparse
-import random
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,9 +79,10 @@ def chain(seat) -> dict:
     return out
 
 
-def decompose(seat, module, x, budget: float, rounds: int, sync) -> list[tuple[str, float, float, float]]:
-    """(name, median ns over direct, 95% low, 95% high) for each step and the seat, beside the real call."""
-    from .seats import per_call_us
+def decompose(seat, module, x, budget: float, sync) -> list[tuple[str, float, float, float]]:
+    """(name, median ns over direct, 95% low, 95% high) for each step and the seat, beside the real call,
+    call by call (bench.call_pairs); last, ("direct", its median ns, 0, 0)."""
+    from . import call_pairs
 
     def direct(x, m=module, f=seat._call):
         return f(m, x)
@@ -92,22 +93,13 @@ def decompose(seat, module, x, budget: float, rounds: int, sync) -> list[tuple[s
     for name, fn in fns.items():
         if name != "direct" and fn(x) is None:
             raise SystemExit(f"bench.seat_cost: step {name!r} did not take the kernel (the guard refused {x.shape})")
-    sync()
-    t0 = time.perf_counter()
-    for _ in range(50):
-        direct(x)
-    sync()
-    calls = max(10, int(budget / ((time.perf_counter() - t0) / 50)))
-    rs = per_call_us(fns, x, calls, rounds, sync=sync)
-    rng = random.Random(0)
+    cs = call_pairs.per_call_steps(fns, x, call_pairs.steps_for(fns, x, budget, sync), sync)
     rows = []
     for name in fns:
-        if name == "direct":
-            continue
-        d = [(a - b) * 1e3 for a, b in zip(rs[name], rs["direct"])]
-        boot = sorted(statistics.median(rng.choices(d, k=len(d))) for _ in range(1000))
-        rows.append((name, statistics.median(d), boot[25], boot[974]))
-    rows.append(("direct", statistics.median(rs["direct"]) * 1e3, 0.0, 0.0))
+        if name != "direct":
+            p = call_pairs.paired(cs, name, "direct")
+            rows.append((name, p.ns, p.low, p.high))
+    rows.append(("direct", p.base_us * 1e3, 0.0, 0.0))
     return rows
 
 
@@ -161,12 +153,12 @@ def cases(device: str, home: Path):
 def report(device: str, home: Path, quick: bool) -> list[str]:
     import torch
 
-    budget, rounds = (0.002, 9) if quick else (0.004, 61)
+    budget = 0.2 if quick else 3.0
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    out = [f"where a seat's cost goes, beside its kernel's launch (loops of ~{budget * 1e3:g} ms, {rounds} rounds):"]
+    out = [f"where a seat's cost goes, beside its kernel's launch (call by call, ~{budget:g} s of steps per site):"]
     with torch.no_grad():
         for label, seat, module, x, handle in cases(device, home):
-            out += render(label, decompose(seat, module, x, budget, rounds, sync))
+            out += render(label, decompose(seat, module, x, budget, sync))
             handle.detach()
     return out
 

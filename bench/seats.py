@@ -195,6 +195,8 @@ def bench_attach(home: Path, quick: bool) -> None:
 
 def bench_overhead(home: Path, quick: bool) -> None:
     import torch
+
+    from . import call_pairs
     from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
     from frt.manifests import KernelRef, SeatCatalog, SeatSpec
@@ -210,8 +212,10 @@ def bench_overhead(home: Path, quick: bool) -> None:
           "interleaved; ratios and seat-direct: medians of the rounds' own).\n"
           "module: the original; direct: the kernel's forward called as the seat calls it; kernelized: the module "
           "with that forward bound in place, as kernels.kernelize does; seat: guard + counters + the same call")
+    print("call by call (bench/call_pairs.py): each function once per step, each call timed alone; the median over "
+          "steps of the seat's call less the direct call of the same step, in ns, its 95% interval, and the ratio")
     print(f"{'site':26} {'module':>9} {'direct':>9} {'kernelized':>11} {'seat':>9} {'seat-direct':>12} "
-          f"{'seat/direct':>12} {'seat/kernelized':>16}")
+          f"{'seat/direct':>12} {'seat/kernelized':>16} {'calls: seat-direct ns':>24} {'seat/direct':>12}")
     for kind, rows, module in cases:
         host = torch.nn.Sequential()
         host.add_module("site", module)
@@ -230,13 +234,16 @@ def bench_overhead(home: Path, quick: bool) -> None:
         x = torch.randn(rows, module.weight.shape[-1])
         with torch.no_grad():
             calls = max(10, min(2000, int(budget / (median_s(lambda: module(x), 5) or 1e-6))))
-            rs = per_call_us({"module": module, "direct": run_direct, "kernelized": kernelized, "seat": seat},
-                             x, calls, rounds)
+            fns = {"module": module, "direct": run_direct, "kernelized": kernelized, "seat": seat}
+            rs = per_call_us(fns, x, calls, rounds)
+            pc = call_pairs.paired(call_pairs.per_call_steps(fns, x, call_pairs.steps_for(fns, x, budget * 10)),
+                                   "seat", "direct")
         handle.detach()
         t, (vs_direct, cost), (vs_kernelized, _) = medians(rs), paired(rs, "seat", "direct"), paired(rs, "seat", "kernelized")
         shape = f"{rows}x{x.shape[1]}" + (f"->{module.weight.shape[0]}" if kind == "linear" else "")
+        ci = f"{pc.ns:+.0f} [{pc.low:+.0f}, {pc.high:+.0f}]"
         print(f"{kind + ' ' + shape:26} {t['module']:>9.2f} {t['direct']:>9.2f} {t['kernelized']:>11.2f} "
-              f"{t['seat']:>9.2f} {cost:>12.2f} {vs_direct:>11.3f}x {vs_kernelized:>15.3f}x")
+              f"{t['seat']:>9.2f} {cost:>12.2f} {vs_direct:>11.3f}x {vs_kernelized:>15.3f}x {ci:>24} {pc.ratio:>11.3f}x")
 
 
 def main() -> None:

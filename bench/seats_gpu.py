@@ -33,6 +33,7 @@ from types import MethodType
 
 PROMPT, NEW = 16, 48
 PER_CALL, PER_CALL_QUICK = (0.01, 31), (0.005, 7)  # per-call: (seconds per loop, rounds)
+PAIRED_S = {False: 2.0, True: 0.1}  # per-call, call by call: seconds per site (quick or not)
 DEVICE = "cuda"  # one name for every tensor here, so that a CPU dry run can swap it
 # Per-call cases (kind, rows, width): decode-sized (launch-bound: the seat's Python is what shows), then
 # prefill-sized, where the GPU's own time covers it. Each kernel set runs the kinds it seats.
@@ -169,12 +170,15 @@ def decode_rows(model, catalog, home: Path, batch: int, new: int, rounds: int) -
 
 
 def per_call_rows(home: Path, quick: bool, sets: dict) -> list[tuple]:
-    """(label, kernel set, t, paired) per case: t the median us per call of module, direct, kernelized
-    and seat; paired {"direct": (ratio, us), "kernelized": (ratio, us)}, seat against each, per round."""
+    """(label, kernel set, t, loops, calls) per case: t the median us per call of module, direct,
+    kernelized and seat in loops; loops {"direct": (ratio, us), "kernelized": (ratio, us)}, seat against
+    each, per round; calls {"direct": Paired, "kernelized": Paired}, seat against each, call by call
+    (bench.call_pairs: what the per-call target reads)."""
     import torch
     from transformers import Qwen3Config
     from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm
 
+    from . import call_pairs
     from .seat_cost import seated_site
     from .seats import median_s, medians, paired, per_call_us
 
@@ -204,9 +208,12 @@ def per_call_rows(home: Path, quick: bool, sets: dict) -> list[tuple]:
                 t = median_s(lambda: (seat(x), torch.cuda.synchronize()), 20)
                 calls = max(10, min(5000, int(budget / (t or 1e-6))))
                 rs = per_call_us(fns, x, calls, rounds, sync=torch.cuda.synchronize)
+                steps = call_pairs.steps_for(fns, x, PAIRED_S[quick], sync=torch.cuda.synchronize)
+                cs = call_pairs.per_call_steps(fns, x, steps, sync=torch.cuda.synchronize)
             handle.detach()
             rows.append((f"{kind} {rows_}x{width}", set_name, medians(rs),
-                         {b: paired(rs, "seat", b) for b in ("direct", "kernelized")}))
+                         {b: paired(rs, "seat", b) for b in ("direct", "kernelized")},
+                         {b: call_pairs.paired(cs, "seat", b) for b in ("direct", "kernelized")}))
     return rows
 
 
@@ -253,15 +260,21 @@ def report(home: Path, quick: bool) -> dict:
 
     calls = per_call_rows(home, quick, sets)
     budget, rounds = PER_CALL_QUICK if quick else PER_CALL
-    print(f"\nper call, bf16, us: the median of {rounds} rounds, each a ~{budget * 1e3:g} ms loop of every function in "
-          "turn (the order turned around each round), each loop ending in a sync; seat-direct and the ratios: "
-          "medians of each round's own. module: the original; direct: the kernel called as the seat calls it; "
+    print(f"\nper call, bf16, us, in loops: the median of {rounds} rounds, each a ~{budget * 1e3:g} ms loop of every "
+          "function in turn (the order turned around each round), each loop ending in a sync; loop seat/direct: the "
+          "median of each round's own. module: the original; direct: the kernel called as the seat calls it; "
           "kernelized: bound as the module's forward; seat: guard + counters + that call")
-    print(f"{'site':22} {'set':9} {'module':>9} {'direct':>9} {'kernelized':>11} {'seat':>9} {'seat-direct':>12} "
-          f"{'seat/direct':>12} {'seat/kernelized':>16}")
-    for label, name, t, p in calls:
-        print(f"{label:22} {name:9} {t['module']:>9.2f} {t['direct']:>9.2f} {t['kernelized']:>11.2f} "
-              f"{t['seat']:>9.2f} {p['direct'][1]:>12.2f} {p['direct'][0]:>11.3f}x {p['kernelized'][0]:>15.3f}x")
+    print(f"call by call (bench/call_pairs.py): every function once per step, each call timed alone on an idle device "
+          f"(~{PAIRED_S[quick]:g} s of steps per site); issued: direct's host time per call; seat-direct: the median over "
+          "steps of the seat's call less the direct call of the same step, and its 95% interval; the ratios from it")
+    print(f"{'site':22} {'set':9} {'module':>8} {'direct':>8} {'kernelized':>10} {'seat':>8} {'loop s/d':>9} "
+          f"{'issued':>8} {'seat-direct ns (95%)':>24} {'seat/direct':>12} {'seat/kernelized':>16} {'steps':>6}")
+    for label, name, t, loops, pc in calls:
+        d, k = pc["direct"], pc["kernelized"]
+        ci = f"{d.ns:+.0f} [{d.low:+.0f}, {d.high:+.0f}]"
+        print(f"{label:22} {name:9} {t['module']:>8.2f} {t['direct']:>8.2f} {t['kernelized']:>10.2f} "
+              f"{t['seat']:>8.2f} {loops['direct'][0]:>8.3f}x {d.base_us:>8.2f} {ci:>24} {d.ratio:>11.3f}x "
+              f"{k.ratio:>15.3f}x {d.steps:>6}")
     print(own_cost_line(DEVICE))
     from .seat_cost import report as cost_report
 
@@ -275,11 +288,12 @@ def report(home: Path, quick: bool) -> dict:
             worst = min(ratios.values())
             print(f"  {_mark(worst >= bound)} {mode} seated/kernelized >= {bound} ({name}): "
                   + ", ".join(f"batch {b} {v:.3f}" for b, v in ratios.items()))
-    big = [(label, name, p["direct"][0], t["direct"]) for label, name, t, p in calls if t["direct"] >= 30]
+    big = [(label, name, pc["direct"]) for label, name, _, _, pc in calls if pc["direct"].base_us >= 30]
     if big:
-        worst = max(big, key=lambda c: c[2])
-        print(f"  {_mark(worst[2] <= 1.03)} eager per-call seat/direct <= 1.03 for calls >= 30 us: worst "
-              f"{worst[2]:.3f} ({worst[0]}, {worst[1]}, direct {worst[3]:.1f} us; {len(big)} such calls)")
+        label, name, w = max(big, key=lambda c: c[2].ratio)
+        print(f"  {_mark(w.ratio <= 1.03)} eager per-call seat/direct <= 1.03 for calls >= 30 us (call by call): "
+              f"worst {w.ratio:.3f}, 95% interval up to {w.ratio_high:.3f} ({label}, {name}, direct {w.base_us:.1f} us, "
+              f"seat {w.ns:+.0f} ns; {len(big)} such calls)")
     else:
         print("  n/a eager per-call seat/direct <= 1.03 for calls >= 30 us: no measured call took 30 us")
     if "liger" in sets:
@@ -295,6 +309,8 @@ def report(home: Path, quick: bool) -> dict:
                        for (side, mode), v in ((k, r[k]) for k in r if isinstance(k, tuple))},
             "ratios": {f"{n} b{b} {a}/{c} {m}": v for (n, b), r in decode.items() for (a, c, m), v in r["ratio"].items()},
             "same": {f"{n} b{b}": r["same"] for (n, b), r in decode.items()},
-            "per_call_us": {f"{label} {name}": t for label, name, t, _ in calls},
-            "per_call_seat_vs": {f"{label} {name}": p for label, name, _, p in calls}, "seat_cost": cost,
+            "per_call_us": {f"{label} {name}": t for label, name, t, _, _ in calls},
+            "per_call_seat_vs": {f"{label} {name}": p for label, name, _, p, _ in calls},
+            "per_call_paired": {f"{label} {name}": {b: {**vars(v), "ratio": v.ratio} for b, v in pc.items()}
+                                for label, name, _, _, pc in calls}, "seat_cost": cost,
             "notes": notes}
