@@ -1,53 +1,20 @@
-"""A mirror's home: where it is (--home, else $FRT_MIRROR_HOME, else the platform's user data dir), and
-the `Home` object that owns its ledger, store and views."""
+"""A mirror's home: the `Home` object that owns its ledger, store and views. Where a home is, and
+whether this host may write it, is home_path.py (the CLI asks that before it imports any of this)."""
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Iterable
 from functools import cached_property
 from pathlib import Path
 
 from frt.resolver import Ledger
-from frt.resolver.errors import HomeReadOnly
 from frt.resolver.resolution import FileEntry
 
+from .home_path import default_ledger_url, ledger_path
 from .records import StagedRow, blob_for, staged_for, staged_rows
 from .schema import MIRROR_TRACK
 from .store import BlobStore
 from .views import Views
-
-
-def default_home() -> Path:
-    if env := os.environ.get("FRT_MIRROR_HOME"):
-        return Path(env)
-    if sys.platform == "darwin":
-        return Path.home() / "Library" / "Application Support" / "frt-mirror"
-    if sys.platform == "win32":
-        return Path(os.environ.get("LOCALAPPDATA", Path.home() / "AppData" / "Local")) / "frt-mirror"
-    return Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "frt-mirror"
-
-
-def ledger_path(home: Path) -> Path:
-    return home / "ledger.sqlite"
-
-
-def check_writable(home: Path, what: str) -> None:
-    """A command that writes the home, refused in one line where the home is read-only (a cluster's
-    shared mount) rather than failing on its first write. access() says EROFS on a read-only mount
-    even to root. A home that does not exist yet is left to be created (or to fail saying why)."""
-    ledger = ledger_path(home)
-    writable = os.access(home, os.W_OK) and (not ledger.exists() or os.access(ledger, os.W_OK))
-    if home.is_dir() and not writable:
-        raise HomeReadOnly(f"home {home} is read-only here, and {what}: run it where the home is mounted "
-                           "read-write")
-
-
-def default_ledger_url() -> str | None:
-    """$FRT_LEDGER_URL: the ledger on a database server (postgresql://…) shared by several hosts; unset,
-    the home's own SQLite file."""
-    return os.environ.get("FRT_LEDGER_URL") or None
 
 
 def open_ledger(where: Path | str, readonly: bool | None = None) -> Ledger:

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from frt.manifests import DEFAULT_BAND, SeatCatalog
-from frt.mirror.home import default_home
+from frt.mirror.home_path import default_home
 from frt.resolver import Ledger
 from frt.resolver.errors import BadInput
 

@@ -16,7 +16,8 @@ from pathlib import Path
 from types import ModuleType
 
 from frt.manifests import KernelRef
-from frt.mirror.home import Home, ledger_path
+from frt.mirror.home import Home
+from frt.mirror.home_path import ledger_path
 from frt.mirror.records import blob_for
 from frt.resolver import KernelUnavailable, Ledger, Resolution, Target, host_target, resolve
 

@@ -204,7 +204,7 @@ def test_attach_needs_no_network(seats_home):
 
 
 def test_a_pin_overrides_the_version_and_an_unstaged_pin_is_refused(seats_home):
-    from frt.mirror.home import ledger_path
+    from frt.mirror.home_path import ledger_path
     from frt.resolver import Ledger, host_target, resolve
 
     ledger = Ledger(ledger_path(seats_home))

@@ -22,7 +22,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from frt.manifests import Guards, KernelRef, SeatCatalog, SeatSpec  # noqa: E402
-from frt.mirror.home import ledger_path  # noqa: E402
+from frt.mirror.home_path import ledger_path  # noqa: E402
 from frt.resolver import Ledger, decide, host_target, resolve  # noqa: E402
 from frt.seats import Seat, attach  # noqa: E402
 from tests.conftest import ROOT  # noqa: E402

@@ -10,19 +10,18 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from frt.mirror.home import Home, default_home
-from frt.resolver import (
-    FrtError,
-    HubClient,
-    Ledger,
-    exit_code,
-    parse_target,
-)
-from frt.resolver.errors import BadInput
+from frt.mirror.home_path import default_home
+from frt.resolver.errors import BadInput, FrtError, exit_code
 from frt.resolver.gate import check_repo_id
+from frt.resolver.targets import parse_target
+
+if TYPE_CHECKING:  # the home, the ledger and the Hub client are imported by the commands that use them
+    from frt.mirror.home import Home
+    from frt.resolver import HubClient, Ledger
 
 
 @dataclass
@@ -36,6 +35,8 @@ class App:
     def home(self) -> Home:
         """The home every command works on (its root made absolute: views and LOCAL_KERNELS name it)."""
         if self._home is None:
+            from frt.mirror.home import Home
+
             self._home = Home(self.root.absolute(), ledger_url=self.ledger_url)
         return self._home
 
@@ -44,6 +45,8 @@ class App:
         return self.home.ledger
 
     def hub(self, endpoint: str | None) -> HubClient:
+        from frt.resolver.hub import HubClient
+
         return HubClient(endpoint or self.endpoint)
 
 

@@ -6,10 +6,9 @@ import sys
 
 import click
 
-from frt.mirror.home import check_writable
+from frt.mirror.home_path import check_writable
 from frt.mirror.render import table
-from frt.resolver import KernelUnavailable, exit_code
-from frt.resolver.errors import BadInput
+from frt.resolver.errors import BadInput, KernelUnavailable, exit_code
 from frt.resolver.gate import check_repo_id
 
 from .app import App, cli, emit_json, endpoint_option, json_option, parse_targets

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import click
 
-from frt.mirror.home import check_writable
-from frt.resolver import parse_target
+from frt.mirror.home_path import check_writable
 from frt.resolver.errors import BadInput
+from frt.resolver.targets import parse_target
 
 from .app import App, cli, emit_json, json_option
 

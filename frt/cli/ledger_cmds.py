@@ -6,10 +6,9 @@ import sys
 
 import click
 
-from frt.mirror.home import check_writable
+from frt.mirror.home_path import check_writable
 from frt.mirror.render import human_bytes, table
-from frt.resolver import KernelUnavailable, build_matrix, exit_code, resolve, scan
-from frt.resolver.errors import BadInput
+from frt.resolver.errors import BadInput, KernelUnavailable, exit_code
 from frt.resolver.gate import check_repo_id
 
 from .app import App, cli, emit_json, endpoint_option, json_option, parse_targets
@@ -23,6 +22,8 @@ from .app import App, cli, emit_json, endpoint_option, json_option, parse_target
 @click.pass_obj
 def scan_cmd(app: App, repos, endpoint, jobs, as_json):
     """Record refs, commit history and per-commit build variants of REPOS in the ledger."""
+    from frt.resolver.scan import scan
+
     for repo in repos:
         check_repo_id(repo)
     check_writable(app.root, "scan records what upstream has in the ledger")
@@ -47,6 +48,8 @@ def scan_cmd(app: App, repos, endpoint, jobs, as_json):
 @click.pass_obj
 def resolve_cmd(app: App, repo, version, revision, target, offline, endpoint, as_json):
     """Resolve REPO for a target: the commit, the variant and its files. FRT_KERNEL_REV_<ID> pins it."""
+    from frt.resolver.resolve import resolve
+
     if version is not None and revision is not None:
         raise BadInput("give --version or --revision, not both")
     if not offline:
@@ -83,6 +86,7 @@ def matrix_cmd(app: App, repo, targets, html, as_json):
     """Availability from the ledger: revision × variant, and which targets each revision serves."""
     check_repo_id(repo)
     from frt.mirror.records import MODEL_TARGET, repo_types
+    from frt.resolver.matrix import build_matrix
 
     models = [r for r in app.home.staged(MODEL_TARGET) if r.repo == repo]
     if html is not None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from frt.mirror.home import check_writable
+from frt.mirror.home_path import check_writable
 from frt.mirror.render import table
 from frt.mirror.serve.nginx import DEFAULT_ACCEL, check_accel_prefix
 

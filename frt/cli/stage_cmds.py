@@ -7,9 +7,8 @@ from pathlib import Path
 
 import click
 
-from frt.mirror.home import check_writable
+from frt.mirror.home_path import check_writable
 from frt.mirror.render import human_bytes, table
-from frt.mirror.storelock import store_writer
 
 from .app import App, cli, emit_json, endpoint_option, json_option, parse_targets
 
@@ -32,6 +31,7 @@ def stage_cmd(app: App, manifest, targets, jobs, endpoint, quiet, as_json):
     from frt.mirror.manifest_input import load_plan
     from frt.mirror.models import stage_models
     from frt.mirror.stage import StageReport, stage
+    from frt.mirror.storelock import store_writer
 
     check_writable(app.root, "stage writes the ledger, the store and the views")
     plan = load_plan(manifest, targets)
@@ -140,6 +140,7 @@ def import_cmd(app: App, src, require_signature, quiet, as_json):
 
     An incremental bundle ('bundle --since') imports only into a home that holds its base."""
     from frt.mirror.bundle import import_bundle
+    from frt.mirror.storelock import store_writer
 
     check_writable(app.root, "import writes the ledger, the store and the views")
     with store_writer(app.home):  # gc waits: what is stored here is referenced only at the end

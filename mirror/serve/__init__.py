@@ -1,42 +1,14 @@
-"""`frt-mirror serve`: the staged set as a Hub endpoint (uvicorn + an ASGI app, read-only)."""
+"""`frt-mirror serve`: the staged set as a Hub endpoint (uvicorn + an ASGI app, read-only).
 
-from __future__ import annotations
+Its names are imported from their submodules on first use (frt/lazy.py): `frt-mirror nginx-conf` and
+the CLI's start-up read nginx.py without importing Starlette and the app.
+"""
 
-import socket
+from frt.lazy import lazy_exports
 
-
-from ..home import Home
-from ..tokens import TokenCheck
-from .accesslog import AccessLog, open_sink
-from .app import MirrorApp
-from .watch import CatalogWatcher
-from .listen import listen
-from .metrics import Metrics
-from .page import OperatorRoutes
-
-KEEP_ALIVE_S = 75
-
-__all__ = ["AccessLog", "MirrorApp", "listen", "make_app", "open_sink", "serve"]
-
-def make_app(home: Home, trust_override: frozenset[str] = frozenset(), log: AccessLog | None = None) -> MirrorApp:
-    """The app over `home`; its catalog follows the ledger's changes (see watch.py). It answers the
-    operator's page and /metrics too (page.py, metrics.py)."""
-    app = MirrorApp(CatalogWatcher(home, trust_override), TokenCheck(home.ledger), log)
-    app.metrics = Metrics(home)
-    app.operator = OperatorRoutes(home, app.metrics)
-    return app
-
-
-def serve(app: MirrorApp, sockets: list[socket.socket]) -> None:
-    """Run uvicorn on sockets already bound (see listen.py); then write out the access log's last lines."""
-    import uvicorn
-
-    # A client's pool leaves a connection idle between a HEAD and its GET, seconds on a busy node;
-    # uvicorn's default 5 s keep-alive closed it under a GET being sent (RemoteProtocolError). nginx's 75 s.
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", server_header=False,
-                            date_header=True, timeout_keep_alive=KEEP_ALIVE_S)
-    try:
-        uvicorn.Server(config).run(sockets=sockets)
-    finally:
-        if app.log:
-            app.log.sink.close()
+__all__ = lazy_exports(__name__, {
+    "accesslog": ("AccessLog", "open_sink"),
+    "app": ("MirrorApp",),
+    "listen": ("listen",),
+    "run": ("make_app", "serve"),
+})

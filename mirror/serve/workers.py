@@ -27,7 +27,7 @@ from frt.resolver.errors import EXIT_UNAVAILABLE, BadInput, FrtError
 
 from ..home import Home
 from .pull import Upstream
-from . import make_app, serve
+from .run import make_app, serve
 from .accesslog import AccessLog, open_sink
 from .app import MirrorApp
 
