@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 
 from ..home import Home
@@ -28,10 +29,13 @@ def serve(app: MirrorApp, sockets: list[socket.socket]) -> None:
     """Run uvicorn on sockets already bound (see listen.py); then write out the access log's last lines."""
     import uvicorn
 
+    from .stream import CutSaid
+
     # A client's pool leaves a connection idle between a HEAD and its GET, seconds on a busy node;
     # uvicorn's default 5 s keep-alive closed it under a GET being sent (RemoteProtocolError). nginx's 75 s.
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", server_header=False,
                             date_header=True, timeout_keep_alive=KEEP_ALIVE_S)
+    logging.getLogger("uvicorn.error").addFilter(CutSaid())  # after Config, which configures uvicorn's loggers
     try:
         uvicorn.Server(config).run(sockets=sockets)
     finally:
