@@ -22,7 +22,7 @@ from frt.resolver.gate import (
 from frt.resolver.ledger import PublisherInfo
 from frt.resolver.resolution import VariantInfo, parent_chain
 
-from .bundle_format import READS
+from .bundle_format import READS, UNSTAGES
 from .bundle_state import check_state
 from .records import MODEL_SELECTION, PULLED, StagedRow
 from .store import Digest
@@ -55,6 +55,7 @@ class Manifest:
     staged: list[tuple[StagedRow, Pairs]]
     publishers: list[PublisherInfo]
     base: dict | None  # an incremental bundle's base: id, name, created, state (bundle_state)
+    unstaged: list[tuple[str, str, str]]  # (repo, requested, target): rows of the base this bundle takes away
 
 
 def check_manifest(doc: dict) -> Manifest:
@@ -93,7 +94,25 @@ def check_manifest(doc: dict) -> Manifest:
             pairs.append((f, blob and blob.sha256))
         staged.append((row, pairs))
     publishers = [_parse_publisher(p) for p in doc.get("publishers", [])]  # absent in older bundles
-    return Manifest(listed, repos, staged, publishers, base)
+    return Manifest(listed, repos, staged, publishers, base, _unstaged(doc, base, staged))
+
+
+def _unstaged(doc: dict, base: dict | None, staged: list) -> list[tuple[str, str, str]]:
+    """An incremental bundle's removals: rows its base held (by the base's state, which the signature
+    covers too) that it takes away; never one it also carries."""
+    keys = doc.get("unstaged", [])
+    if not keys:
+        return []
+    _need(base is not None and doc["format"] == UNSTAGES, "removals ('unstaged') in a bundle with no base")
+    carried = {(r.repo, r.requested, r.target) for r, _ in staged}
+    out = []
+    for k in keys:
+        _need(isinstance(k, list) and len(k) == 3 and all(isinstance(x, str) for x in k), f"bad unstaged row {k!r}")
+        check_repo_id(k[0], where="unstaged")
+        _need(json.dumps(k) in base["state"]["staged"], f"unstaged row {' '.join(k)!r} is not in the base")
+        _need(tuple(k) not in carried, f"unstaged row {' '.join(k)!r} is staged by the same bundle")
+        out.append(tuple(k))
+    return out
 
 
 def _staged_row(s: dict) -> StagedRow:

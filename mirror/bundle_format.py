@@ -11,7 +11,9 @@ it, and the events log records it on both sides of the gap.
 Formats: 1 kept each commit's parent link; 2 keeps each head's history as the upstream listed it;
 3 may name a base (`base`, see frt.mirror.bundle_state) and may carry a signature member. A reader of
 format 2 would import an incremental bundle as if it were the whole set, so format 3 is refused there
-rather than half-understood.
+rather than half-understood. 4 is an incremental bundle that carries removals (`unstaged`: the staged
+rows its base held that the connected box has since unstaged); only such a bundle is written as 4, since
+a reader of 3 would keep on the cluster what was taken away on the connected box.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import hashlib
 import re
 import tarfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from frt.resolver.errors import VerificationFailed
@@ -30,7 +32,8 @@ from .render import human_bytes, table
 from .store import CHUNK, Digest
 
 FORMAT = 3
-READS = (1, 2, 3)
+UNSTAGES = 4  # the format of a bundle that carries removals
+READS = (1, 2, 3, 4)
 MANIFEST = "frt-bundle.json"
 SIGNATURE = "frt-bundle.sig"
 MAX_MANIFEST = 256 << 20  # read into memory: refuse a hostile giant before reading it
@@ -59,12 +62,14 @@ class BundleReport:
     signed_by: str | None = None  # the key id that signed it (import: checked only with --require-signature)
     new_blobs: int | None = None  # import only: blobs this home did not have
     new_rows: int | None = None  # import only: staged rows added or changed
+    unstaged: list[list[str]] = field(default_factory=list)  # [repo, requested, target] carried as removals
 
     def to_json(self) -> dict:
         return {"ok": True, "bundle": str(self.path), "id": self.id, "base": self.base,
                 "base_name": self.base_name, "signed_by": self.signed_by, "blobs": self.blobs,
                 "bytes": self.bytes, "new_blobs": self.new_blobs, "new_rows": self.new_rows,
-                "staged": [dict(r.__dict__) for r in self.staged]}
+                "staged": [dict(r.__dict__) for r in self.staged],
+                "unstaged": [dict(zip(("repo", "requested", "target"), k)) for k in self.unstaged]}
 
     def render(self) -> str:
         rows = [(r.repo, r.requested, r.target, r.commit[:12], r.variant) for r in self.staged]
@@ -72,6 +77,9 @@ class BundleReport:
                 f"imported {self.path}: {self.new_blobs} new blob(s), {self.new_rows} new staged row(s)")
         if self.base:
             done += f" (incremental on {self.base_name or 'its base'}, id {self.base[:12]})"
+        if self.unstaged:
+            done += (f"; {'unstages' if self.new_blobs is None else 'unstaged'} {len(self.unstaged)} row(s) its base "
+                     f"had: {', '.join(' '.join(k) for k in self.unstaged)}")
         if self.signed_by:
             done += f", signed by key {self.signed_by}"
         return (table(["repo", "requested", "target", "commit", "variant"], rows)

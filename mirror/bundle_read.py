@@ -30,11 +30,11 @@ from .bundle_format import (
     bundle_id,
     read_head,
 )
-from .bundle_state import base_refusal, missing_here
+from .bundle_state import base_refusal, missing_here, without
 from .events import events_with_ref, record_event
 from .home import Home
 from .progress import Progress
-from .records import blob_for, record_blobs, record_staged_rows, staged_rows
+from .records import blob_for, delete_staged, record_blobs, record_staged_rows, staged_rows
 from .store import BlobStore, Digest
 
 
@@ -76,14 +76,21 @@ def import_bundle(src: Path, home: Home, *, require_signature: Path | None = Non
         have = set(staged_rows(ledger))
         new = [row for row, _ in m.staged if row not in have]
         record_staged_rows(ledger, new)
+        gone = [r for r in have if (r.repo, r.requested, r.target) in set(m.unstaged)]
+        delete_staged(ledger, gone)
         report = BundleReport(src, len(m.listed), sum(d.size for d in m.listed.values()),
                               [r for r, _ in m.staged], id=ident, base=m.base and m.base["id"],
                               base_name=m.base and m.base.get("name"), signed_by=signer,
-                              new_blobs=sum(p is not None for p in parts.values()), new_rows=len(new))
+                              new_blobs=sum(p is not None for p in parts.values()), new_rows=len(new),
+                              unstaged=sorted([r.repo, r.requested, r.target] for r in gone))
         # Once per bundle and home: a repeated import that adds nothing leaves the home as it was.
-        if new or report.new_blobs or not events_with_ref(ledger, "import", ident):
+        if new or gone or report.new_blobs or not events_with_ref(ledger, "import", ident):
             record_event(ledger, "import", ref=ident, base=report.base, files=report.new_blobs,
                          nbytes=report.bytes, detail=str(src))
+    if gone:  # after the commit: a view that no row names any more is only files (the lock keeps stagers out)
+        still = {(r.repo, r.commit, r.variant) for r in staged_rows(ledger) if not r.is_model}
+        for key in sorted({(r.repo, r.commit, r.variant) for r in gone if not r.is_model} - still):
+            views.remove(*key)
     return report
 
 
@@ -101,7 +108,7 @@ def _read_and_verify(src: Path, home: Home, key, parts: dict[str, Path | None], 
         except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
             raise BundleRejected(f"malformed {MANIFEST}: {type(e).__name__}: {e}") from None
         if m.base is not None:
-            if missing := missing_here(m.base["state"], home):
+            if missing := missing_here(without(m.base["state"], m.unstaged), home):
                 raise BundleRejected(base_refusal(m.base, missing, home))
             _pair_from_home(m, home)
         home.store.sweep_parts("*.import-*.part")  # left by a killed import; a running one's are recent

@@ -7,8 +7,9 @@ repo's header and refs, each commit (with its build listing), each head's listin
 (repo, requested, target), each org's publisher answer. `bundle --since PREV` reads PREV's manifest
 only: PREV's state is its base's state (which PREV carries) updated with PREV's own records, so a
 chain A ← B ← C needs none of the earlier files. The new bundle carries what its state lacks or
-holds with another fingerprint, and the base's state besides, for the importer's check and the next
-link of the chain.
+holds with another fingerprint, the staged rows the state holds and the home no longer stages (its
+removals, `unstaged`: the importer drops them), and the base's state besides, for the importer's check
+and the next link of the chain.
 
 An incremental bundle imports only into a home that *holds its base*: every blob of the base's state
 recorded and in the store, every repo, commit (with its build listing where the base had one), listed
@@ -30,7 +31,7 @@ from frt.resolver.ledger_io import repo_record
 
 from .events import events_with_ref
 from .home import Home
-from .records import recorded_blobs, staged_rows
+from .records import MODEL_TARGET, recorded_blobs, staged_rows
 
 _KEYS = ("blobs", "repos", "staged", "publishers")
 
@@ -82,7 +83,29 @@ def cumulative_state(doc: dict) -> dict:
         into["commits"].update(rs["commits"])
         into["listings"].update(rs["listings"])
     out["staged"].update(mine["staged"])
+    for key in doc.get("unstaged", []):
+        out["staged"].pop(json.dumps(key), None)
     out["publishers"].update(mine["publishers"])
+    return out
+
+
+def without(state: dict, unstaged: list[tuple[str, str, str]]) -> dict:
+    """`state` less the staged rows an incremental bundle on it takes away: what an importing home must
+    hold (once imported, it no longer holds those, and a rerun of the import must not be refused)."""
+    gone = {json.dumps(list(k)) for k in unstaged}
+    return dict(state, staged={k: v for k, v in state["staged"].items() if k not in gone})
+
+
+def unstaged_since(base: dict, staged: list[dict], targets: list[str] | None) -> list[list[str]]:
+    """The staged rows `base` (a state) holds and the home no longer stages, as [repo, requested,
+    target]: an incremental bundle carries them as removals. A bundle of some targets removes only
+    rows it would have carried (models travel in every bundle), never another target's."""
+    now = {staged_key(s) for s in staged}
+    out = []
+    for key in sorted(base["staged"]):
+        repo, requested, target = json.loads(key)
+        if key not in now and (not targets or target in targets or target == MODEL_TARGET):
+            out.append([repo, requested, target])
     return out
 
 

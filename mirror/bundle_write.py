@@ -23,13 +23,14 @@ from .bundle_format import (
     MANIFEST,
     READS,
     SIGNATURE,
+    UNSTAGES,
     BundleRejected,
     BundleReport,
     Hashing,
     bundle_id,
     read_head,
 )
-from .bundle_state import cumulative_state, delta
+from .bundle_state import cumulative_state, delta, unstaged_since
 from .events import record_event
 from .home import Home
 from .progress import Progress
@@ -48,8 +49,12 @@ def bundle(out: Path, home: Home, targets: list[str] | None = None, *, since: Pa
     if not out.parent.is_dir():
         raise BadInput(f"{out.parent} is not a directory")
     doc, blobs = _full_doc(home, rows)
+    gone = []
     if base is not None:
+        gone = unstaged_since(base["state"], doc["staged"], targets)
         doc.update(delta(doc, base["state"]), base=base)
+        if gone:
+            doc.update(format=UNSTAGES, unstaged=gone)
         carried = {b["sha256"] for b in doc["blobs"]}
         blobs = [d for d in blobs if d.sha256 in carried]
         rows = [StagedRow(**s) for s in doc["staged"]]
@@ -63,7 +68,7 @@ def bundle(out: Path, home: Home, targets: list[str] | None = None, *, since: Pa
             meter.close()
     report = BundleReport(out, len(blobs), sum(d.size for d in blobs), rows, id=bundle_id(manifest),
                           base=base and base["id"], base_name=base and base["name"],
-                          signed_by=key and signing.key_id(key.public_key()))
+                          signed_by=key and signing.key_id(key.public_key()), unstaged=gone)
     if not home.ledger.readonly:  # a cluster's read-only home bundles too, and keeps no record of it
         record_event(home.ledger, "bundle", ref=report.id, base=report.base, files=report.blobs,
                      nbytes=report.bytes, detail=str(out))

@@ -1,5 +1,5 @@
-"""The home's store lock: writers of the store (stage, import) hold it shared, gc and unstage hold it
-exclusive.
+"""The home's store lock: writers of the store (stage, pull-through) hold it shared; gc, unstage and
+import (which may take views away: an incremental bundle's removals) hold it exclusive.
 
 Why a home-wide lock, beside the per-blob one a download holds (BlobStore.lock): a stager stores a
 blob minutes before the staged row that makes it referenced, and it reuses a blob already in the
@@ -37,7 +37,8 @@ def store_writer(home: Home) -> Iterator[None]:
 
 @contextmanager
 def store_collector(home: Home, on_wait: Callable[[str], None] = _nothing) -> Iterator[None]:
-    """Held by gc and unstage: no writer is between storing a blob and recording its reference.
+    """Held by gc, unstage and import: no writer is between storing a blob and recording its reference,
+    nor linking a view.
     `on_wait` is told once, before waiting, that a writer holds the store."""
     with _store_lock(home, exclusive=True, on_wait=on_wait):
         yield

@@ -11,9 +11,6 @@ until it is gone, never a row without its view.
 
 from __future__ import annotations
 
-import os
-import shutil
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +24,6 @@ from .records import StagedRow, delete_staged, staged_rows
 from .render import human_bytes, table
 from .store import Digest
 from .storelock import store_collector
-from .views import Views
 
 
 @dataclass
@@ -77,7 +73,7 @@ def unstage(home: Home, repo: str, rev: str | None = None, target: str | None = 
         still = {(r.repo, r.commit, r.variant) for r in staged_rows(ledger) if not r.is_model}
         report = UnstageReport(chosen)
         for key in sorted({(r.repo, r.commit, r.variant) for r in chosen if not r.is_model} - still):
-            removed = _remove_view(views, *key)
+            removed = views.remove(*key)
             if removed is not None:
                 report.views.append(views.variant_dir(*key))
                 report.view_files += removed
@@ -99,24 +95,3 @@ def _nothing_matches(repo: str, rev: str | None, target: str | None, rows: list[
         return f"unstage {asked}: {repo} is not staged"
     staged = ", ".join(sorted({f"{r.requested} ({r.commit[:12]}) for {r.target}" for r in rows}))
     return f"unstage {asked}: nothing staged matches it{where}; staged: {staged}"
-
-
-def _remove_view(views: Views, repo: str, commit: str, variant: str) -> int | None:
-    """Take a variant's view out of sight in one rename, then delete it and the folders it leaves
-    empty. The number of files it held, or None where there was none."""
-    final = views.variant_dir(repo, commit, variant)
-    if not final.is_dir():
-        return None
-    views.tmp.mkdir(parents=True, exist_ok=True)
-    aside = views.tmp / f"stale-{uuid.uuid4().hex}"
-    os.rename(final, aside)
-    files = sum(len(names) for _, _, names in os.walk(aside))
-    shutil.rmtree(aside, ignore_errors=True)
-    parent = final.parent
-    while parent != views.root and parent.is_relative_to(views.root):
-        try:
-            parent.rmdir()  # only when empty: another variant of the commit keeps it
-        except OSError:
-            break
-        parent = parent.parent
-    return files

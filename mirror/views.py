@@ -79,6 +79,26 @@ class Views:
     def files(self) -> list[Path]:
         return sorted(p for p in self.root.rglob("*") if p.is_file()) if self.root.exists() else []
 
+    def remove(self, repo: str, commit: str, variant: str) -> int | None:
+        """Take a variant's view out of sight in one rename, then delete it and the folders it leaves
+        empty. The number of files it held, or None where there was none."""
+        final = self.variant_dir(repo, commit, variant)
+        if not final.is_dir():
+            return None
+        self.tmp.mkdir(parents=True, exist_ok=True)
+        aside = self.tmp / f"stale-{uuid.uuid4().hex}"
+        os.rename(final, aside)
+        files = sum(len(names) for _, _, names in os.walk(aside))
+        shutil.rmtree(aside, ignore_errors=True)
+        parent = final.parent
+        while parent != self.root and parent.is_relative_to(self.root):
+            try:
+                parent.rmdir()  # only when empty: another variant of the commit keeps it
+            except OSError:
+                break
+            parent = parent.parent
+        return files
+
     def sweep_tmp(self, older_than_s: float = 600) -> None:
         """Scratch dirs of interrupted runs hold only hard links; dropping them loses nothing.
         Recent ones may belong to a stager still running, so they stay."""

@@ -218,3 +218,70 @@ def test_since_must_name_a_bundle(box, tmp_path):
     p = run_cli("bundle", str(tmp_path / "x.tar"), "--since", str(junk), home=box.home)
     assert p.returncode == 2 and "--since" in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
     assert not (tmp_path / "x.tar").exists()
+
+
+def _rewrite_manifest(src: Path, dst: Path, change) -> None:
+    """A copy of bundle `src` whose manifest `change(doc)` edited (unsigned: a forger's bundle)."""
+    with tarfile.open(src) as tf, tarfile.open(dst, "w") as out:
+        for m in tf.getmembers():
+            data = tf.extractfile(m).read()
+            if m.name == "frt-bundle.json":
+                doc = json.loads(data)
+                change(doc)
+                data = json.dumps(doc).encode()
+                m.size = len(data)
+            out.addfile(m, __import__("io").BytesIO(data))
+
+
+def test_what_the_box_unstaged_the_cluster_unstages(tmp_path):
+    """The box stages activation and relu, writes A, unstages relu and writes D --since A: D names relu's
+    row as a removal (format 4, which an older frt-mirror refuses rather than keep what was withdrawn).
+    A cluster that imports A then D stages and views what a fresh full import of the box's set does, and
+    after gc stores the same; a rerun of D is not refused and changes nothing; E --since D carries no
+    removal again. A removal its base never held is refused, and nothing is written."""
+    root, cluster, fresh = tmp_path / "box", tmp_path / "cluster", tmp_path / "fresh"
+    root.mkdir()
+    home = root / "home"
+    tar = {n: root / f"{n}.tar" for n in ("a", "d", "e", "full")}
+    with FakeHub([activation_v1(), relu_repo()], trusted_orgs=[ORG], page_size=5) as hub:
+        stage(home, root, hub, {ACTIVATION: {"version": 1}, RELU: {"version": 1}}, [X86])
+        h = Home(home)
+        relu_rows = [[r.repo, r.requested, r.target] for r in staged_rows(h.ledger) if r.repo == RELU]
+        h.close()
+        bundle(home, tar["a"])
+        assert run_cli("unstage", RELU, home=home).returncode == 0
+        d = bundle(home, tar["d"], "--since", str(tar["a"]))
+        bundle(home, tar["full"])
+        e = bundle(home, tar["e"], "--since", str(tar["d"]))
+    assert relu_rows
+    _, d_doc = manifest_of(tar["d"])
+    assert d_doc["format"] == 4 and d_doc["unstaged"] == relu_rows
+    assert d["unstaged"] == [dict(zip(("repo", "requested", "target"), k)) for k in relu_rows]
+    _, e_doc = manifest_of(tar["e"])
+    assert e_doc["format"] == 3 and "unstaged" not in e_doc and e["unstaged"] == []
+
+    assert import_offline(cluster, tar["a"]).returncode == 0
+    assert [p for p in (cluster / "views").rglob("*") if "relu" in p.name]
+    p = import_offline(cluster, tar["d"])
+    assert p.returncode == 0 and f"unstaged {len(relu_rows)} row(s)" in p.stdout, p.stdout + p.stderr
+    assert not [p for p in (cluster / "views").rglob("*") if "relu" in p.name]
+    assert run_cli("verify", home=cluster, wrap=NO_NET).returncode == 0
+    p = import_offline(cluster, tar["d"], "--json")
+    assert p.returncode == 0, p.stderr
+    assert (json.loads(p.stdout)["new_rows"], json.loads(p.stdout)["unstaged"]) == (0, [])
+    assert import_offline(cluster, tar["e"]).returncode == 0
+
+    assert import_offline(fresh, tar["full"]).returncode == 0
+    assert run_cli("gc", home=cluster, wrap=NO_NET).returncode == 0  # relu's blobs: nothing references them
+    got, want = contents(cluster), contents(fresh)
+    assert got["rows"]["staged"] == want["rows"]["staged"] and got["files"] == want["files"]
+
+    # A forger's removal of what the base never held: refused in one line, nothing written.
+    other = tmp_path / "other"
+    assert import_offline(other, tar["a"]).returncode == 0
+    forged = tmp_path / "forged.tar"
+    _rewrite_manifest(tar["d"], forged, lambda doc: doc["unstaged"].append([ACTIVATION, "v9", X86]))
+    before = snapshot_data(other)
+    p = import_offline(other, forged)
+    assert p.returncode == 1 and "is not in the base" in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert snapshot_data(other) == before

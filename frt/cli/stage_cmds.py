@@ -140,10 +140,12 @@ def import_cmd(app: App, src, require_signature, quiet, as_json):
 
     An incremental bundle ('bundle --since') imports only into a home that holds its base."""
     from frt.mirror.bundle import import_bundle
-    from frt.mirror.storelock import store_writer
+    from frt.mirror.storelock import store_collector
 
     check_writable(app.root, "import writes the ledger, the store and the views")
-    with store_writer(app.home):  # gc waits: what is stored here is referenced only at the end
+    # Exclusive, as unstage: an incremental bundle may take views away, which no stager may be linking;
+    # gc waits too (what is stored here is referenced only at the end).
+    with store_collector(app.home, lambda what: as_json or click.echo(f"frt-mirror: {what}", err=True)):
         report = import_bundle(src, app.home, require_signature=require_signature,
                                progress=not (quiet or as_json))
     if as_json:
