@@ -9,7 +9,8 @@
 # editable build, and liger-kernel 0.8.5. Then: the GPU tests, then the benchmark; a failing test does
 # not stop the benchmark. Everything is logged under $OUT (install.log, pytest.log, bench.log,
 # bench.json); the exit status is the first failing step's.
-#   all    install, tests (at most 150 s), bench (at most 400 s): the default, inside one 600 s device call
+#   all    install, tests (at most 150 s), bench (at most $BENCH_S, default 400 s): the default, inside one
+#          600 s device call (on the H200: ~60 s install, ~55 s tests, ~300 s bench)
 #   tests  install, tests          bench  install, bench          smoke  install, tests, bench --quick
 set -x
 cd "$(dirname "$0")/.." || exit 2
