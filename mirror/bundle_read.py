@@ -76,7 +76,8 @@ def import_bundle(src: Path, home: Home, *, require_signature: Path | None = Non
         have = set(staged_rows(ledger))
         new = [row for row, _ in m.staged if row not in have]
         record_staged_rows(ledger, new)
-        gone = [r for r in have if (r.repo, r.requested, r.target) in set(m.unstaged)]
+        taken = set(m.unstaged)
+        gone = [r for r in have if (r.repo, r.requested, r.target) in taken]
         delete_staged(ledger, gone)
         report = BundleReport(src, len(m.listed), sum(d.size for d in m.listed.values()),
                               [r for r, _ in m.staged], id=ident, base=m.base and m.base["id"],
