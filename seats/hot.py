@@ -9,7 +9,7 @@ module at all (CPython's slot call of a Python ``__call__``) ~0.04. Two costs ar
 on it) and the guard's three tensor attributes read from Python. Each seat has a class of its own
 whose ``__call__`` closes over the seat's `Hot` (`hot_call`; seat.Seat makes the class), so nothing
 is read from the module on the way to the kernel. Those are tight-loop figures; beside a real launch
-every part costs three to ten times as much (its code and objects out of the caches; +1.9 to +3.4 us
+every part costs three to ten times as much (its code and objects out of the caches; +1.8 to +3.6 us
 in all on that host, call by call): bench/seat_cost.py measures each part there.
 """
 
