@@ -104,7 +104,7 @@ def _unstaged(doc: dict, base: dict | None, staged: list) -> list[tuple[str, str
     if not keys:
         return []
     _need(base is not None and doc["format"] == UNSTAGES, "removals ('unstaged') in a bundle with no base")
-    carried = {(r.repo, r.requested, r.target) for r, _ in staged}
+    carried = {r.key for r, _ in staged}
     out = []
     for k in keys:
         _need(isinstance(k, list) and len(k) == 3 and all(isinstance(x, str) for x in k), f"bad unstaged row {k!r}")

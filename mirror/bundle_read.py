@@ -36,6 +36,7 @@ from .home import Home
 from .progress import Progress
 from .records import blob_for, delete_staged, record_blobs, record_staged_rows, staged_rows
 from .store import BlobStore, Digest
+from .unstage import drop_views
 
 
 def import_bundle(src: Path, home: Home, *, require_signature: Path | None = None,
@@ -77,21 +78,19 @@ def import_bundle(src: Path, home: Home, *, require_signature: Path | None = Non
         new = [row for row, _ in m.staged if row not in have]
         record_staged_rows(ledger, new)
         taken = set(m.unstaged)
-        gone = [r for r in have if (r.repo, r.requested, r.target) in taken]
+        gone = [r for r in have if r.key in taken]
         delete_staged(ledger, gone)
         report = BundleReport(src, len(m.listed), sum(d.size for d in m.listed.values()),
                               [r for r, _ in m.staged], id=ident, base=m.base and m.base["id"],
                               base_name=m.base and m.base.get("name"), signed_by=signer,
                               new_blobs=sum(p is not None for p in parts.values()), new_rows=len(new),
-                              unstaged=sorted([r.repo, r.requested, r.target] for r in gone))
+                              unstaged=sorted(list(r.key) for r in gone))
         # Once per bundle and home: a repeated import that adds nothing leaves the home as it was.
         if new or gone or report.new_blobs or not events_with_ref(ledger, "import", ident):
             record_event(ledger, "import", ref=ident, base=report.base, files=report.new_blobs,
                          nbytes=report.bytes, detail=str(src))
-    if gone:  # after the commit: a view that no row names any more is only files (the lock keeps stagers out)
-        still = {(r.repo, r.commit, r.variant) for r in staged_rows(ledger) if not r.is_model}
-        for key in sorted({(r.repo, r.commit, r.variant) for r in gone if not r.is_model} - still):
-            views.remove(*key)
+    if gone:  # after the commit: a view that no row names any more is only files
+        drop_views(home, gone)
     return report
 
 

@@ -39,6 +39,11 @@ class StagedRow:
     variant: str
 
     @property
+    def key(self) -> tuple[str, str, str]:
+        """The row's natural key in the ledger: one staged row per repo, request and target."""
+        return self.repo, self.requested, self.target
+
+    @property
     def is_model(self) -> bool:
         return self.target == MODEL_TARGET
 
@@ -188,7 +193,7 @@ def delete_blob_records(ledger: Ledger, shas: Iterable[str]) -> None:
 
 def delete_staged(ledger: Ledger, rows: Iterable[StagedRow]) -> None:
     """Drop staged rows (unstage), in one write that tells serve's replicas."""
-    keys = sorted({(r.repo, r.requested, r.target) for r in rows})
+    keys = sorted({r.key for r in rows})
     if keys:
         with ledger.session() as s:
             for i in range(0, len(keys), 300):

@@ -64,21 +64,30 @@ def unstage(home: Home, repo: str, rev: str | None = None, target: str | None = 
             on_wait: Callable[[str], None] = lambda what: None) -> UnstageReport:
     """Drop every staged row of `repo` that `rev` and `target` (None: any) match; BadInput if none."""
     with store_collector(home, on_wait):  # no stager is linking the views this removes
-        ledger, views = home.ledger, home.views
+        ledger = home.ledger
         rows = [r for r in staged_rows(ledger) if r.repo == repo]
         chosen = [r for r in rows if (target is None or r.target == target) and (rev is None or _matches(r, rev))]
         if not chosen:
             raise BadInput(_nothing_matches(repo, rev, target, rows))
         delete_staged(ledger, chosen)
-        still = {(r.repo, r.commit, r.variant) for r in staged_rows(ledger) if not r.is_model}
         report = UnstageReport(chosen)
-        for key in sorted({(r.repo, r.commit, r.variant) for r in chosen if not r.is_model} - still):
-            removed = views.remove(*key)
-            if removed is not None:
-                report.views.append(views.variant_dir(*key))
-                report.view_files += removed
+        for view, files in drop_views(home, chosen):
+            report.views.append(view)
+            report.view_files += files
         report.reclaimable = plan(home).garbage
     return report
+
+
+def drop_views(home: Home, rows: list[StagedRow]) -> list[tuple[Path, int]]:
+    """Remove the views of `rows`, just unstaged, that no staged row names any more: (its dir, the files
+    it held) per view removed. The caller holds the store's lock exclusively (no stager is linking them)."""
+    still = {(r.repo, r.commit, r.variant) for r in staged_rows(home.ledger) if not r.is_model}
+    out = []
+    for key in sorted({(r.repo, r.commit, r.variant) for r in rows if not r.is_model} - still):
+        files = home.views.remove(*key)
+        if files is not None:
+            out.append((home.views.variant_dir(*key), files))
+    return out
 
 
 def _matches(row: StagedRow, rev: str) -> bool:

@@ -25,7 +25,7 @@ from frt.resolver.ledger_io import repo_record
 from tests.conftest import ACTIVATION, RELU, run_cli
 from tests.fakehub import FakeHub, FakeRepo
 from tests.kernel_fixtures import ARM_CPU, ORG, X86_CPU, X86_CU, blob, build, relu_repo
-from tests.test_bundle import import_offline, snapshot
+from tests.test_bundle import import_offline, rewrite, snapshot
 from tests.test_stage import ARM_CU, NO_NET, X86, load_offline, write_manifest
 
 
@@ -220,17 +220,17 @@ def test_since_must_name_a_bundle(box, tmp_path):
     assert not (tmp_path / "x.tar").exists()
 
 
-def _rewrite_manifest(src: Path, dst: Path, change) -> None:
-    """A copy of bundle `src` whose manifest `change(doc)` edited (unsigned: a forger's bundle)."""
-    with tarfile.open(src) as tf, tarfile.open(dst, "w") as out:
-        for m in tf.getmembers():
-            data = tf.extractfile(m).read()
-            if m.name == "frt-bundle.json":
-                doc = json.loads(data)
-                change(doc)
-                data = json.dumps(doc).encode()
-                m.size = len(data)
-            out.addfile(m, __import__("io").BytesIO(data))
+def _removal_of(key: list[str]):
+    """A tests.test_bundle.rewrite edit: the manifest (unsigned: a forger's bundle) names one more removal."""
+    def edit(m, data):
+        if m.name == "frt-bundle.json":
+            doc = json.loads(data)
+            doc["unstaged"].append(key)
+            data = json.dumps(doc).encode()
+            m.size = len(data)
+        return [(m, data)]
+
+    return edit
 
 
 def test_what_the_box_unstaged_the_cluster_unstages(tmp_path):
@@ -280,7 +280,7 @@ def test_what_the_box_unstaged_the_cluster_unstages(tmp_path):
     other = tmp_path / "other"
     assert import_offline(other, tar["a"]).returncode == 0
     forged = tmp_path / "forged.tar"
-    _rewrite_manifest(tar["d"], forged, lambda doc: doc["unstaged"].append([ACTIVATION, "v9", X86]))
+    rewrite(tar["d"], forged, _removal_of([ACTIVATION, "v9", X86]))
     before = snapshot_data(other)
     p = import_offline(other, forged)
     assert p.returncode == 1 and "is not in the base" in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
