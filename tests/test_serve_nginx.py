@@ -177,7 +177,10 @@ def test_nginx_conf_defaults_and_nginx_accepts_it(staged, tmp_path):
     assert p.returncode == 0, p.stderr
     conf = p.stdout
     assert "server 127.0.0.1:8470 max_fails=1 fail_timeout=5s;" in conf and "listen *:80;" in conf
-    assert f"#   frt-mirror --home {staged.home} serve --host 127.0.0.1 --port 8470 --accel-redirect {PREFIX}" in conf
+    # On the PostgreSQL ledger (FRT_LEDGER_URL: conftest.ledger_backend) the commands name it too.
+    ledger = f" --ledger {os.environ['FRT_LEDGER_URL']}" if os.environ.get("FRT_LEDGER_URL") else ""
+    assert (f"#   frt-mirror --home {staged.home}{ledger} serve --host 127.0.0.1 --port 8470 "
+            f"--accel-redirect {PREFIX}") in conf
     assert f'alias "{staged.home}/store/sha256/";' in conf and "/var/lib/frt-mirror-nginx/" in conf
     conf = nginx_conf(staged.home, [free_port(), free_port()], free_port(), tmp_path / "run")
     (tmp_path / "nginx.conf").write_text(conf)

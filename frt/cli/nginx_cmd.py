@@ -6,7 +6,15 @@ from pathlib import Path
 
 import click
 
-from frt.mirror.serve.nginx import DEFAULT_ACCEL, DEFAULT_RUN_DIR, NginxSite, check_accel_prefix, parse_address
+from frt.mirror.serve.nginx import (
+    DEFAULT_ACCEL,
+    DEFAULT_RUN_DIR,
+    NginxSite,
+    ReplicaLedger,
+    check_accel_prefix,
+    check_replicas_share,
+    parse_address,
+)
 from frt.mirror.store import store_root
 from frt.resolver.errors import BadInput
 
@@ -34,15 +42,19 @@ def nginx_conf(app: App, upstreams, listen, run_dir, accel, head_cache, user):
 
     nginx proxies the API and every HEAD to the replicas and sends file bodies itself from the home's
     store (X-Accel-Redirect), skipping a dead replica. Each replica runs
-    `frt-mirror --home HOME serve --port P --accel-redirect PREFIX`; the file's comments list them."""
+    `frt-mirror --home HOME [--ledger URL] serve --port P --accel-redirect PREFIX`, on the ledger this
+    command was given (--ledger, $FRT_LEDGER_URL); the file's comments list them. Replicas on other
+    hosts than this one need that ledger on a database server (PostgreSQL): refused without one."""
     home = app.root.absolute()
     store = store_root(home)
     if not store.is_dir():
         raise BadInput(f"no blob store at {store}: --home must be the replicas' home, as this host mounts it")
     if user is not None and not user.replace("-", "").replace("_", "").isalnum():
         raise BadInput(f"--user {user!r}: expected a user name")
-    site = NginxSite(listen=parse_address(listen, "--listen", default_host="*"),
-                     upstreams=tuple(parse_address(u, "--upstream") for u in upstreams or ("127.0.0.1:8470",)),
+    replicas = tuple(parse_address(u, "--upstream") for u in upstreams or ("127.0.0.1:8470",))
+    ledger = ReplicaLedger(app.home.ledger_url)
+    check_replicas_share(replicas, ledger)
+    site = NginxSite(listen=parse_address(listen, "--listen", default_host="*"), upstreams=replicas,
                      store=store, run_dir=run_dir.absolute(), accel=check_accel_prefix(accel), user=user,
-                     head_cache=head_cache)
+                     head_cache=head_cache, ledger=ledger)
     click.echo(site.render(home), nl=False)

@@ -13,11 +13,20 @@ A HEAD costs a replica about as much as a GET's headers, and at 64 clients in fl
 latency is 64 / (HEADs a second Python answers). `--head-cache SECONDS` lets nginx answer repeated HEADs
 of a file by commit sha (an immutable URL, what kernels and snapshot_download ask for) from a short
 cache: the thundering herd of nodes at job start reaches a replica once per file.
+
+The replicas' commands in the file's comments name the ledger nginx-conf was given (`--ledger URL` or
+FRT_LEDGER_URL), so that each one, run as printed, reads the ledger the home was staged into rather than
+an empty SQLite file of its own. A URL with a password is not written there: the commands read it from
+FRT_LEDGER_URL. Replicas on more than one host need that ledger on a database server: the home's SQLite
+file is shared safely only by the processes of one host, so such a config is refused without one.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import re
+import shlex
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,6 +70,88 @@ def parse_address(value: str, what: str, default_host: str | None = None) -> Add
     return Address(host, int(port))
 
 
+def on_this_host(host: str) -> bool:
+    """Whether a replica at `host` runs on this host: `localhost`, a loopback address, or an address this
+    host owns (one it can bind, port 0). Any other name may be any host: no."""
+    h = host.strip("[]")
+    if h == "localhost":
+        return True
+    try:
+        ip = ipaddress.ip_address(h)
+    except ValueError:
+        return False
+    if ip.is_loopback:
+        return True
+    with socket.socket(socket.AF_INET6 if ip.version == 6 else socket.AF_INET) as s:
+        try:
+            s.bind((h, 0))
+        except OSError:
+            return False
+    return True
+
+
+@dataclass(frozen=True)
+class ReplicaLedger:
+    """The ledger as the replicas' commands name it: `text`, the URL nginx-conf was given (--ledger,
+    FRT_LEDGER_URL), or None for the home's own SQLite file."""
+
+    text: str | None = None
+
+    def __post_init__(self):
+        if self.text is not None and re.search(r"[\x00-\x1f\x7f]", self.text):
+            raise BadInput("the ledger URL holds a control character: it cannot be written in a config "
+                           "comment")
+
+    @property
+    def url(self):
+        from frt.resolver.ledger_open import ledger_url
+
+        return ledger_url(self.text) if self.text is not None else None
+
+    @property
+    def on_server(self) -> bool:
+        """A database server every host reaches (PostgreSQL), not a SQLite file."""
+        return self.url is not None and self.url.drivername != "sqlite"
+
+    def option(self) -> str:
+        """What goes between `--home HOME` and `serve` in each replica's command."""
+        url = self.url
+        if url is None:
+            return ""
+        if url.password is not None:
+            return ' --ledger "${FRT_LEDGER_URL:?}"'  # the shell stops the command where it is unset
+        text = self.text
+        db = url.database or ""
+        if url.drivername == "sqlite" and not db.startswith(("/", "file:")) and db != ":memory:":
+            text = url.set(database=str(Path(db).absolute())).render_as_string(hide_password=False)
+        return f" --ledger {shlex.quote(text)}"
+
+    def note(self) -> str:
+        """The comment's words on it, after "The replicas, ... (add --workers N ...)"."""
+        url = self.url
+        if url is None or url.drivername == "sqlite":
+            which = "the home's SQLite ledger" if url is None else "the SQLite ledger nginx-conf was given"
+            return (f", on {which},\n# which only the processes of one host may share (replicas on other "
+                    "hosts need the ledger on a\n# database server: nginx-conf --ledger postgresql://...):")
+        said = ", on the ledger nginx-conf was given"
+        if url.password is not None:
+            said += (f":\n# {url.render_as_string(hide_password=True)}. Its password is not written "
+                     "in this file: set FRT_LEDGER_URL\n# to that URL, password included, where each "
+                     "replica runs")
+        return said + ":"
+
+
+def check_replicas_share(upstreams: tuple[Address, ...], ledger: ReplicaLedger) -> None:
+    """Several replicas on more than one host share one ledger only on a database server; raises
+    BadInput."""
+    elsewhere = [str(u) for u in upstreams if not on_this_host(u.host)]
+    if len(upstreams) > 1 and elsewhere and not ledger.on_server:
+        raise BadInput(f"--upstream {', '.join(elsewhere)}: replicas on other hosts than this one cannot "
+                       "share a SQLite ledger (the home's file over a shared filesystem): give the ledger "
+                       "on a database server, --ledger postgresql://USER@HOST:PORT/DB or FRT_LEDGER_URL, or "
+                       "run every replica on this host")
+
+
 def _quoted(path: Path | str, what: str) -> str:
     text = str(path)
     if _UNQUOTABLE.search(text):
@@ -81,19 +172,23 @@ class NginxSite:
     accel: str = DEFAULT_ACCEL
     user: str | None = None  # nginx's worker user: one that may read the store
     head_cache: int = 0  # seconds nginx answers a HEAD of a file by commit sha itself; 0: never
+    ledger: ReplicaLedger = ReplicaLedger()  # what the replicas' commands say of the ledger
 
     def render(self, home: Path) -> str:
         run, alias = self.run_dir, _quoted(f"{self.store}/", "the store")
         _quoted(run, "--run-dir")
         servers = "\n".join(f"    server {u} max_fails=1 fail_timeout=5s;" for u in self.upstreams)
         user = f"user {self.user};\n" if self.user else ""
-        replicas = "\n".join(f"#   frt-mirror --home {home} serve --host {u.host.strip('[]')} --port {u.port} "
-                             f"--accel-redirect {self.accel}" for u in self.upstreams)
+        ledger = self.ledger.option()
+        replicas = "\n".join(f"#   frt-mirror --home {shlex.quote(str(home))}{ledger} serve --host "
+                             f"{u.host.strip('[]')} --port {u.port} --accel-redirect {self.accel}"
+                             for u in self.upstreams)
         ttl, cached = self.head_cache, self.head_cache > 0
         return TEMPLATE.format(
-            home=home, replicas=replicas, run=run, user=user, servers=servers, store=self.store, alias=alias,
-            accel=self.accel, listen=self.listen, tries=max(2, len(self.upstreams)),
-            keepalive=32 * len(self.upstreams), cache_http=CACHE_HTTP.format(run=run, ttl=ttl) if cached else "",
+            home=home, replicas=replicas, ledger_note=self.ledger.note(), run=run, user=user,
+            servers=servers, store=self.store, alias=alias, accel=self.accel, listen=self.listen,
+            tries=max(2, len(self.upstreams)), keepalive=32 * len(self.upstreams),
+            cache_http=CACHE_HTTP.format(run=run, ttl=ttl) if cached else "",
             cache_location=CACHE_LOCATION.format(ttl=ttl) if cached else "")
 
 
@@ -101,7 +196,7 @@ TEMPLATE = """\
 # nginx in front of frt-mirror serve replicas: generated by `frt-mirror nginx-conf` for the home
 # {home}
 # The replicas, on this host or others that mount the same home (add --workers N for N processes
-# on one port):
+# on one port){ledger_note}
 {replicas}
 # nginx reads blob bodies from the store itself:
 # the user its workers run as must be able to read {store}.
