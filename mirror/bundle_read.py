@@ -14,7 +14,9 @@ import tarfile
 import uuid
 from pathlib import Path
 
+from frt.resolver import Ledger
 from frt.resolver.errors import BadInput
+from frt.resolver.ledger_retry import retried
 from frt.resolver.ledger_io import merge_repo_record
 
 from . import signing
@@ -34,7 +36,7 @@ from .bundle_state import base_refusal, missing_here, without
 from .events import events_with_ref, record_event
 from .home import Home
 from .progress import Progress
-from .records import blob_for, delete_staged, record_blobs, record_staged_rows, staged_rows
+from .records import StagedRow, blob_for, delete_staged, record_blobs, record_staged_rows, staged_rows
 from .store import BlobStore, Digest
 from .unstage import drop_views
 
@@ -66,6 +68,16 @@ def import_bundle(src: Path, home: Home, *, require_signature: Path | None = Non
     for row, pairs in m.staged:
         if not row.is_model:  # models have no view (frt.mirror.models)
             views.link(row.repo, row.commit, row.variant, pairs)
+    report, gone = ledger.retrying(_record_import, ledger, src, m, ident, signer, parts)
+    if gone:  # after the commit: a view that no row names any more is only files
+        drop_views(home, gone)
+    return report
+
+
+def _record_import(ledger: Ledger, src: Path, m: Manifest, ident: str, signer: str | None,
+                   parts: dict[str, Path | None]) -> tuple[BundleReport, list[StagedRow]]:
+    """Every ledger row of the import, in one transaction: a unit that a dropped connection re-runs whole
+    (Ledger.retrying), and a failure leaves the ledger as it was."""
     with ledger.transaction():
         record_blobs(ledger, m.listed.values())
         for repo in m.repos:
@@ -89,9 +101,7 @@ def import_bundle(src: Path, home: Home, *, require_signature: Path | None = Non
         if new or gone or report.new_blobs or not events_with_ref(ledger, "import", ident):
             record_event(ledger, "import", ref=ident, base=report.base, files=report.new_blobs,
                          nbytes=report.bytes, detail=str(src))
-    if gone:  # after the commit: a view that no row names any more is only files
-        drop_views(home, gone)
-    return report
+    return report, gone
 
 
 def _read_and_verify(src: Path, home: Home, key, parts: dict[str, Path | None], progress: bool):
@@ -151,12 +161,11 @@ def _pair_from_home(m: Manifest, home: Home) -> None:
     """An incremental bundle's staged rows may use build listings and blobs only its base carried: find
     them in this home (which holds the base), so the views are linked as after a full import."""
     by_oid = {d.git_oid: d.sha256 for d in m.listed.values()}
-    with home.ledger.view() as v:
-        for i, (row, pairs) in enumerate(m.staged):
-            if pairs is None:  # as bundle_check pairs a carried listing: LFS files by sha256, others by oid
-                files = v.variant(row.repo, row.commit, row.variant)[0]
-                m.staged[i] = (row, [(f, (f.sha256 if f.sha256 in m.listed else None) if f.sha256 else
-                                      by_oid.get(f.git_oid)) for f in files])
+    listed = _listings(home.ledger, [row for row, pairs in m.staged if pairs is None])
+    for i, (row, pairs) in enumerate(m.staged):
+        if pairs is None:  # as bundle_check pairs a carried listing: LFS files by sha256, others by oid
+            m.staged[i] = (row, [(f, (f.sha256 if f.sha256 in m.listed else None) if f.sha256 else
+                                  by_oid.get(f.git_oid)) for f in listed[row]])
     here = blob_for(home.ledger, (f for _, pairs in m.staged for f, sha in pairs if sha is None))
     for i, (row, pairs) in enumerate(m.staged):
         out = []
@@ -169,6 +178,13 @@ def _pair_from_home(m: Manifest, home: Home) -> None:
         if not out:
             raise BundleRejected(f"staged {row.repo}@{row.commit[:12]} {row.variant} has no build listing here")
         m.staged[i] = (row, out)
+
+
+@retried
+def _listings(ledger: Ledger, rows: list[StagedRow]) -> dict[StagedRow, list]:
+    """This home's build listing of each row's variant."""
+    with ledger.view() as v:
+        return {row: v.variant(row.repo, row.commit, row.variant)[0] for row in rows}
 
 
 def _verify_member(tf: tarfile.TarFile, m: tarfile.TarInfo, listed: dict[str, Digest],

@@ -27,7 +27,9 @@ import hashlib
 import json
 
 from frt.resolver.gate import check_commit, check_org, check_repo_id, check_sha256
+from frt.resolver import Ledger
 from frt.resolver.ledger_io import repo_record
+from frt.resolver.ledger_retry import retried
 
 from .events import events_with_ref
 from .home import Home
@@ -154,8 +156,7 @@ def missing_here(state: dict, home: Home) -> list[str]:
     ledger, store = home.ledger, home.store
     recorded = recorded_blobs(ledger, state["blobs"])
     out = _count("blob", [sha for sha in state["blobs"] if sha not in recorded or not store.has(sha)])
-    with ledger.view() as v:
-        known = {repo for repo in state["repos"] if v.known(repo)}
+    known = _known_repos(ledger, state["repos"])
     out += _count("repo", sorted(set(state["repos"]) - known))
     commits, heads = [], []
     for repo in sorted(known):
@@ -169,6 +170,12 @@ def missing_here(state: dict, home: Home) -> list[str]:
     out += _count("staged row", [" ".join(json.loads(k)) for k in state["staged"] if k not in have])
     out += _count("publisher", sorted(set(state["publishers"]) - set(ledger.publishers(set(state["publishers"])))))
     return out
+
+
+@retried
+def _known_repos(ledger: Ledger, repos) -> set[str]:
+    with ledger.view() as v:
+        return {repo for repo in repos if v.known(repo)}
 
 
 def _count(what: str, missing: list[str]) -> list[str]:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from frt.resolver.ledger import Ledger
+from frt.resolver.ledger_retry import retried
 from sqlalchemy import func, select
 
 from .schema import Event
@@ -22,12 +23,14 @@ class EventRow:
     detail: str
 
 
+@retried
 def record_event(ledger: Ledger, kind: str, *, ref: str | None = None, base: str | None = None,
                  files: int = 0, nbytes: int = 0, detail: str = "") -> None:
     with ledger.session(write=True) as s:
         s.add(Event(kind=kind, ref=ref, base=base, files=files, nbytes=nbytes, detail=detail))
 
 
+@retried
 def last_events(ledger: Ledger) -> dict[str, EventRow]:
     """The newest event of each kind."""
     newest = select(Event.kind, func.max(Event.id).label("id")).group_by(Event.kind).subquery()
@@ -36,6 +39,7 @@ def last_events(ledger: Ledger) -> dict[str, EventRow]:
         return {e.kind: _row(e) for e in s.scalars(q)}
 
 
+@retried
 def events_with_ref(ledger: Ledger, kind: str, ref: str) -> list[EventRow]:
     """Every event of `kind` naming `ref`, oldest first (e.g. the imports of one bundle)."""
     q = select(Event).where(Event.kind == kind, Event.ref == ref).order_by(Event.id)

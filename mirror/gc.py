@@ -20,6 +20,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from frt.resolver import Ledger
+from frt.resolver.ledger_retry import retried
+from frt.resolver.resolution import FileEntry
+
 from .events import record_event
 from .home import Home
 from .records import all_blobs, blob_for, delete_blob_records, staged_rows
@@ -134,10 +138,14 @@ def _recorded_references(home: Home) -> tuple[set[str], set[str]]:
     that no recorded blob answers for."""
     ledger = home.ledger
     keys = sorted({(r.repo, r.commit, r.variant) for r in staged_rows(ledger)})
-    with ledger.view() as v:
-        entries = [f for key in keys for f in v.variant(*key)[0]]
-    blobs = blob_for(ledger, entries)
+    blobs = blob_for(ledger, _variant_files(ledger, keys))
     return {sha for sha in blobs.values() if sha}, {f.git_oid for f, sha in blobs.items() if sha is None}
+
+
+@retried
+def _variant_files(ledger: Ledger, keys: list[tuple[str, str, str]]) -> list[FileEntry]:
+    with ledger.view() as v:
+        return [f for key in keys for f in v.variant(*key)[0]]
 
 
 def _linked_inodes(views: Views, cutoff: float) -> set[tuple[int, int]]:

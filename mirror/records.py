@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from frt.resolver import Ledger, Resolution
 from frt.resolver.dialect import insert_for
+from frt.resolver.ledger_retry import retried
 from frt.resolver.migrations import utcnow
 from frt.resolver.resolution import FileEntry
 from frt.resolver.schema import Repo
@@ -58,6 +59,7 @@ class StagedRow:
         return "model" if self.is_model else "kernel"
 
 
+@retried
 def record_blobs(ledger: Ledger, digests: Iterable[Digest]) -> None:
     rows = [{"sha256": d.sha256, "size": d.size, "git_oid": d.git_oid, "stored_at": utcnow()} for d in digests]
     if rows:
@@ -65,6 +67,7 @@ def record_blobs(ledger: Ledger, digests: Iterable[Digest]) -> None:
             s.execute(insert_for(s)(Blob).on_conflict_do_nothing(), rows)
 
 
+@retried
 def sha256_by_git_oid(ledger: Ledger, oids: Iterable[str]) -> dict[str, str]:
     """Stored blobs known by git oid: small files advertise only that, not their sha256."""
     oids = list(set(oids))
@@ -84,6 +87,7 @@ def blob_for(ledger: Ledger, entries: Iterable[FileEntry]) -> dict[FileEntry, st
     return {f: f.sha256 or by_oid.get(f.git_oid) for f in entries}
 
 
+@retried
 def recorded_blobs(ledger: Ledger, shas: Iterable[str]) -> dict[str, Digest]:
     """The ledger's record of these stored blobs (sha256, content git oid, size), where it has one."""
     shas = list(set(shas))
@@ -95,6 +99,7 @@ def recorded_blobs(ledger: Ledger, shas: Iterable[str]) -> dict[str, Digest]:
     return out
 
 
+@retried
 def all_blobs(ledger: Ledger) -> list[Digest]:
     with ledger.session(write=False) as s:
         return [Digest(sha, oid, size) for sha, oid, size in
@@ -106,6 +111,7 @@ def record_staged(ledger: Ledger, resolutions: Iterable[Resolution]) -> None:
                                           str(r.target), r.commit, r.variant) for r in resolutions])
 
 
+@retried
 def record_staged_rows(ledger: Ledger, staged: Iterable[StagedRow]) -> None:
     rows = [{"repo_id": r.repo, "requested": r.requested, "version": r.version, "revision": r.revision,
              "target": r.target, "commit_sha": r.commit, "variant": r.variant, "staged_at": utcnow()}
@@ -127,12 +133,14 @@ def bump_serial(s: Session) -> None:
     s.execute(stmt.on_conflict_do_update(index_elements=["id"], set_={"serial": Change.serial + 1}))
 
 
+@retried
 def change_serial(ledger: Ledger) -> int:
     """The serial as of now (0: nothing was ever staged or changed). One primary-key read."""
     with ledger.session(write=False) as s:
         return s.scalar(select(Change.serial).where(Change.id == 1)) or 0
 
 
+@retried
 def staged_rows(ledger: Ledger, target: str | None = None) -> list[StagedRow]:
     q = select(Staged).order_by(Staged.repo_id, Staged.version, Staged.requested, Staged.target)
     if target is not None:
@@ -142,6 +150,7 @@ def staged_rows(ledger: Ledger, target: str | None = None) -> list[StagedRow]:
                 for r in s.scalars(q)]
 
 
+@retried
 def repo_types(ledger: Ledger, rows: Iterable[StagedRow]) -> dict[StagedRow, str]:
     """Each row's repo type as a client names it: kernel, or for a target-less row what the ledger
     recorded of its repo (a model, or a dataset pulled through)."""
@@ -181,6 +190,7 @@ def staged_for(ledger: Ledger, target: str | None) -> list[StagedRow]:
     return sorted(rows + chosen, key=lambda r: (r.repo, r.version or 0, r.requested, r.target))
 
 
+@retried
 def delete_blob_records(ledger: Ledger, shas: Iterable[str]) -> None:
     """Forget blobs gc is about to remove (before their files go: a record never claims bytes the
     store lacks, and a file left by a gc cut short is only an unrecorded blob, which verify adopts)."""
@@ -191,6 +201,7 @@ def delete_blob_records(ledger: Ledger, shas: Iterable[str]) -> None:
                 s.execute(delete(Blob).where(Blob.sha256.in_(shas[i:i + 500])))
 
 
+@retried
 def delete_staged(ledger: Ledger, rows: Iterable[StagedRow]) -> None:
     """Drop staged rows (unstage), in one write that tells serve's replicas."""
     keys = sorted({r.key for r in rows})

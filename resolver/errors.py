@@ -65,6 +65,11 @@ class LedgerUnavailable(FrtError):
     """The ledger's database could not be had in time (locked past the busy timeout, or down)."""
 
 
+class LedgerDropped(LedgerUnavailable):
+    """The ledger's server dropped or refused the connection (a restart): a writer retries the unit
+    (resolver/ledger_retry.py); anyone else says "try again later", as for any LedgerUnavailable."""
+
+
 # Exit codes of the contract: 0 ok, 1 refused or failed verification, 2 bad usage or input,
 # 3 the upstream or the ledger's database unavailable: the same command may work later.
 EXIT_OK, EXIT_REFUSED, EXIT_BAD_INPUT, EXIT_UNAVAILABLE = 0, 1, 2, 3

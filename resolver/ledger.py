@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import TypeVar
 
 from sqlalchemy import Connection, delete, select, update
 from sqlalchemy import URL
@@ -23,14 +25,18 @@ from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from .dialect import cached
-from .errors import FrtError, HomeReadOnly, LocalDiskError, LedgerCorrupt, LedgerUnavailable, first_line
-from .ledger_open import (WRITING, advisory_lock, busy_timeout, cannot_write, ledger_url, lock_server_writes, read_only_engine,
-                          read_write_engine, server_engine)
+from .errors import (FrtError, HomeReadOnly, LocalDiskError, LedgerCorrupt, LedgerDropped, LedgerUnavailable,
+                     first_line)
+from .ledger_open import (WRITING, AdvisoryLock, busy_timeout, cannot_write, ledger_url, lock_server_writes,
+                          read_only_engine, read_write_engine, server_engine)
+from .ledger_retry import dropped, retried, retry_budget, run_retrying
 from .ledger_view import LedgerView
 from .migrations import SchemaTrack, check_read_only, migrate
 from .resolution import CommitInfo, Refusal, VariantInfo
 from .schema import RESOLVER_TRACK, Commit, File, Listing, Publisher, Ref, RefusalRow, Repo, Variant, utcnow
 from .variants import parse_fields
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -65,10 +71,11 @@ class Ledger:
     """`readonly`: open it read-only (no migration, no journal-mode change, no write); None: read-only
     exactly when this process cannot write it (a read-only home). `tracks`: the other layers' schema
     tracks kept in this ledger (the mirror's `Home` names its own), migrated, or checked when
-    read-only, with the resolver's."""
+    read-only, with the resolver's. `retry_s`: how long `retrying` rides out a server's dropped
+    connections (None: ledger_retry.retry_budget, 0 outside a writer command)."""
 
     def __init__(self, where: Path | str | URL, readonly: bool | None = None,
-                 tracks: tuple[SchemaTrack, ...] = ()):
+                 tracks: tuple[SchemaTrack, ...] = (), retry_s: float | None = None):
         url = ledger_url(where) if isinstance(where, str) and "://" in where else where
         if isinstance(url, URL) and url.drivername == "sqlite":
             url = Path(url.database)
@@ -81,20 +88,17 @@ class Ledger:
         self.readonly = readonly
         self.tracks = (RESOLVER_TRACK, *tracks)
         self.engine = None
+        self.retry_s = retry_budget() if retry_s is None else retry_s
+        self._retrying: ContextVar[bool] = ContextVar(f"ledger-retrying-{id(self)}", default=False)
+        self._locks: set[AdvisoryLock] = set()  # named locks held now, retaken after a restart
+        self._locks_mutex = threading.Lock()
         # The write transaction that this thread's sessions and writes join (`transaction`), if any.
         self._outer: ContextVar[Session | None] = ContextVar(f"ledger-outer-{id(self)}", default=None)
         try:
             self.engine = (server_engine(self.url, readonly=readonly) if self.url else
                            read_only_engine(self.path) if readonly else read_write_engine(self.path))
             self._sessions = sessionmaker(self.engine, expire_on_commit=False)
-            if readonly:
-                with self._unreadable_as_corrupt("cannot be opened"), self.engine.connect() as conn:
-                    for track in self.tracks:
-                        check_read_only(conn, track, where=f"ledger {self.where}")
-            else:
-                with self.write(failure="cannot be opened") as conn:
-                    for track in self.tracks:
-                        migrate(conn, track)
+            self.retrying(self._check_or_migrate)
         except (FrtError, DatabaseError, sqlite3.DatabaseError) as e:
             if self.engine is not None:
                 self.engine.dispose()
@@ -102,8 +106,32 @@ class Ledger:
                 raise
             raise LedgerCorrupt(f"ledger {self.where} cannot be opened: {first_line(e)}") from None
 
+    def _check_or_migrate(self) -> None:
+        if self.readonly:
+            with self._unreadable_as_corrupt("cannot be opened"), self.engine.connect() as conn:
+                for track in self.tracks:
+                    check_read_only(conn, track, where=f"ledger {self.where}")
+        else:
+            with self.write(failure="cannot be opened") as conn:
+                for track in self.tracks:
+                    migrate(conn, track)
+
     def close(self) -> None:
         self.engine.dispose()
+
+    def retrying(self, fn: Callable[..., T], *args, **kwargs) -> T:
+        """`fn(*args, **kwargs)`, one whole unit of ledger work that begins and ends its transactions,
+        run again from its start where a server ledger dropped the connection, for `retry_s` seconds
+        (ledger_retry.py). Inside a `transaction` or another retried unit it runs once: the outermost
+        unit is the one re-run, never the rest of a transaction begun before."""
+        if not (self.url and self.retry_s > 0) or self._outer.get() is not None or self._retrying.get():
+            return fn(*args, **kwargs)
+        token = self._retrying.set(True)
+        try:
+            return run_retrying(lambda: fn(*args, **kwargs), budget=self.retry_s, where=self.where,
+                                before_retry=self._retake_locks)
+        finally:
+            self._retrying.reset(token)
 
     def _check_writable(self) -> None:
         if self.readonly:
@@ -181,6 +209,8 @@ class Ledger:
             if _locked(orig):
                 raise LedgerUnavailable(f"ledger {self.where} is locked by another process past the "
                                         f"{busy_timeout():g} s busy timeout: try again later") from None
+            if self.url and dropped(e):  # a writer retries it (`retrying`)
+                raise LedgerDropped(f"ledger {self.where} is unavailable: {first_line(orig)}") from None
             if self.url and isinstance(e, OperationalError):
                 # The server is down, restarting or unreachable: the same "try again later" as the Hub.
                 raise LedgerUnavailable(f"ledger {self.where} is unavailable: {first_line(orig)}") from None
@@ -190,12 +220,34 @@ class Ledger:
 
     def named_lock(self, name: str, *, shared: bool = False, on_wait: Callable[[], None] | None = None):
         """A lock held across processes and hosts while the block runs: on a server ledger, the
-        server's advisory lock (ledger_open.advisory_lock); on SQLite, none (the caller's file lock,
+        server's advisory lock (ledger_open.AdvisoryLock); on SQLite, none (the caller's file lock,
         on one host, is the lock)."""
-        return advisory_lock(self.engine, name, shared=shared, on_wait=on_wait) if self.url else nullcontext()
+        return self._server_lock(name, shared, on_wait) if self.url else nullcontext()
+
+    @contextmanager
+    def _server_lock(self, name: str, shared: bool, on_wait: Callable[[], None] | None) -> Iterator[None]:
+        lock = AdvisoryLock(self.engine, name, shared=shared)
+        self.retrying(lock.take, on_wait)
+        with self._locks_mutex:
+            self._locks.add(lock)
+        try:
+            yield
+        finally:
+            with self._locks_mutex:
+                self._locks.discard(lock)
+            lock.release()
+
+    def _retake_locks(self) -> None:
+        """Before a retry: a restart that cut the unit's connection cut the named locks' too (a stage's
+        hold on the store, which keeps gc from removing what it stored and has not yet recorded)."""
+        with self._locks_mutex:
+            held = list(self._locks)
+        for lock in held:
+            lock.retake()
 
     # -- writes -------------------------------------------------------------------------
 
+    @retried
     def record_refs(self, repo_id: str, refs: dict[tuple[str, str], str], *, endpoint: str | None,
                     repo_type: str = "kernel") -> None:
         """Record upstream's refs {(kind, name): sha}; refs it no longer has are marked gone."""
@@ -213,6 +265,7 @@ class Ledger:
                 row.gone = True
             repo.scanned_at = now
 
+    @retried
     def record_history(self, repo_id: str, head: str, history: list[CommitInfo]) -> None:
         """Record what the upstream listed as `head`'s history (list_repo_commits), newest first: its
         commits, and the listing itself, which replaces an earlier one of the same head."""
@@ -229,6 +282,7 @@ class Ledger:
             s.execute(delete(Listing).where(Listing.repo_pk == repo.id, Listing.head == head))
             s.add_all(Listing(repo_pk=repo.id, head=head, position=i, sha=c.sha) for i, c in enumerate(history))
 
+    @retried
     def record_builds(self, repo_id: str, builds: dict[str, list[VariantInfo]]) -> None:
         """Record the build/ listings of commits {sha: variants}, in one transaction."""
         with self.session() as s:
@@ -245,6 +299,7 @@ class Ledger:
                 s.add_all(_variant_row(commit.id, v) for v in variants)
                 commit.scanned = True
 
+    @retried
     def record_refusal(self, refusal: Refusal) -> None:
         """One upsert on the refusal's full key: a repeat counts, a different failure is a new row."""
         if self.readonly:  # a read-only home keeps no record; the caller still gets the refusal itself
@@ -257,6 +312,7 @@ class Ledger:
                 "commit_sha": r.commit, "message": r.message, "count": 1, "first_seen": now, "last_seen": now,
             })
 
+    @retried
     def record_publisher(self, org: str, trusted: bool, *, endpoint: str | None,
                          seen_at: datetime | None = None) -> None:
         """The upstream's trustedKernelPublisher for `org` (a later answer replaces an earlier one;
@@ -269,6 +325,7 @@ class Ledger:
             elif row.seen_at <= seen:
                 row.trusted, row.endpoint, row.seen_at = trusted, endpoint, seen
 
+    @retried
     def publishers(self, orgs: set[str] | None = None) -> dict[str, PublisherInfo]:
         with self.session(write=False) as s:
             q = select(Publisher)
@@ -276,6 +333,7 @@ class Ledger:
                 q = q.where(Publisher.org.in_(orgs))
             return {p.org: PublisherInfo(p.org, p.trusted, p.endpoint, p.seen_at) for p in s.scalars(q)}
 
+    @retried
     def known_metadata(self, oids: set[str]) -> dict[str, dict]:
         """metadata.json contents already recorded, by git oid: identical files are not refetched."""
         if not oids:
@@ -286,15 +344,18 @@ class Ledger:
                              .distinct())
             return {oid: json.loads(doc) for oid, doc in rows}
 
+    @retried
     def unscanned_commits(self, repo_id: str) -> list[str]:
         with self.session(write=False) as s:
             return list(s.scalars(select(Commit.sha).join(Repo).where(Repo.repo_id == repo_id, ~Commit.scanned)
                                   .order_by(Commit.depth.desc())))
 
+    @retried
     def refusals(self) -> list[RefusalRow]:
         with self.session(write=False) as s:
             return list(s.scalars(select(RefusalRow).order_by(RefusalRow.last_seen.desc(), RefusalRow.id.desc())))
 
+    @retried
     def repos(self) -> list[str]:
         with self.session(write=False) as s:
             return list(s.scalars(select(Repo.repo_id).order_by(Repo.repo_id)))

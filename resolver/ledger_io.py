@@ -16,10 +16,12 @@ from sqlalchemy.orm import selectinload
 
 from .dialect import insert_for
 from .ledger import Ledger
+from .ledger_retry import retried
 from .resolution import VariantInfo
 from .schema import Commit, Listing, Ref, Repo, Variant
 
 
+@retried
 def repo_record(ledger: Ledger, repo_id: str) -> dict:
     """All the ledger knows of a repo: refs, history, and the build listing of every scanned
     commit — not only the staged variants, so that `resolve --offline` and `matrix` answer on the

@@ -25,8 +25,8 @@ import functools
 import hashlib
 import os
 import sqlite3
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+import threading
+from collections.abc import Callable
 from contextvars import ContextVar
 from pathlib import Path
 from urllib.parse import quote
@@ -34,7 +34,8 @@ from urllib.parse import quote
 from sqlalchemy import URL, Connection, Engine, create_engine, event, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError
 
-from .errors import BadInput, HomeReadOnly, LedgerUnavailable, first_line
+from .errors import BadInput, HomeReadOnly, LedgerDropped, LedgerUnavailable, first_line
+from .ledger_retry import dropped
 from .settings import env_number
 
 def busy_timeout() -> float:
@@ -102,7 +103,8 @@ def server_engine(url: URL, *, readonly: bool) -> Engine:
     ledger's writes read, then write, and must not interleave. No ping before each checkout (a round
     trip on every resolve, about a fifth of an offline resolve's time here): a connection a server
     restart dropped fails its command, which is one line and exit 3, and SQLAlchemy then empties the
-    pool, so a long-running process (serve's poller) reconnects on its next try."""
+    pool, so a long-running process (serve's poller) reconnects on its next try, and a writer retries the
+    unit (ledger_retry.py), which needs no ping: the failed statement is its ping."""
     try:
         import psycopg  # noqa: F401
     except ImportError:
@@ -119,36 +121,73 @@ def lock_server_writes(conn: Connection) -> None:
     conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({WRITE_LOCK})")
 
 
-@contextmanager
-def advisory_lock(engine: Engine, name: str, *, shared: bool = False,
-                  on_wait: Callable[[], None] | None = None) -> Iterator[None]:
-    """A lock named `name`, held on its own connection to the server until the block ends; every host
-    using this database honours it, and the server drops it if this process dies. `shared`: any
-    number of shared holders, no exclusive one. `on_wait` is called once, before waiting, when
-    another holder has it."""
-    key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
-    kind = "_shared" if shared else ""
-    where = engine.url.render_as_string(hide_password=True)
-    try:
-        conn = engine.connect()
-        if not conn.exec_driver_sql(f"SELECT pg_try_advisory_lock{kind}({key})").scalar():
-            if on_wait is not None:
-                on_wait()
-            conn.exec_driver_sql(f"SELECT pg_advisory_lock{kind}({key})")
-        conn.commit()  # hold no transaction (nor its snapshot) for as long as the block takes
-    except DBAPIError as e:
-        raise LedgerUnavailable(f"ledger {where} is unavailable (taking the lock on {name}): "
-                                f"{first_line(e.orig)}") from None
-    try:
-        yield
-    finally:
+class AdvisoryLock:
+    """A lock named `name`, held on its own connection to the server from `take` to `release`; every
+    host using this database honours it, and the server drops it if this process dies (or the server
+    restarts: `retake`). `shared`: any number of shared holders, no exclusive one."""
+
+    def __init__(self, engine: Engine, name: str, *, shared: bool = False):
+        self.engine, self.name = engine, name
+        self._key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
+        self._kind = "_shared" if shared else ""
+        self._conn: Connection | None = None
+        self._held = False
+        self._mutex = threading.Lock()  # a retry on another thread may retake it while its holder releases
+
+    def take(self, on_wait: Callable[[], None] | None = None) -> None:
+        """`on_wait` is called once, before waiting, when another holder has it."""
         try:
-            conn.exec_driver_sql(f"SELECT pg_advisory_unlock{kind}({key})")
-            conn.commit()
-        except DBAPIError:
-            pass  # the server dropped the connection, and the lock with it
-        finally:
-            conn.close()
+            conn = self.engine.connect()
+            try:
+                if not conn.exec_driver_sql(f"SELECT pg_try_advisory_lock{self._kind}({self._key})").scalar():
+                    if on_wait is not None:
+                        on_wait()
+                    conn.exec_driver_sql(f"SELECT pg_advisory_lock{self._kind}({self._key})")
+                conn.commit()  # hold no transaction (nor its snapshot) for as long as the block takes
+            except BaseException:
+                _close_quietly(conn)
+                raise
+        except DBAPIError as e:
+            where = self.engine.url.render_as_string(hide_password=True)
+            text = f"ledger {where} is unavailable (taking the lock on {self.name}): {first_line(e.orig)}"
+            raise (LedgerDropped if dropped(e) else LedgerUnavailable)(text) from None
+        self._conn, self._held = conn, True
+
+    def retake(self) -> None:
+        """Take it again if the server dropped its connection, and the lock with it (a restart). Another
+        process may have held it in between: the gap is the restart's, and this closes it."""
+        with self._mutex:
+            if not self._held:
+                return
+            if self._conn is not None:
+                try:
+                    self._conn.exec_driver_sql("SELECT 1")
+                    self._conn.commit()
+                    return
+                except DBAPIError:
+                    _close_quietly(self._conn)
+                    self._conn = None
+            self.take()
+
+    def release(self) -> None:
+        with self._mutex:
+            conn, self._conn, self._held = self._conn, None, False
+            if conn is None:
+                return
+            try:
+                conn.exec_driver_sql(f"SELECT pg_advisory_unlock{self._kind}({self._key})")
+                conn.commit()
+            except DBAPIError:
+                pass  # the server dropped the connection, and the lock with it
+            finally:
+                _close_quietly(conn)
+
+
+def _close_quietly(conn: Connection) -> None:
+    try:
+        conn.close()
+    except DBAPIError:
+        pass  # a dead connection: nothing left to give back
 
 
 # The advisory lock key every writer of a server ledger takes (any 64-bit number no other

@@ -10,6 +10,7 @@ from .errors import BadInput, KernelUnavailable
 from .gate import check_ref, check_repo_id
 from .hub import HubClient, RepoNotFound, RevisionNotFound
 from .ledger import Ledger
+from .ledger_retry import retried
 from .repo_ids import pin_variable, pinned_revision
 from .resolution import Refusal, Request, Resolution
 from .scan import scan
@@ -76,6 +77,16 @@ def refresh_and_decide(requests: list[Request], *, targets: list[Target], ledger
         refreshed.update(repos)
         with ThreadPoolExecutor(max_workers=min(8, len(repos) or 1)) as pool:
             list(pool.map(refresh, repos))
+    outcomes = _decide(ledger, requests, targets, upstream_refusals)
+    for outcome in outcomes:
+        if isinstance(outcome, Refusal):
+            ledger.record_refusal(outcome)
+    return outcomes
+
+
+@retried
+def _decide(ledger: Ledger, requests: list[Request], targets: list[Target],
+            upstream_refusals: dict[str, tuple[str, str]]) -> list[Resolution | Refusal]:
     outcomes: list[Resolution | Refusal] = []
     with ledger.view() as view:
         for request in requests:
@@ -85,17 +96,18 @@ def refresh_and_decide(requests: list[Request], *, targets: list[Target], ledger
                     outcomes.append(Refusal(request, target, error, text, detail=text))
                 else:
                     outcomes.append(resolve_request(view, request, target))
-    for outcome in outcomes:
-        if isinstance(outcome, Refusal):
-            ledger.record_refusal(outcome)
     return outcomes
+
+
+@retried
+def _unknown_revisions(ledger: Ledger, repo: str, revisions: tuple[str, ...]) -> tuple[str, ...]:
+    with ledger.view() as view:
+        return tuple(r for r in revisions if view.commit_for(repo, r) is None)
 
 
 def _scan_unknown_revisions(repo: str, revisions: tuple[str, ...], *, hub: HubClient, ledger: Ledger) -> None:
     """A revision no branch or tag history reaches (a stray sha) is looked up and scanned on its own."""
-    with ledger.view() as view:
-        unknown = tuple(r for r in revisions if view.commit_for(repo, r) is None)
-    for rev in unknown:
+    for rev in _unknown_revisions(ledger, repo, revisions):
         try:
             scan(repo, hub=hub, ledger=ledger, extra_revisions=(rev,))
         except RevisionNotFound:

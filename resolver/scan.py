@@ -18,6 +18,7 @@ from sqlalchemy import select
 
 from .hub import HubClient
 from .ledger import Ledger
+from .ledger_retry import retried
 from .gate import check_repo_id
 from .resolution import FileEntry, VariantInfo
 from .schema import Listing, Repo
@@ -61,9 +62,13 @@ def scan(repo_id: str, *, hub: HubClient, ledger: Ledger, jobs: int = 8, repo_ty
     if builds:
         ledger.record_builds(repo_id, builds)
     variants_found = sum(len(v) for v in builds.values())
+    return ScanReport(repo_id, len(refs), _commit_count(ledger, repo_id), len(todo), variants_found)
+
+
+@retried
+def _commit_count(ledger: Ledger, repo_id: str) -> int:
     with ledger.view() as v:
-        n_commits = v.commit_count(repo_id)
-    return ScanReport(repo_id, len(refs), n_commits, len(todo), variants_found)
+        return v.commit_count(repo_id)
 
 
 def _record_publisher(org: str, *, hub: HubClient, ledger: Ledger) -> None:
@@ -73,6 +78,7 @@ def _record_publisher(org: str, *, hub: HubClient, ledger: Ledger) -> None:
         ledger.record_publisher(org, trusted, endpoint=hub.endpoint)
 
 
+@retried
 def heads_without_history(ledger: Ledger, repo_id: str, heads: list[str]) -> list[str]:
     """Heads whose listing is not recorded. A commit's history never changes, so a listing once
     recorded is kept; a new head (a push) is asked for its own."""

@@ -44,6 +44,13 @@ class App:
     def ledger(self) -> Ledger:
         return self.home.ledger
 
+    def ride_out(self) -> None:
+        """This command writes the ledger: it retries each ledger unit that a restarting server cut, for
+        up to FRT_LEDGER_RETRY_S (resolver/ledger_retry.py). Called before the home is opened."""
+        from frt.resolver.ledger_retry import ride_out
+
+        ride_out()
+
     def hub(self, endpoint: str | None) -> HubClient:
         from frt.resolver.hub import HubClient
 

@@ -33,6 +33,7 @@ def gc_cmd(app: App, dry_run, as_json):
     _existing(app)
     check_writable(app.root, "gc removes blobs and their ledger rows (--dry-run as well: it takes the store's "
                              "lock)")
+    app.ride_out()
     report = collect(app.home, dry_run=dry_run, on_wait=_note)
     if as_json:
         emit_json(report.to_json())
@@ -55,6 +56,7 @@ def unstage_cmd(app: App, spec, target, as_json):
     target = str(parse_target(target)) if target is not None else None
     _existing(app)
     check_writable(app.root, "unstage writes the ledger and the views")
+    app.ride_out()
     report = unstage(app.home, repo, rev, target, on_wait=_note)
     if as_json:
         emit_json(report.to_json())

@@ -27,6 +27,7 @@ def scan_cmd(app: App, repos, endpoint, jobs, as_json):
     for repo in repos:
         check_repo_id(repo)
     check_writable(app.root, "scan records what upstream has in the ledger")
+    app.ride_out()
     hub = app.hub(endpoint)
     reports = [scan(repo, hub=hub, ledger=app.ledger, jobs=jobs,
                     progress=None if as_json else lambda m: click.echo(m, err=True)) for repo in repos]

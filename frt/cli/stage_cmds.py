@@ -34,6 +34,7 @@ def stage_cmd(app: App, manifest, targets, jobs, endpoint, quiet, as_json):
     from frt.mirror.storelock import store_writer
 
     check_writable(app.root, "stage writes the ledger, the store and the views")
+    app.ride_out()
     plan = load_plan(manifest, targets)
     report = StageReport()
     with store_writer(app.home):  # gc waits: what is stored here is referenced only at the end
@@ -143,6 +144,7 @@ def import_cmd(app: App, src, require_signature, quiet, as_json):
     from frt.mirror.storelock import store_collector
 
     check_writable(app.root, "import writes the ledger, the store and the views")
+    app.ride_out()
     # Exclusive, as unstage: an incremental bundle may take views away, which no stager may be linking;
     # gc waits too (what is stored here is referenced only at the end).
     with store_collector(app.home, lambda what: as_json or click.echo(f"frt-mirror: {what}", err=True)):
