@@ -45,7 +45,9 @@ class Home:
     @cached_property
     def store(self) -> BlobStore:
         on_server = self.ledger_url or (self._ledger is not None and self._ledger.url)  # several hosts
-        shared = self.ledger.named_lock if on_server else None
+        # Not self.ledger.named_lock itself: that would open the ledger now, and serve reads the store
+        # (its catalog's blob paths) while a ledger server is down.
+        shared = (lambda name, **kw: self.ledger.named_lock(name, **kw)) if on_server else None
         return BlobStore(self.root, shared_lock=shared)
 
     @cached_property

@@ -5,13 +5,13 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-import threading
-import time
+from collections.abc import Callable
 
 from frt.resolver import Ledger
 from frt.resolver.errors import BadInput
 from sqlalchemy import delete, select
 
+from .records import bump_serial
 from .schema import Token
 
 
@@ -28,6 +28,7 @@ def add_token(ledger: Ledger, name: str) -> str:
         if s.scalar(select(Token.id).where(Token.name == name)) is not None:
             raise BadInput(f"a token named {name!r} exists; revoke it first")
         s.add(Token(name=name, sha256=_hash(token)))
+        bump_serial(s)  # serve's replicas reload what they answer, tokens included
     return token
 
 
@@ -40,25 +41,22 @@ def revoke_token(ledger: Ledger, name: str) -> None:
     with ledger.session() as s:
         if s.execute(delete(Token).where(Token.name == name)).rowcount == 0:
             raise BadInput(f"no token named {name!r}")
+        bump_serial(s)
+
+
+def token_hashes(ledger: Ledger) -> frozenset[str]:
+    with ledger.session(write=False) as s:
+        return frozenset(s.scalars(select(Token.sha256)))
 
 
 class TokenCheck:
-    """Per-request check against the ledger's hashes, re-read at most every `ttl` seconds so a
-    revocation takes effect within it without a query on every request."""
+    """Per-request check against the token hashes serve holds in memory (`hashes()`: the catalog's, which
+    follows the ledger's change serial): a request never waits on the ledger, and a ledger that is down
+    leaves the last tokens it gave in force. A revocation bumps the serial, so it takes effect as soon
+    as each replica's poll sees it (FRT_SERVE_POLL, 1 s)."""
 
-    def __init__(self, ledger: Ledger, ttl: float = 2.0):
-        self.ledger, self.ttl = ledger, ttl
-        self._hashes: frozenset[str] = frozenset()
-        self._at = -1e9
-        self._lock = threading.Lock()
-
-    def hashes(self) -> frozenset[str]:
-        now = time.monotonic()
-        if now - self._at > self.ttl:
-            with self._lock, self.ledger.session(write=False) as s:
-                self._hashes = frozenset(s.scalars(select(Token.sha256)))
-                self._at = now
-        return self._hashes
+    def __init__(self, hashes: Callable[[], frozenset[str]]):
+        self.hashes = hashes
 
     def __call__(self, header: str | None) -> bool:
         hashes = self.hashes()

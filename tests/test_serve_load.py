@@ -278,11 +278,12 @@ def apps(staged, tmp_path_factory):
     """The app as `serve` builds it (open: no tokens), and one behind a token."""
     from frt.mirror.home import Home
     from frt.mirror.serve import MirrorApp, make_app
-    from frt.mirror.tokens import TokenCheck, add_token
+    from frt.mirror.tokens import TokenCheck, add_token, token_hashes
     open_app = make_app(Home(staged.home), frozenset([ORG]))
     tokens = Home(tmp_path_factory.mktemp("tokens")).ledger
-    locked = MirrorApp(open_app.catalog, TokenCheck(tokens))
     token = add_token(tokens, "fuzz")
+    hashes = token_hashes(tokens)
+    locked = MirrorApp(open_app.catalog, TokenCheck(lambda: hashes))
     loop = asyncio.new_event_loop()
     yield open_app, locked, token, loop
     loop.close()

@@ -91,7 +91,8 @@ def nginx(conf: str, run: Path, replicas: list[Served], timeout: float = 30) -> 
                 raise RuntimeError(f"nginx exited {proc.returncode}: {(run / 'stderr').read_text()}"
                                    f"{front.error_log()[-2000:]}")
             with contextlib.suppress(OSError):
-                if raw_http(port, raw_request("GET", "/api/agent-harnesses"), timeout=2)[0] == 404:
+                # A replica's answer (404; 401 on a home with tokens), not nginx's own 502.
+                if raw_http(port, raw_request("GET", "/api/agent-harnesses"), timeout=2)[0] in (401, 404):
                     break
             if time.monotonic() > deadline:
                 raise RuntimeError(f"nginx did not answer in time: {front.error_log()[-2000:]}")

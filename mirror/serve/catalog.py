@@ -1,8 +1,9 @@
 """What the mirror serves: an in-memory index of the staged, verified set, built from the ledger.
 
 Only staged commits are revisions here, and only staged files are entries. Everything a
-request needs (sha, sizes, oids, the blob path) is precomputed, so HEAD never hashes and a
-request never touches the ledger.
+request needs (sha, sizes, oids, the blob path, the org's trust, the bearer tokens) is precomputed,
+so HEAD never hashes and a request never touches the ledger: a ledger that is down costs serve
+nothing it had loaded (watch.py keeps the last good catalog).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 
 from ..home import Home
 from ..records import blob_for, repo_types, staged_rows
+from ..tokens import token_hashes
 
 
 def lfs_pointer(sha256: str, size: int) -> bytes:
@@ -90,6 +92,7 @@ class Catalog:
     repos: dict[tuple[str, str], ServedRepo]
     publishers: dict[str, bool]  # org -> the upstream's trustedKernelPublisher, as recorded
     trust_override: frozenset[str] = frozenset()  # serve --trust: the operator's word, not the upstream's
+    tokens: frozenset[str] = frozenset()  # sha256 of serve's bearer tokens (none: open to every client)
 
     def publisher_trusted(self, org: str) -> bool | None:
         """What to answer for the org's overview; None: the upstream never told us (404)."""
@@ -127,7 +130,7 @@ def load_catalog(home: Home, trust_override: frozenset[str] = frozenset()) -> Ca
                                                           store.path(content))
             add_refs(v, served, [r for r in rows if r.repo == repo_id])
     publishers = {org: p.trusted for org, p in ledger.publishers().items()}
-    return Catalog(repos, publishers, frozenset(trust_override))
+    return Catalog(repos, publishers, frozenset(trust_override), token_hashes(ledger))
 
 
 def add_refs(view, served: ServedRepo, rows, upstream: bool = False) -> None:

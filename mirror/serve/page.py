@@ -242,8 +242,8 @@ class OperatorRoutes:
     `/-/repos/{org}/{name}` (one repo, every revision) and `/metrics`. `segs`: the request's path
     segments, decoded (MirrorApp.dispatch splits them)."""
 
-    def __init__(self, home: Home, metrics=None):
-        self.home, self.metrics = home, metrics
+    def __init__(self, home: Home, metrics=None, watcher=None):
+        self.home, self.metrics, self.watcher = home, metrics, watcher
 
     async def __call__(self, request, segs: list[str]):
         response = await self.answer(request, segs)
@@ -269,9 +269,18 @@ class OperatorRoutes:
         repo = f"{segs[2]}/{segs[3]}" if segs else None
         try:
             status, html = await anyio.to_thread.run_sync(self.page, repo, base)
-        except FrtError as e:  # the ledger's server down: say so, in one line
-            return PlainTextResponse(f"frt-mirror: cannot build the page: {e}", 503)
+        except FrtError as e:  # the ledger's server down: say so, in one line, and what is still served
+            return PlainTextResponse(f"frt-mirror: cannot build the page: {e}{self._outage()}", 503)
         return HTMLResponse(html, status)
+
+    def _outage(self) -> str:
+        """What serve still answers while the page cannot be built (the ledger down): its catalog."""
+        w = self.watcher
+        if w is None:
+            return ""
+        checked = datetime.fromtimestamp(w.checked_at, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+        return (f"\nThis serve process still serves the {len(w.current.repos)} repos of its catalog, as the "
+                f"ledger last gave it ({checked}), unchanged until the ledger answers again.")
 
     def page(self, repo: str | None, base: str) -> tuple[int, str]:
         view = operator_view(self.home, repo, index=repo is None)

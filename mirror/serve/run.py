@@ -9,19 +9,24 @@ from ..home import Home
 from ..tokens import TokenCheck
 from .accesslog import AccessLog
 from .app import MirrorApp
-from .watch import CatalogWatcher
+from .catalog import Catalog
+from .watch import CatalogWatcher, LedgerCollector
 from .metrics import Metrics
 from .page import OperatorRoutes
 
 KEEP_ALIVE_S = 75
 
 
-def make_app(home: Home, trust_override: frozenset[str] = frozenset(), log: AccessLog | None = None) -> MirrorApp:
-    """The app over `home`; its catalog follows the ledger's changes (see watch.py). It answers the
-    operator's page and /metrics too (page.py, metrics.py)."""
-    app = MirrorApp(CatalogWatcher(home, trust_override), TokenCheck(home.ledger), log)
+def make_app(home: Home, trust_override: frozenset[str] = frozenset(), log: AccessLog | None = None,
+             fallback: Catalog | None = None) -> MirrorApp:
+    """The app over `home`; its catalog follows the ledger's changes (see watch.py), and starts from
+    `fallback` when the ledger does not answer now. It answers the operator's page and /metrics too
+    (page.py, metrics.py)."""
+    watcher = CatalogWatcher(home, trust_override, fallback=fallback)
+    app = MirrorApp(watcher, TokenCheck(lambda: watcher().tokens), log)
     app.metrics = Metrics(home)
-    app.operator = OperatorRoutes(home, app.metrics)
+    app.metrics.registry.register(LedgerCollector(watcher))
+    app.operator = OperatorRoutes(home, app.metrics, watcher)
     return app
 
 

@@ -4,6 +4,13 @@ Replicas (several processes, several hosts) share one ledger and store and keep 
 each polls the ledger's change serial (one primary-key read, every FRT_SERVE_POLL seconds, default 1)
 and reloads its catalog when the serial moves, so what a stager stages or an import imports is
 answered everywhere within about a second, with no restart and no reload per request.
+
+Serving never depends on the ledger being up. Requests read only the catalog in memory (files, refs,
+trust, tokens); a poll that fails keeps the last good catalog, says so once per outage on stderr, and
+shows it as `frt_mirror_ledger_up 0` on /metrics; the first poll that answers again reloads whatever
+changed meanwhile. A process that must start while the ledger is down (a `--workers` worker restarted
+mid-outage) starts from the catalog its parent loaded (`fallback`); one with nothing to start from
+(serve itself, never having seen the ledger) refuses to start, exit 3.
 """
 
 from __future__ import annotations
@@ -11,6 +18,8 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
+import traceback
 
 from frt.resolver.errors import FrtError
 from frt.resolver.settings import env_number
@@ -24,28 +33,46 @@ class CatalogWatcher:
     """Call it for the current catalog. The poller is a daemon thread started on first use in each
     process: a worker forked after this was built gets its own (and its own ledger connections)."""
 
-    def __init__(self, home: Home, trust_override: frozenset[str] = frozenset(), interval: float | None = None):
+    def __init__(self, home: Home, trust_override: frozenset[str] = frozenset(), interval: float | None = None,
+                 fallback: Catalog | None = None):
         self.home, self.trust_override = home, trust_override
         self.interval = env_number("FRT_SERVE_POLL", 1.0) if interval is None else interval
-        self._serial = change_serial(home.ledger)  # read before the load: a change between is seen next poll
-        self._catalog = load_catalog(home, trust_override)
         self._pid: int | None = None
         self._stop = threading.Event()
-        self._failing = False
+        self.down_since: float | None = None  # wall time the ledger stopped answering this process
+        self.checked_at = time.time()  # wall time the catalog last matched the ledger
+        try:
+            self._serial = change_serial(home.ledger)  # read before the load: a change between is seen next poll
+            self._catalog = load_catalog(home, trust_override)
+        except FrtError as e:
+            if fallback is None:
+                raise
+            self._serial, self._catalog = -1, fallback  # -1: the first poll that reaches the ledger reloads
+            self._down(e, "starting from the catalog serve loaded before")
 
     def __call__(self) -> Catalog:
         if self._pid != os.getpid():
             self._start()
         return self._catalog
 
+    @property
+    def current(self) -> Catalog:
+        """The catalog, without starting this process's poller (what a parent hands the workers it forks)."""
+        return self._catalog
+
+    @property
+    def ledger_up(self) -> bool:
+        return self.down_since is None
+
     def check(self) -> bool:
         """Reload now if the serial moved; whether it did."""
         serial = change_serial(self.home.ledger)
-        if serial == self._serial:
-            return False
-        catalog = load_catalog(self.home, self.trust_override)
-        self._catalog, self._serial = catalog, serial
-        return True
+        moved = serial != self._serial
+        if moved:
+            catalog = load_catalog(self.home, self.trust_override)
+            self._catalog, self._serial = catalog, serial
+        self.checked_at = time.time()
+        return moved
 
     def stop(self) -> None:
         self._stop.set()
@@ -58,14 +85,47 @@ class CatalogWatcher:
 
     def _poll(self) -> None:
         while not self._stop.wait(self.interval):
+            self.poll_once()
+
+    def poll_once(self) -> None:
+        """One poll; a failure keeps the catalog. A first failure is tried again at once: a server that
+        restarted while we were idle fails each pooled connection once, and the pool is emptied then."""
+        for attempt in (1, 2):
             try:
                 self.check()
-            except FrtError as e:  # the ledger's server restarting: keep answering what we have
-                if not self._failing:
-                    print(f"frt-mirror: warning: cannot check the ledger for changes ({e}); still serving "
-                          "the catalog loaded before", file=sys.stderr, flush=True)
-                self._failing = True
+            except FrtError as e:
+                if attempt == 2:
+                    self._down(e, "still serving the catalog loaded before")
+            except Exception:  # a bug: say it, keep polling (a dead poller would freeze the catalog)
+                if attempt == 2:
+                    self._down(RuntimeError(traceback.format_exc(limit=3).strip()), "still serving")
             else:
-                if self._failing:
-                    print("frt-mirror: the ledger answers again", file=sys.stderr, flush=True)
-                self._failing = False
+                if self.down_since is not None:
+                    print(f"frt-mirror: the ledger answers again after {time.time() - self.down_since:.1f} s",
+                          file=sys.stderr, flush=True)
+                self.down_since = None
+                return
+
+    def _down(self, e: BaseException, doing: str) -> None:
+        if self.down_since is None:  # once per outage
+            n = len(self._catalog.repos)
+            print(f"frt-mirror: warning: the ledger does not answer ({e}); {doing} ({n} repos)",
+                  file=sys.stderr, flush=True)
+            self.down_since = time.time()
+
+
+class LedgerCollector:
+    """/metrics: whether this process's last poll reached the ledger, and how old its catalog is."""
+
+    def __init__(self, watcher: CatalogWatcher):
+        self.watcher = watcher
+
+    def collect(self):
+        from prometheus_client.core import GaugeMetricFamily
+
+        w = self.watcher
+        yield GaugeMetricFamily("frt_mirror_ledger_up", "1 while the ledger answers this serve process's polls, "
+                                "0 during an outage (it serves the catalog it loaded before)",
+                                value=1 if w.ledger_up else 0)
+        yield GaugeMetricFamily("frt_mirror_catalog_age_seconds", "Seconds since this process's catalog was last "
+                                "checked against the ledger", value=max(0.0, time.time() - w.checked_at))

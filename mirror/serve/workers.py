@@ -30,6 +30,7 @@ from .pull import Upstream
 from .run import make_app, serve
 from .accesslog import AccessLog, open_sink
 from .app import MirrorApp
+from .catalog import Catalog
 
 STOP = (signal.SIGINT, signal.SIGTERM)
 
@@ -45,22 +46,24 @@ class AppSpec:
     ledger_url: str | None = None  # the ledger on a server (--ledger), else the home's SQLite file
     upstream: Upstream | None = None  # serve --upstream: pull-through
 
-    def build(self, home: Home) -> MirrorApp:
-        """Raises BadInput where the access log cannot be opened."""
+    def build(self, home: Home, fallback: Catalog | None = None) -> MirrorApp:
+        """Raises BadInput where the access log cannot be opened. `fallback`: the catalog to start from
+        if the ledger does not answer now (the parent's, for a worker restarted during an outage)."""
         try:
             sink = open_sink(self.access_log)
         except OSError as e:
             raise BadInput(f"cannot open the access log {self.access_log}: {e.strerror}") from None
-        app = make_app(home, self.trust, log=AccessLog(sink))
+        app = make_app(home, self.trust, log=AccessLog(sink), fallback=fallback)
         app.accel_redirect = self.accel_redirect
         if self.upstream is not None:
             app.pull = self.upstream.service(home)
         return app
 
 
-def serve_workers(spec: AppSpec, sockets: list[socket.socket], workers: int) -> int:
+def serve_workers(spec: AppSpec, sockets: list[socket.socket], workers: int, catalog: Catalog | None = None) -> int:
     """Run `workers` workers until SIGINT or SIGTERM; the exit code: 0, or EXIT_UNAVAILABLE when a
-    worker could not build its app (the home or its ledger went away: restarting it would not help)."""
+    worker could not build its app (the home went away: restarting it would not help). `catalog`: what
+    a worker starts from when the ledger does not answer (a worker restarted during an outage)."""
     pids: set[int] = set()
     stopping: list[int] = []
     code = 0
@@ -71,7 +74,7 @@ def serve_workers(spec: AppSpec, sockets: list[socket.socket], workers: int) -> 
             _kill(pid)
 
     def start() -> None:
-        pid = _fork(spec, sockets)
+        pid = _fork(spec, sockets, catalog)
         pids.add(pid)
         if stopping:  # the signal came between the fork and here
             _kill(pid)
@@ -99,7 +102,7 @@ def serve_workers(spec: AppSpec, sockets: list[socket.socket], workers: int) -> 
     return code
 
 
-def _fork(spec: AppSpec, sockets: list[socket.socket]) -> int:
+def _fork(spec: AppSpec, sockets: list[socket.socket], catalog: Catalog | None) -> int:
     parent = os.getpid()
     pid = os.fork()
     if pid:
@@ -109,14 +112,14 @@ def _fork(spec: AppSpec, sockets: list[socket.socket]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _end_with(parent)
-    code = _worker(spec, sockets)
+    code = _worker(spec, sockets, catalog)
     sys.stderr.flush()
     os._exit(code)  # never back into the parent's click command and its cleanup
 
 
-def _worker(spec: AppSpec, sockets: list[socket.socket]) -> int:
+def _worker(spec: AppSpec, sockets: list[socket.socket], catalog: Catalog | None) -> int:
     try:
-        app = spec.build(Home(spec.root, ledger_url=spec.ledger_url))
+        app = spec.build(Home(spec.root, ledger_url=spec.ledger_url), fallback=catalog)
     except (FrtError, OSError) as e:
         print(f"frt-mirror: worker {os.getpid()}: {e}", file=sys.stderr)
         return EXIT_UNAVAILABLE
