@@ -25,7 +25,7 @@ import threading
 from collections.abc import Callable
 
 from frt.resolver import HubClient, make_request
-from frt.resolver.errors import BadInput
+from frt.resolver.errors import BadInput, LedgerUnavailable
 from frt.resolver.gate import check_repo_id
 from frt.resolver.resolution import FileEntry, Resolution, VariantInfo
 from frt.resolver.scan import heads_without_history, scan
@@ -117,7 +117,11 @@ class PullThrough:
     def publisher_trusted(self, org: str, ask: bool = False) -> bool | None:
         """What the upstream said of the org's trust, as recorded; `ask`: ask it first (and record it)."""
         if ask and (trusted := self.hub.publisher_trusted(org)) is not None:
-            self.home.ledger.record_publisher(org, trusted, endpoint=self.hub.endpoint)
+            try:
+                self.home.ledger.record_publisher(org, trusted, endpoint=self.hub.endpoint)
+            except LedgerUnavailable:  # the upstream's word answers now; it is recorded on a later ask
+                pass
+            return trusted
         info = self.home.ledger.publishers({org}).get(org)
         return info.trusted if info else None
 

@@ -53,9 +53,14 @@ class RevisionNotFound(BadInput):
 
 @dataclass(frozen=True)
 class RetryPolicy:
+    """`refused`: whether a refused (or unresolvable) connection is retried. A stager on a flaky link
+    retries it; serve's pull-through does not: its client is waiting, and a refused upstream is
+    unavailable now, not slow (retrying spent the whole --upstream-timeout and read as a timeout)."""
+
     attempts: int = 5
     base_wait: float = 0.5
     max_wait: float = 8.0
+    refused: bool = True
 
     def sleep(self, attempt: int) -> None:
         """Exponential backoff with jitter, so stagers sharing a link do not retry in lockstep."""
@@ -63,10 +68,10 @@ class RetryPolicy:
         time.sleep(wait * (0.5 + random.random() / 2))
 
     @classmethod
-    def from_env(cls) -> RetryPolicy:
+    def from_env(cls, refused: bool = True) -> RetryPolicy:
         """FRT_RETRY_ATTEMPTS / FRT_RETRY_BASE_WAIT let tests and impatient users shorten it."""
         return cls(attempts=max(1, int(env_number("FRT_RETRY_ATTEMPTS", cls.attempts, int))),
-                   base_wait=env_number("FRT_RETRY_BASE_WAIT", cls.base_wait, float))
+                   base_wait=env_number("FRT_RETRY_BASE_WAIT", cls.base_wait, float), refused=refused)
 
 
 def resolve_endpoint(endpoint: str | None, option: str = "--endpoint") -> str:
@@ -99,14 +104,15 @@ def ask_only_our_endpoint() -> None:
 
 
 class HubClient:
-    def __init__(self, endpoint: str | None = None, *, token: str | None = None, retry: RetryPolicy | None = None):
+    def __init__(self, endpoint: str | None = None, *, token: str | None = None, retry: RetryPolicy | None = None,
+                 pacer: Pacer | None = None):
         ask_only_our_endpoint()
         self.endpoint = resolve_endpoint(endpoint)
         self.api = HfApi(endpoint=self.endpoint, token=token)
         self.token = token
         self.retry = retry or RetryPolicy.from_env()
         self._publishers: dict[str, bool | None] = {}
-        self.pacer = Pacer()  # shared by every thread of a run, API calls and file transfers alike
+        self.pacer = pacer or Pacer()  # shared by every thread of a run, API calls and file transfers alike
 
     def refs(self, repo_id: str, repo_type: str = "kernel") -> dict[tuple[str, str], str]:
         r = self._call(lambda: self.api.list_repo_refs(repo_id, repo_type=repo_type), repo_id)
@@ -223,7 +229,7 @@ class HubClient:
                     self.pacer.hold(e.response.headers, bucket, repo_id)
                     attempt -= 1
                     continue
-                if not is_transient(e):
+                if not is_transient(e) or (not self.retry.refused and isinstance(e, _httpx.ConnectError)):
                     raise UpstreamUnavailable(f"upstream {self.endpoint} refused: {first_line(e)}") from None
                 if attempt >= self.retry.attempts:
                     raise UpstreamUnavailable(

@@ -46,6 +46,12 @@ class Pacer:
         if (pause := until - time.monotonic()) > 0:
             time.sleep(pause)
 
+    def blocked_for(self) -> float:
+        """Seconds until every bucket's spent window has reset (0: none is spent now)."""
+        with self._lock:
+            until = max(self._until.values(), default=0.0)
+        return max(0.0, until - time.monotonic())
+
     def hold(self, headers: Mapping[str, str], bucket: str, where: str) -> None:
         """After a 429: mark the bucket spent until the upstream says, then wait for it."""
         info = parse_ratelimit_headers(headers)

@@ -41,9 +41,14 @@ from .app import App, cli, emit_json, json_option
               type=click.FloatRange(0.1), help="With --upstream: seconds to wait for a refs refresh; past that, "
               "or with the upstream down, the last known refs and everything stored are served, flagged. Keep "
               "it under the clients' own HEAD timeout (huggingface_hub's HF_HUB_ETAG_TIMEOUT: 10 s).")
+@click.option("--upstream-hold", "upstream_hold", default=120.0, show_default=True, type=click.FloatRange(0),
+              help="With --upstream: seconds an API request for a repo this mirror has nothing of yet waits for the "
+              "upstream (a rate-limit window, a slow listing), so that a client's first get_kernel succeeds "
+              "(huggingface_hub's API calls have no timeout). A HEAD or GET waits --upstream-timeout, then gets "
+              "503 with Retry-After while the upstream's answer is on its way.")
 @click.pass_obj
 def serve_cmd(app: App, host, port, trust, access_log, workers, accel_redirect, upstream, allow, refs_ttl,
-              upstream_timeout):
+              upstream_timeout, upstream_hold):
     """Serve the staged set as a read-only Hub endpoint: point HF_ENDPOINT at it.
 
     Exits 2 without serving when it cannot listen (the port is in use) or open the access log."""
@@ -51,7 +56,7 @@ def serve_cmd(app: App, host, port, trust, access_log, workers, accel_redirect, 
     from frt.mirror.serve.workers import AppSpec, serve_workers
 
     accel = check_accel_prefix(accel_redirect) if accel_redirect is not None else None
-    pull = _upstream(app, upstream, allow, refs_ttl, upstream_timeout)
+    pull = _upstream(app, upstream, allow, refs_ttl, upstream_timeout, upstream_hold)
     sockets = listen(host, port)  # first: a busy port is one line and exit 2, before anything is said
     if workers > 1:  # before any app is built: the workers' metrics are summed from files (metrics.py)
         metrics_dir = multiprocess_metrics()
@@ -78,14 +83,14 @@ def serve_cmd(app: App, host, port, trust, access_log, workers, accel_redirect, 
     mirror.log.sink.close()  # each worker builds its own app: its own sink, its own ledger connection
     app.home.close()
     try:
-        code = serve_workers(spec, sockets, workers)
+        code = serve_workers(spec, sockets, workers, mirror.catalog.current)
     finally:
         metrics_dir.cleanup()
     if code:
         click.get_current_context().exit(code)
 
 
-def _upstream(app: App, url, allow, refs_ttl, timeout):
+def _upstream(app: App, url, allow, refs_ttl, timeout, hold):
     from frt.mirror.serve.pull import Upstream
     from frt.resolver.errors import BadInput
 
@@ -98,7 +103,7 @@ def _upstream(app: App, url, allow, refs_ttl, timeout):
     check_writable(app.root, "serve --upstream stores what it pulls")
     from frt.resolver.hub import resolve_endpoint
 
-    return Upstream(resolve_endpoint(url, "--upstream"), frozenset(allow), refs_ttl, timeout)
+    return Upstream(resolve_endpoint(url, "--upstream"), frozenset(allow), refs_ttl, timeout, hold)
 
 
 def multiprocess_metrics():

@@ -160,7 +160,8 @@ class MirrorApp:
         if len(segs) < 3 or segs[0] not in REPO_TYPES:
             raise HubError(404, None, "Not found")
         rev = split_revision(segs[4:])[0] if len(segs) >= 5 else None
-        repo = await self.repo(request, REPO_TYPES[segs[0]], f"{segs[1]}/{segs[2]}", rev)
+        # An API client can wait out the upstream's rate limit (huggingface_hub sets no timeout there).
+        repo = await self.repo(request, REPO_TYPES[segs[0]], f"{segs[1]}/{segs[2]}", rev, hold=True)
         if method == "GET" and len(segs) == 3:
             return self.info(repo, repo.default())
         if method == "GET" and segs[3:] == ["refs"]:
@@ -180,11 +181,12 @@ class MirrorApp:
 
     # -- repos and revisions -------------------------------------------------------------------
 
-    async def repo(self, request: Request, repo_type: str, repo_id: str, rev: str | None = None) -> ServedRepo:
+    async def repo(self, request: Request, repo_type: str, repo_id: str, rev: str | None = None,
+                   hold: bool = False) -> ServedRepo:
         """The staged repo; with pull-through, an allowed repo as the upstream has it (see pull.py)."""
         repo = stale = None
         if self.pull is not None and self.pull.allowed(repo_id):
-            repo, stale = await self.pull.repo(repo_type, repo_id, rev)
+            repo, stale = await self.pull.repo(repo_type, repo_id, rev, hold=hold)
             if stale is not None:
                 request.scope["frt.stale"] = stale
         repo = repo or self.catalog().repo(repo_type, repo_id)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import anyio
 
-from frt.resolver.errors import BadInput, FrtError, UpstreamUnavailable, VerificationFailed
+from frt.resolver.errors import BadInput, FrtError, LedgerUnavailable, UpstreamUnavailable, VerificationFailed
 
 from ..pull_through import NotAllowed, PullThrough
 from .catalog import ServedFile, ServedRepo
@@ -30,6 +30,8 @@ from .metrics import observe_pull
 from .protocol import HubError
 
 STALE_HEADER = "X-Mirror-Stale"
+HOLD_S = 120.0  # serve --upstream-hold's default
+RETRY_FAILED_S = 1.0  # a refresh that failed is tried again this soon: a failure is never kept for the refs TTL
 # Files this big (LFS ones) are streamed to the first clients while they are fetched; smaller ones are
 # verified before their first byte goes out (they come down well within a client's 10 s read timeout).
 STREAM_MIN = 8 << 20
@@ -43,12 +45,17 @@ class Upstream:
     allow: frozenset[str]
     refs_ttl: float = 60.0
     timeout: float = 5.0
+    hold: float = HOLD_S
 
     def service(self, home) -> PullService:
         from frt.resolver import HubClient
+        from frt.resolver.hub import RetryPolicy
+        from frt.resolver.pacing import Pacer
 
-        return PullService(PullThrough(home, HubClient(self.endpoint), self.allow), refs_ttl=self.refs_ttl,
-                           timeout=self.timeout)
+        # A serve runs for months: no cap on the rate-limit waits of its whole life (a stager's run has one).
+        hub = HubClient(self.endpoint, retry=RetryPolicy.from_env(refused=False), pacer=Pacer(max_wait=float("inf")))
+        return PullService(PullThrough(home, hub, self.allow), refs_ttl=self.refs_ttl, timeout=self.timeout,
+                           hold=self.hold)
 
 
 @dataclass(eq=False)
@@ -75,13 +82,18 @@ class Flow:
 @dataclass
 class _Known:
     repo: ServedRepo | None
-    at: float  # monotonic time of the last refresh that reached the upstream (or of the failed try)
+    fresh_until: float  # monotonic time from which the upstream is asked again
     stale: str | None = None  # why the upstream could not be asked, when it could not
 
 
 class PullService:
-    def __init__(self, pull: PullThrough, *, refs_ttl: float = 60.0, timeout: float = 5.0):
-        self.pull, self.refs_ttl, self.timeout = pull, refs_ttl, timeout
+    """`timeout`: how long a request waits for the upstream to answer. `hold`: how long an API request
+    for a repo the mirror has nothing of yet may wait for it (huggingface_hub sets no timeout on API
+    calls, so a client's first use rides out the upstream's rate limit; its HEAD and GET time out in
+    10 s, so those wait `timeout` only, then get a 503 with Retry-After)."""
+
+    def __init__(self, pull: PullThrough, *, refs_ttl: float = 60.0, timeout: float = 5.0, hold: float = HOLD_S):
+        self.pull, self.refs_ttl, self.timeout, self.hold = pull, refs_ttl, timeout, hold
         self._known: dict[tuple[str, str], _Known] = {}
         self._flights: dict[object, asyncio.Future] = {}
         self._flows: dict[str, Flow] = {}  # blob key -> its streamed fetch in flight
@@ -90,43 +102,78 @@ class PullService:
     def allowed(self, repo_id: str) -> bool:
         return self.pull.allowed(repo_id)
 
-    async def repo(self, repo_type: str, repo_id: str, revision: str | None = None) -> tuple[ServedRepo | None, str | None]:
+    async def repo(self, repo_type: str, repo_id: str, revision: str | None = None,
+                   hold: bool = False) -> tuple[ServedRepo | None, str | None]:
         """The repo as the mirror can answer it now, and why that is stale (None: fresh). The refs are
-        asked for when older than the TTL; a commit sha nobody listed yet, at most once per TTL."""
+        asked for when older than the TTL (or after a failed try, within a second); a commit sha
+        nobody listed yet, at most once per TTL. `hold`: the client can wait (an API call), so for a
+        repo the mirror has nothing of yet it waits up to the hold budget, not the timeout: what the
+        upstream is doing meanwhile (waiting out a 429 window, inside huggingface_hub's own retries or
+        ours) the mirror cannot always see. A HEAD or GET that cannot wait gets 503 with Retry-After."""
         if not self.allowed(repo_id):
             return None, None
         key, now = (repo_type, repo_id), time.monotonic()
         known = self._known.get(key)
-        if known is None or now - known.at >= self.refs_ttl:
-            rev = revision if revision is not None and _is_sha(revision) else None
-            await self._flight(("refresh", key, rev), lambda: self._refresh(repo_type, repo_id, rev))
-        elif (revision is not None and _is_sha(revision) and (known.repo is None or known.repo.resolve(revision) is None)
-              and now - self._tried.get((key, revision), -self.refs_ttl) >= self.refs_ttl):
-            if len(self._tried) >= 4096:
-                self._tried.clear()
-            self._tried[(key, revision)] = now
-            await self._flight(("refresh", key, revision), lambda: self._refresh(repo_type, repo_id, revision))
+        sha = revision if revision is not None and _is_sha(revision) else None
+        ask = known is None or now >= known.fresh_until
+        if not ask and sha is not None and (known.repo is None or known.repo.resolve(sha) is None):
+            ask = now - self._tried.get((key, sha), -self.refs_ttl) >= self.refs_ttl
+            if ask:
+                if len(self._tried) >= 4096:
+                    self._tried.clear()
+                self._tried[(key, sha)] = now
+        if ask:
+            empty = known is None or known.repo is None
+            limit = max(self.hold, self.timeout) if hold and empty else self.timeout
+            if await self._wait(("refresh", key, sha), lambda: self._refresh(repo_type, repo_id, sha), limit) is None:
+                return self._pending(repo_id, self._known.get(key))
         known = self._known[key]
         return known.repo, known.stale
 
-    async def _refresh(self, repo_type: str, repo_id: str, revision: str | None) -> None:
-        stale, outcome, t0 = None, "ok", time.perf_counter()
+    def _pending(self, repo_id: str, known: _Known | None) -> tuple[ServedRepo | None, str]:
+        """The refresh is still on its way: the last known repo, flagged; with none, a 503 saying when
+        to come back (the upstream's rate-limit window, where the mirror has met it)."""
+        if known is not None and known.repo is not None:
+            return known.repo, f"upstream did not answer within {self.timeout:g} s"
+        wait = self.pull.hub.pacer.blocked_for()
+        why = (f"the upstream is rate-limiting this mirror for {wait:.0f} s more" if wait > 0
+               else f"the upstream did not answer within {self.timeout:g} s")
+        raise HubError(503, None, f"{repo_id} is on its way from the upstream ({why}): try again shortly",
+                       {"Retry-After": str(max(1, round(wait or self.timeout)))})
+
+    async def _wait(self, key, start: Callable[[], Awaitable], limit: float) -> asyncio.Future | None:
+        """Wait up to `limit` seconds for the flight `key` (started if none is): the flight, landed, or
+        None. A flight outlives its waiters: when it lands, what it found is what the next request sees."""
+        fut = self._start(key, start)
         try:
-            with anyio.fail_after(self.timeout):
-                await anyio.to_thread.run_sync(self.pull.refresh, repo_type, repo_id, revision,
-                                               abandon_on_cancel=True)
+            await asyncio.wait_for(asyncio.shield(fut), limit)
         except TimeoutError:
-            stale, outcome = f"upstream did not answer within {self.timeout:g} s", "timeout"
+            return None
+        return fut
+
+    async def _refresh(self, repo_type: str, repo_id: str, revision: str | None) -> None:
+        """Ask the upstream, record what it says, and keep what serve answers from now on. Runs to the
+        end whoever waits for it (no thread is abandoned to carry on unseen)."""
+        key, stale, outcome, t0 = (repo_type, repo_id), None, "ok", time.perf_counter()
+        try:
+            await anyio.to_thread.run_sync(self.pull.refresh, repo_type, repo_id, revision)
         except UpstreamUnavailable as e:
             stale, outcome = f"upstream unavailable: {e}", "unavailable"
+        except LedgerUnavailable as e:
+            stale, outcome = f"the ledger is unavailable: {e}", "ledger"
         except NotAllowed:
-            self._known[(repo_type, repo_id)] = _Known(None, time.monotonic())
+            self._known[key] = _Known(None, time.monotonic() + self.refs_ttl)
             return
         except FrtError:  # RepoNotFound / RevisionNotFound: the upstream's answer; what we have still stands
             outcome = "notfound"
         observe_pull("refs", time.perf_counter() - t0, 0, outcome)
-        repo = await anyio.to_thread.run_sync(self.pull.served_repo, repo_type, repo_id)
-        self._known[(repo_type, repo_id)] = _Known(repo, time.monotonic(), stale)
+        before = self._known.get(key)
+        try:
+            repo = await anyio.to_thread.run_sync(self.pull.served_repo, repo_type, repo_id)
+        except FrtError as e:  # the ledger down: what was answered before still stands (or the catalog's)
+            repo, stale = before.repo if before else None, stale or f"the ledger is unavailable: {e}"
+        again = self.refs_ttl if stale is None else min(self.refs_ttl, RETRY_FAILED_S)
+        self._known[key] = _Known(repo, time.monotonic() + again, stale)
 
     async def file(self, repo: ServedRepo, commit: str, f: ServedFile) -> ServedFile:
         """`f` stored (fetched now, or by whoever was fetching it); the cached repo is updated in place."""
@@ -174,17 +221,29 @@ class PullService:
                 await self.note_unvouched(flow)  # bytes of it may be with a client already
 
     async def publisher_trusted(self, org: str) -> bool | None:
-        """The upstream's word on the org, asked once per TTL (kernels asks before anything else)."""
+        """The upstream's word on the org, asked once per TTL (kernels asks before anything else), held
+        like an API request while a rate limit is waited out; else (and with the ledger down) what was
+        recorded before, or None."""
         key, now = ("org", org), time.monotonic()
-        ask = now - self._tried.get(key, -self.refs_ttl) >= self.refs_ttl
-        if ask:
+        if now - self._tried.get(key, -self.refs_ttl) >= self.refs_ttl:
             self._tried[key] = now
+            fut = await self._wait(key, lambda: anyio.to_thread.run_sync(self._ask_publisher, org),
+                                   max(self.hold, self.timeout))
+            if fut is not None:
+                return fut.result()
+        return await anyio.to_thread.run_sync(self._recorded_publisher, org)
+
+    def _ask_publisher(self, org: str) -> bool | None:
         try:
-            with anyio.fail_after(self.timeout):
-                return await self._flight(key, lambda: anyio.to_thread.run_sync(
-                    self.pull.publisher_trusted, org, ask, abandon_on_cancel=True))
-        except (TimeoutError, UpstreamUnavailable):
-            return await anyio.to_thread.run_sync(self.pull.publisher_trusted, org)
+            return self.pull.publisher_trusted(org, ask=True)
+        except UpstreamUnavailable:
+            return self._recorded_publisher(org)
+
+    def _recorded_publisher(self, org: str) -> bool | None:
+        try:
+            return self.pull.publisher_trusted(org)
+        except LedgerUnavailable:  # the catalog's record was asked before this (MirrorApp.api)
+            return None
 
     async def _flight(self, key, start: Callable[[], Awaitable]):
         """The result of `start()`, run once for all concurrent callers with this key."""
