@@ -14,6 +14,7 @@ of ours, so it cannot call this module; the gate calls it), so anything may call
 from __future__ import annotations
 
 import re
+import unicodedata
 
 from frt.manifests.fields import org_problem, repo_id_problem
 
@@ -57,8 +58,13 @@ def _say(where: str | None, text: str) -> str:
 
 
 def _controls(value: str) -> bool:
-    """NUL and other C0/C1 controls and DEL: never in a name we write, and they garble the one line."""
-    return any(ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 for c in value)
+    """NUL and other C0/C1 controls and DEL: never in a name we write, and they garble the one line.
+    Format characters too (Unicode Cf: the bidi overrides U+202E, U+2066-2069, zero-width ones): a file
+    named `x<U+202E>os.py` shows as `xyp.so`, so a listing or a log line would lie about what it names.
+    isprintable() is False for every Cc and Cf, so the common name costs one C-level scan."""
+    if value.isprintable():
+        return False
+    return any(ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 or unicodedata.category(c) == "Cf" for c in value)
 
 
 def _utf8_len(value: str) -> int | None:
@@ -77,7 +83,7 @@ def path_problem(path: object) -> str | None:
     if size is None:
         return "is not valid text"
     if _controls(path):
-        return "holds a control character"
+        return "holds a control character (or a bidi/format one)"
     if "\\" in path:
         return "holds a backslash"
     if path.startswith("/"):

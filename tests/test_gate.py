@@ -52,6 +52,9 @@ def test_plain_paths_pass(path):
     ("", "is empty"), (None, "is not a string"), ("build/\udc80", "is not valid text"),
     ("build/" + "a" * 256, "too long"), ("/".join(["abcdefgh"] * 120), "too long"),
     ("other/x", "lies outside build/"),
+    # Unicode format characters (Cf): a bidi override makes `x\u202eos.py` read as `xyp.so` in a listing.
+    ("build/v/x\u202eos.py", "bidi"), ("build/v/\u2066a\u2069", "bidi"), ("build/v/a\u200bb", "bidi"),
+    ("build/v/\ufeffa", "bidi"), ("build/v/a\u200fb", "bidi"),
 ])
 def test_unsafe_paths_are_refused(path, says):
     with pytest.raises(gate.UnsafePath) as e:
@@ -116,6 +119,7 @@ def test_git_ref_names_pass(name):
     ("a?", "character"), ("a*", "character"), ("a[", "character"), ("ma\0in", "character"),
     ("ma\x7fin", "character"), ("@", "'@{' or is '@'"), ("a@{b", "'@{'"), ("", "is empty"),
     ("a" * 256, "too long"), ("/".join(["abcdefgh"] * 120), "too long"), (5, "not a string"),
+    ("v1\u202e", "character"), ("\u2067main", "character"),
 ])
 def test_ref_names_git_refuses_are_refused(name, says):
     with pytest.raises(gate.BadRefName) as e:
@@ -170,6 +174,10 @@ def _hostile_listing(repo):
     repo.commit({f"build/{X86_CPU}/../../x": b"evil"}, title="Escape", branch="v1")
 
 
+def _hostile_bidi_name(repo):
+    repo.commit({f"build/{X86_CPU}/_ops\u202eos.py": b"evil"}, title="Bidi", branch="v1")
+
+
 def _hostile_ref_name(repo):
     repo.branches["../../x"] = repo.branches["v1"]
 
@@ -180,8 +188,8 @@ def _hostile_target_commit(repo):
 
 # The fake Hub lists the implied directories too (build/<variant>/..): whichever comes first is named.
 HOSTILE = [(_hostile_listing, f"'build/{X86_CPU}/.."), (_hostile_ref_name, "'../../x'"),
-           (_hostile_target_commit, "'not-a-commit/../../x'")]
-HOSTILE_IDS = ["listing-path", "ref-name", "target-commit"]
+           (_hostile_target_commit, "'not-a-commit/../../x'"), (_hostile_bidi_name, "bidi")]
+HOSTILE_IDS = ["listing-path", "ref-name", "target-commit", "listing-bidi"]
 
 
 def _outside(root: Path, home: Path) -> set[Path]:

@@ -471,6 +471,15 @@ def test_head_on_the_wire_has_no_body(staged, mirror):
     assert hashlib.sha256(body).hexdigest() == so.sha256
 
 
+def test_head_refs_answers_as_get_does(mirror):
+    url = f"/api/kernels/{ACTIVATION}/refs"
+    get_status, get_headers, get_body = raw_http(mirror.port, raw_request("GET", url))
+    status, headers, body = raw_http(mirror.port, raw_request("HEAD", url))
+    assert (get_status, status, body) == (200, 200, b"")  # it was a 404 where GET was a 200
+    assert headers["content-length"] == get_headers["content-length"] == str(len(get_body))
+    assert headers["content-type"] == get_headers["content-type"] == "application/json"
+
+
 # -- chaining: a site mirror fed by a regional one -------------------------------------------------
 
 

@@ -164,7 +164,7 @@ class MirrorApp:
         repo = await self.repo(request, REPO_TYPES[segs[0]], f"{segs[1]}/{segs[2]}", rev, hold=True)
         if method == "GET" and len(segs) == 3:
             return self.info(repo, repo.default())
-        if method == "GET" and segs[3:] == ["refs"]:
+        if method in ("GET", "HEAD") and segs[3:] == ["refs"]:  # HEAD: GET's headers, uvicorn drops the body
             return self.refs(request, repo)
         if len(segs) < 5:
             raise HubError(404, None, "Not found")
