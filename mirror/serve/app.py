@@ -24,6 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from frt.resolver.errors import FrtError
+from frt.resolver.gate import org_problem
 
 from ..store import blob_relpath
 from .accesslog import AccessLog, Counted
@@ -150,7 +151,10 @@ class MirrorApp:
         if segs == ["agent-harnesses"]:
             raise HubError(404, None, "Not found")
         if len(segs) == 3 and segs[0] == "organizations" and segs[2] == "overview" and method == "GET":
-            org = segs[1]
+            # Gated before anything: else every distinct client string (`a%2F..%2Fb`, `<script>`) was
+            # asked upstream and, where the upstream vouched, kept as a publishers row, without limit.
+            if problem := org_problem(org := segs[1]):
+                raise HubError(404, None, f"Organization not found: {problem}")
             trusted = self.catalog().publisher_trusted(org)
             if trusted is None and self.pull is not None and self.pull.allowed(f"{org}/-"):
                 trusted = await self.pull.publisher_trusted(org)
