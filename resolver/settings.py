@@ -1,15 +1,21 @@
-"""Settings read from the environment (FRT_RETRY_*, FRT_RATE_LIMIT_MAX_WAIT): checked where read, so a
-malformed value is one line of bad input, not a traceback."""
+"""Settings read from the environment (FRT_RETRY_*, FRT_RATE_LIMIT_MAX_WAIT, FRT_LEDGER_*, FRT_SERVE_*):
+checked where read, so a malformed value is one line of bad input, not a traceback."""
 
 from __future__ import annotations
 
+import math
 import os
 
 from .errors import BadInput
 
+# Seconds or counts, all of them: past this a value is a typo (1e400 is inf; 99999999999999999999 s
+# overflows the C timeouts it is handed to: sqlite's busy timeout, socket timeouts, call_later).
+MAX_SETTING = 10**9
 
-def env_number(name: str, default, kind=float):
-    """A numeric setting from the environment; a malformed one is one line of bad input."""
+
+def env_number(name: str, default, kind=float, low=0, high=MAX_SETTING):
+    """A numeric setting from the environment, finite and within [low, high]; else one line of bad
+    input naming the variable and what it takes."""
     raw = os.environ.get(name)
     if raw is None:
         return default
@@ -17,6 +23,10 @@ def env_number(name: str, default, kind=float):
         value = kind(raw)
     except ValueError:
         raise BadInput(f"{name}={raw!r} is not a{'n integer' if kind is int else ' number'}") from None
-    if value < 0:
-        raise BadInput(f"{name}={raw!r} must not be negative")
+    if kind is float and not math.isfinite(value):  # inf, nan (an int has neither)
+        raise BadInput(f"{name}={raw!r} is not a finite number")
+    if value < low:
+        raise BadInput(f"{name}={raw!r} must not be negative" if low == 0 else f"{name}={raw!r} must be at least {low}")
+    if value > high:
+        raise BadInput(f"{name}={raw!r} is out of range (at most {high})")
     return value

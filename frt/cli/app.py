@@ -75,6 +75,20 @@ class _Group(click.Group):
             ctx.exit(130)
 
 
+class Finite(click.FloatRange):
+    """A float option within [low, high] and finite: click's FloatRange lets nan through (every
+    comparison with nan is false), and nan seconds reach a socket timeout or a sleep as a traceback."""
+
+    def __init__(self, low: float, high: float):
+        super().__init__(low, high)
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if number != number:
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        return number
+
+
 def parse_targets(_ctx, _param, values):
     if values is None:
         return None

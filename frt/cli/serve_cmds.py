@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from frt.mirror.home_path import check_writable
+from frt.mirror.serve.limits import HttpLimits
 from frt.mirror.render import table
 from frt.mirror.serve.nginx import DEFAULT_ACCEL, check_accel_prefix
 
-from .app import App, cli, emit_json, json_option
+from .app import App, Finite, cli, emit_json, json_option
+
+LIMIT_ENV = {field: var for field, (var, *_rest) in HttpLimits.ENV.items()}
 
 
 @cli.command("serve")
@@ -46,9 +51,23 @@ from .app import App, cli, emit_json, json_option
               "upstream (a rate-limit window, a slow listing), so that a client's first get_kernel succeeds "
               "(huggingface_hub's API calls have no timeout). A HEAD or GET waits --upstream-timeout, then gets "
               "503 with Retry-After while the upstream's answer is on its way.")
+@click.option("--max-header-bytes", "max_header_bytes", envvar=LIMIT_ENV["max_header_bytes"], show_envvar=True,
+              default=HttpLimits.max_header_bytes, show_default=True, type=click.IntRange(1024, 16 << 20),
+              help="A request's line and headers larger than this are answered 431 and the connection closed.")
+@click.option("--header-timeout", "header_timeout", envvar=LIMIT_ENV["header_timeout"], show_envvar=True,
+              default=HttpLimits.header_timeout, show_default=True, type=Finite(0.1, 3600),
+              help="Seconds a request's line and headers may take to arrive (from the connection, or from "
+                   "the request's first byte); past it 408 and the connection closed, or just the close.")
+@click.option("--keep-alive-timeout", "keep_alive_timeout", envvar=LIMIT_ENV["keep_alive_timeout"],
+              show_envvar=True, default=HttpLimits.keep_alive_timeout, show_default=True,
+              type=click.IntRange(1, 3600), help="Seconds an idle connection is kept between two requests.")
+@click.option("--max-connections", "max_connections", envvar=LIMIT_ENV["max_connections"], show_envvar=True,
+              default=HttpLimits.max_connections, show_default=True, type=click.IntRange(1, 1 << 20),
+              help="Open connections per process (per worker); a request past them is answered 503. serve "
+                   "raises its own open-file limit to fit them, up to the hard limit (ulimit -Hn).")
 @click.pass_obj
 def serve_cmd(app: App, host, port, trust, access_log, workers, accel_redirect, upstream, allow, refs_ttl,
-              upstream_timeout, upstream_hold):
+              upstream_timeout, upstream_hold, **limits):
     """Serve the staged set as a read-only Hub endpoint: point HF_ENDPOINT at it.
 
     Exits 2 without serving when it cannot listen (the port is in use) or open the access log."""
@@ -73,13 +92,15 @@ def serve_cmd(app: App, host, port, trust, access_log, workers, accel_redirect, 
     for org in trust:
         click.echo(f"frt-mirror: --trust {org}: answering trustedKernelPublisher=true for {org} "
                    "(an operator override, not the upstream's word)", err=True)
+    limits = HttpLimits(**limits)
     url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
     how = f", {workers} workers" if workers > 1 else ""
     how += f", file bodies by nginx through {accel}" if accel else ""
     click.echo(f"frt-mirror: serving {app.home} on {url}{how} (HF_ENDPOINT={url})", err=True)
     if workers == 1:
-        serve(mirror, sockets)
+        serve(mirror, sockets, limits)
         return
+    os.environ.update(limits.environ())  # what each forked worker's serve() reads (limits.py)
     mirror.log.sink.close()  # each worker builds its own app: its own sink, its own ledger connection
     app.home.close()
     try:

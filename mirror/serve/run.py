@@ -10,11 +10,10 @@ from ..tokens import TokenCheck
 from .accesslog import AccessLog
 from .app import MirrorApp
 from .catalog import Catalog
+from .limits import HttpLimits, raise_open_files
 from .watch import CatalogWatcher, LedgerCollector
 from .metrics import Metrics
 from .page import OperatorRoutes
-
-KEEP_ALIVE_S = 75
 
 
 def make_app(home: Home, trust_override: frozenset[str] = frozenset(), log: AccessLog | None = None,
@@ -30,17 +29,18 @@ def make_app(home: Home, trust_override: frozenset[str] = frozenset(), log: Acce
     return app
 
 
-def serve(app: MirrorApp, sockets: list[socket.socket]) -> None:
-    """Run uvicorn on sockets already bound (see listen.py); then write out the access log's last lines."""
+def serve(app: MirrorApp, sockets: list[socket.socket], limits: HttpLimits | None = None) -> None:
+    """Run uvicorn on sockets already bound (see listen.py); then write out the access log's last lines.
+    `limits`: the HTTP limits (limits.py); by default those FRT_SERVE_* name (how --workers hands them on)."""
     import uvicorn
 
     from .stream import CutSaid
 
-    # A client's pool leaves a connection idle between a HEAD and its GET, seconds on a busy node;
-    # uvicorn's default 5 s keep-alive closed it under a GET being sent (RemoteProtocolError). nginx's 75 s.
+    limits = limits or HttpLimits.from_env()
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", server_header=False,
-                            date_header=True, timeout_keep_alive=KEEP_ALIVE_S)
+                            date_header=True, **limits.uvicorn())
     logging.getLogger("uvicorn.error").addFilter(CutSaid())  # after Config, which configures uvicorn's loggers
+    raise_open_files(limits)  # after Config too: a warning it says goes through uvicorn's handler
     try:
         uvicorn.Server(config).run(sockets=sockets)
     finally:
