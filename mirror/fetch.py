@@ -2,7 +2,9 @@
 
 The check is against what upstream advertised before the download: the LFS sha256
 when it has one, else the git blob sha1 (`oid`). Clients of the Hub check only
-sizes, so this is the one place where a tampered or truncated file is caught.
+sizes, so this is the one place where a tampered or truncated file is caught. A listed
+file that the upstream then answers 404 for is refused the same way (`ListedFileMissing`):
+its listing and its answer cannot both be right.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from frt.resolver.errors import VerificationFailed
 from frt.resolver.resolution import FileEntry
 
 from .store import BlobStore, Digest, RunningDigest, digest_file
-from .transport import ContentTooLarge, Transport
+from .transport import ContentTooLarge, ListedFileMissing, Transport
 
 
 class IntegrityError(VerificationFailed):
@@ -104,6 +106,9 @@ def _download_verified(transport, store, repo_id, commit, entry, key, on_bytes, 
         except ContentTooLarge as e:
             part.unlink(missing_ok=True)
             raise IntegrityError(str(e), repo=repo_id, path=entry.path, commit=commit) from None
+        except ListedFileMissing as e:  # the upstream's listing and its answer disagree: refused, as a bad hash is
+            raise IntegrityError(str(e), repo=repo_id, path=entry.path, commit=commit,
+                                 error="ListedFileMissing") from None
         digest = running.digest(part) or digest_file(part)
         if matches(entry, digest) and publisher and digest.sha256 not in publisher:
             part.unlink()

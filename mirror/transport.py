@@ -9,7 +9,13 @@ What the real Hub does on `GET /{repo}/resolve/{commit}/{path}`, and what this a
   fresh one and resume at the bytes already in the `.part`;
 - **429**: the bucket's window is spent — wait until it resets (`frt.resolver.pacing`), which does
   not count as a failed attempt;
-- a dropped connection, a timeout, 5xx: retried with backoff, resuming with `Range`.
+- a dropped connection, a timeout, 5xx: retried with backoff, resuming with `Range`;
+- a redirect loop or a redirect off http(s) (`file:///etc/passwd`): refused at once, not retried;
+- **404** for a file the upstream's own listing names: the upstream contradicts itself about an
+  immutable commit. `ListedFileMissing`, a refusal (exit 1, recorded): not "try again later" (exit 3),
+  since asking again gets the same answer, and not bad input (exit 2): the user asked for nothing wrong.
+Every body is bounded: a file's by its listed size, an error answer's by 64 KiB, and the whole request by
+a deadline (`wire.Limits.deadline(size)`, checked as each piece arrives), so a trickle ends too.
 A local write that fails (disk full, permission, read-only mount) is `LocalWriteFailed`, never
 reported as the upstream refusing. The bytes are judged by the caller (`fetch`), not here.
 """
@@ -20,10 +26,11 @@ from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from frt.resolver.errors import FrtError, UpstreamUnavailable, first_line
-from frt.resolver.hub import HubClient, is_transient, rate_limited
+from frt.resolver import wire
+from frt.resolver.errors import FrtError, UpstreamMalformed, UpstreamUnavailable, first_line
+from frt.resolver.hub import HubClient, is_transient, rate_limited, redirect_refusal
 from huggingface_hub import get_session
-from huggingface_hub.utils import build_hf_headers, hf_raise_for_status
+from huggingface_hub.utils import build_hf_headers
 
 from .store import RunningDigest
 
@@ -32,7 +39,6 @@ try:  # huggingface_hub 2.x speaks httpx2, 1.x httpx
 except ImportError:  # pragma: no cover - exercised in the 1.x environment
     import httpx as _httpx
 
-WRITE_CHUNK = 1 << 16  # small writes: a kill loses little of a .part
 MAX_RESIGNS = 5
 
 
@@ -42,6 +48,10 @@ class ContentTooLarge(FrtError):
 
 class LocalWriteFailed(FrtError):
     """Writing a download to the local disk failed: the home's problem, not the upstream's."""
+
+
+class ListedFileMissing(FrtError):
+    """The upstream answers 404 (or 410) for a file its own listing of that commit names."""
 
 
 class _SignatureExpired(Exception):
@@ -71,7 +81,7 @@ class Transport:
                 self._get(repo_id, path, commit, part, offset=have, limit=size, on_bytes=on_bytes,
                           repo_type=repo_type, running=running)
                 return
-            except (ContentTooLarge, LocalWriteFailed):
+            except (ContentTooLarge, LocalWriteFailed, UpstreamMalformed):
                 raise
             except _SignatureExpired:
                 resigns += 1
@@ -79,6 +89,11 @@ class Transport:
                     raise UpstreamUnavailable(f"{where}: the CDN refused {resigns} freshly signed URLs") from None
                 attempt -= 1  # the Hub signs a new URL on the next request
             except Exception as e:
+                if (refusal := redirect_refusal(e)) is not None:
+                    raise UpstreamMalformed(f"{where}: {refusal}") from None
+                if getattr(getattr(e, "response", None), "status_code", None) in (404, 410):
+                    raise ListedFileMissing(f"{where}: the upstream lists this file ({size} bytes) but answers "
+                                            f"{e.response.status_code} for it: {first_line(e)}") from None
                 if rate_limited(e):
                     self.hub.pacer.hold(e.response.headers, "resolvers", where)
                     attempt -= 1
@@ -95,18 +110,17 @@ class Transport:
         if offset:
             headers["Range"] = f"bytes={offset}-"
         url = self.hub.file_url(repo_id, path, commit, repo_type)
+        where = f"{repo_id}/{path}@{commit[:12]}"
         self.hub.pacer.wait("resolvers")
+        deadline = self.hub.limits.deadline(limit - offset)
         with get_session().stream("GET", url, headers=headers, follow_redirects=True,
-                                  timeout=_httpx.Timeout(30.0, read=120.0)) as r:
+                                  timeout=deadline.timeout()) as r:
             if r.status_code == 403 and _left_host(r, self.hub.endpoint):
-                r.read()
-                raise _SignatureExpired()
+                raise _SignatureExpired()  # its body unread: the connection is closed with the answer
             if r.status_code == 416:
                 dest.unlink(missing_ok=True)
                 raise _httpx.RemoteProtocolError("416 Range Not Satisfiable: restarting from byte 0")
-            if r.status_code >= 400:
-                r.read()
-                hf_raise_for_status(r)
+            wire.raise_for_status(r, deadline)
             written = offset if r.status_code == 206 and offset else 0
             if offset and not written:
                 on_bytes(-offset)  # the server ignored Range: the file restarts from byte 0
@@ -116,15 +130,15 @@ class Transport:
             if running is not None:
                 running.catch_up(dest, written)
             with _open(dest, "ab" if written else "wb") as f:
-                for chunk in r.iter_bytes(WRITE_CHUNK):
+                for chunk in r.iter_bytes():  # each piece as it arrives (at most a socket read, 64 KiB)
                     written += len(chunk)
                     if written > limit:
-                        raise ContentTooLarge(f"{repo_id}/{path}@{commit[:12]}: more than the advertised "
-                                              f"{limit} bytes")
+                        raise ContentTooLarge(f"{where}: more than the advertised {limit} bytes")
                     _write(f, chunk, dest)
                     if running is not None:
                         running.update(chunk)
                     on_bytes(len(chunk))
+                    deadline.check(where)  # what was written stays: the next attempt resumes from it
 
 
 def _left_host(r, endpoint: str) -> bool:

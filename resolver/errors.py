@@ -37,6 +37,12 @@ class UpstreamUnavailable(FrtError):
     """The upstream Hub (or mirror) could not be reached or kept failing after retries."""
 
 
+class UpstreamMalformed(UpstreamUnavailable):
+    """The upstream answered, but not as the Hub does (not JSON, the wrong shape, past a size, page or
+    redirect limit, a redirect off http): one line naming the route and what was wrong. Not retried; exit 3,
+    as for an unreachable upstream, since the same command may work against a healthy one."""
+
+
 class LedgerCorrupt(FrtError):
     """The SQLite ledger under the home cannot be opened or read."""
 

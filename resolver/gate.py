@@ -7,6 +7,10 @@ enters, so the code that joins them into paths never has to ask again. Each chec
 unchanged or raises a `BadInput` subclass whose one line names the value and `where` it came from,
 e.g. "upstream listing of org/name@abc123: path 'build/v/../../x' climbs out of the repo".
 
+The upstream's JSON answers pass here too, each route's against its shape (`SHAPES`: per field, a
+rule and the reason it is broken) before anything reads a field; a malformed answer is one
+`UpstreamMalformed` line (exit 3) naming the route, the item and the field.
+
 Depends on nothing but `errors` and the repo id rule, which frt.manifests states (it imports nothing
 of ours, so it cannot call this module; the gate calls it), so anything may call it.
 """
@@ -15,10 +19,12 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from collections.abc import Callable
+from datetime import datetime, timezone
 
 from frt.manifests.fields import org_problem, repo_id_problem
 
-from .errors import BadInput
+from .errors import BadInput, UpstreamMalformed
 
 # NAME_MAX of the filesystems a home lives on; a longer component cannot be written at all, and
 # refusing it here gives one line instead of an OSError half-way through a stage.
@@ -188,3 +194,82 @@ def check_variant(name: object, *, where: str) -> str:
         raise BadVariantName(_say(where, f"variant name {name!r} is not one plain directory name "
                                          "(letters, digits, '.', '_', '-')"))
     return name
+
+
+# -- the shapes of the upstream's JSON answers -------------------------------------------------
+
+_ABSENT = object()
+
+
+def hub_date(value: object) -> datetime | None:
+    """A Hub timestamp (2026-01-01T00:00:00.000Z, any number of fraction digits) as naive UTC; None if
+    it is not one. By hand: Python 3.10's fromisoformat takes neither the Z nor nine digits."""
+    if not isinstance(value, str) or len(value) > 64:
+        return None
+    m = re.fullmatch(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,12}))?(Z|[+-]\d\d:\d\d)?", value)
+    if m is None:
+        return None
+    text = m[1] + (f".{m[2][:6].ljust(6, '0')}" if m[2] else "") + ("+00:00" if m[3] in (None, "Z") else m[3])
+    try:
+        return datetime.fromisoformat(text).astimezone(timezone.utc).replace(tzinfo=None)
+    except ValueError:  # 2026-02-30
+        return None
+
+
+def _count(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+Rule = tuple[Callable[[object], bool], str]
+_STR: Rule = (lambda v: isinstance(v, str), "is not a string")
+_OPT_STR: Rule = (lambda v: v is _ABSENT or v is None or isinstance(v, str), "is not a string")
+_LIST: Rule = (lambda v: isinstance(v, list), "is not a list")
+_SIZE: Rule = (_count, "is not a whole number of bytes")
+_DATE: Rule = (lambda v: hub_date(v) is not None, "is not a date (2026-01-01T00:00:00.000Z)")
+
+# What the mirror reads of each route's answer (DESIGN.md, "The Hub API subset"); other fields pass
+# unread. Names and hashes in them are then checked by the check_* above, where they are used.
+SHAPES: dict[str, dict[str, Rule]] = {
+    "refs": {"branches": _LIST, "tags": _LIST},
+    "ref": {"name": _STR, "targetCommit": _STR},
+    "info": {"sha": _STR},
+    "commit": {"id": _STR, "date": _DATE, "title": _OPT_STR},
+    "entry": {"type": (lambda v: v in ("file", "directory"), "is not 'file' or 'directory'"), "path": _STR},
+    "file": {"oid": _STR, "size": _SIZE},
+    "lfs": {"oid": _STR, "size": _SIZE},
+    "overview": {"trustedKernelPublisher": (lambda v: v is _ABSENT or v is None or isinstance(v, bool),
+                                            "is not true or false")},
+}
+
+
+def check_shape(doc: object, shape: str, *, where: str, what: str = "the answer") -> dict:
+    """`doc` if it is a JSON object whose fields pass SHAPES[shape]; else one line saying which does not."""
+    if not isinstance(doc, dict):
+        raise UpstreamMalformed(f"{where}: {what} is {json_kind(doc)}, not a JSON object")
+    for name, (ok, why) in SHAPES[shape].items():
+        value = doc.get(name, _ABSENT)
+        if not ok(value):
+            said = "is missing" if value is _ABSENT else f"{why} ({_short(value)})"
+            raise UpstreamMalformed(f"{where}: {what}: field {name!r} {said}")
+    return doc
+
+
+def check_entry(doc: object, *, where: str, what: str) -> dict:
+    """A tree listing's entry: a directory, or a file with its git oid, size and optional LFS record."""
+    check_shape(doc, "entry", where=where, what=what)
+    if doc["type"] == "file":
+        check_shape(doc, "file", where=where, what=what)
+        if doc.get("lfs") is not None:
+            check_shape(doc["lfs"], "lfs", where=where, what=f"{what} 'lfs'")
+    return doc
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def json_kind(value: object) -> str:
+    """What a JSON value is, for a line saying it is not what was expected."""
+    names = {dict: "a JSON object", list: "a JSON list", str: "a string", bool: "a boolean", type(None): "null"}
+    return names.get(type(value), "a number")

@@ -1,13 +1,19 @@
-"""A thin client of the upstream Hub (or of another frt-mirror) over `huggingface_hub.HfApi`: refs,
+"""A thin client of the upstream Hub (or of another frt-mirror) over huggingface_hub's session: refs,
 history, listings, small files, each org's trust. File bodies are `frt.mirror.transport`'s.
 
 Why our own retry: `huggingface_hub` (1.x and 2.x) does not retry a 503 or a refused
 connection on plain API calls such as `list_repo_refs`, and a stager on a flaky link
 must. Failures after the last attempt become one `UpstreamUnavailable` line.
+
+Why the JSON routes are read here and not through `HfApi`: it reads answers whole, pages without end and
+raises from inside itself on malformed JSON (see `wire`). Each answer is read bounded (`wire`) and its
+shape checked where it enters (`gate.check_shape`); anything malformed is one `UpstreamMalformed` line
+naming the route, never retried (the same answer would come again).
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import time
@@ -16,7 +22,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 from urllib.parse import quote, urlsplit
 
-from huggingface_hub import HfApi, get_session, hf_hub_url
+from huggingface_hub import hf_hub_url
 from huggingface_hub.errors import (
     EntryNotFoundError,
     HfHubHTTPError,
@@ -24,11 +30,12 @@ from huggingface_hub.errors import (
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
-from huggingface_hub.hf_api import RepoFile
-from huggingface_hub.utils import build_hf_headers, hf_raise_for_status
+from huggingface_hub.utils import build_hf_headers
 
-from .errors import BadInput, FrtError, UpstreamUnavailable, first_line
-from .gate import check_commit, check_git_oid, check_path, check_ref, check_sha256, check_variant
+from . import wire
+from .errors import BadInput, FrtError, UpstreamMalformed, UpstreamUnavailable, first_line
+from .gate import (check_commit, check_entry, check_git_oid, check_path, check_ref, check_sha256, check_shape,
+                   check_variant, hub_date)
 from .pacing import Pacer
 from .settings import env_number
 from .resolution import CommitInfo, FileEntry
@@ -105,25 +112,26 @@ def ask_only_our_endpoint() -> None:
 
 class HubClient:
     def __init__(self, endpoint: str | None = None, *, token: str | None = None, retry: RetryPolicy | None = None,
-                 pacer: Pacer | None = None):
+                 pacer: Pacer | None = None, limits: wire.Limits | None = None):
         ask_only_our_endpoint()
         self.endpoint = resolve_endpoint(endpoint)
-        self.api = HfApi(endpoint=self.endpoint, token=token)
         self.token = token
         self.retry = retry or RetryPolicy.from_env()
+        self.limits = limits or wire.Limits.from_env()
         self._publishers: dict[str, bool | None] = {}
         self.pacer = pacer or Pacer()  # shared by every thread of a run, API calls and file transfers alike
 
     def refs(self, repo_id: str, repo_type: str = "kernel") -> dict[tuple[str, str], str]:
-        r = self._call(lambda: self.api.list_repo_refs(repo_id, repo_type=repo_type), repo_id)
         where = f"upstream refs of {repo_id}"
+        doc = check_shape(self._call(lambda: self._json(f"{self._api(repo_type, repo_id)}/refs", where), repo_id,
+                                     where=where), "refs", where=where)
         out = {}
         # A name becomes refs/<name> in an exported cache, a commit a folder of views and snapshots.
-        for kind, refs in (("branch", r.branches), ("tag", r.tags)):
-            for ref in refs:
-                name = check_ref(ref.name, where=where, what=f"{kind} name")
-                what = f"{kind} {name!r} target"
-                out[(kind, name)] = check_commit(ref.target_commit, where=where, what=what)
+        for kind, key in (("branch", "branches"), ("tag", "tags")):
+            for i, ref in enumerate(doc[key]):
+                check_shape(ref, "ref", where=where, what=f"{key}[{i}]")
+                name = check_ref(ref["name"], where=where, what=f"{kind} name")
+                out[(kind, name)] = check_commit(ref["targetCommit"], where=where, what=f"{kind} {name!r} target")
         return out
 
     def publisher_trusted(self, org: str) -> bool | None:
@@ -131,83 +139,110 @@ class HubClient:
         overview for it (a user namespace, or a Hub without the route)."""
         if org in self._publishers:
             return self._publishers[org]
+        where = f"upstream overview of org {org}"
 
         def overview() -> bool | None:
-            # Not HfApi.get_organization_overview: huggingface_hub 1.x sends it to the global
-            # endpoint, whatever HfApi(endpoint=...) says. The same route and JSON key kernels reads.
-            r = get_session().get(f"{self.endpoint}/api/organizations/{quote(org, safe='')}/overview",
-                                  headers=build_hf_headers(token=self.token))
-            if r.status_code in (401, 404):
-                return None
-            hf_raise_for_status(r)
-            doc = r.json()
-            return doc.get("trustedKernelPublisher") is True if isinstance(doc, dict) else False
+            # The same route and JSON key kernels reads (HfApi 1.x sent it to the global endpoint).
+            try:
+                doc = self._json(f"{self.endpoint}/api/organizations/{quote(org, safe='')}/overview", where)
+            except HfHubHTTPError as e:
+                if getattr(e.response, "status_code", None) in (401, 404):
+                    return None
+                raise
+            return check_shape(doc, "overview", where=where).get("trustedKernelPublisher") is True
 
-        trusted = self._call(overview, org)
+        trusted = self._call(overview, org, where=where)
         self._publishers[org] = trusted  # once per run: every repo of an org asks the same question
         return trusted
 
     def revision_sha(self, repo_id: str, revision: str, repo_type: str = "kernel") -> str:
-        info = self._call(lambda: self.api.repo_info(repo_id, revision=revision, repo_type=repo_type), repo_id)
-        return check_commit(info.sha, where=f"upstream info of {repo_id}@{revision}")
+        where = f"upstream info of {repo_id}@{revision}"
+        url = f"{self._api(repo_type, repo_id)}/revision/{quote(revision, safe='')}"
+        doc = check_shape(self._call(lambda: self._json(url, where), repo_id, where=where), "info", where=where)
+        return check_commit(doc["sha"], where=where)
 
     def history(self, repo_id: str, revision: str, repo_type: str = "kernel") -> list[CommitInfo]:
         """What the upstream lists as `revision`'s history, newest first, in its order (by date across
         merges; the Hub names no parents, so none is claimed)."""
-        commits = self._call(
-            lambda: self.api.list_repo_commits(repo_id, revision=revision, repo_type=repo_type), repo_id
-        )
-        for c in commits:
-            check_commit(c.commit_id, where=f"upstream history of {repo_id}@{revision[:12]}")
-        return [CommitInfo(c.commit_id, c.created_at.replace(tzinfo=None) if c.created_at else None, c.title or "")
-                for c in commits]
+        where = f"upstream history of {repo_id}@{revision[:12]}"
+        url = f"{self._api(repo_type, repo_id)}/commits/{quote(revision, safe='')}"
+        out = []
+        for i, c in enumerate(self._call(lambda: self._pages(url, where), repo_id, where=where)):
+            check_shape(c, "commit", where=where, what=f"commit {i}")
+            out.append(CommitInfo(check_commit(c["id"], where=where), hub_date(c["date"]), c.get("title") or ""))
+        return out
 
     def build_listing(self, repo_id: str, sha: str, repo_type: str = "kernel") -> dict[str, list[FileEntry]]:
         """Every file under build/ at a commit, grouped by variant directory; {} without build/."""
-
-        def listing():
-            return list(self.api.list_repo_tree(repo_id, path_in_repo="build", recursive=True, revision=sha,
-                                                repo_type=repo_type))
-
         try:
-            entries = self._call(listing, repo_id)
+            entries, where = self._tree(repo_id, sha, repo_type, "build")
         except _EntryMissing:
             return {}
-        where = f"upstream listing of {repo_id}@{sha[:12]}"
         variants: dict[str, list[FileEntry]] = {}
         for e in entries:
             # Asked for build/ only: anything else, or anything climbing out, is a hostile answer.
-            parts = check_path(e.path, where=where, under="build/").split("/")
-            if isinstance(e, RepoFile) and len(parts) == 2:
+            parts = check_path(e["path"], where=where, under="build/").split("/")
+            if e["type"] == "file" and len(parts) == 2:
                 continue  # a file beside the variant dirs (build/README) is no variant
             bucket = variants.setdefault(check_variant(parts[1], where=where), [])
-            if isinstance(e, RepoFile):
+            if e["type"] == "file":
                 bucket.append(_file_entry(e, where))
         return variants
 
     def repo_listing(self, repo_id: str, sha: str, repo_type: str = "model") -> list[FileEntry]:
         """Every file of a repo at a commit (a model repo: no build/ layout to group by)."""
-        entries = self._call(lambda: list(self.api.list_repo_tree(repo_id, recursive=True, revision=sha,
-                                                                  repo_type=repo_type)), repo_id)
-        where = f"upstream listing of {repo_id}@{sha[:12]}"
-        return [_file_entry(e, where) for e in entries if isinstance(e, RepoFile) and check_path(e.path, where=where)]
+        entries, where = self._tree(repo_id, sha, repo_type)
+        return [_file_entry(e, where) for e in entries if e["type"] == "file" and check_path(e["path"], where=where)]
 
-    def fetch_small_file(self, repo_id: str, path: str, revision: str, repo_type: str = "kernel") -> bytes:
-        """GET a small file (metadata.json) into memory; never touches a Hub cache."""
-        url = hf_hub_url(repo_id, path, repo_type=repo_type, revision=revision, endpoint=self.endpoint)
-
-        def get():
-            r = get_session().get(url, headers=build_hf_headers(token=self.token), follow_redirects=True)
-            hf_raise_for_status(r)
-            return r.content
-
-        return self._call(get, repo_id, bucket="resolvers")
+    def fetch_small_file(self, repo_id: str, path: str, revision: str, repo_type: str = "kernel",
+                         size: int | None = None) -> bytes:
+        """GET a small file (metadata.json) into memory, never more than its listed `size` nor
+        FRT_MAX_METADATA_BYTES (wire.TooLarge past either); never touches a Hub cache."""
+        where = f"upstream file {repo_id}/{path}@{revision[:12]}"
+        cap = self.limits.metadata_bytes if size is None else min(size, self.limits.metadata_bytes)
+        if size is not None and size > cap:
+            raise wire.TooLarge(f"{where}: listed at {size} bytes, over the {cap}-byte limit (FRT_MAX_METADATA_BYTES)")
+        url = self.file_url(repo_id, path, revision, repo_type)
+        return self._call(lambda: wire.get(url, headers=self._headers(), deadline=self.limits.deadline(cap),
+                                           cap=cap, what=where, limit_name="its listed size").body,
+                          repo_id, bucket="resolvers", where=where)
 
     def file_url(self, repo_id: str, path: str, revision: str, repo_type: str = "kernel") -> str:
         return hf_hub_url(repo_id, path, repo_type=repo_type, revision=revision, endpoint=self.endpoint)
 
-    def _call(self, fn: Callable[[], T], repo_id: str, bucket: str = "api") -> T:
+    # -- the routes' plumbing ----------------------------------------------------------------------
+
+    def _api(self, repo_type: str, repo_id: str) -> str:
+        return f"{self.endpoint}/api/{repo_type}s/{repo_id}"
+
+    def _headers(self) -> dict:
+        return build_hf_headers(token=self.token)
+
+    def _json(self, url: str, where: str, params=None):
+        return wire.get_json(url, headers=self._headers(), limits=self.limits, what=where, params=params)
+
+    def _pages(self, url: str, where: str, params=None) -> list:
+        """Every entry of a paged listing, bounded (wire.pages); the whole listing is one call to retry."""
+        pages = wire.pages(url, headers=self._headers(), limits=self.limits, what=where, params=params)
+        return list(itertools.chain.from_iterable(pages))
+
+    def _tree(self, repo_id: str, sha: str, repo_type: str, path: str = "") -> tuple[list[dict], str]:
+        """A recursive tree listing, each entry's shape checked, no path twice; and its `where`."""
+        where = f"upstream listing of {repo_id}@{sha[:12]}"
+        url = f"{self._api(repo_type, repo_id)}/tree/{quote(sha, safe='')}" + (f"/{quote(path, safe='')}" if path else "")
+        entries = self._call(lambda: self._pages(url, where, params={"recursive": True, "expand": False}), repo_id,
+                             where=where)
+        seen: set = set()
+        for i, e in enumerate(entries):
+            check_entry(e, where=where, what=f"entry {i}")
+            if e["path"] in seen:  # one row per path in the ledger: a second would be a constraint error
+                raise UpstreamMalformed(f"{where}: entry {i}: path {e['path']!r} is listed twice")
+            seen.add(e["path"])
+        return entries, where
+
+    def _call(self, fn: Callable[[], T], repo_id: str, bucket: str = "api", where: str | None = None) -> T:
         """Run one upstream call with retries and rate-limit pacing; map the Hub's errors to ours."""
+        where = where or f"upstream {self.endpoint}"
         attempt = 0
         while True:
             attempt += 1
@@ -224,7 +259,9 @@ class HubClient:
                 raise UpstreamUnavailable(
                     "HF_HUB_OFFLINE is set, so upstream cannot be asked; use --offline to answer from the ledger"
                 ) from None
-            except (HfHubHTTPError, _httpx.TransportError, ConnectionError, TimeoutError) as e:
+            except (HfHubHTTPError, _httpx.TransportError, _httpx.TooManyRedirects, ConnectionError, TimeoutError) as e:
+                if (refusal := redirect_refusal(e)) is not None:  # the same hop would come again
+                    raise UpstreamMalformed(f"{where}: {refusal}") from None
                 if rate_limited(e):  # a wait, not a failed attempt
                     self.pacer.hold(e.response.headers, bucket, repo_id)
                     attempt -= 1
@@ -236,6 +273,22 @@ class HubClient:
                         f"upstream {self.endpoint} unreachable after {attempt} attempts: {first_line(e)}"
                     ) from None
                 self.retry.sleep(attempt)
+            except _httpx.HTTPError as e:  # an answer broken below JSON (a bad gzip stream, a bad header)
+                raise UpstreamMalformed(f"{where}: {first_line(e)}") from None
+
+
+def redirect_refusal(e: BaseException) -> str | None:
+    """Why a redirect is not followed, or None when `e` is no redirect's doing. A loop, or a hop off
+    http(s) (file://, ftp://): both refused at once, not retried (the upstream would send them again)."""
+    if isinstance(e, _httpx.TooManyRedirects):
+        return "redirected more than 20 times (a redirect loop?): refused"
+    if isinstance(e, _httpx.UnsupportedProtocol):
+        try:
+            to = str(e.request.url)
+        except RuntimeError:  # no request attached
+            to = "a URL"
+        return f"redirected to {to!r}: only http(s) redirects are followed, refused"
+    return None
 
 
 def rate_limited(e: BaseException) -> bool:
@@ -246,6 +299,8 @@ def is_transient(e: BaseException) -> bool:
     """Worth retrying: a dropped or refused connection, a timeout, 408/429/5xx."""
     if isinstance(e, HfHubHTTPError):
         return getattr(e.response, "status_code", None) in RETRY_STATUS
+    if redirect_refusal(e) is not None:
+        return False
     return isinstance(e, (_httpx.TransportError, ConnectionError, TimeoutError))
 
 
@@ -253,7 +308,8 @@ class _EntryMissing(FrtError):
     pass
 
 
-def _file_entry(e: RepoFile, where: str) -> FileEntry:
-    """A listed file, its hashes checked too: they name blobs in the store and in exported caches."""
-    sha256 = check_sha256(e.lfs.sha256, where=where) if e.lfs else None
-    return FileEntry(e.path, e.size, check_git_oid(e.blob_id, where=where), sha256)
+def _file_entry(e: dict, where: str) -> FileEntry:
+    """A listed file (its shape checked by gate.check_entry), its hashes checked too: they name blobs in
+    the store and in exported caches."""
+    sha256 = check_sha256(e["lfs"]["oid"], where=where) if e.get("lfs") else None
+    return FileEntry(e["path"], e["size"], check_git_oid(e["oid"], where=where), sha256)

@@ -22,6 +22,11 @@ from .ledger_retry import retried
 from .gate import check_repo_id
 from .resolution import FileEntry, VariantInfo
 from .schema import Listing, Repo
+from .wire import TooLarge
+
+
+# Listing rows per ledger write: a few seconds on a slow disk, far inside the busy timeout (30 s).
+ROWS_PER_WRITE = 5_000
 
 
 @dataclass(frozen=True)
@@ -59,10 +64,28 @@ def scan(repo_id: str, *, hub: HubClient, ledger: Ledger, jobs: int = 8, repo_ty
         metadata = _fetch_metadata(repo_id, listings, hub=hub, ledger=ledger, pool=pool, repo_type=repo_type)
         builds = {sha: [_variant_info(name, files, metadata) for name, files in sorted(listing.items())]
                   for sha, listing in listings.items()}
-    if builds:
-        ledger.record_builds(repo_id, builds)
+    _record_builds(ledger, repo_id, builds)
     variants_found = sum(len(v) for v in builds.values())
     return ScanReport(repo_id, len(refs), _commit_count(ledger, repo_id), len(todo), variants_found)
+
+
+def _record_builds(ledger: Ledger, repo_id: str, builds: dict[str, list[VariantInfo]]) -> None:
+    """The listings, a few commits per write. A write holds the ledger's one write lock while it runs:
+    a whole history in one transaction (or one hostile listing of 100k entries: ~40 s) held it past the
+    busy timeout, and every other writer (another stager, serve's pull-through) failed with "locked by
+    another process". Each commit is marked scanned in the write that records its rows, so a run cut
+    between two writes keeps what it wrote and lists only the rest again. A single listing is bounded
+    by FRT_MAX_LISTING_ENTRIES (wire.Limits)."""
+    batch: dict[str, list[VariantInfo]] = {}
+    rows = 0
+    for sha, variants in builds.items():
+        n = len(variants) + sum(len(v.files) for v in variants)
+        if batch and rows + n > ROWS_PER_WRITE:
+            ledger.record_builds(repo_id, batch)
+            batch, rows = {}, 0
+        batch[sha], rows = variants, rows + n
+    if batch:
+        ledger.record_builds(repo_id, batch)
 
 
 @retried
@@ -94,23 +117,26 @@ def _metadata_file(files: list[FileEntry]) -> FileEntry | None:
 
 def _fetch_metadata(repo_id, listings, *, hub, ledger, pool, repo_type) -> dict[str, dict | None]:
     """metadata.json contents by git oid: from the ledger if seen before, else from upstream."""
-    wanted: dict[str, tuple[str, str]] = {}  # oid -> (path, commit) to fetch it from
+    wanted: dict[str, tuple[FileEntry, str]] = {}  # oid -> (the file, the commit to fetch it from)
     for sha, listing in listings.items():
         for files in listing.values():
             meta = _metadata_file(files)
             if meta is not None:
-                wanted.setdefault(meta.git_oid, (meta.path, sha))
+                wanted.setdefault(meta.git_oid, (meta, sha))
     known: dict[str, dict | None] = dict(ledger.known_metadata(set(wanted)))
     missing = [oid for oid in wanted if oid not in known]
 
     def fetch(oid: str) -> dict | None:
-        path, sha = wanted[oid]
-        raw = hub.fetch_small_file(repo_id, path, sha, repo_type)
+        entry, sha = wanted[oid]
+        try:  # read to its listed size at most: more is not the file the listing names either
+            raw = hub.fetch_small_file(repo_id, entry.path, sha, repo_type, size=entry.size)
+        except TooLarge:
+            return None
         if _git_blob_oid(raw) != oid:  # not the file the listing names: never read as the publisher's word
             return None
         try:
             doc = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested past what a parser should follow
             return None  # recorded as variant without metadata; resolve still sees the variant
         return doc if isinstance(doc, dict) else None
 
