@@ -121,24 +121,44 @@ def _read_and_verify(src: Path, home: Home, key, parts: dict[str, Path | None], 
             if missing := missing_here(without(m.base["state"], m.unstaged), home):
                 raise BundleRejected(base_refusal(m.base, missing, home))
             _pair_from_home(m, home)
+        blobs = _blob_members(tf, [first_blob] if first_blob else [], members, m.listed)
         home.store.sweep_parts("*.import-*.part")  # left by a killed import; a running one's are recent
         meter = Progress(sum(d.size for d in m.listed.values()), len(m.listed), label="import") if progress else None
         try:
-            for mem in ([first_blob] if first_blob else []):
-                _verify_member(tf, mem, m.listed, parts, home.store, meter)
-            for mem in members:
-                _verify_member(tf, mem, m.listed, parts, home.store, meter)
+            for mem in blobs:
+                _verify_member(tf, mem, m.listed[BLOB.fullmatch(mem.name)[1]], parts, home.store, meter)
         finally:
             if meter:
                 meter.close()
-        missing = sorted(set(m.listed) - set(parts))
-        if missing:
-            raise BundleRejected(f"{len(missing)} listed blob(s) missing from the archive, e.g. {missing[0]}")
-        # A tar cut off exactly between members reads as complete: require its end-of-archive marker.
-        tf.fileobj.seek(tf.offset)
-        if tf.fileobj.read(2 * tarfile.BLOCKSIZE) != bytes(2 * tarfile.BLOCKSIZE):
-            raise BundleRejected("no end-of-archive marker: the archive is truncated")
     return m, bundle_id(manifest), signer
+
+
+def _blob_members(tf: tarfile.TarFile, first: list[tarfile.TarInfo], rest, listed: dict[str, Digest]) -> list:
+    """Every blob member's header, held to the manifest before a byte of any is written: a regular
+    `blobs/<sha256>` file the manifest lists, once, of exactly the listed size, not sparse (its holes
+    would be written out: a 10 KiB member stood for a 2 GiB file); none missing; the end-of-archive
+    marker there. Reading the headers seeks over the members' data: it costs no read of it."""
+    blobs, seen = [*first, *rest], set()
+    for mem in blobs:
+        match = BLOB.fullmatch(mem.name)
+        if match is None or mem.type not in REGULAR:
+            raise BundleRejected(f"unexpected member {mem.name!r} (only regular files {MANIFEST}, {SIGNATURE}, "
+                                 "blobs/<sha256>)")
+        sha = match[1]
+        if sha not in listed or sha in seen:
+            raise BundleRejected(f"blob {sha} " + ("appears twice" if sha in seen else f"is not in {MANIFEST}"))
+        if mem.issparse():
+            raise BundleRejected(f"blob {sha} is a sparse member (GNU sparse headers); a bundle carries whole files")
+        if mem.size != listed[sha].size:
+            raise BundleRejected(f"blob {sha} is {mem.size} bytes in the archive, listed as {listed[sha].size}")
+        seen.add(sha)
+    if missing := sorted(set(listed) - seen):
+        raise BundleRejected(f"{len(missing)} listed blob(s) missing from the archive, e.g. {missing[0]}")
+    # A tar cut off exactly between members reads as complete: require its end-of-archive marker.
+    tf.fileobj.seek(tf.offset)
+    if tf.fileobj.read(2 * tarfile.BLOCKSIZE) != bytes(2 * tarfile.BLOCKSIZE):
+        raise BundleRejected("no end-of-archive marker: the archive is truncated")
+    return blobs
 
 
 def _check_signature(manifest: bytes, signature: bytes | None, key) -> str | None:
@@ -187,19 +207,11 @@ def _listings(ledger: Ledger, rows: list[StagedRow]) -> dict[StagedRow, list]:
         return {row: v.variant(row.repo, row.commit, row.variant)[0] for row in rows}
 
 
-def _verify_member(tf: tarfile.TarFile, m: tarfile.TarInfo, listed: dict[str, Digest],
-                   parts: dict[str, Path | None], store: BlobStore, meter: Progress | None) -> None:
-    """Stream one `blobs/<sha256>` member into tmp/ (or nowhere, if the store has it), hashing it."""
-    match = BLOB.fullmatch(m.name)
-    if match is None or m.type not in REGULAR:
-        raise BundleRejected(f"unexpected member {m.name!r} (only regular files {MANIFEST}, {SIGNATURE}, "
-                             "blobs/<sha256>)")
-    sha = match[1]
-    if sha not in listed or sha in parts:
-        raise BundleRejected(f"blob {sha} " + ("appears twice" if sha in parts else f"is not in {MANIFEST}"))
-    want = listed[sha]
-    if m.size != want.size:  # refused before a byte of it lands in tmp/
-        raise BundleRejected(f"blob {sha} is {m.size} bytes in the archive, listed as {want.size}")
+def _verify_member(tf: tarfile.TarFile, m: tarfile.TarInfo, want: Digest, parts: dict[str, Path | None],
+                   store: BlobStore, meter: Progress | None) -> None:
+    """Stream one `blobs/<sha256>` member (its header checked: _blob_members) into tmp/ (or nowhere, if
+    the store has it), hashing it."""
+    sha = want.sha256
     parts[sha] = None if store.has(sha) else store.part_path(f"{sha}.import-{uuid.uuid4().hex}")
     reader = Hashing(tf.extractfile(m), m.size, meter and meter.add_bytes)
     with open(parts[sha], "wb") if parts[sha] else contextlib.nullcontext() as out:

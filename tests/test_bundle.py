@@ -243,6 +243,80 @@ def test_hostile_or_broken_bundles_are_refused(a, b_with_x86, tmp_path, edit, sa
     assert not (tmp_path / "evil").exists() and not Path("/tmp/frt-evil-abs").exists()
 
 
+def sparse_member(tmp: Path, real_size: int) -> tuple[bytes, dict]:
+    """A tar (GNU tar --sparse, PAX 1.0 sparse headers) of one `blobs/<sha256>` member: `real_size`
+    bytes that are all hole but their last 10, in about 10 KiB; and the manifest's entry for it."""
+    import hashlib
+    import subprocess
+
+    content = bytes(real_size - 10) + b"0123456789"
+    sha = hashlib.sha256(content).hexdigest()
+    (tmp / "sparse" / "blobs").mkdir(parents=True)
+    with open(tmp / "sparse" / "blobs" / sha, "wb") as f:
+        f.truncate(real_size - 10)
+        f.seek(real_size - 10)
+        f.write(content[-10:])
+    out = tmp / "sparse.tar"
+    subprocess.run(["tar", "--sparse", "--format=pax", "-cf", str(out), "-C", str(tmp / "sparse"), f"blobs/{sha}"],
+                   check=True)
+    with tarfile.open(out) as tf:
+        assert tf.getmembers()[0].issparse()
+    oid = hashlib.sha1(b"blob %d\0" % real_size + content).hexdigest()  # git's, as a true listing has it
+    return out.read_bytes(), {"sha256": sha, "git_oid": oid, "size": real_size}
+
+
+def with_member(src: Path, dst: Path, tar: bytes, blob: dict) -> None:
+    """`src` with `blob` added to its manifest's list and `tar`'s member appended (two archives
+    concatenate once the first one's end-of-archive blocks are cut)."""
+    def listed(m, data):
+        if m.name == "frt-bundle.json":
+            doc = json.loads(data)
+            doc["blobs"].append(blob)
+            data = json.dumps(doc).encode()
+            m.size = len(data)
+        return [(m, data)]
+
+    rewrite(src, dst, listed)
+    with tarfile.open(dst) as tf:
+        last = tf.getmembers()[-1]
+    end = last.offset_data + -(-last.size // 512) * 512
+    dst.write_bytes(dst.read_bytes()[:end] + tar)
+
+
+def _refused_and_nothing_written(b: Path, bundle: Path, says: str) -> None:
+    before = snapshot(b)
+    p = import_offline(b, bundle)
+    assert p.returncode == 1, (p.stdout, p.stderr)
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in p.stderr, p.stderr
+    assert says in lines[0] and "nothing was imported" in lines[0], lines[0]
+    assert snapshot(b) == before  # no blob, no .part in tmp/, no view, no ledger row
+
+
+def test_a_sparse_member_is_refused_before_a_byte_is_written(a, b_with_x86, tmp_path):
+    """The report's case: a small member standing for a huge file (here 64 MiB from 10 KiB; the report
+    had 2 GiB). Its listed size, sha256 and git oid all match what it expands to: only its sparse
+    headers give it away. Before: imported, 64 MiB written."""
+    tar, blob = sparse_member(tmp_path, 64 << 20)
+    with_member(a.full, tmp_path / "sparse.tar.bundle", tar, blob)
+    assert (tmp_path / "sparse.tar.bundle").stat().st_size < blob["size"] // 16
+    _refused_and_nothing_written(b_with_x86, tmp_path / "sparse.tar.bundle", "is a sparse member")
+
+
+def test_a_member_whose_size_is_not_the_listed_one_is_refused_before_writing(a, b_with_x86, tmp_path):
+    grown = []
+
+    def grow(m, data):
+        if m.name.startswith("blobs/") and not grown:
+            grown.append(m.name)
+            data += bytes(4096)
+            m.size = len(data)
+        return [(m, data)]
+
+    rewrite(a.full, tmp_path / "grown.tar", grow)
+    _refused_and_nothing_written(b_with_x86, tmp_path / "grown.tar", "bytes in the archive, listed as")
+
+
 @pytest.mark.parametrize("keep", [0.5, "boundary", "no-trailer"])
 def test_truncated_bundle_is_a_clean_refusal(a, tmp_path, keep):
     good = a.full
