@@ -24,6 +24,9 @@ _TARGET_HINT = ('a target is target = "torch2.11-cu130-x86_64-linux", '
 _PART = r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])?"
 _REPO_RE = re.compile(rf"{_PART}/{_PART}")
 _ORG_RE = re.compile(_PART)
+# Every integer a manifest gives fits a 32-bit signed integer: a version becomes a ledger column that
+# is one on PostgreSQL (99999999999999999999 overflowed SQLite's 64 bits: an OverflowError traceback).
+MAX_INT = 2**31 - 1
 # backend/cpu/os are joined with '-' into the target string, so they must not contain one.
 _WORD_RE = re.compile(r"[A-Za-z0-9_.]+")
 
@@ -45,12 +48,20 @@ def org_problem(org: object) -> str | None:
 
 def check_version(src: Source, value: object, path: tuple) -> int:
     """A kernel version: the N of a ``v<N>`` branch. bool is an int subclass, so exclude it."""
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_INT:
         return value
-    if isinstance(value, str) and value.isdigit():
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) < 10:
         raise src.error(path, f"must be an integer, not the string {value!r}: "
                               f"write {int(value)} without quotes")
-    raise src.error(path, f"must be a non-negative integer (the N of branch vN), got {value!r}")
+    raise src.error(path, f"must be a non-negative integer up to {MAX_INT} (the N of branch vN), got {short(value)}")
+
+
+def short(value: object) -> str:
+    """A value for an error line: its repr, cut (a 4000-digit integer, a long string)."""
+    if isinstance(value, int) and value.bit_length() > 128:  # repr() itself fails past 4300 digits
+        return f"an integer of {value.bit_length()} bits"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def parse_targets(src: Source, value: object, path: tuple) -> tuple[TargetSpec, ...]:

@@ -74,6 +74,9 @@ def _read(path: Path) -> str:
 def _parse_toml(path: Path, text: str) -> dict:
     try:
         return tomllib.loads(text)
+    except RecursionError:  # tomllib recurses per nesting level: `a = [[[[…` 100k deep
+        raise ManifestError(path, None, "syntax", "arrays or tables nested too deeply (past Python's "
+                                                  "recursion limit; a manifest nests three or four levels)") from None
     except tomllib.TOMLDecodeError as e:
         # tomllib puts the position in the message: "Invalid value (at line 3, column 9)", or
         # "(at end of document)". Move it to the file:line prefix the contract asks for.
@@ -85,3 +88,5 @@ def _parse_toml(path: Path, text: str) -> dict:
             msg = msg[: -len("(at end of document)")].rstrip()
             raise ManifestError(path, text.count("\n") + 1, "syntax", f"{msg} (at end of file)") from None
         raise ManifestError(path, None, "syntax", msg) from None
+    except ValueError as e:  # not a TOMLDecodeError: an integer of over 4300 digits (int()'s own limit)
+        raise ManifestError(path, None, "syntax", str(e).splitlines()[0]) from None

@@ -29,6 +29,11 @@ def parse_lock(path: Path, text: str) -> Manifest:
     except json.JSONDecodeError as e:
         what = f"{e.msg} (column {e.colno}); kernels.lock is JSON"
         raise ManifestError(path, e.lineno, "syntax", what) from None
+    except RecursionError:  # json recurses per nesting level: `[[[[…` 100k deep
+        raise ManifestError(path, None, "syntax", "arrays or objects nested too deeply (past Python's "
+                                                  "recursion limit; kernels.lock nests three levels)") from None
+    except ValueError as e:  # an integer of over 4300 digits (int()'s own limit)
+        raise ManifestError(path, None, "syntax", str(e).splitlines()[0]) from None
     spans = _entry_spans(text) if isinstance(data, list) else []
     src = Source(path, text, lambda p: _line_of(text, spans, p))
     if not isinstance(data, list):

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-from .fields import repo_id_problem
+from .fields import MAX_INT, repo_id_problem, short
 from .load import _parse_toml, _read
 from .source import Source
 from .toml_lines import line_of, scan
@@ -56,8 +56,8 @@ class SeatSpecError(ValueError):
 def _positive_int(value: object, name: str, *, allow_none: bool = True) -> None:
     if value is None and allow_none:
         return
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise SeatSpecError(name, f"must be a positive integer, got {value!r}")
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= MAX_INT:
+        raise SeatSpecError(name, f"must be a positive integer up to {MAX_INT}, got {short(value)}")
 
 
 def _names(value: object, name: str, allowed: tuple[str, ...]) -> None:
@@ -86,9 +86,9 @@ class KernelRef:
         if (self.version is None) == (self.revision is None):
             raise SeatSpecError("version", 'needs exactly one of version = N or revision = "..."')
         if self.version is not None and (not isinstance(self.version, int) or isinstance(self.version, bool)
-                                         or self.version < 0):
-            raise SeatSpecError("version", f"must be a non-negative integer (the N of branch vN), "
-                                           f"got {self.version!r}")
+                                         or not 0 <= self.version <= MAX_INT):
+            raise SeatSpecError("version", f"must be a non-negative integer up to {MAX_INT} (branch vN), "
+                                           f"got {short(self.version)}")
         if self.revision is not None and (not isinstance(self.revision, str) or not self.revision.strip()
                                           or any(c.isspace() for c in self.revision)):
             raise SeatSpecError("revision", f"must be a commit, branch or tag name, got {self.revision!r}")

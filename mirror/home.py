@@ -10,10 +10,10 @@ from pathlib import Path
 from frt.resolver import Ledger
 from frt.resolver.resolution import FileEntry
 
-from .home_path import default_ledger_url, ledger_path
+from .home_path import check_not_forgotten, default_ledger_url, ledger_path
 from .records import StagedRow, blob_for, staged_for, staged_rows
 from .schema import MIRROR_TRACK
-from .store import BlobStore
+from .store import BlobStore, store_root
 from .views import Views
 
 
@@ -39,6 +39,8 @@ class Home:
     @property
     def ledger(self) -> Ledger:
         if self._ledger is None:
+            if not self.ledger_url:
+                check_not_forgotten(self.root, store_root(self.root))
             self._ledger = open_ledger(self.ledger_url or ledger_path(self.root), readonly=self._readonly)
         return self._ledger
 

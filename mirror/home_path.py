@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from frt.resolver.errors import HomeReadOnly
+from frt.resolver.errors import BadInput, HomeReadOnly, LedgerCorrupt
 
 
 def default_home() -> Path:
@@ -39,4 +39,34 @@ def check_writable(home: Path, what: str) -> None:
 def default_ledger_url() -> str | None:
     """$FRT_LEDGER_URL: the ledger on a database server (postgresql://…) shared by several hosts; unset,
     the home's own SQLite file."""
-    return os.environ.get("FRT_LEDGER_URL") or None
+    text = os.environ.get("FRT_LEDGER_URL") or None
+    return text and check_ledger_text(text, where="FRT_LEDGER_URL")
+
+
+def check_ledger_text(text: str, *, where: str) -> str:
+    """A ledger URL as given (--ledger, FRT_LEDGER_URL) is a URL: `garbage` or `postgres-typo@db:5432/frt`
+    was taken for a file name, and a SQLite ledger of that name was created in the working directory.
+    Its dialect and the rest are checked where it is opened (resolver/ledger_open.py ledger_url), which
+    needs SQLAlchemy; this needs nothing."""
+    scheme, sep, _ = text.partition("://")
+    if not sep or not scheme:
+        raise BadInput(f"{where} {text!r} is not a ledger URL: expected postgresql://USER@HOST:PORT/DB or "
+                       "sqlite:///PATH")
+    return text
+
+
+def check_not_forgotten(home: Path, blobs: Path) -> None:
+    """Refuse an empty (0-byte) SQLite ledger beside a store that holds blobs: SQLite opens it as a new
+    database, so what was staged would be silently forgotten (and verify would say ok). A 0-byte main
+    file with a write-ahead log is a WAL ledger not yet checkpointed, not an empty one."""
+    ledger = ledger_path(home)
+    wal = ledger.with_name(ledger.name + "-wal")
+    try:
+        empty = ledger.stat().st_size == 0 and (not wal.exists() or wal.stat().st_size == 0)
+    except OSError:  # no ledger (a new home, or its ledger removed on purpose), or no home: said on open
+        return
+    if empty and any(p.is_file() for p in blobs.glob("??/*")):
+        raise LedgerCorrupt(f"ledger {ledger} is empty (0 bytes) but the store {blobs} holds blobs: the record "
+                            "of what was staged is gone. Restore it from a backup; or remove the empty file to "
+                            "start a new ledger over these blobs (frt-mirror verify then adopts them; stage or "
+                            "import again to record what is staged: blobs already here are not fetched again)")

@@ -21,6 +21,7 @@ import re
 import unicodedata
 from collections.abc import Callable
 from datetime import datetime, timezone
+from urllib.parse import urlsplit
 
 from frt.manifests.fields import org_problem, repo_id_problem
 
@@ -273,3 +274,27 @@ def json_kind(value: object) -> str:
     """What a JSON value is, for a line saying it is not what was expected."""
     names = {dict: "a JSON object", list: "a JSON list", str: "a string", bool: "a boolean", type(None): "null"}
     return names.get(type(value), "a number")
+
+
+def endpoint_problem(url: str) -> str | None:
+    """Why `url` is not an upstream's base URL, http(s)://host[:port][/path]; None when it is one.
+    urlsplit and its .port raise ValueError on an unclosed IPv6 bracket (`http://[::1`) or a port that
+    is not a number in 0-65535: that was a traceback. Port 0, spaces and controls cannot be dialled."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as e:
+        return str(e)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+        return "not http(s)://host[:port]"
+    if port == 0 or _controls(url) or any(c.isspace() for c in url):
+        return "port 0, a space or a control character"
+    return None
+
+
+def check_endpoint(url: str, *, where: str) -> str:
+    """An upstream URL a user gave, or BadInput in one line naming `where` (an option, HF_ENDPOINT)."""
+    if endpoint_problem(url.rstrip("/")):
+        raise BadInput(f"{where} {url!r} is not an upstream URL: expected http(s)://host[:port], "
+                       "e.g. https://huggingface.co or http://mirror:8470")
+    return url

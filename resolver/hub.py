@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
 from huggingface_hub import hf_hub_url
 from huggingface_hub.errors import (
@@ -35,7 +35,7 @@ from huggingface_hub.utils import build_hf_headers
 from . import wire
 from .errors import BadInput, FrtError, UpstreamMalformed, UpstreamUnavailable, first_line
 from .gate import (check_commit, check_entry, check_git_oid, check_path, check_ref, check_sha256, check_shape,
-                   check_variant, hub_date)
+                   check_variant, endpoint_problem, hub_date)
 from .pacing import Pacer
 from .settings import env_number
 from .resolution import CommitInfo, FileEntry
@@ -85,8 +85,7 @@ def resolve_endpoint(endpoint: str | None, option: str = "--endpoint") -> str:
     """The upstream's URL, checked here: a malformed one is bad input at once, not seconds of retries.
     `option`: the option that gave `endpoint`, named in the error."""
     url = (endpoint or os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.netloc or parts.query or parts.fragment:
+    if endpoint_problem(url):  # gate.py: an unclosed IPv6 bracket or a bad port was a ValueError traceback
         where = option if endpoint else "HF_ENDPOINT"
         raise BadInput(f"{where} {url!r} is not an upstream URL: expected http(s)://host[:port], "
                        "e.g. https://huggingface.co or http://mirror:8470")

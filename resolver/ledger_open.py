@@ -41,7 +41,8 @@ from .settings import env_number
 def busy_timeout() -> float:
     """How long a ledger write waits for another process's write lock, in seconds
     (FRT_LEDGER_BUSY_TIMEOUT, default 30): past it, the command stops with "try again later"."""
-    return env_number("FRT_LEDGER_BUSY_TIMEOUT", 30.0)
+    # At most 10^6 s: SQLite's busy timeout and PostgreSQL's lock_timeout take milliseconds as a C int.
+    return env_number("FRT_LEDGER_BUSY_TIMEOUT", 30.0, high=10**6)
 
 # Whether the transaction being begun on this thread will write (see Ledger.write).
 WRITING: ContextVar[bool] = ContextVar("frt_ledger_writing", default=False)
@@ -86,12 +87,15 @@ def ledger_url(text: str) -> URL:
     `postgresql://` and `postgres://` mean psycopg 3 here, the driver the `postgres` extra installs."""
     try:
         url = make_url(text)
-    except ArgumentError:
+        port = url.port  # make_url takes `[::1` or `:notaport` and raises ValueError only here
+    except (ArgumentError, ValueError):
         raise BadInput(f"ledger URL {text!r} is not a URL: expected postgresql://USER@HOST:PORT/DB or "
                        "sqlite:///PATH") from None
+    if port is not None and not 0 < port < 65536:
+        raise BadInput(f"ledger URL {url.render_as_string(hide_password=True)!r}: port {port} is not 1-65535")
     if url.drivername in ("postgresql", "postgres", "postgresql+psycopg"):
         return url.set(drivername="postgresql+psycopg")
-    if url.drivername == "sqlite" and url.database:
+    if url.drivername == "sqlite" and url.database and "\0" not in url.database:
         return url
     raise BadInput(f"ledger URL {url.render_as_string(hide_password=True)!r}: frt-mirror keeps its ledger in "
                    "SQLite (sqlite:///PATH) or PostgreSQL (postgresql://USER@HOST:PORT/DB)")

@@ -67,6 +67,7 @@ def migrate(conn: Connection, track: SchemaTrack) -> None:
     for version in range(current + 1, track.version + 1):
         track.migrations[version](conn)
         _stamp(conn, track, version)
+    _check_tables(conn, track, where="ledger")
 
 
 def check_read_only(conn: Connection, track: SchemaTrack, where: str) -> None:
@@ -74,6 +75,8 @@ def check_read_only(conn: Connection, track: SchemaTrack, where: str) -> None:
     current = track_version(conn, track)
     if current is not None:
         _check_known(current, track, where=where)
+    if current == track.version:
+        _check_tables(conn, track, where=where)
     if current != track.version:
         raise HomeReadOnly(f"{where} {track.name} schema v{current or 0} needs migrating to v{track.version}; "
                            "open it once read-write (any frt-mirror command where the home is writable) "
@@ -86,6 +89,16 @@ def _check_known(current: int, track: SchemaTrack, where: str) -> None:
     if current > track.version:
         raise LedgerCorrupt(f"{where} {track.name} schema v{current} is newer than this frt-mirror understands "
                             f"(v{track.version}): upgrade frt-mirror")
+
+
+def _check_tables(conn: Connection, track: SchemaTrack, where: str) -> None:
+    """A ledger at the track's version has every table of it: one dropped by hand (or lost to damage)
+    was an OperationalError traceback at its first query ("no such table: staged"), not one line."""
+    have = set(inspect(conn).get_table_names())
+    if missing := sorted(set(track.metadata.tables) - have):
+        raise LedgerCorrupt(f"{where} {track.name} schema v{track.version} is missing its table(s) "
+                            f"{', '.join(missing)} (dropped or damaged): restore the ledger from a backup, or move "
+                            "it aside and stage or import again")
 
 
 def _stamp(conn: Connection, track: SchemaTrack, version: int) -> None:

@@ -177,3 +177,90 @@ def test_an_unwritable_bundle_target_is_one_line(hub, home, tmp_path):
 def test_exit_codes_are_in_the_help(home):
     p = run_cli("--help", home=home)
     assert "3 the upstream" in " ".join(p.stdout.split())
+
+
+# -- hostile numbers, URLs and ledgers: one line, never a traceback (issue 27, item 8) --------------
+
+X86_T = "torch2.13-cpu-x86_64-linux"
+HUGE = "9" * 20
+
+
+@pytest.mark.parametrize("args, env, needle", [
+    (["resolve", ACTIVATION, "--version", HUGE, "--target", X86_T], {}, "not in the range 0<=x<=2147483647"),
+    (["env", "--target", X86_T, "--version", f"{ACTIVATION}={HUGE}"], {}, "N up to 2147483647"),
+    (["--endpoint", "http://[::1", "scan", ACTIVATION], {}, "--endpoint 'http://[::1' is not an upstream URL"),
+    (["scan", ACTIVATION, "--endpoint", "http://h:99999"], {}, "is not an upstream URL"),
+    (["report"], {"HF_ENDPOINT": "http://[::1"}, "HF_ENDPOINT 'http://[::1' is not an upstream URL"),
+    (["report"], {"HF_ENDPOINT": "http://mirror:99999"}, "HF_ENDPOINT 'http://mirror:99999' is not an upstream"),
+    (["token", "add", "ci"], {"FRT_LEDGER_BUSY_TIMEOUT": "1e400"}, "FRT_LEDGER_BUSY_TIMEOUT='1e400' is not a finite"),
+    (["token", "add", "ci"], {"FRT_LEDGER_BUSY_TIMEOUT": "nan"}, "is not a finite number"),
+    (["token", "add", "ci"], {"FRT_LEDGER_BUSY_TIMEOUT": HUGE}, "out of range"),
+    (["scan", ACTIVATION], {"FRT_RETRY_ATTEMPTS": HUGE}, "out of range"),
+    (["report"], {"FRT_LEDGER_URL": "garbage"}, "FRT_LEDGER_URL 'garbage' is not a ledger URL"),
+    (["--ledger", "postgres-typo@db:5432/frt", "report"], {}, "--ledger 'postgres-typo@db:5432/frt' is not a ledger"),
+    (["--ledger", "postgresql://u@db:notaport/frt", "report"], {}, "is not a URL"),
+    (["--ledger", "postgresql://u@[::1/frt", "report"], {}, "is not a URL"),
+    (["--ledger", "mysql://u@db/frt", "report"], {}, "keeps its ledger in SQLite"),
+    (["serve", "--refs-ttl", "nan"], {}, "'nan' is not a number of seconds"),
+    (["serve", "--header-timeout", "inf"], {}, "Invalid value for '--header-timeout'"),
+    (["bisect", RELU, "--good", "a", "--bad", "b", "--target", X86_T, "--timeout", "nan", "--", "true"], {},
+     "'nan' is not a number of seconds"),
+], ids=["resolve-version", "env-version", "endpoint-ipv6", "endpoint-port", "hf-endpoint-ipv6", "hf-endpoint-port",
+        "busy-inf", "busy-nan", "busy-huge", "retry-huge", "ledger-url-garbage", "ledger-typo", "ledger-port",
+        "ledger-ipv6", "ledger-mysql", "refs-ttl-nan", "header-timeout-inf", "bisect-timeout-nan"])
+def test_hostile_values_are_one_line_and_nothing_is_created(tmp_path, args, env, needle):
+    """Before: OverflowError, ValueError and OperationalError tracebacks, and `garbage` /
+    `postgres-typo@db:5432/frt` became SQLite files in the working directory."""
+    exe = str(Path(sys.executable).with_name("frt-mirror"))
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    base = cli_env(**{"HF_ENDPOINT": "http://127.0.0.1:9", **env})
+    p = subprocess.run([exe, "--home", str(tmp_path / "home"), *args], capture_output=True, text=True, env=base,
+                       cwd=cwd, timeout=60)
+    assert p.returncode == 2, (p.stdout, p.stderr)
+    assert needle in one_line_error(p)
+    assert not list(cwd.iterdir())  # no ledger file named after the bad URL
+
+
+def test_a_manifest_version_past_2_31_is_one_line(home, tmp_path):
+    from tests.test_stage import write_manifest
+
+    m = write_manifest(tmp_path / "m.toml", {RELU: {"version": 99999999999999999999}}, [X86_T])
+    p = run_cli("--endpoint", "http://127.0.0.1:9", "stage", str(m), home=home)
+    assert p.returncode == 2 and "up to 2147483647" in one_line_error(p)  # before: OverflowError in the ledger
+
+
+def _staged_home(hub, home, tmp_path) -> None:
+    from tests.test_stage import write_manifest
+
+    m = write_manifest(tmp_path / "m.toml", {RELU: {"version": 1}}, [X86_T])
+    p = run_cli("--endpoint", hub.url, "stage", str(m), home=home)
+    assert p.returncode == 0, p.stderr
+
+
+def test_a_ledger_missing_a_table_is_one_line(hub, home, tmp_path):
+    _staged_home(hub, home, tmp_path)
+    with sqlite3.connect(home / "ledger.sqlite") as db:
+        db.execute("DROP TABLE staged")
+    for args in (["report"], ["verify"], ["env", "--target", X86_T]):
+        p = run_cli(*args, home=home)
+        assert p.returncode == 2, (args, p.stderr)  # before: OperationalError: no such table: staged
+        assert "missing its table(s) staged" in one_line_error(p)
+
+
+def test_an_empty_ledger_beside_a_full_store_is_refused_and_says_how_to_adopt(hub, home, tmp_path):
+    _staged_home(hub, home, tmp_path)
+    ledger = home / "ledger.sqlite"
+    for extra in (home / "ledger.sqlite-wal", home / "ledger.sqlite-shm"):
+        extra.unlink(missing_ok=True)
+    ledger.write_bytes(b"")  # a failed copy, a truncation
+    for args in (["verify"], ["report"], ["stage", str(tmp_path / "m.toml")]):
+        p = run_cli(*args, home=home)
+        assert p.returncode == 2, (args, p.stdout, p.stderr)  # before: verify said ok, on a new empty ledger
+        line = one_line_error(p)
+        assert "is empty (0 bytes) but the store" in line and "remove the empty file" in line, line
+    assert ledger.stat().st_size == 0  # left as it was found
+    ledger.unlink()  # what the line says to do: a new ledger over the blobs, which verify adopts
+    p = run_cli("verify", "--json", home=home)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["adopted"] > 0

@@ -286,3 +286,51 @@ def test_no_frt_imports():
             "'frt.mirror', 'kernels', 'huggingface_hub'))]; assert not bad, bad")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
+
+
+# --- hostile sizes: one line, never a RecursionError, OverflowError or ValueError traceback (issue 27) ---
+
+
+@pytest.mark.parametrize("name, text, field, match", [
+    ("deep.toml", "a = " + "[" * 100_000 + "]" * 100_000 + "\n", "syntax", "nested too deeply"),
+    ("deep-tables.toml", "a = " + "{b=" * 5000 + "1" + "}" * 5000 + "\n", "syntax", "nested too deeply"),
+    ("long-int.toml", "a = " + "9" * 5000 + "\n", "syntax", "4300 digits"),
+    ("kernels.lock", "[" * 100_000 + "]" * 100_000, "syntax", "nested too deeply"),
+    ("big.lock.json", "[" + "9" * 5000 + "]", "syntax", "4300 digits"),
+], ids=["toml-arrays", "toml-tables", "toml-5000-digits", "lock-arrays", "lock-5000-digits"])
+def test_hostile_nesting_and_digits_are_one_line(tmp_path, name, text, field, match):
+    p = tmp_path / name
+    p.write_text(text)
+    fails(p, None, field, match)
+
+
+@pytest.mark.parametrize("value, match", [
+    ("99999999999999999999", "up to 2147483647"), ("2147483648", "up to 2147483647"), ("-1", "non-negative"),
+    ("9" * 4000, "an integer of 13288 bits"), ('"99999999999999999999"', "non-negative integer"),
+])
+def test_manifest_versions_are_range_checked(tmp_path, value, match):
+    p = write(tmp_path, "m.toml", FRT.replace("version = 1", f"version = {value}"))
+    fails(p, 12, 'kernels."kernels-community/activation".version', match)
+
+
+def test_lock_versions_are_range_checked(tmp_path):
+    p = tmp_path / "kernels.lock"
+    p.write_text(json.dumps([{"dependency": {"repo-id": "a/b", "version": 99999999999999999999},
+                              "lock": {"commit": "a" * 40}}]))
+    fails(p, 1, "[0].dependency.version", "up to 2147483647")
+
+
+def test_seat_integers_are_range_checked():
+    from frt.manifests import parse_seat_catalog
+
+    text = textwrap.dedent("""
+        [[seats]]
+        kind = "linear"
+        match = ["*.up_proj"]
+        kernel = {{ repo = "kernels-community/activation", version = {v}, layer = "SiluAndMul" }}
+        guards = {{ width = {w} }}
+    """)
+    for v, w, says in ((99999999999999999999, 8, "up to 2147483647"), (1, 2**40, "up to 2147483647")):
+        with pytest.raises(ManifestError, match=says) as e:
+            parse_seat_catalog(text.format(v=v, w=w))
+        assert "\n" not in str(e.value)

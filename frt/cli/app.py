@@ -8,15 +8,17 @@ ledger's database) unavailable: try again later.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
 
-from frt.mirror.home_path import default_home
+from frt.manifests.fields import MAX_INT
+from frt.mirror.home_path import check_ledger_text, default_home
 from frt.resolver.errors import BadInput, FrtError, exit_code
-from frt.resolver.gate import check_repo_id
+from frt.resolver.gate import check_endpoint, check_repo_id
 from frt.resolver.targets import parse_target
 
 if TYPE_CHECKING:  # the home, the ledger and the Hub client are imported by the commands that use them
@@ -58,11 +60,20 @@ class App:
 
 
 class _Group(click.Group):
-    """Turns every FrtError into one line on stderr and the contract's exit code."""
+    """Turns every FrtError, and click's own usage errors, into one line on stderr and the contract's
+    exit code (click prints a usage block, a hint and the error: four lines for one bad value)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.ClickException as e:  # an option of frt-mirror itself (--home, --ledger, ...)
+            _usage_error(ctx, e)
 
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
+        except click.ClickException as e:  # a command's options and arguments, parsed in here
+            _usage_error(getattr(e, "ctx", None) or ctx, e)
         except FrtError as e:
             click.echo(f"frt-mirror: {e}", err=True)
             ctx.exit(exit_code(e))
@@ -75,11 +86,23 @@ class _Group(click.Group):
             ctx.exit(130)
 
 
+# click >= 8.2 raises this for a bare group (its help, exit 2); older click prints the help itself.
+_NO_ARGS = getattr(click.exceptions, "NoArgsIsHelpError", ())
+
+
+def _usage_error(ctx: click.Context, e: click.ClickException) -> None:
+    if isinstance(e, _NO_ARGS):  # `frt-mirror` or a group alone: its help, as click shows it
+        raise e
+    hint = f" (see {ctx.command_path} --help)" if isinstance(e, click.UsageError) else ""
+    click.echo(f"frt-mirror: {' '.join(e.format_message().split())}{hint}", err=True)
+    ctx.exit(e.exit_code)
+
+
 class Finite(click.FloatRange):
     """A float option within [low, high] and finite: click's FloatRange lets nan through (every
     comparison with nan is false), and nan seconds reach a socket timeout or a sleep as a traceback."""
 
-    def __init__(self, low: float, high: float):
+    def __init__(self, low: float | None, high: float):
         super().__init__(low, high)
 
     def convert(self, value, param, ctx):
@@ -101,8 +124,9 @@ def parse_repo_versions(_ctx, _param, values) -> dict[str, int]:
     out = {}
     for v in values or ():
         repo, sep, n = v.rpartition("=")
-        if not sep or not repo or not n.isdigit():
-            raise BadInput(f"--version {v!r}: expected REPO=N, e.g. --version kernels-community/activation=1")
+        if not sep or not repo or not (n.isascii() and n.isdigit() and int(n[:11]) <= MAX_INT):
+            raise BadInput(f"--version {v!r}: expected REPO=N (N up to {MAX_INT}), e.g. --version "
+                           "kernels-community/activation=1")
         check_repo_id(repo)
         out[repo] = int(n)
     return out
@@ -129,6 +153,12 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Machine-read
 @click.pass_context
 def cli(ctx: click.Context, home: Path | None, ledger_url: str | None, endpoint: str | None):
     """Resolve, stage, verify and serve Hugging Face Hub kernels for offline clusters."""
+    # Before huggingface_hub is imported: it parses HF_ENDPOINT at import, and `http://[::1` or a port
+    # past 65535 there was its ValueError traceback, whatever the command.
+    if os.environ.get("HF_ENDPOINT"):
+        check_endpoint(os.environ["HF_ENDPOINT"], where="HF_ENDPOINT")
+    if ledger_url is not None:
+        check_ledger_text(ledger_url, where="--ledger")
     # huggingface_hub logs its own retries ("Retrying in 2s") to stderr; ours report the outcome in
     # one line, so its chatter would break the one-line error contract.
     from huggingface_hub.utils import logging as hf_logging

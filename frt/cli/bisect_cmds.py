@@ -10,8 +10,9 @@ from frt.mirror.home_path import check_writable
 from frt.mirror.render import table
 from frt.resolver.errors import BadInput, KernelUnavailable, exit_code
 from frt.resolver.gate import check_repo_id
+from frt.resolver.settings import MAX_SETTING
 
-from .app import App, cli, emit_json, endpoint_option, json_option, parse_targets
+from .app import App, Finite, cli, emit_json, endpoint_option, json_option, parse_targets
 
 
 @cli.command("pin")
@@ -45,15 +46,15 @@ def pin_cmd(app: App, repo, revision, target, fmt, endpoint):
 @click.option("--good", required=True, help="A revision known good.")
 @click.option("--bad", required=True, help="A later revision known bad.")
 @click.option("--target", "target", required=True, callback=parse_targets, help="The target to bisect on.")
-@click.option("--timeout", type=float, help="Seconds per run; a run that takes longer is skipped.")
+@click.option("--timeout", type=Finite(0.001, MAX_SETTING), help="Seconds per run; a run that takes longer is skipped.")
 @click.option("--refresh", is_flag=True, help="Scan upstream first even if the ledger knows the range.")
 @click.option("--offline", is_flag=True, help="Use only the ledger and what is staged.")
 @click.option("--metric", metavar="REGEX", help="Bisect a performance drift: judge each commit by the figure "
               "CMD prints (the first match on its stdout: group `value`, else the first group).")
 @click.option("--higher-is-better/--lower-is-better", "higher", default=None,
               help="The metric's direction (default: lower is better, as for a time).")
-@click.option("--repeat", type=int, help="Runs per commit, for the median (default 5).")
-@click.option("--threshold", type=float, metavar="PCT",
+@click.option("--repeat", type=click.IntRange(max=10_000), help="Runs per commit, for the median (default 5).")
+@click.option("--threshold", type=Finite(None, 1e6), metavar="PCT",
               help="A commit is bad when its median is worse than the good one's by more than PCT (default 5).")
 @click.option("--interleave", is_flag=True, help="Alternate each commit's runs with runs of the good commit, "
               "and compare it with those.")

@@ -6,6 +6,7 @@ import sys
 
 import click
 
+from frt.manifests.fields import MAX_INT
 from frt.mirror.home_path import check_writable
 from frt.mirror.render import human_bytes, table
 from frt.resolver.errors import BadInput, KernelUnavailable, exit_code
@@ -40,7 +41,7 @@ def scan_cmd(app: App, repos, endpoint, jobs, as_json):
 
 @cli.command("resolve")
 @click.argument("repo")
-@click.option("--version", "version", type=int, help="Kernel version N (branch vN).")
+@click.option("--version", "version", type=click.IntRange(0, MAX_INT), help="Kernel version N (branch vN).")
 @click.option("--revision", help="Branch, tag or commit.")
 @click.option("--target", "target", required=True, callback=parse_targets, help="torch2.11-cu130-x86_64-linux, or host.")
 @click.option("--offline", is_flag=True, help="Answer from the ledger alone; never contact upstream.")

@@ -10,6 +10,7 @@ from frt.mirror.home_path import check_writable
 from frt.mirror.serve.limits import HttpLimits
 from frt.mirror.render import table
 from frt.mirror.serve.nginx import DEFAULT_ACCEL, check_accel_prefix
+from frt.resolver.settings import MAX_SETTING
 
 from .app import App, Finite, cli, emit_json, json_option
 
@@ -40,13 +41,13 @@ LIMIT_ENV = {field: var for field, (var, *_rest) in HttpLimits.ENV.items()}
 @click.option("--allow", "allow", multiple=True, metavar="ORG",
               help="With --upstream: an org whose repos may be pulled through (repeatable; '*' for any). "
                    "Any other repo that is not staged is RepoNotFound.")
-@click.option("--refs-ttl", "refs_ttl", default=60.0, show_default=True, type=click.FloatRange(0),
+@click.option("--refs-ttl", "refs_ttl", default=60.0, show_default=True, type=Finite(0, MAX_SETTING),
               help="With --upstream: seconds a repo's refs are answered before the upstream is asked again.")
 @click.option("--upstream-timeout", "upstream_timeout", default=5.0, show_default=True,
-              type=click.FloatRange(0.1), help="With --upstream: seconds to wait for a refs refresh; past that, "
+              type=Finite(0.1, MAX_SETTING), help="With --upstream: seconds to wait for a refs refresh; past that, "
               "or with the upstream down, the last known refs and everything stored are served, flagged. Keep "
               "it under the clients' own HEAD timeout (huggingface_hub's HF_HUB_ETAG_TIMEOUT: 10 s).")
-@click.option("--upstream-hold", "upstream_hold", default=120.0, show_default=True, type=click.FloatRange(0),
+@click.option("--upstream-hold", "upstream_hold", default=120.0, show_default=True, type=Finite(0, MAX_SETTING),
               help="With --upstream: seconds an API request for a repo this mirror has nothing of yet waits for the "
               "upstream (a rate-limit window, a slow listing), so that a client's first get_kernel succeeds "
               "(huggingface_hub's API calls have no timeout). A HEAD or GET waits --upstream-timeout, then gets "
