@@ -374,7 +374,16 @@ def measure(servers: dict, f: dict, rounds: int, heads: int) -> dict:
     fetch = {name: run_child("fetch", url.rsplit(":", 1)[1], f["shard_url"], str(f["shard"]), str(rounds))
              for name, url in servers.items()}
     lat = {name: run_child("heads", url.rsplit(":", 1)[1], f["url"], str(heads)) for name, url in servers.items()}
-    return {"walls": walls, "raw": raw, "fetch": fetch, "lat": lat}
+    return {"walls": walls, "raw": raw, "fetch": fetch, "lat": lat, "sha_mbps": sha_mbps(f["blob"])}
+
+
+def sha_mbps(path: Path) -> float:
+    """What serve's integrity on read costs per byte it sends: sha256 of the (cached) blob, one core."""
+    h, t0 = hashlib.sha256(), time.perf_counter()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(4 * MiB):
+            h.update(chunk)
+    return path.stat().st_size / 1e6 / (time.perf_counter() - t0)
 
 
 def report(results: dict, f: dict, stage_s: float, rounds: int, heads: int) -> None:
@@ -397,6 +406,9 @@ def report(results: dict, f: dict, stage_s: float, rounds: int, heads: int) -> N
         print(f"  for scale, each server's own ceiling (curl -o /dev/null, median of {RUNS}): "
               + ", ".join(f"{name} {v:.0f} MB/s" for name, v in curl.items())
               + f" = {curl['serve'] / curl['nginx']:.2f}x (serve/nginx)")
+    print(f"  integrity on read: each serve process hashes a blob as it first sends it (or before a Range or an "
+          f"nginx hand-off; sha256 at {results['sha_mbps']:.0f} MB/s on one core here), then checks its key per "
+          f"answer and hashes again when it moves or after FRT_SERVE_VERIFY_TTL (mirror/serve/integrity.py)")
     print(f"\n{CLIENTS} concurrent keep-alive clients, each HEAD + GET of a {f['shard'] // MiB} MiB file x {rounds}:")
     print(f"{'':20} {'MB/s':>8} {'/ nginx':>8} {'wall s':>8}")
     agg = {name: r["bytes"] / 1e6 / r["wall"] for name, r in fetch.items()}

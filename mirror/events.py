@@ -11,6 +11,8 @@ from sqlalchemy import func, select
 
 from .schema import Event
 
+QUARANTINE = "quarantine"  # serve found a stored blob's bytes changed, and set it aside (serve/integrity.py)
+
 
 @dataclass(frozen=True)
 class EventRow:
@@ -43,6 +45,14 @@ def last_events(ledger: Ledger) -> dict[str, EventRow]:
 def events_with_ref(ledger: Ledger, kind: str, ref: str) -> list[EventRow]:
     """Every event of `kind` naming `ref`, oldest first (e.g. the imports of one bundle)."""
     q = select(Event).where(Event.kind == kind, Event.ref == ref).order_by(Event.id)
+    with ledger.session(write=False) as s:
+        return [_row(e) for e in s.scalars(q)]
+
+
+@retried
+def events_of(ledger: Ledger, kind: str) -> list[EventRow]:
+    """Every event of `kind`, oldest first."""
+    q = select(Event).where(Event.kind == kind).order_by(Event.id)
     with ledger.session(write=False) as s:
         return [_row(e) for e in s.scalars(q)]
 

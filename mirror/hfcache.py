@@ -6,6 +6,10 @@ so the offline snapshot lookup raises IncompleteSnapshotError. Here every staged
 version gets its `refs/vN`, snapshots hold only staged files (relative symlinks to
 `blobs/<etag>`, as huggingface_hub lays them out), and no tree listing is written —
 an old one for an exported commit is removed.
+
+Every file is hashed before the first write, and linked only if its bytes still hash to the blob the
+ledger recorded: a stored blob changed on disk since it was verified (bit rot, an edit) is refused,
+naming it, with `out` untouched. A blob already in `out` is kept only if it is that very file.
 """
 
 from __future__ import annotations
@@ -15,13 +19,14 @@ import uuid
 from pathlib import Path
 
 from frt.resolver import Target
-from frt.resolver.errors import BadInput
+from frt.resolver.errors import BadInput, VerificationFailed
 from frt.resolver.gate import check_commit, check_git_oid, check_path, check_ref, check_repo_id, check_sha256
 
 from frt.atomic import atomic_write
 
 from .home import Home
 from .records import MODEL_TARGET, blob_for, repo_types
+from .store import digest_file
 
 CACHEDIR_TAG = "Signature: 8a477f597d28d172789f06886806bc55\n"
 
@@ -46,6 +51,7 @@ def export_cache(out: Path, home: Home, target: Target) -> list[tuple[str, str, 
             at = [name for _kind, name, sha in v.refs(row.repo) if sha == row.commit] if row.revision == row.commit else []
         plan.append((row, _checked(row, files, at)))
     sources = _sources(home, plan)
+    blobs = _check_sources(home, plan, sources)
     out.mkdir(parents=True, exist_ok=True)
     if not (out / "CACHEDIR.TAG").exists():
         (out / "CACHEDIR.TAG").write_text(CACHEDIR_TAG)
@@ -54,12 +60,9 @@ def export_cache(out: Path, home: Home, target: Target) -> list[tuple[str, str, 
         repo_dir = out / cache_folder(row.repo, types[row])
         for entry in files:
             src = sources[(row.repo, row.commit, entry.path)]
-            if src is None or not src.is_file():
-                where = "store" if row.is_model else "view"
-                raise BadInput(f"{row.repo}@{row.commit[:12]}: {entry.path} is recorded as staged but missing "
-                               f"from the {where}: run 'frt-mirror verify', then 'frt-mirror stage' again")
             # huggingface_hub names a blob by the ETag the Hub sends: sha256 for LFS files, git oid otherwise.
-            _place(repo_dir, row.commit, entry.path, src, etag=entry.sha256 or entry.git_oid)
+            _place(repo_dir, row.commit, entry.path, src, etag=entry.sha256 or entry.git_oid,
+                   sha256=blobs[entry])
         (repo_dir / "trees" / f"{row.commit}.json").unlink(missing_ok=True)
         for ref in refs:
             atomic_write(repo_dir / "refs" / ref, row.commit)
@@ -81,6 +84,33 @@ def _sources(home: Home, plan) -> dict[tuple[str, str, str], Path | None]:
     return out
 
 
+def _check_sources(home: Home, plan, sources) -> dict:
+    """Every file to be linked is there and still hashes to its recorded blob, before the first write:
+    clients (and `kernels` offline) check no hash, so a changed byte would be loaded on the cluster.
+    Each file's blob (sha256), for _place."""
+    blobs = blob_for(home.ledger, (f for _, (files, _) in plan for f in files))
+    for row, (files, _) in plan:
+        for entry in files:
+            src, sha = sources[(row.repo, row.commit, entry.path)], blobs[entry]
+            where = f"{row.repo}@{row.commit[:12]}: {entry.path}"
+            if src is None or not src.is_file() or sha is None:
+                raise BadInput(f"{where} is recorded as staged but missing from the "
+                               f"{'store' if row.is_model else 'view'}: run 'frt-mirror verify', then "
+                               "'frt-mirror stage' again")
+            if (got := digest_file(src).sha256) != sha:
+                raise VerificationFailed(f"{where}: {src} hashes to {got}, not to its recorded blob {sha}: its "
+                                         "bytes changed on disk; nothing was written: run 'frt-mirror verify'")
+    return blobs
+
+
+def _holds(blob: Path, src: Path, sha256: str) -> bool:
+    """Does the cache's `blob` already hold the verified bytes? The very file hashed above, or an older
+    copy (another filesystem) that hashes right; a link to a file since quarantined does not."""
+    if not blob.exists():
+        return False
+    return os.path.samefile(blob, src) or digest_file(blob).sha256 == sha256
+
+
 def _checked(row, files, at: list[str]) -> tuple[list, list[str]]:
     """The row's files and ref names (its own, then `at`), through the gate: each becomes a path under
     `out` (blobs/<etag>, snapshots/<commit>/<path>, refs/<ref>), and the ledger is only a file on disk."""
@@ -97,10 +127,10 @@ def _checked(row, files, at: list[str]) -> tuple[list, list[str]]:
     return files, refs
 
 
-def _place(repo_dir: Path, commit: str, path: str, src: Path, *, etag: str) -> None:
+def _place(repo_dir: Path, commit: str, path: str, src: Path, *, etag: str, sha256: str) -> None:
     blob = repo_dir / "blobs" / etag
     blob.parent.mkdir(parents=True, exist_ok=True)
-    if not blob.exists():
+    if not _holds(blob, src, sha256):
         tmp = blob.with_name(f".{etag}.{uuid.uuid4().hex}.tmp")
         try:
             os.link(src, tmp)  # same filesystem: free; else copy

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from frt.resolver import Ledger
 from frt.resolver.kernel_metadata import MetadataInvalid, parse_metadata, validate_variant
 
+from .events import QUARANTINE, events_of
 from .home import Home
 from .records import MODEL_TARGET, all_blobs, blob_for, record_blobs, staged_rows
 from .store import BlobStore, digest_file
@@ -40,16 +41,18 @@ def verify(home: Home) -> VerifyReport:
     report = VerifyReport()
     recorded = {d.sha256: d for d in all_blobs(ledger)}
     on_disk = {p.name: p for p in store.blobs()}
+    quarantined = {e.ref: e for e in events_of(ledger, QUARANTINE)}  # the newest per blob
     for sha, d in recorded.items():
         path = on_disk.get(sha)
+        said = _quarantined(quarantined.get(sha))
         if path is None:
-            report.problems.append(f"missing blob {sha} ({d.size} bytes)")
+            report.problems.append(f"missing blob {sha} ({d.size} bytes){said}")
             continue
         got = digest_file(path)
         report.blobs += 1
         report.bytes += got.size
         if got.sha256 != sha or got.size != d.size:
-            report.problems.append(f"corrupt blob {sha}: content hashes to {got.sha256}, {got.size} bytes")
+            report.problems.append(f"corrupt blob {sha}: content hashes to {got.sha256}, {got.size} bytes{said}")
     adopt = []
     for sha, path in on_disk.items():
         if sha in recorded:
@@ -72,6 +75,14 @@ def verify(home: Home) -> VerifyReport:
     if not any("view " in p for p in report.problems):
         _check_publisher_digests(ledger, views, report)
     return report
+
+
+def _quarantined(e) -> str:
+    """A blob's problem line's end, when serve found it bad on read (serve/integrity.py) and said so."""
+    if e is None:
+        return ""
+    return (f": serve quarantined it at {e.at:%Y-%m-%d %H:%M:%S} UTC ({e.detail}); 'frt-mirror stage' "
+            "fetches it again")
 
 
 def _check_publisher_digests(ledger: Ledger, views: Views, report: VerifyReport) -> None:

@@ -9,12 +9,16 @@ Behind nginx (`serve --accel-redirect PREFIX`, with the config `frt-mirror nginx
 file is answered with its headers and `X-Accel-Redirect: PREFIX/<blob under the store>`, no body: nginx
 sends the bytes from its `internal` location over the store (sendfile, Range). Only requests nginx
 marked (`X-Sendfile-Type: X-Accel-Redirect`) are redirected, so a client that reaches a replica directly
-still gets the bytes, and only those nginx answers exactly as serve would (see `accel_ok`).
+still gets the bytes, and only those nginx answers exactly as serve would (see `accel_ok`). A blob is
+handed off only once this process has verified it as it is now (integrity.py: nginx sends bytes that
+serve never sees, so they are hashed before, not as they go).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import re
 import time
 from collections.abc import Callable
@@ -32,6 +36,7 @@ from .catalog import Catalog, ServedCommit, ServedFile, ServedRepo, dir_oid, eta
 from .protocol import HubError, parse_range, split_raw_path, split_revision
 from .pull import STALE_HEADER, PullService, upstream_error
 from .blob import BlobResponse, file_headers
+from .integrity import Integrity
 from .stream import FlowResponse
 
 REPO_TYPES = {"models": "model", "kernels": "kernel", "datasets": "dataset", "spaces": "space"}
@@ -52,7 +57,8 @@ class MirrorApp:
     `log`, if given, gets one record per request (serve's access log); `accel_redirect`, if set, is the
     path of nginx's internal location over the store (serve --accel-redirect; set before serving).
     `metrics` (metrics.Metrics) counts every request; `operator` (page.OperatorRoutes) answers `/`,
-    `/-/…` and `/metrics` before the Hub API is routed; make_app sets both."""
+    `/-/…` and `/metrics` before the Hub API is routed; make_app sets both, and `integrity` (what this
+    process verified and quarantined: integrity.py) over the home."""
 
     def __init__(self, catalog: Callable[[], Catalog], authorized: Callable[[str | None], bool],
                  log: AccessLog | None = None, accel_redirect: str | None = None, pull: PullService | None = None):
@@ -64,6 +70,7 @@ class MirrorApp:
         self._hot: dict[bytes, tuple] = {}  # raw path -> (catalog, file, headers, accel headers): see hot()
         self.metrics = None
         self.operator = None
+        self.integrity = Integrity()
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "lifespan":
@@ -78,11 +85,12 @@ class MirrorApp:
         if scope["type"] != "http":
             return
         t0, log, metrics = time.perf_counter(), self.log, self.metrics
-        if scope["method"] in ("GET", "HEAD") and (sent := await self.hot(scope, receive, send)) is not None:
+        if scope["method"] in ("GET", "HEAD") and (hit := await self.hot(scope, receive, send)) is not None:
+            status, sent = hit
             if log:  # logged here, not by wrapping send: that wrapper would cost more than the hit itself
-                log.record(scope, 200, sent, t0)
+                log.record(scope, status, sent, t0)
             if metrics:
-                metrics.count("resolve", scope["method"], 200, sent)
+                metrics.count("resolve", scope["method"], status, sent)
             return
         counted = Counted(send) if log or metrics else send
         try:
@@ -110,10 +118,12 @@ class MirrorApp:
         """Answer a whole-file resolve URL that was answered before, from a cache keyed by the raw path:
         no routing, no Starlette. A HEAD per file per snapshot is most of a client's traffic; this path
         takes about a third off the server's time per HEAD (bench/serve.py). The token is still checked
-        every time. The body bytes sent; None: not cached, a Range to parse, a conditional request, or a
-        token that fails (the slow way says 401)."""
+        every time. The status and body bytes sent; None: not cached, a Range to parse, a conditional
+        request, a token that fails (the slow way says 401), or a blob found bad or not verified lately
+        for nginx (the slow way judges it)."""
         hit = self._hot.get(scope.get("raw_path"))
-        if hit is None or hit[0] is not self.catalog():
+        bad = self.integrity.bad
+        if hit is None or hit[0] is not self.catalog() or (bad and hit[1].sha256 in bad):
             return None
         auth, nginx = None, False
         for name, value in scope["headers"]:
@@ -128,8 +138,14 @@ class MirrorApp:
         _, f, headers, accel = hit
         head = scope["method"] == "HEAD"
         if nginx and accel and not head:
-            return await BlobResponse(f, 0, 0, 200, accel, head=True)(scope, receive, send)
-        return await BlobResponse(f, 0, f.size, 200, headers, head=head)(scope, receive, send)
+            try:  # nginx sends bytes serve cannot hash: only a file verified as it is now (integrity.py)
+                if not self.integrity.fresh(f, os.stat(f.blob)):
+                    return None
+            except FileNotFoundError:
+                return None
+            return 200, await BlobResponse(f, 0, 0, 200, accel, head=True)(scope, receive, send)
+        answer = BlobResponse(f, 0, f.size, 200, headers, head=head, integrity=self.integrity)
+        return answer.status_code, await answer(scope, receive, send)
 
     async def dispatch(self, request: Request) -> Response:
         segs = split_raw_path(request.scope.get("raw_path") or request.scope["path"].encode())
@@ -287,6 +303,10 @@ class MirrorApp:
         f = c.files.get(path)
         if f is None:
             raise HubError(404, "EntryNotFound", f"{path} is not staged at {rev}", {"X-Repo-Commit": c.sha})
+        if f.blob is not None and self.integrity.refused(f):  # found bad: a 500, or with --upstream fetched again
+            if self.pull is None or not self.pull.allowed(repo_id):
+                raise self.integrity.error(f)
+            f = dataclasses.replace(f, blob=None)
         if f.blob is None and request.method != "HEAD":  # listed upstream, not stored: pull it now
             if self.pull.streams(f):  # sent as it comes, whole (a Range too): serve/stream.py
                 headers = [*file_headers(c.sha, etag_of(f), f.sha256, f.size), (b"content-length", b"%d" % f.size)]
@@ -306,7 +326,10 @@ class MirrorApp:
         fixed = file_headers(c.sha, etag_of(f), f.sha256 if f.lfs else None, f.size)
         headers = [*fixed, (b"content-length", b"%d" % (end - start))]
         head = request.method == "HEAD"
-        if not head and self.accel_redirect and not whole and accel_ok(request.scope["headers"], rng):
+        handoff = not head and self.accel_redirect and not whole and accel_ok(request.scope["headers"], rng)
+        if handoff or (rng is not None and not head):  # bytes sent unhashed: the whole blob verified first
+            await self.integrity.ensure(f)
+        if handoff:
             return BlobResponse(f, 0, 0, 200, self.accel(f, fixed, ranged=rng is not None), head=True)
         if rng is not None:
             headers.append((b"content-range", b"bytes %d-%d/%d" % (start, end - 1, f.size)))
@@ -315,7 +338,7 @@ class MirrorApp:
                 self._hot.clear()
             accel = self.accel(f, fixed, ranged=False) if self.accel_redirect else None
             self._hot[raw] = (catalog, f, tuple(headers), accel)
-        return BlobResponse(f, start, end, 206 if rng else 200, headers, head=head)
+        return BlobResponse(f, start, end, 206 if rng else 200, headers, head=head, integrity=self.integrity)
 
     def accel(self, f: ServedFile, fixed: tuple, ranged: bool) -> tuple:
         """The answer that hands a GET to nginx: the file's headers, no body, and where nginx finds it.

@@ -1,17 +1,24 @@
-"""A file's answer from the store: its fixed headers, and its bytes (a range of them) in large chunks."""
+"""A file's answer from the store: its fixed headers, and its bytes (a range of them) in large chunks,
+never completed with bytes that were not verified (integrity.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import hashlib
+import logging
 import os
 
 import anyio
 from starlette.responses import Response
 
 from .catalog import ServedFile
+from .integrity import Integrity, file_key
+from .protocol import HubError
 
 CHUNK = 4 << 20
 INLINE = 256 << 10  # bodies up to this size are read on the event loop (see BlobResponse)
+log = logging.getLogger("frt.serve")
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -26,34 +33,135 @@ def file_headers(commit: str, etag: str, lfs_sha256: str | None, size: int) -> t
 
 
 class BlobResponse(Response):
-    """Answers HEAD, or streams a byte range of a store blob in large chunks (read off the event loop
-    unless small). `headers` are raw (name, value) bytes pairs, Content-Length included."""
+    """Answers HEAD, or sends a byte range of a store blob in large chunks (read off the event loop
+    unless small; while hashing, the next chunk is read as this one is sent). `headers` are raw (name,
+    value) bytes pairs, Content-Length included. The last chunk is held back: unless the file is one
+    this process verified lately (Integrity.fresh; a Range always is, Integrity.ensure saw to it) it is
+    hashed as it is sent, and the last chunk goes once the digest matches; else it goes if the file is
+    still the one verified. A bad file is cut short (or, before any byte went, a 500)."""
 
-    def __init__(self, f: ServedFile, start: int, end: int, status: int, headers: list, head: bool = False):
+    def __init__(self, f: ServedFile, start: int, end: int, status: int, headers: list, head: bool = False,
+                 integrity: Integrity | None = None):
         self.status_code, self.raw_headers, self.background = status, headers, None
-        self.file, self.start, self.end, self.head = f, start, end, head
+        self.file, self.start, self.end, self.head, self.integrity = f, start, end, head, integrity
 
     async def __call__(self, scope, receive, send) -> int:
-        """Sends the answer; returns the body bytes sent."""
-        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        """Sends the answer; returns the body bytes sent (self.status_code: the status sent)."""
         if self.head:
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
             return 0
-        fd = os.open(self.file.blob, os.O_RDONLY)
         try:
-            off = self.start
-            while off < self.end:
-                n = min(CHUNK, self.end - off)
-                if self.end - self.start <= INLINE:  # a thread hop costs more than a small cached read
-                    chunk = os.pread(fd, n, off)
-                else:
-                    chunk = await anyio.to_thread.run_sync(os.pread, fd, n, off)
-                if not chunk:
-                    break
-                off += len(chunk)
-                await send({"type": "http.response.body", "body": chunk, "more_body": off < self.end})
-            if off == self.start:
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
+            fd = os.open(self.file.blob, os.O_RDONLY)
+        except FileNotFoundError:  # moved out by another process (quarantined) since the catalog was loaded
+            return await self._refuse(self._integrity().gone(self.file), scope, receive, send)
+        try:
+            n, st = self.end - self.start, os.fstat(fd)
+            if n <= INLINE and (key := self._integrity().fresh_key(self.file, st)) is not None:
+                # The common small GET of a file verified lately: one read on the event loop, no hash; the
+                # file must still be that one after the read (what _held_back checks, inline: ~10 us less).
+                chunk = os.pread(fd, n, self.start)
+                if len(chunk) == n and file_key(os.fstat(fd)) == key:
+                    await send({"type": "http.response.start", "status": self.status_code,
+                                "headers": self.raw_headers})
+                    await send({"type": "http.response.body", "body": chunk, "more_body": False})
+                    return n
+                self.integrity.forget(self.file)  # changed: judged again below (hashed as it is sent)
+            return await self._send(fd, scope, receive, send)
         finally:
             os.close(fd)
-        return off - self.start
+
+    async def _send(self, fd: int, scope, receive, send) -> int:
+        f, integrity, st = self.file, self._integrity(), os.fstat(fd)
+        # Verified lately (a Range always is): sent as it is, checked at the end. Else this answer hashes
+        # it for everyone asking meanwhile, or, where another already does, waits for its word at the end.
+        trusted = not (self.start == 0 and self.end == f.size) or integrity.fresh(f, st)
+        verifier = None if trusted else integrity.begin(f)
+        try:
+            h = hashlib.sha256() if verifier is not None else None
+            return await self._chunks(fd, st, h, trusted, scope, receive, send)
+        finally:
+            if verifier is not None:
+                integrity.end(f, verifier)
+
+    async def _chunks(self, fd: int, st: os.stat_result, h, trusted: bool, scope, receive, send) -> int:
+        off, end = self.start, self.end
+
+        def read(at: int) -> bytes:  # in order: the next read starts after this one returned
+            chunk = os.pread(fd, min(CHUNK, end - at), at)
+            if h is not None:
+                h.update(chunk)  # releases the GIL: the event loop sends meanwhile
+            return chunk
+
+        small, loop, nxt, started = end - off <= INLINE, asyncio.get_running_loop(), None, False
+        # Hashing, the next chunk is read (and hashed) while this one is sent; otherwise one chunk at a
+        # time, as before integrity on read (no second chunk in memory per answer).
+        ahead = h is not None and not small
+        try:
+            while True:
+                if small:  # a thread hop costs more than a small cached read
+                    chunk = read(off)
+                elif ahead:
+                    chunk = await (nxt or loop.run_in_executor(None, read, off))
+                else:
+                    chunk = await anyio.to_thread.run_sync(read, off)
+                off += len(chunk)
+                last = off >= end or not chunk
+                nxt = loop.run_in_executor(None, read, off) if ahead and not last else None
+                if last and (problem := await self._held_back(fd, st, h, off, trusted)):
+                    if not started:
+                        return await self._refuse(self._integrity().error(self.file), scope, receive, send)
+                    return self._cut(off - len(chunk) - self.start, problem)
+                if not started:
+                    started = True
+                    await send({"type": "http.response.start", "status": self.status_code,
+                                "headers": self.raw_headers})
+                await send({"type": "http.response.body", "body": chunk, "more_body": not last})
+                if last:
+                    return off - self.start
+        finally:
+            if nxt is not None:  # a read in flight must finish before its fd is closed
+                await asyncio.wait({nxt})
+
+    async def _held_back(self, fd: int, st: os.stat_result, h, off: int, trusted: bool) -> str | None:
+        """Why the last chunk must not go (None: it may). `h`: the whole file's hash as read; None where
+        the file was verified before (`trusted`) or is being verified by another (its word is awaited):
+        then it must still be that very file."""
+        f, integrity = self.file, self._integrity()
+        if h is not None:
+            got = h.hexdigest() if off >= self.end else None
+            if got != f.sha256:
+                integrity.quarantine(f, st, got)
+                return f"it hashes to {got or f'fewer than {f.size} bytes'}, not to its name: quarantined"
+            if file_key(os.fstat(fd)) == file_key(st):
+                integrity.vouch(f, st)
+            return None
+        if not trusted:
+            try:
+                await integrity.ensure(f)
+            except HubError as e:
+                return e.message
+        if off < self.end or file_key(os.fstat(fd)) != file_key(st) or not integrity.same(f, st):
+            integrity.forget(f)  # the next request verifies it again
+            return "the file changed since it was verified"
+        return None
+
+    def _cut(self, sent: int, problem: str) -> int:
+        """End the answer short: returning with the body incomplete makes the server close the connection
+        (uvicorn's line for that is dropped, see stream.CutSaid: this one says why)."""
+        from .stream import _cut_said
+
+        log.warning("frt-mirror: serve: %s: answer cut after %d of %d bytes: %s", self.file.path, sent,
+                    self.end - self.start, problem)
+        _cut_said.set(True)
+        return sent
+
+    async def _refuse(self, error, scope, receive, send) -> int:
+        self.status_code = error.status
+        await error.response()(scope, receive, send)
+        return 0
+
+    def _integrity(self) -> Integrity:
+        if self.integrity is None:
+            self.integrity = Integrity()
+        return self.integrity

@@ -36,7 +36,7 @@ from ..render import human_bytes
 from ..schema import Blob
 
 INDEX_ROWS = 8  # on `/`, a repo's newest revisions shown; older ones only where a ref or a staged set points
-EVENT_KINDS = ("stage", "import", "bundle", "gc")
+EVENT_KINDS = ("stage", "import", "bundle", "gc", "quarantine")  # quarantine: a bad blob serve found (integrity.py)
 
 
 @dataclass(frozen=True)

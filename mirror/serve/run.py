@@ -11,6 +11,7 @@ from .accesslog import AccessLog
 from .app import MirrorApp
 from .catalog import Catalog
 from .limits import HttpLimits, raise_open_files
+from .integrity import Integrity
 from .watch import CatalogWatcher, LedgerCollector
 from .metrics import Metrics
 from .page import OperatorRoutes
@@ -25,6 +26,7 @@ def make_app(home: Home, trust_override: frozenset[str] = frozenset(), log: Acce
     app = MirrorApp(watcher, TokenCheck(lambda: watcher().tokens), log)
     app.metrics = Metrics(home)
     app.metrics.registry.register(LedgerCollector(watcher))
+    app.integrity = Integrity(home, app.metrics)  # bad blobs: moved out, counted, recorded (integrity.py)
     app.operator = OperatorRoutes(home, app.metrics, watcher)
     return app
 
