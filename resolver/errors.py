@@ -29,6 +29,13 @@ def first_line(e: BaseException) -> str:
     return f"{line} {server}" if server and server not in line else line
 
 
+def one_line(text: str) -> str:
+    """The text as one printable line: a character that would break the line or hide what follows
+    (controls, line and paragraph separators, bidi and other format characters, which an upstream's or a
+    user's value may carry into a message) is written as its escape, the rest kept as it is."""
+    return "".join(c if c.isprintable() or c == " " else c.encode("unicode_escape").decode() for c in text)
+
+
 class BadInput(FrtError, ValueError):
     """The user gave something we cannot use: target syntax, repo id, manifest, option."""
 

@@ -32,7 +32,7 @@ from .ledger_open import (WRITING, AdvisoryLock, busy_timeout, cannot_write, led
 from .ledger_retry import dropped, retried, retry_budget, run_retrying
 from .ledger_view import LedgerView
 from .migrations import SchemaTrack, check_read_only, migrate
-from .resolution import CommitInfo, Refusal, VariantInfo
+from .resolution import CommitInfo, Refusal, VariantInfo, declared_archs, declared_depends
 from .schema import RESOLVER_TRACK, Commit, File, Listing, Publisher, Ref, RefusalRow, Repo, Variant, utcnow
 from .variants import parse_fields
 
@@ -370,8 +370,8 @@ def _variant_row(commit_pk: int, v: VariantInfo) -> Variant:
         cxx11=fields and fields.cxx11, backend=fields and fields.backend, cpu=fields and fields.cpu,
         os=fields and fields.os, metadata_oid=v.metadata_oid,
         metadata_json=json.dumps(v.metadata, sort_keys=True) if v.metadata is not None else None,
-        archs=json.dumps((meta.get("backend") or {}).get("archs")) if meta else None,
-        kernel_depends=json.dumps(meta.get("kernel-depends", [])) if meta else None,
+        archs=json.dumps(declared_archs(meta)) if meta else None,
+        kernel_depends=json.dumps(declared_depends(meta)) if meta else None,
         files=[File(path=f.path, size=f.size, git_oid=f.git_oid, sha256=f.sha256) for f in v.files],
     )
 

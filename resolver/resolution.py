@@ -89,9 +89,23 @@ class Resolution:
             "commit": self.commit,
             "variant": self.variant,
             "files": [asdict(f) for f in self.files],
-            "archs": (self.metadata.get("backend") or {}).get("archs"),
-            "kernel_depends": self.metadata.get("kernel-depends", []),
+            "archs": declared_archs(self.metadata),
+            "kernel_depends": declared_depends(self.metadata),
         }
+
+
+def declared_archs(metadata) -> list | None:
+    """A metadata.json's `backend.archs`, or None: the upstream's document may be any JSON shape (kernels'
+    parser refuses a bad one at stage; reading it for a listing must not fail first)."""
+    backend = metadata.get("backend") if isinstance(metadata, dict) else None
+    archs = backend.get("archs") if isinstance(backend, dict) else None
+    return archs if isinstance(archs, list) else None
+
+
+def declared_depends(metadata) -> list:
+    """A metadata.json's `kernel-depends` list, [] when it has none or it is not a list."""
+    deps = metadata.get("kernel-depends") if isinstance(metadata, dict) else None
+    return deps if isinstance(deps, list) else []
 
 
 @dataclass(frozen=True)

@@ -68,6 +68,13 @@ STAGE_CASES = {
                                 {"FRT_MAX_API_BYTES": str(64 << 20)}),
     "metadata-100k-deep": (list(zip((f"{API}/tree/", "/metadata.json"), h.swap_metadata(DEEP))), 1,
                            "metadata.json"),
+    # Found by tests/test_upstream_fuzz.py: a backend that is not an object was an AttributeError
+    # (recording its archs); a line break in a value the parser quotes split the error line in two.
+    "metadata-backend-true": (list(zip((f"{API}/tree/", "/metadata.json"), h.swap_metadata(
+        b'{"name": "relu", "version": 1, "backend": true, "python-depends": []}'))), 1, "metadata.json"),
+    "metadata-algorithm-crlf": (list(zip((f"{API}/tree/", "/metadata.json"), h.swap_metadata(
+        b'{"name": "relu", "version": 1, "backend": {"type": "cpu"}, "python-depends": [], '
+        b'"digest": {"algorithm": "\\r\\nsha256", "files": {}}}'))), 1, "metadata.json"),
     "metadata-256MiB": ([("/metadata.json", h.huge(256 << 20))], 1, "metadata.json"),
     "file-endless-500-body": ([(INIT, h.endless(500))], 3, "500"),
     "file-302-loop": ([(INIT, h.redirect_loop())], 3, "redirect"),

@@ -173,3 +173,31 @@ def test_workers_get_the_same_limits(home):
             took, said = _closed_within(s, 10)
             assert took < 3 and said == b"", (took, said)
             s.close()
+
+
+def test_an_endless_post_body_is_413_bounded(home):
+    """paths-info reads its body up to 4 MiB (mirror/serve/protocol.MAX_BODY): a chunked body without
+    end is a 413 once it passes that, and a Content-Length past it is a 413 before a byte of it is read.
+    Before, the whole body was read into memory (`request.body()`)."""
+    path = f"/api/kernels/{RELU}/paths-info/v1"
+    with serving(home) as m:
+        before = rss_kib(m.proc.pid)
+        with socket.create_connection(("127.0.0.1", m.port), timeout=60) as s:
+            s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      "Transfer-Encoding: chunked\r\n\r\n".encode())
+            chunk, sent = b"a" * (1 << 20), 0
+            try:
+                while sent < 200 << 20 and not select.select([s], [], [], 0)[0]:
+                    s.sendall(b"%x\r\n" % len(chunk) + chunk + b"\r\n")
+                    sent += len(chunk)
+                answer = s.recv(4096)
+            except OSError:  # closed under the send, after the 413
+                answer = b"HTTP/1.1 413 (closed under the send)"
+        assert answer.startswith(b"HTTP/1.1 413 "), answer[:200]
+        assert sent < 64 << 20, f"serve read {sent >> 20} MiB of one body"
+        assert (rss_kib(m.proc.pid) - before) / 1024 < 40
+        head = (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {1 << 30}\r\nConnection: close\r\n\r\n").encode()
+        status, headers, _ = raw_http(m.port, head, timeout=30)
+        assert status == 413 and "body over" in headers.get("x-error-message", ""), (status, headers)
+        assert timed_refs(m.port) < 2 and m.proc.poll() is None

@@ -20,6 +20,7 @@ from frt.mirror.home_path import check_ledger_text, default_home
 from frt.resolver.errors import BadInput, FrtError, exit_code
 from frt.resolver.gate import check_endpoint, check_repo_id
 from frt.resolver.targets import parse_target
+from .say import say
 
 if TYPE_CHECKING:  # the home, the ledger and the Hub client are imported by the commands that use them
     from frt.mirror.home import Home
@@ -75,14 +76,14 @@ class _Group(click.Group):
         except click.ClickException as e:  # a command's options and arguments, parsed in here
             _usage_error(getattr(e, "ctx", None) or ctx, e)
         except FrtError as e:
-            click.echo(f"frt-mirror: {e}", err=True)
+            say(str(e))
             ctx.exit(exit_code(e))
         except OSError as e:  # a local file the user named or the home holds: unwritable, missing, full
             where = f"{e.filename}: " if e.filename else ""
-            click.echo(f"frt-mirror: {where}{e.strerror or e}", err=True)
+            say(f"{where}{e.strerror or e}")
             ctx.exit(2)
         except KeyboardInterrupt:
-            click.echo("frt-mirror: interrupted", err=True)
+            say("interrupted")
             ctx.exit(130)
 
 
@@ -94,7 +95,7 @@ def _usage_error(ctx: click.Context, e: click.ClickException) -> None:
     if isinstance(e, _NO_ARGS):  # `frt-mirror` or a group alone: its help, as click shows it
         raise e
     hint = f" (see {ctx.command_path} --help)" if isinstance(e, click.UsageError) else ""
-    click.echo(f"frt-mirror: {' '.join(e.format_message().split())}{hint}", err=True)
+    say(f"{' '.join(e.format_message().split())}{hint}")
     ctx.exit(e.exit_code)
 
 

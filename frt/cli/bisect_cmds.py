@@ -13,6 +13,7 @@ from frt.resolver.gate import check_repo_id
 from frt.resolver.settings import MAX_SETTING
 
 from .app import App, Finite, cli, emit_json, endpoint_option, json_option, parse_targets
+from .say import say
 
 
 @cli.command("pin")
@@ -32,7 +33,7 @@ def pin_cmd(app: App, repo, revision, target, fmt, endpoint):
     try:
         pinned = pin_env(repo, revision, target, home=app.home, hub=app.hub(endpoint))
     except KernelUnavailable as e:
-        click.echo(f"frt-mirror: refused: {e}", err=True)
+        say(f"refused: {e}")
         sys.exit(exit_code(e))
     if fmt == "json":
         emit_json({"repo": pinned.repo, "commit": pinned.commit, "variant": pinned.variant, "env": pinned.env})

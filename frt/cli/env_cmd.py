@@ -10,6 +10,7 @@ import click
 from frt.resolver.errors import BadInput
 
 from .app import App, cli, emit_json, parse_repo_versions, parse_targets
+from .say import say
 
 
 @cli.command("env")
@@ -64,7 +65,7 @@ def env_cmd(app: App, target, serve_url, engine, seats, python_dir, versions, fm
             for e in entries], **({"engine": engine, "python_dir": values["PYTHONPATH"]} if engine else {})})
         return
     for w in warnings:
-        click.echo(f"frt-mirror: warning: {w}", err=True)
+        say(f"warning: {w}")
     for e in entries:
         click.echo(f"# {e.repo} {e.requested} → {e.commit[:12]} {e.variant}")
     click.echo(f"# warning: {TELEMETRY_WARNING}")

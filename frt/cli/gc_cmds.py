@@ -9,10 +9,11 @@ from frt.resolver.errors import BadInput
 from frt.resolver.targets import parse_target
 
 from .app import App, cli, emit_json, json_option
+from .say import say
 
 
 def _note(what: str) -> None:
-    click.echo(f"frt-mirror: {what}", err=True)
+    say(what)
 
 
 def _existing(app: App) -> None:

@@ -13,6 +13,7 @@ from frt.resolver.errors import BadInput, KernelUnavailable, exit_code
 from frt.resolver.gate import check_repo_id
 
 from .app import App, cli, emit_json, endpoint_option, json_option, parse_targets
+from .say import say
 
 
 @cli.command("scan")
@@ -63,7 +64,7 @@ def resolve_cmd(app: App, repo, version, revision, target, offline, endpoint, as
     except KernelUnavailable as e:
         if as_json:
             emit_json(e.refusal.to_json())
-        click.echo(f"frt-mirror: refused: {e}", err=True)
+        say(f"refused: {e}")
         sys.exit(exit_code(e))
     if as_json:
         emit_json(res.to_json())

@@ -11,6 +11,7 @@ from frt.mirror.home_path import check_writable
 from frt.mirror.render import human_bytes, table
 
 from .app import App, cli, emit_json, endpoint_option, json_option, parse_targets
+from .say import say
 
 
 @cli.command("stage")
@@ -57,7 +58,7 @@ def stage_cmd(app: App, manifest, targets, jobs, endpoint, quiet, as_json):
                        f"against the upstream's hashes only): {', '.join(bare)}")
         for r in report.rows:
             if r.status != "staged":
-                click.echo(f"frt-mirror: {r.status}: {r.detail}", err=True)
+                say(f"{r.status}: {r.detail}")
     sys.exit(0 if report.ok else 1)
 
 
@@ -147,7 +148,7 @@ def import_cmd(app: App, src, require_signature, quiet, as_json):
     app.ride_out()
     # Exclusive, as unstage: an incremental bundle may take views away, which no stager may be linking;
     # gc waits too (what is stored here is referenced only at the end).
-    with store_collector(app.home, lambda what: as_json or click.echo(f"frt-mirror: {what}", err=True)):
+    with store_collector(app.home, lambda what: as_json or say(what)):
         report = import_bundle(src, app.home, require_signature=require_signature,
                                progress=not (quiet or as_json))
     if as_json:

@@ -33,7 +33,7 @@ from frt.resolver.gate import org_problem
 from ..store import blob_relpath
 from .accesslog import AccessLog, Counted
 from .catalog import Catalog, ServedCommit, ServedFile, ServedRepo, dir_oid, etag_of
-from .protocol import HubError, parse_range, split_raw_path, split_revision
+from .protocol import MAX_BODY, HubError, parse_range, read_body, split_raw_path, split_revision
 from .pull import STALE_HEADER, PullService, upstream_error
 from .blob import BlobResponse, file_headers
 from .integrity import Integrity
@@ -258,7 +258,7 @@ class MirrorApp:
 
     async def paths_info(self, request: Request, repo: ServedRepo, rev: str) -> Response:
         c = self.commit(repo, rev)
-        body = await request.body()
+        body = await read_body(request, MAX_BODY)
         if request.headers.get("content-type", "").startswith("application/json"):
             try:
                 doc = json.loads(body or b"{}")

@@ -7,6 +7,9 @@ import re
 from starlette.responses import JSONResponse
 
 MAX_PATH = 4096
+# A POST body (paths-info: a list of paths; huggingface_hub sends all it asks for in one): 4 MiB holds
+# ~40k paths, more than a kernel repo has files. Read up to this, never whole whatever its size.
+MAX_BODY = 4 << 20
 _PCT = re.compile(rb"%([0-9A-Fa-f]{2})")
 # A header value is printable ASCII here: the message may quote the request's path, and a decoded
 # control character (%0A, %1F) in a header makes uvicorn refuse the whole response (a 500).
@@ -30,6 +33,19 @@ class HubError(Exception):
         if head:  # a HEAD answer has the headers, not the body
             resp.body = b""
         return resp
+
+
+async def read_body(request, cap: int = MAX_BODY) -> bytes:
+    """The request's body, or a 413 as soon as it (or its Content-Length) passes `cap`."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > cap:
+        raise HubError(413, None, f"request body over {cap} bytes")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > cap:
+            raise HubError(413, None, f"request body over {cap} bytes")
+    return bytes(body)
 
 
 def split_raw_path(raw: bytes) -> list[str]:
