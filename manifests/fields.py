@@ -12,9 +12,9 @@ from .model import KernelSpec, ModelSpec, TargetSpec, Trust
 from .source import Source
 
 TARGET_FIELDS = ("torch", "backend", "cpu", "os")
-_TARGET_KEYS = ("name", "target", *TARGET_FIELDS)
+_TARGET_KEYS = ("name", "target", *TARGET_FIELDS, "archs")
 _TARGET_HINT = ('a target is target = "torch2.11-cu130-x86_64-linux", '
-                'or torch, backend, cpu and os (+ optional name)')
+                'or torch, backend, cpu and os (+ optional name, and archs = ["8.0", "9.0"] for its GPUs)')
 
 # Hub repo id rules (huggingface_hub.utils.validate_repo_id): each part is word characters, '-'
 # and '.', starting and ending with a word character, no "--" or "..", at most 96 characters.
@@ -91,7 +91,10 @@ def _parse_target(src: Source, t: dict, path: tuple) -> TargetSpec:
         if not isinstance(text, str) or not text.strip():
             raise src.error(path + ("target",),
                             f'must be a target string like "torch2.11-cu130-x86_64-linux", got {text!r}')
-        return TargetSpec(name=name, text=text, source=src.at(path))
+        archs = _archs(src, t, path)
+        if archs and "@" in text:
+            raise src.error(path + ("archs",), "the target string already names archs after '@': give them once")
+        return TargetSpec(name=name, text=text, source=src.at(path), archs=archs)
     missing = [f for f in TARGET_FIELDS if f not in t]
     if missing:
         raise src.error(path, f"missing {', '.join(missing)}; {_TARGET_HINT}")
@@ -101,7 +104,20 @@ def _parse_target(src: Source, t: dict, path: tuple) -> TargetSpec:
             raise src.error(path + (f,),
                             f"must be a string of letters, digits, '_' or '.' (no '-'), got {t[f]!r}")
     return TargetSpec(name=name, torch=t["torch"], backend=t["backend"], cpu=t["cpu"], os=t["os"],
-                      source=src.at(path))
+                      source=src.at(path), archs=_archs(src, t, path))
+
+
+def _archs(src: Source, t: dict, path: tuple) -> tuple[str, ...] | None:
+    """``archs = ["8.0", "9.0"]``: GPU archs (CUDA capabilities, ROCm gfx names), each a plain string;
+    which are valid for the backend is the resolver's to say."""
+    if "archs" not in t:
+        return None
+    value = t["archs"]
+    if (not isinstance(value, list) or not value
+            or not all(isinstance(a, str) and a and re.fullmatch(r"[A-Za-z0-9_.:+-]+", a) for a in value)):
+        raise src.error(path + ("archs",), 'must be a non-empty array of quoted arch names like ["8.0", "9.0"] '
+                                           f'or ["gfx942"], got {value!r}')
+    return tuple(value)
 
 
 def _check_torch(src: Source, value: object, path: tuple) -> None:

@@ -42,6 +42,7 @@ class TargetSpec:
     cpu: str | None = None
     os: str | None = None
     source: str = ""
+    archs: tuple[str, ...] | None = None  # the fleet's GPU archs (``archs = ["8.0", "9.0"]``), checked by the resolver
 
     def __post_init__(self):
         fields = (self.torch, self.backend, self.cpu, self.os)
@@ -50,10 +51,11 @@ class TargetSpec:
 
     @property
     def as_string(self) -> str:
-        """The target string, ``torch<M>.<m>-<backend>-<cpu>-<os>`` (or ``text`` verbatim)."""
+        """The target string, ``torch<M>.<m>-<backend>-<cpu>-<os>[@ARCH,...]`` (or ``text`` verbatim, + archs)."""
+        at = f"@{','.join(self.archs)}" if self.archs else ""
         if self.text is not None:
-            return self.text
-        return f"torch{self.torch}-{self.backend}-{self.cpu}-{self.os}"
+            return self.text + at
+        return f"torch{self.torch}-{self.backend}-{self.cpu}-{self.os}{at}"
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from frt.resolver import HubClient, Ledger, Target, decide, scan
+from frt.resolver import HubClient, Ledger, Target, scan
+from frt.resolver.core import judge
 from frt.resolver.errors import BadInput
 
 from .home import Home
@@ -107,7 +108,7 @@ def plan(repo: str, *, good: str, bad: str, target: Target, home: Home, hub: Hub
     with ledger.view() as v:
         rng.meta = {c.sha: c for c in v.commits(repo)}
         for sha in between[:-1]:  # bad itself is known bad: it is the answer if nothing earlier is
-            decisions = decide(target, v.variant_names(repo, sha) or ())
+            decisions = judge(v, repo, sha, target)
             if any(d.accepted for d in decisions):
                 rng.candidates.append(sha)
             else:

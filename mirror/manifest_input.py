@@ -8,6 +8,7 @@ from pathlib import Path
 from frt.manifests import Manifest, ManifestError, ModelSpec, load_manifest
 from frt.resolver import Request, Target, make_request, make_target, parse_target
 from frt.resolver.errors import BadInput
+from frt.resolver.targets import with_archs
 
 
 @dataclass(frozen=True)
@@ -42,9 +43,11 @@ def _manifest_targets(manifest: Manifest) -> list[Target]:
     for t in manifest.targets:
         try:
             if getattr(t, "text", None):
-                out.append(parse_target(t.text, name=t.name))
+                target = parse_target(t.text, name=t.name)
+                out.append(with_archs(target, t.archs) if t.archs else target)
             else:
-                out.append(make_target(torch=t.torch, backend=t.backend, cpu=t.cpu, os=t.os, name=t.name))
+                out.append(make_target(torch=t.torch, backend=t.backend, cpu=t.cpu, os=t.os, name=t.name,
+                                       archs=t.archs))
         except BadInput as e:
             raise BadInput(f"{t.source}: {e}") from None
     return out

@@ -182,12 +182,18 @@ def staged_for(ledger: Ledger, target: str | None) -> list[StagedRow]:
         if r.is_pulled and (r.repo, r.requested) not in own:
             pulled.setdefault((r.repo, r.requested, r.commit), []).append(r)
     chosen = []
-    for group in pulled.values():
-        best = accepted(t, [r.variant for r in group])
+    for (repo, _, commit), group in pulled.items():
+        best = accepted(t, [r.variant for r in group], _declared(ledger, repo, commit) if t.archs else None)
         chosen += [r for r in group if best and r.variant == best[0]]
     if not chosen:
         return rows
     return sorted(rows + chosen, key=lambda r: (r.repo, r.version or 0, r.requested, r.target))
+
+
+@retried
+def _declared(ledger: Ledger, repo: str, commit: str) -> dict:
+    with ledger.view() as v:
+        return v.declared(repo, commit)
 
 
 @retried

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from .archs import NOARCH, Declared
 from .resolution import FileEntry, Refusal, Request, Resolution
 from .targets import Target
-from .variants import decide
+from .variants import VariantDecision, by_name_best, decide
 
 
 class Availability(Protocol):
@@ -21,6 +22,15 @@ class Availability(Protocol):
     def variant_names(self, repo_id: str, sha: str) -> tuple[str, ...] | None: ...
     def variant(self, repo_id: str, sha: str, name: str) -> tuple[tuple[FileEntry, ...], dict]: ...
     def history(self, repo_id: str, sha: str) -> list[str] | None: ...
+    def declared(self, repo_id: str, sha: str) -> dict[str, Declared]: ...
+
+
+def judge(avail: Availability, repo: str, sha: str, target: Target,
+          names: tuple[str, ...] | None = None) -> tuple[VariantDecision, ...]:
+    """The variants at a commit judged for `target`; what its builds declare (their archs) is read only
+    where the target names archs."""
+    names = (avail.variant_names(repo, sha) or ()) if names is None else names
+    return decide(target, names, avail.declared(repo, sha) if target.archs else None)
 
 
 def resolve_request(avail: Availability, request: Request, target: Target) -> Resolution | Refusal:
@@ -40,7 +50,7 @@ def resolve_request(avail: Availability, request: Request, target: Target) -> Re
             text = f"revision {request.revision!r} not found in {repo}"
             return Refusal(request, target, "RevisionNotFound", f"{repo}: {text}", detail=text)
     names = avail.variant_names(repo, commit) or ()
-    decisions = decide(target, names)
+    decisions = judge(avail, repo, commit, target, names)
     best = next((d.name for d in decisions if d.accepted), None)
     if best is not None:
         files, metadata = avail.variant(repo, commit, best)
@@ -52,7 +62,7 @@ def _no_variant(avail, request, target, commit, names, decisions, versions) -> R
     repo = request.repo
 
     def has_target(sha: str) -> bool:
-        return any(d.accepted for d in decide(target, avail.variant_names(repo, sha) or ()))
+        return any(d.accepted for d in judge(avail, repo, sha, target))
 
     # The version lines this commit lies on: the asked version, or every v<N> whose history holds it.
     if request.version is not None:
@@ -67,8 +77,8 @@ def _no_variant(avail, request, target, commit, names, decisions, versions) -> R
             break
     with_target = tuple(n for n, head in versions.items() if has_target(head))
 
-    parts = [f"{repo} {request.label} → {commit[:12]} has {', '.join(names) if names else 'no build variants'}",
-             f"none for {target}"]
+    declared = avail.declared(repo, commit) if target.archs else None
+    parts = [_what_it_has(request, commit, names, declared), _none_for(target, names, decisions)]
     if newest:
         parts.append(f"newest commit on v{newest_line} with it: {newest[:12]}")
     elif lines:
@@ -79,5 +89,23 @@ def _no_variant(avail, request, target, commit, names, decisions, versions) -> R
     elif not newest:
         parts.append("no version has it")
     detail = "\n".join(f"{d.name}: {d.reason}" for d in decisions)
-    return Refusal(request, target, "NoVariant", "; ".join(parts), detail=detail, commit=commit,
-                   available=tuple(names), newest_with_target=newest, versions_with_target=with_target)
+    # An arch target's refusal where a build matches by name: kernels would pick it, then raise at load.
+    for_archs = bool(target.archs) and by_name_best(target, names) is not None
+    return Refusal(request, target, "NoVariantForArchs" if for_archs else "NoVariant", "; ".join(parts),
+                   detail=detail, commit=commit, available=tuple(names), newest_with_target=newest,
+                   versions_with_target=with_target,
+                   declared={n: list(declared.get(n, NOARCH).archs or ()) for n in names} if declared else {})
+
+
+def _what_it_has(request: Request, commit: str, names: tuple[str, ...], declared: dict | None) -> str:
+    """What the commit has; for an arch target, with what each build declares."""
+    listed = [f"{n} ({declared.get(n, NOARCH).label})" for n in names] if declared is not None else list(names)
+    return f"{request.repo} {request.label} → {commit[:12]} has {', '.join(listed) if names else 'no build variants'}"
+
+
+def _none_for(target: Target, names: tuple[str, ...], decisions) -> str:
+    best = by_name_best(target, names) if target.archs else None
+    if best is None:
+        return f"none for {target}"
+    why = next(d.reason for d in decisions if d.name == best)
+    return f"none for {target}: kernels would pick {best} by name and refuse to load it ({why})"

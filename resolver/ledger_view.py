@@ -8,6 +8,7 @@ from datetime import datetime
 
 from sqlalchemy import Connection, bindparam, func, select
 
+from .archs import Declared
 from .resolution import FileEntry
 from .schema import Commit, File, Listing, Ref, Repo, Variant
 
@@ -34,6 +35,10 @@ _VARIANT_FILES = (select(Variant.metadata_json, File.path, File.size, File.git_o
                   .where(Commit.repo_pk == bindparam("pk"), Commit.sha == bindparam("sha"),
                          Variant.name == bindparam("name"))
                   .order_by(File.path))
+_VARIANT_METADATA = (select(Variant.name, Variant.metadata_json).join(Commit, Variant.commit_pk == Commit.id)
+                     .where(Commit.repo_pk == bindparam("pk"), Commit.sha == bindparam("sha")))
+_REPO_METADATA = (select(Commit.sha, Variant.name, Variant.metadata_json).join(Commit, Variant.commit_pk == Commit.id)
+                  .where(Commit.repo_pk == bindparam("pk")))
 _ALL_COMMIT_VARIANTS = (select(Commit.sha, Commit.scanned, Variant.name)
                         .outerjoin(Variant, Variant.commit_pk == Commit.id)
                         .where(Commit.repo_pk == bindparam("pk")).order_by(Commit.sha, Variant.name))
@@ -60,6 +65,7 @@ class LedgerView:
         self._repos: dict[str, tuple[int | None, list[tuple[str, str, str]]]] = {}
         self._names: dict[tuple[str, str], tuple[str, ...] | None] = {}
         self._listings: dict[str, dict[str, list[str]]] = {}
+        self._declared: dict[tuple[str, str], dict[str, Declared]] = {}
 
     def _repo_row(self, repo_id: str) -> tuple[int | None, list[tuple[str, str, str]]]:
         """(repo pk, [(kind, name, sha)] of live refs), in one query."""
@@ -109,6 +115,23 @@ class LedgerView:
         rows = self._conn.execute(_VARIANT_FILES, {"pk": self.repo_pk(repo_id), "sha": sha, "name": name}).all()
         files = tuple(FileEntry(p, n, oid, h) for _, p, n, oid, h in rows if p is not None)
         return files, json.loads(rows[0][0]) if rows and rows[0][0] else {}
+
+    def declared(self, repo_id: str, sha: str) -> dict[str, Declared]:
+        """What each variant's metadata.json at a commit declares of its device code (backend type, archs):
+        asked only for targets that name GPU archs."""
+        key = (repo_id, sha)
+        if key not in self._declared:  # a commit without variants has no row: {}
+            rows = self._conn.execute(_VARIANT_METADATA, {"pk": self.repo_pk(repo_id), "sha": sha}).all()
+            self._declared[key] = {name: Declared.of(json.loads(doc) if doc else None) for name, doc in rows}
+        return self._declared[key]
+
+    def declared_all(self, repo_id: str) -> None:
+        """Read what every variant of the repo declares in one query (the matrix asks for every commit)."""
+        out: dict[str, dict[str, Declared]] = {}
+        for sha, name, doc in self._conn.execute(_REPO_METADATA, {"pk": self.repo_pk(repo_id)}):
+            out.setdefault(sha, {})[name] = Declared.of(json.loads(doc) if doc else None)
+        for sha, declared in out.items():
+            self._declared[(repo_id, sha)] = declared
 
     def history(self, repo_id: str, sha: str) -> list[str] | None:
         """The commits the upstream listed as `sha`'s history (list_repo_commits(revision=sha)), newest

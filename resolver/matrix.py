@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from .core import judge
 from .ledger_view import LedgerView
 from .targets import Target, make_target
-from .variants import decide, parse_fields
+from .variants import by_name_best, parse_fields
 
 
 @dataclass(frozen=True)
@@ -19,6 +20,13 @@ class MatrixRow:
     variants: frozenset[str]
     serves: dict[str, str | None] = field(default_factory=dict)  # target -> chosen variant or None
     no_digest: frozenset[str] = frozenset()  # variants whose metadata.json carries no publisher digest
+    archs: dict[str, tuple[str, ...] | None] = field(default_factory=dict)  # variant -> its declared archs
+    # arch target -> the variant kernels picks by name, where that is not the one served: it would raise there
+    by_name: dict[str, str] = field(default_factory=dict)
+
+    def fallback(self, target: str) -> bool:
+        """Served by a build other than kernels' pick by name (which does not load on the target's archs)."""
+        return target in self.by_name and self.serves.get(target) is not None
 
 
 @dataclass(frozen=True)
@@ -33,10 +41,13 @@ class Matrix:
             "repo": self.repo,
             "variants": list(self.variants),
             "targets": [str(t) for t in self.targets],
+            "target_archs": {str(t): list(t.archs) for t in self.targets},
             "revisions": [
                 {"commit": r.commit, "date": r.date.isoformat() if r.date else None, "title": r.title,
                  "refs": list(r.refs), "variants": sorted(r.variants), "serves": r.serves,
-                 "no_digest": sorted(r.no_digest)}
+                 "no_digest": sorted(r.no_digest),
+                 "archs": {v: list(a) if a else None for v, a in sorted(r.archs.items())},
+                 "by_name": r.by_name}
                 for r in self.rows
             ],
         }
@@ -59,13 +70,17 @@ def build_matrix(view: LedgerView, repo_id: str, targets: list[Target] | None = 
     refs: dict[str, list[str]] = {}
     for _kind, name, sha in view.refs(repo_id):
         refs.setdefault(sha, []).append(name)
+    view.declared_all(repo_id)
     rows = []
     for c in commits:
         present = tuple(c.variants)
-        serves = {}
+        serves, by_name = {}, {}
         for t in targets:
-            best = next((d.name for d in decide(t, present) if d.accepted), None)
-            serves[str(t)] = best
+            serves[str(t)] = next((d.name for d in judge(view, repo_id, c.sha, t, present) if d.accepted), None)
+            pick = by_name_best(t, present) if t.archs else None
+            if pick is not None and pick != serves[str(t)]:
+                by_name[str(t)] = pick
+        archs = {name: d.archs for name, d in view.declared(repo_id, c.sha).items()}
         rows.append(MatrixRow(c.sha, c.date, c.title, tuple(sorted(refs.get(c.sha, []))), frozenset(present), serves,
-                              frozenset(c.no_digest)))
+                              frozenset(c.no_digest), archs, by_name))
     return Matrix(repo_id, tuple(names), tuple(targets), tuple(rows))

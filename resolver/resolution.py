@@ -86,6 +86,7 @@ class Resolution:
             "repo": self.repo,
             "requested": self.request.label,
             "target": str(self.target),
+            "target_archs": list(self.target.archs),
             "commit": self.commit,
             "variant": self.variant,
             "files": [asdict(f) for f in self.files],
@@ -125,6 +126,7 @@ class Refusal:
     available: tuple[str, ...] = ()
     newest_with_target: str | None = None  # newest commit on the same version line that has it
     versions_with_target: tuple[int, ...] = ()
+    declared: dict[str, list[str]] = field(default_factory=dict, compare=False)  # arch target: variant -> its archs
 
     @property
     def repo(self) -> str:
@@ -137,6 +139,7 @@ class Refusal:
             "version": self.request.version,
             "revision": self.request.revision,
             "target": str(self.target),
+            "target_archs": list(self.target.archs),
             "error": self.error,
             "message": self.message,
             "detail": self.detail,
@@ -144,4 +147,5 @@ class Refusal:
             "available": list(self.available),
             "newest_commit_with_target": self.newest_with_target,
             "versions_with_target": list(self.versions_with_target),
+            "declared_archs": self.declared,
         }

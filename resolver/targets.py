@@ -1,18 +1,21 @@
 """Targets: the system a kernel must load on, which need not be this machine.
 
-Syntax: ``torch<M>.<m>-<backend>-<cpu>-<os>`` (``torch2.11-cu130-aarch64-linux``) or ``host``.
+Syntax: ``torch<M>.<m>-<backend>-<cpu>-<os>[@ARCH,...]`` (``torch2.11-cu130-aarch64-linux``,
+``torch2.11-cu130-x86_64-linux@8.0,9.0``, ``torch2.13-rocm71-x86_64-linux@gfx942``) or ``host``.
 The backend token is a build-variant backend (``cpu``, ``cu130``, ``rocm71``, ``xpu20253``,
 ``metal``, ``cann81``, ``neuron``, ``tpu``) and is validated by the ``kernels`` library's parser.
+The archs after ``@`` are the fleet's GPUs (CUDA capabilities, ROCm gfx names): see archs.py.
 """
 
 from __future__ import annotations
 
 import platform
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from packaging.version import Version
 
+from . import archs as _archs
 from .errors import BadInput
 
 _TARGET_RE = re.compile(r"torch(?P<major>\d+)\.(?P<minor>\d+)-(?P<backend>[a-z0-9]+)-(?P<cpu>[a-z0-9_]+)-(?P<os>[a-z]+)")
@@ -25,6 +28,8 @@ OSES = ("linux", "darwin", "windows")
 # pip wheels of torch on Linux use the C++11 ABI from 2.7 on (older ones were cxx98);
 # a target names no ABI, so we assume the one the official wheels of that minor have.
 _CXX11_SINCE = Version("2.7")
+# A darwin target names no macOS release: assume one new enough for Metal builds (kernels wants 26).
+_MACOS_FOR_TARGETS = Version("26.0")
 
 
 @dataclass(frozen=True, order=True)
@@ -33,19 +38,37 @@ class Target:
     backend: str
     cpu: str
     os: str
+    # The GPUs the target's builds must load on, canonical (archs.normalize); (): any device, by name only.
+    archs: tuple[str, ...] = ()
     # A manifest's label for the target; not part of its identity.
     name: str | None = field(default=None, compare=False)
+    # What kernels reads of a system beyond its name, as `host` detects it. A named target assumes the
+    # official torch wheels' C++ ABI (abi None), macOS 26 on darwin (make_target) and no tvm-ffi.
+    abi: bool | None = None
+    macos: Version | None = None  # None on darwin: unknown, as kernels has it, and Metal builds are refused
+    tvm_ffi: Version | None = None
 
     @property
     def cxx11_abi(self) -> bool | None:
         if self.os != "linux" or self.torch is None:
             return None
-        return self.torch >= _CXX11_SINCE
+        return self.torch >= _CXX11_SINCE if self.abi is None else self.abi
+
+    @property
+    def device(self) -> str | None:
+        """'cuda' or 'rocm' where kernels checks a build's archs on this target's devices."""
+        return _archs.device_of(self.backend)
+
+    @property
+    def by_name(self) -> Target:
+        """The target with no archs: what kernels itself sees when it picks a variant by name."""
+        return replace(self, archs=()) if self.archs else self
 
     def __str__(self) -> str:
+        at = f"@{','.join(self.archs)}" if self.archs else ""
         if self.torch is None:
-            return f"notorch-{self.backend}-{self.cpu}-{self.os}"
-        return f"torch{self.torch.major}.{self.torch.minor}-{self.backend}-{self.cpu}-{self.os}"
+            return f"notorch-{self.backend}-{self.cpu}-{self.os}{at}"
+        return f"torch{self.torch.major}.{self.torch.minor}-{self.backend}-{self.cpu}-{self.os}{at}"
 
     @property
     def label(self) -> str:
@@ -56,20 +79,29 @@ class Target:
 def parse_target(text: str, *, name: str | None = None) -> Target:
     """Parse a target string, or ``host``; raise `BadInput` with the expected syntax otherwise."""
     text = text.strip()
-    if text == "host":
-        return _host_as_named_target()
-    m = _TARGET_RE.fullmatch(text)
+    base, at, archs = text.partition("@")
+    if base == "host":
+        return with_archs(_host_as_named_target(), archs.split(",")) if at else _host_as_named_target()
+    m = _TARGET_RE.fullmatch(base)
     if not m:
         raise BadInput(
-            f"unknown target {text!r}: expected torch<M>.<m>-<backend>-<cpu>-<os> "
-            "(e.g. torch2.11-cu130-x86_64-linux) or 'host'"
+            f"unknown target {text!r}: expected torch<M>.<m>-<backend>-<cpu>-<os>[@ARCH,...] "
+            "(e.g. torch2.11-cu130-x86_64-linux, torch2.11-cu130-x86_64-linux@8.0,9.0) or 'host'"
         )
-    return make_target(
-        torch=f"{m['major']}.{m['minor']}", backend=m["backend"], cpu=m["cpu"], os=m["os"], name=name
-    )
+    return make_target(torch=f"{m['major']}.{m['minor']}", backend=m["backend"], cpu=m["cpu"], os=m["os"],
+                       name=name, archs=archs.split(",") if at else None)
 
 
-def make_target(*, torch: str | None, backend: str, cpu: str, os: str, name: str | None = None) -> Target:
+def with_archs(target: Target, archs: list[str] | tuple[str, ...]) -> Target:
+    """`target` naming these GPU archs (checked; BadInput says what is wrong)."""
+    try:
+        return replace(target, archs=_archs.normalize(target.backend, archs))
+    except ValueError as e:
+        raise BadInput(f"target {target.by_name}: {e}") from None
+
+
+def make_target(*, torch: str | None, backend: str, cpu: str, os: str, name: str | None = None,
+                archs: list[str] | tuple[str, ...] | None = None) -> Target:
     """Build a target from its fields (a manifest's ``[[targets]]`` table), validating each."""
     from kernels.backends import parse_backend
 
@@ -92,7 +124,9 @@ def make_target(*, torch: str | None, backend: str, cpu: str, os: str, name: str
     if cpu not in CPUS or os not in OSES:
         raise BadInput(f"unknown cpu/os {cpu!r}/{os!r} in target: expected a cpu of {', '.join(CPUS)} and an "
                        f"os of {', '.join(OSES)}")
-    return Target(torch=version, backend=backend, cpu=cpu, os=os, name=name)
+    target = Target(torch=version, backend=backend, cpu=cpu, os=os, name=name,
+                    macos=_MACOS_FOR_TARGETS if os == "darwin" else None)
+    return with_archs(target, archs) if archs is not None else target
 
 
 def _host_as_named_target() -> Target:
@@ -110,13 +144,14 @@ def _host_as_named_target() -> Target:
 
 
 def host_target() -> Target:
-    """This machine as a target, detected the way ``kernels`` detects it when it loads.
+    """This machine as a target, detected the way ``kernels`` detects it when it loads
+    (`kernels.variants.resolve_variants`): its C++ ABI, macOS release and tvm-ffi too.
 
     Without torch the target has no torch version: only noarch variants can match it,
     which is exactly what ``kernels`` itself would accept here.
     """
+    import kernels.compat
     from kernels.backends import _backend
-    from kernels.compat import has_torch
 
     cpu = platform.machine()
     os = platform.system().lower()
@@ -124,10 +159,28 @@ def host_target() -> Target:
         cpu = "aarch64"
     elif os == "windows" and cpu == "AMD64":
         cpu = "x86_64"
-    torch_version = None
-    if has_torch:
+    torch_version, abi = None, None
+    if kernels.compat.has_torch:
         import torch
 
         v = Version(torch.__version__)
         torch_version = Version(f"{v.major}.{v.minor}")
-    return Target(torch=torch_version, backend=_backend().variant_str, cpu=cpu, os=os, name="host")
+        abi = torch.compiled_with_cxx11_abi() if os == "linux" else None
+    return Target(torch=torch_version, backend=_backend().variant_str, cpu=cpu, os=os, name="host", abi=abi,
+                  macos=_host_macos() if os == "darwin" else None, tvm_ffi=_host_tvm_ffi())
+
+
+def _host_macos() -> Version | None:
+    release = platform.mac_ver()[0]  # as kernels reads it
+    return Version(release) if release else None
+
+
+def _host_tvm_ffi() -> Version | None:
+    import kernels.compat
+
+    if not kernels.compat.has_tvm_ffi:
+        return None
+    import tvm_ffi
+
+    v = Version(tvm_ffi.__version__)
+    return Version(f"{v.major}.{v.minor}")

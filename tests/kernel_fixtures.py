@@ -59,11 +59,18 @@ def publisher_digest(files: dict[str, bytes]) -> dict:
         if rel not in ("metadata.json", "metadata.json.sigstore") and not rel.startswith("__pycache__/")}}
 
 
+DEFAULT_CUDA_ARCHS = ["8.0", "9.0", "10.0"]
+
+
 def variant_files(name: str, variant: str, *, version: int, note: str = "", extra: dict | None = None,
-                  depends: list | None = None, digest: bool = True) -> dict[str, bytes]:
+                  depends: list | None = None, digest: bool = True,
+                  archs: list[str] | None | str = "default") -> dict[str, bytes]:
     """The files of one build variant directory, keyed by repo path; metadata.json carries the
-    publisher's digest of the others unless `digest=False` (as older builds have none)."""
+    publisher's digest of the others unless `digest=False` (as older builds have none). `archs`: its
+    backend.archs (None: none declared, a noarch build); by default CUDA builds declare 8.0, 9.0, 10.0."""
     kind = backend_type(variant)
+    if archs == "default":
+        archs = DEFAULT_CUDA_ARCHS if kind == "cuda" else None
     tag = hashlib.sha1(f"{name}/{variant}/{version}".encode()).hexdigest()[:8]
     meta = {
         "id": f"_{name.replace('-', '_')}_{tag}",
@@ -71,7 +78,7 @@ def variant_files(name: str, variant: str, *, version: int, note: str = "", extr
         "version": version,
         "license": "apache-2.0",
         "python-depends": [],
-        "backend": {"type": kind, **({"archs": ["8.0", "9.0", "10.0"]} if kind == "cuda" else {})},
+        "backend": {"type": kind, **({"archs": list(archs)} if archs else {})},
     }
     if depends:
         meta["kernel-depends"] = depends
@@ -84,10 +91,12 @@ def variant_files(name: str, variant: str, *, version: int, note: str = "", extr
 
 
 def build(name: str, variants: list[str], *, version: int, note: str = "", extra: dict | None = None,
-          depends: list | None = None, digest: bool = True) -> dict:
+          depends: list | None = None, digest: bool = True, archs: dict[str, list[str] | None] | None = None) -> dict:
+    """`archs`: per variant, its backend.archs where not the default (None: a noarch build)."""
     out: dict[str, bytes] = {"README.md": f"# {name}\n".encode(), "build/": None}
     for v in variants:
-        out.update(variant_files(name, v, version=version, note=note, extra=extra, depends=depends, digest=digest))
+        out.update(variant_files(name, v, version=version, note=note, extra=extra, depends=depends, digest=digest,
+                                 **({"archs": archs[v]} if archs and v in archs else {})))
     return out
 
 
@@ -136,6 +145,25 @@ def layernorm_repo() -> FakeRepo:
     repo.commit(build("layernorm", [X86_CPU, ARM_CPU, "torch-cuda"], version=1, note="initial", depends=deps),
                 title="Initial build", branch="v1")
     return repo
+
+
+H100_CU = "torch213-cxx11-cu130-x86_64-linux"  # this box's torch, so a faked CUDA device can load it
+
+
+def fleet_repos() -> list[FakeRepo]:
+    """For an A100 (8.0) + H100 (9.0) fleet: `hopper`'s v1 head was rebuilt for 9.0 only (its first commit
+    covered 8.0 too) and has no fallback; `hopper-fb` builds 9.0 only beside a noarch Triton-style
+    torch-cuda that declares no archs."""
+    hopper = FakeRepo(f"{ORG}/hopper")
+    hopper.commit(build("hopper", [H100_CU], version=1, note="sm80-sm90", archs={H100_CU: ["8.0", "9.0"]}),
+                  title="Initial build", branch="v1")
+    hopper.commit(build("hopper", [H100_CU], version=1, note="sm90-only", archs={H100_CU: ["9.0"]}),
+                  title="Rebuild for Hopper only", branch="v1")
+    fb = FakeRepo(f"{ORG}/hopper-fb")
+    fb.commit(build("hopper-fb", [H100_CU, "torch-cuda"], version=1, note="sm90+triton",
+                    archs={H100_CU: ["9.0"], "torch-cuda": None}), title="Hopper build and a Triton fallback",
+              branch="v1")
+    return [hopper, fb]
 
 
 def demo_repos() -> list[FakeRepo]:

@@ -70,7 +70,12 @@ def resolve_cmd(app: App, repo, version, revision, target, offline, endpoint, as
         emit_json(res.to_json())
         return
     total = sum(f.size for f in res.files)
-    click.echo(f"{res.repo} {res.request.label} → {res.commit}  {res.variant}  for {res.target}")
+    archs = ""
+    if res.target.archs:  # what the chosen build declares: it covers every arch the target names
+        from frt.resolver.archs import Declared
+
+        archs = f" ({Declared.of(res.metadata).label})"
+    click.echo(f"{res.repo} {res.request.label} → {res.commit}  {res.variant}{archs}  for {res.target}")
     click.echo(table(["file", "size", "git oid", "sha256"],
                      [(f.path, human_bytes(f.size), f.git_oid[:12], (f.sha256 or "")[:12]) for f in res.files]))
     click.echo(f"{len(res.files)} files, {human_bytes(total)}")
@@ -139,12 +144,25 @@ def _render_matrix(m) -> str:
     rows = []
     for r in m.rows:
         cells = [("n" if v in r.no_digest else "x") if v in r.variants else "." for v in m.variants]
-        serves = ["ok" if r.serves[str(t)] else "-" for t in m.targets]
+        serves = [("fb" if r.fallback(str(t)) else "ok") if r.serves[str(t)] else "-" for t in m.targets]
         title = r.title if len(r.title) <= 28 else r.title[:27] + "…"
         rows.append([r.commit[:10], r.date.date() if r.date else "", title, ",".join(r.refs), *cells, *serves])
-    legend = [f"  {i + 1:>2}  {v}" for i, v in enumerate(m.variants)]
+    legend = [f"  {i + 1:>2}  {v}{_declared_archs(m, v)}" for i, v in enumerate(m.variants)]
     legend += [f"  T{i + 1}  {t}" for i, t in enumerate(m.targets)]
-    return f"{m.repo}\n{table(headers, rows)}\n\nvariants (x = built at that revision, n = built, with no publisher digest), targets (ok = served):\n" + "\n".join(legend)
+    key = "variants (x = built at that revision, n = built, with no publisher digest), targets (ok = served"
+    if any(r.by_name for r in m.rows):
+        key += (", fb = served by a build that loads on every arch of the target, not by the one kernels picks "
+                "by name there, which would raise: env and export-cache hand out the fb build")
+    return f"{m.repo}\n{table(headers, rows)}\n\n{key}):\n" + "\n".join(legend)
+
+
+def _declared_archs(m, variant: str) -> str:
+    """What a variant's builds declare, newest revision first where it changed: `  archs 9.0`."""
+    seen = list(dict.fromkeys(r.archs.get(variant) for r in m.rows if variant in r.variants))
+    if not seen:
+        return ""
+    text = " | ".join(f"archs {', '.join(a)}" if a else "no archs" for a in seen)
+    return f"  {text}" + ("  (by revision, newest first)" if len(seen) > 1 else "")
 
 
 @cli.command("report")
@@ -156,7 +174,8 @@ def report_cmd(app: App, as_json):
     if as_json:
         emit_json([
             {"repo": r.repo_id, "requested": r.requested, "version": r.version, "revision": r.revision,
-             "target": r.target, "commit": r.commit_sha, "error": r.error, "message": r.message, "detail": r.detail,
+             "target": r.target, "target_archs": _target_archs(r.target), "commit": r.commit_sha, "error": r.error,
+             "message": r.message, "detail": r.detail,
              "count": r.count, "first_seen": r.first_seen.isoformat(), "last_seen": r.last_seen.isoformat()}
             for r in rows
         ])
@@ -166,3 +185,9 @@ def report_cmd(app: App, as_json):
         return
     click.echo(table(["repo", "requested", "target", "error", "count", "message"],
                      [(r.repo_id, r.requested, r.target, r.error, r.count, r.message) for r in rows]))
+
+
+def _target_archs(target: str) -> list[str]:
+    """The GPU archs a recorded target string names after '@' (canonical: it was str(Target))."""
+    _, at, archs = target.partition("@")
+    return archs.split(",") if at else []

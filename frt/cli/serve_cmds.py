@@ -93,6 +93,7 @@ def serve_cmd(app: App, host, port, trust, access_log, workers, accel_redirect, 
     for org in trust:
         click.echo(f"frt-mirror: --trust {org}: answering trustedKernelPublisher=true for {org} "
                    "(an operator override, not the upstream's word)", err=True)
+    _warn_name_picks(app)
     limits = HttpLimits(**limits)
     url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
     how = f", {workers} workers" if workers > 1 else ""
@@ -110,6 +111,19 @@ def serve_cmd(app: App, host, port, trust, access_log, workers, accel_redirect, 
         metrics_dir.cleanup()
     if code:
         click.get_current_context().exit(code)
+
+
+def _warn_name_picks(app: App) -> None:
+    """Where a client picking by name would get a build its GPUs refuse (mirror/serve/name_picks.py)."""
+    from frt.mirror.serve.name_picks import name_picks
+    from frt.resolver.errors import FrtError
+
+    try:
+        picks = name_picks(app.home)
+    except FrtError:  # the ledger down: serve still serves its catalog, and says so elsewhere
+        return
+    for pick in picks:
+        click.echo(f"frt-mirror: warning: {pick.text}", err=True)
 
 
 def _upstream(app: App, url, allow, refs_ttl, timeout, hold):

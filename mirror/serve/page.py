@@ -34,6 +34,7 @@ from ..home import Home
 from ..records import PULLED, StagedRow
 from ..render import human_bytes
 from ..schema import Blob
+from .name_picks import NamePick, name_picks
 
 INDEX_ROWS = 8  # on `/`, a repo's newest revisions shown; older ones only where a ref or a staged set points
 EVENT_KINDS = ("stage", "import", "bundle", "gc", "quarantine")  # quarantine: a bad blob serve found (integrity.py)
@@ -49,6 +50,8 @@ class Cell:
     variant: str | None = None
     refusal: str = ""
     source: str = ""
+    # an arch target's: the variant kernels picks by name, which would not load there (the served one does)
+    by_name: str | None = None
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,7 @@ class OperatorView:
     store: StoreUsage
     events: dict[str, EventRow]
     by_target: tuple[tuple[str, int, int], ...]  # (target, staged sets, bytes), over every repo
+    name_picks: tuple[NamePick, ...] = ()  # where serve's clients would pick by name a build their GPUs refuse
 
 
 def operator_view(home: Home, repo: str | None = None, targets: list[Target] | None = None,
@@ -125,8 +129,9 @@ def operator_view(home: Home, repo: str | None = None, targets: list[Target] | N
     for s in sets.values():
         t = totals.setdefault(s.target, [0, 0])
         t[0], t[1] = t[0] + 1, t[1] + s.nbytes
+    picks = tuple(p for p in name_picks(home) if p.repo in names)
     return OperatorView(str(home), datetime.now(timezone.utc), tuple(repos), store_usage(home), last_events(ledger),
-                        tuple((t, n, b) for t, (n, b) in sorted(totals.items())))
+                        tuple((t, n, b) for t, (n, b) in sorted(totals.items())), picks)
 
 
 def store_usage(home: Home) -> StoreUsage:
@@ -161,7 +166,8 @@ def _repo_view(view, name: str, staged: list[StagedRow], sets: dict, refusals: l
     cells = {}
     for row in m.rows:
         for t in m.targets:
-            cells[(row.commit, str(t))] = _cell(row, t, served, recorded)
+            declared = view.declared(name, row.commit) if t.archs else None
+            cells[(row.commit, str(t))] = _cell(row, t, served, recorded, declared)
     rows = m.rows
     if index:
         pointed = {s.commit for s in mine}
@@ -169,18 +175,19 @@ def _repo_view(view, name: str, staged: list[StagedRow], sets: dict, refusals: l
     return RepoView(name, "kernel", m, cells, mine, tuple(refusals), rows, len(m.rows) - len(rows))
 
 
-def _cell(row: MatrixRow, t: Target, served: dict, recorded: dict) -> Cell:
+def _cell(row: MatrixRow, t: Target, served: dict, recorded: dict, declared: dict | None) -> Cell:
     key = (row.commit, str(t))
     chosen = row.serves.get(str(t))
     if chosen is not None:
         # a pulled-through variant's row names no target (PULLED + its name): it serves every target that chooses it
         staged = served.get(key) or served.get((row.commit, PULLED + chosen))
-        return Cell("served", staged) if staged else Cell("not-staged", chosen)
+        by_name = row.by_name.get(str(t))
+        return Cell("served", staged, by_name=by_name) if staged else Cell("not-staged", chosen, by_name=by_name)
     if (r := recorded.get(key)) is not None:
         text = r.message + (f"\n\n{r.detail}" if r.detail and r.detail != r.message else "")
         return Cell("refused", refusal=text, source=f"recorded: {r.requested}, {r.error}, seen {r.count}x, "
                                                     f"last {r.last_seen:%Y-%m-%d %H:%M} UTC")
-    trace = "\n".join(f"{d.name}: {d.reason}" for d in decide(t, tuple(row.variants)))
+    trace = "\n".join(f"{d.name}: {d.reason}" for d in decide(t, tuple(row.variants), declared))
     return Cell("refused", refusal=trace or "this revision has no build variants",
                 source="kernels' variant rules, for this revision's variants")
 
@@ -197,6 +204,7 @@ def _environment():
     env.filters["urlpath"] = lambda repo: quote(repo, safe="/")
     env.filters["target"] = _target_heading
     env.filters["variant"] = _variant_heading
+    env.filters["archs"] = lambda archs: f"archs {', '.join(archs)}" if archs else "no archs"
     env.filters["when"] = lambda d: d.strftime("%Y-%m-%d %H:%M UTC") if d else ""
     env.filters["day"] = lambda d: d.strftime("%Y-%m-%d") if d else ""
     env.filters["hm"] = lambda d: d.strftime("%H:%M UTC") if d else ""
@@ -207,8 +215,9 @@ def _target_heading(t: Target):
     """`torch2.11-cu130` over `x86_64-linux`: a column as narrow as its cells (Markup.format escapes)."""
     from markupsafe import Markup
 
-    parts = str(t).split("-")
-    return Markup('{}<span class="t2">{}</span>').format("-".join(parts[:-2]), "-".join(parts[-2:]))
+    parts = str(t.by_name).split("-")
+    archs = Markup('<span class="t2">@{}</span>').format(",".join(t.archs)) if t.archs else ""
+    return Markup('{}<span class="t2">{}</span>{}').format("-".join(parts[:-2]), "-".join(parts[-2:]), archs)
 
 
 def _variant_heading(name: str):
