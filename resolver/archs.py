@@ -18,6 +18,14 @@ _CUDA_ARCH = re.compile(r"(\d+)\.(\d+)")  # a device's compute capability, major
 _ROCM_ARCH = re.compile(r"gfx[0-9a-f]+")  # a device's gcnArchName, its feature flags stripped
 
 
+def declared_archs(metadata) -> list | None:
+    """A metadata.json's `backend.archs`, or None: the upstream's document may be any JSON shape (kernels'
+    parser refuses a bad one at stage; reading it for a listing must not fail first)."""
+    backend = metadata.get("backend") if isinstance(metadata, dict) else None
+    archs = backend.get("archs") if isinstance(backend, dict) else None
+    return archs if isinstance(archs, list) else None
+
+
 @dataclass(frozen=True)
 class Declared:
     """What one build's metadata.json says of its device code: `backend.type` and `backend.archs`
@@ -28,11 +36,10 @@ class Declared:
 
     @classmethod
     def of(cls, metadata: dict | None) -> Declared:
-        backend = (metadata or {}).get("backend") or {}
-        archs = backend.get("archs") if isinstance(backend, dict) else None
+        backend = metadata.get("backend") if isinstance(metadata, dict) else None
         kind = backend.get("type") if isinstance(backend, dict) else None
-        return cls(kind.lower() if isinstance(kind, str) else None,
-                   tuple(str(a) for a in archs) if isinstance(archs, list) and archs else None)
+        archs = declared_archs(metadata)
+        return cls(kind.lower() if isinstance(kind, str) else None, tuple(str(a) for a in archs) if archs else None)
 
     @property
     def label(self) -> str:

@@ -32,7 +32,8 @@ from .ledger_open import (WRITING, AdvisoryLock, busy_timeout, cannot_write, led
 from .ledger_retry import dropped, retried, retry_budget, run_retrying
 from .ledger_view import LedgerView
 from .migrations import SchemaTrack, check_read_only, migrate
-from .resolution import CommitInfo, Refusal, VariantInfo, declared_archs, declared_depends
+from .archs import declared_archs
+from .resolution import CommitInfo, Refusal, VariantInfo, declared_depends
 from .schema import RESOLVER_TRACK, Commit, File, Listing, Publisher, Ref, RefusalRow, Repo, Variant, utcnow
 from .variants import parse_fields
 

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 
+from .archs import declared_archs
 from .targets import Target
 
 
@@ -93,14 +94,6 @@ class Resolution:
             "archs": declared_archs(self.metadata),
             "kernel_depends": declared_depends(self.metadata),
         }
-
-
-def declared_archs(metadata) -> list | None:
-    """A metadata.json's `backend.archs`, or None: the upstream's document may be any JSON shape (kernels'
-    parser refuses a bad one at stage; reading it for a listing must not fail first)."""
-    backend = metadata.get("backend") if isinstance(metadata, dict) else None
-    archs = backend.get("archs") if isinstance(backend, dict) else None
-    return archs if isinstance(archs, list) else None
 
 
 def declared_depends(metadata) -> list:
