@@ -117,8 +117,15 @@ def device_of(backend: str) -> tuple:
 
 
 def kernels_choice(names: list[str]) -> tuple[list[str], dict[str, str]]:
-    """kernels' own host resolution of these names on the (faked) system: accepted in order, and reasons."""
-    chosen, trace = resolve_variants([parse_variant(n) for n in names])
+    """kernels' own host resolution of these names on the (faked) system: accepted in order, and reasons.
+
+    The names go in sorted. kernels' sort is stable and some builds tie under its key (a tvm-ffi build
+    and the noarch build of one backend, e.g. `tvm-ffi01-rocm70-…` and `torch-rocm`), so its order
+    among them is its input's; and its input is a `set` of the tree's folder names
+    (`kernels.variants.get_variants`), so kernels itself breaks such ties by string hash, differently
+    in each process. We break them by name; `test_kernels_breaks_ties_by_its_input_order` shows it.
+    """
+    chosen, trace = resolve_variants([parse_variant(n) for n in sorted(names)])
     return [v.variant_str for v in chosen], {d.variant.variant_str: d.reason for d in trace
                                               if not isinstance(d, VariantAccepted)}
 
@@ -283,3 +290,16 @@ def test_arch_targets_keep_what_kernels_loads_on_every_arch_in_its_order():
     check()
     assert len(cases) >= 1_440
 
+
+
+def test_kernels_breaks_ties_by_its_input_order():
+    """Why `kernels_choice` sorts: the same two builds, two input orders, two different kernels picks."""
+    names = ["tvm-ffi01-cpu-x86_64-linux", "torch-cpu"]
+    with ExitStack() as stack:
+        fake_system(stack, machine="x86_64", system="Linux", torch_version="2.9.0", cxx11=True, device=("cpu",),
+                    tvm_ffi="0.1.4")
+        picks = {resolve_variants([parse_variant(n) for n in order])[0][0].variant_str
+                 for order in (names, names[::-1])}
+        ours = [accepted(host_target(), order) for order in (names, names[::-1])]
+    assert picks == set(names)
+    assert ours == [sorted(names)] * 2
