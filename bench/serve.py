@@ -17,6 +17,9 @@ keep-alive clients each doing what a client does per file, HEAD then GET, of a s
 --quick: 2 MiB), 2 rounds each (--quick: 1): total MB/s; then HEAD latency p50/p99 from 64 concurrent
 keep-alive clients (raw asyncio streams in a child process), 6,400 HEADs per server (--quick: 1,280).
 Latency there is closed-loop: 64 in flight, so p50 ~ 64 / (HEAD/s).
+
+Beside them, `serve, before`: the same serve command from the source at --before REV (by default the
+commit before integrity on read), so what hashing the bytes it sends costs is measured in the same run.
 """
 
 from __future__ import annotations
@@ -127,14 +130,38 @@ def stage_big_file(tmp: Path, size: int, shard: int) -> dict:
             "shard_blob": home / "store" / "sha256" / shard_meta.sha256[:2] / shard_meta.sha256}
 
 
-def start_serve(f: dict, tmp: Path) -> tuple[subprocess.Popen, str]:
+def start_serve(f: dict, tmp: Path, source: Path | None = None) -> tuple[subprocess.Popen, str]:
+    """`frt-mirror serve` of this checkout, or (`source`: a tree from `checkout_before`) of an earlier one."""
     port = free_port()
-    exe = str(Path(sys.executable).with_name("frt-mirror"))
-    with open(tmp / "serve.log", "wb") as log:
-        proc = subprocess.Popen([exe, "--home", str(f["home"]), "serve", "--port", str(port)], stdout=log,
-                                stderr=subprocess.STDOUT)
+    cmd, env = [str(Path(sys.executable).with_name("frt-mirror"))], None
+    if source is not None:
+        cmd = [sys.executable, "-c", "import sys; from frt.cli import main; sys.exit(main())"]
+        env = {**os.environ, "PYTHONPATH": str(source)}
+    with open(tmp / f"serve{'-before' if source else ''}.log", "wb") as log:
+        proc = subprocess.Popen([*cmd, "--home", str(f["home"]), "serve", "--port", str(port)], stdout=log,
+                                stderr=subprocess.STDOUT, env=env)
     wait_listening(port, proc, "frt-mirror serve")
     return proc, f"http://127.0.0.1:{port}"
+
+
+# The last commit whose serve sent stored bytes unverified (e04a93e brought integrity on read).
+BEFORE_INTEGRITY = "090c9a6"
+
+
+def checkout_before(rev: str, tmp: Path) -> Path:
+    """The project's source at `rev`, importable as `frt` from PYTHONPATH (which the editable install's
+    finder yields to): `git archive` of it, the top-level folders linked in as frt's subpackages the way
+    pyproject's package-dir maps them."""
+    src = tmp / f"src-{rev}"
+    src.mkdir()
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], capture_output=True)
+    if archive.returncode:
+        sys.exit(f"--before {rev}: {archive.stderr.decode().strip() or 'git archive failed'}")
+    subprocess.run(["tar", "-x", "-C", str(src)], input=archive.stdout, check=True)
+    for sub in ("resolver", "mirror", "seats", "adapters", "manifests"):
+        if (src / sub).is_dir() and not (src / "frt" / sub).exists():
+            (src / "frt" / sub).symlink_to(src / sub, target_is_directory=True)
+    return src
 
 
 def start_nginx(f: dict, tmp: Path) -> tuple[subprocess.Popen, str]:
@@ -322,8 +349,12 @@ def pct(values: list[float], q: float) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(prog="python -m bench.serve", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a 64 MiB file and 1,280 HEADs per server (< 30 s)")
+    ap.add_argument("--before", metavar="REV", default=None,
+                    help=f"also serve with the code at REV, as the baseline (default {BEFORE_INTEGRITY}, before "
+                         "integrity on read; --quick: none); 'none' to leave it out")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    before = args.before or ("none" if args.quick else BEFORE_INTEGRITY)
     if args.child:
         kind, *rest = args.child
         if kind == "download":
@@ -340,8 +371,12 @@ def main() -> None:
         f = stage_big_file(tmp, size, shard)
         stage_s = time.perf_counter() - t0
         servers, procs = {}, []
+        starts = [("serve", lambda: start_serve(f, tmp))]
+        if before != "none":
+            source = checkout_before(before, tmp)
+            starts.append((BEFORE, lambda: start_serve(f, tmp, source)))
         try:
-            for name, start in (("serve", lambda: start_serve(f, tmp)), ("nginx", lambda: start_nginx(f, tmp))):
+            for name, start in (*starts, ("nginx", lambda: start_nginx(f, tmp))):
                 proc, servers[name] = start()
                 procs.append(proc)
             replicas, ports = start_replicas(f, tmp)
@@ -350,6 +385,7 @@ def main() -> None:
                 proc, servers[name] = start_front(f, tmp / name.strip().replace(" ", "-"), ports, *args)
                 procs.insert(0, proc)  # stopped before the replicas
             results = measure(servers, f, rounds, heads)
+            results["before"] = None if before == "none" else before
         finally:
             for proc in procs:
                 proc.send_signal(signal.SIGTERM)
@@ -357,7 +393,7 @@ def main() -> None:
     report(results, f, stage_s, rounds, heads)
 
 
-FRONT, CACHED = "nginx + 2 replicas", "same + head cache"
+FRONT, CACHED, BEFORE = "nginx + 2 replicas", "same + head cache", "serve, before"
 
 
 def measure(servers: dict, f: dict, rounds: int, heads: int) -> dict:
@@ -391,10 +427,11 @@ def report(results: dict, f: dict, stage_s: float, rounds: int, heads: int) -> N
     size = f["size"]
     mbps = {name: size / 1e6 / statistics.median(w) for name, w in walls.items()}
     print(f"serve: one {size // MiB} MiB LFS file of {REPO}, staged in {stage_s:.1f} s; the same store blob "
-          f"served by all three, loopback")
+          f"served by each, loopback")
     print(f"  frt-mirror serve: uvicorn, 1 process;  nginx {nginx_version()}: 1 process, sendfile on;  "
           f"{FRONT}: nginx-conf's nginx ({os.cpu_count()} workers, sendfile) over 2 x serve --accel-redirect; "
-          f"{CACHED.strip()}: the same replicas, nginx-conf --head-cache 1")
+          f"{CACHED.strip()}: the same replicas, nginx-conf --head-cache 1"
+          + (f";  {BEFORE}: serve as it was at {results['before']} (the baseline)" if results.get("before") else ""))
     print(f"\nhf_hub_download into a fresh cache, {RUNS} runs each (interleaved), median:")
     print(f"{'':20} {'MB/s':>8} {'runs (s)':>24}")
     for name in walls:
@@ -406,6 +443,9 @@ def report(results: dict, f: dict, stage_s: float, rounds: int, heads: int) -> N
         print(f"  for scale, each server's own ceiling (curl -o /dev/null, median of {RUNS}): "
               + ", ".join(f"{name} {v:.0f} MB/s" for name, v in curl.items())
               + f" = {curl['serve'] / curl['nginx']:.2f}x (serve/nginx)")
+    if BEFORE in mbps:
+        print(f"integrity on read, serve/serve before (one client) = {mbps['serve'] / mbps[BEFORE]:.3f} "
+              f"(target >= 0.9): {'PASS' if mbps['serve'] >= 0.9 * mbps[BEFORE] else 'FAIL'}")
     print(f"  integrity on read: each serve process hashes a blob as it first sends it (or before a Range or an "
           f"nginx hand-off; sha256 at {results['sha_mbps']:.0f} MB/s on one core here), then checks its key per "
           f"answer and hashes again when it moves or after FRT_SERVE_VERIFY_TTL (mirror/serve/integrity.py)")
@@ -414,6 +454,10 @@ def report(results: dict, f: dict, stage_s: float, rounds: int, heads: int) -> N
     agg = {name: r["bytes"] / 1e6 / r["wall"] for name, r in fetch.items()}
     for name, r in fetch.items():
         print(f"{name:20} {agg[name]:>8.0f} {agg[name] / agg['nginx']:>8.3f} {r['wall']:>8.2f}")
+    if BEFORE in agg:
+        ratio = agg["serve"] / agg[BEFORE]
+        print(f"integrity on read, serve/serve before at {CLIENTS} clients = {ratio:.3f} (target >= 0.9): "
+              f"{'PASS' if ratio >= 0.9 else 'FAIL'}")
     for name in (FRONT, CACHED):
         ratio = agg[name] / agg["nginx"]
         print(f"throughput ratio {name.strip()}/nginx static at {CLIENTS} clients = {ratio:.3f} (target >= 0.95): "
