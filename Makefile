@@ -28,7 +28,7 @@ HUB1_TESTS := tests/test_fakehub.py tests/test_fakehub_transport.py tests/test_s
 	tests/test_serve_clients.py tests/test_handoff.py tests/test_stage_transport.py tests/test_publisher_digest.py \
 	tests/test_gate.py tests/test_serve_nginx.py tests/test_models.py tests/test_pull_through.py \
 	tests/test_one_upstream.py tests/test_fetch_digest.py tests/test_pull_outages.py \
-	tests/test_hostile_upstream.py tests/test_upstream_fuzz.py
+	tests/test_hostile_upstream.py tests/test_upstream_fuzz.py tests/test_python_depends.py
 $(VENV1)/.base: pyproject.toml
 	$(PY) -m venv $(VENV1)
 	$(VENV1)/bin/python -m pip install -q --upgrade pip

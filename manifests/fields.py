@@ -12,9 +12,10 @@ from .model import KernelSpec, ModelSpec, TargetSpec, Trust
 from .source import Source
 
 TARGET_FIELDS = ("torch", "backend", "cpu", "os")
-_TARGET_KEYS = ("name", "target", *TARGET_FIELDS, "archs")
+_TARGET_KEYS = ("name", "target", *TARGET_FIELDS, "archs", "python")
 _TARGET_HINT = ('a target is target = "torch2.11-cu130-x86_64-linux", '
-                'or torch, backend, cpu and os (+ optional name, and archs = ["8.0", "9.0"] for its GPUs)')
+                'or torch, backend, cpu and os (+ optional name, archs = ["8.0", "9.0"] for its GPUs, '
+                'and python = "3.12" for binary wheels)')
 
 # Hub repo id rules (huggingface_hub.utils.validate_repo_id): each part is word characters, '-'
 # and '.', starting and ending with a word character, no "--" or "..", at most 96 characters.
@@ -94,7 +95,7 @@ def _parse_target(src: Source, t: dict, path: tuple) -> TargetSpec:
         archs = _archs(src, t, path)
         if archs and "@" in text:
             raise src.error(path + ("archs",), "the target string already names archs after '@': give them once")
-        return TargetSpec(name=name, text=text, source=src.at(path), archs=archs)
+        return TargetSpec(name=name, text=text, source=src.at(path), archs=archs, python=_python(src, t, path))
     missing = [f for f in TARGET_FIELDS if f not in t]
     if missing:
         raise src.error(path, f"missing {', '.join(missing)}; {_TARGET_HINT}")
@@ -104,7 +105,17 @@ def _parse_target(src: Source, t: dict, path: tuple) -> TargetSpec:
             raise src.error(path + (f,),
                             f"must be a string of letters, digits, '_' or '.' (no '-'), got {t[f]!r}")
     return TargetSpec(name=name, torch=t["torch"], backend=t["backend"], cpu=t["cpu"], os=t["os"],
-                      source=src.at(path), archs=_archs(src, t, path))
+                      source=src.at(path), archs=_archs(src, t, path), python=_python(src, t, path))
+
+
+def _python(src: Source, t: dict, path: tuple) -> str | None:
+    """``python = "3.12"``: the cluster's Python, major.minor, for the binary wheels of python-depends."""
+    if "python" not in t:
+        return None
+    value = t["python"]
+    if not isinstance(value, str) or not re.fullmatch(r"3\.\d{1,2}", value):
+        raise src.error(path + ("python",), f'must be a quoted Python version like "3.12", got {short(value)}')
+    return value
 
 
 def _archs(src: Source, t: dict, path: tuple) -> tuple[str, ...] | None:

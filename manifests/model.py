@@ -43,6 +43,7 @@ class TargetSpec:
     os: str | None = None
     source: str = ""
     archs: tuple[str, ...] | None = None  # the fleet's GPU archs (``archs = ["8.0", "9.0"]``), checked by the resolver
+    python: str | None = None  # the cluster's Python (``python = "3.12"``): binary wheels for python-depends
 
     def __post_init__(self):
         fields = (self.torch, self.backend, self.cpu, self.os)

@@ -5,8 +5,10 @@ half-way on content."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
+
+from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
 from frt.resolver import FileEntry, Request, parse_target
 from frt.resolver.gate import (
@@ -22,9 +24,9 @@ from frt.resolver.gate import (
 from frt.resolver.ledger import PublisherInfo
 from frt.resolver.resolution import VariantInfo, parent_chain
 
-from .bundle_format import READS, UNSTAGES
+from .bundle_format import READS, UNSTAGES, WHEELS
 from .bundle_state import check_state
-from .records import MODEL_SELECTION, PULLED, StagedRow
+from .records import MODEL_SELECTION, PULLED, StagedRow, WheelRecord
 from .store import Digest
 
 
@@ -56,6 +58,7 @@ class Manifest:
     publishers: list[PublisherInfo]
     base: dict | None  # an incremental bundle's base: id, name, created, state (bundle_state)
     unstaged: list[tuple[str, str, str]]  # (repo, requested, target): rows of the base this bundle takes away
+    wheels: list[WheelRecord] = field(default_factory=list)  # python-depends' wheels the staged rows name
 
 
 def check_manifest(doc: dict) -> Manifest:
@@ -94,7 +97,42 @@ def check_manifest(doc: dict) -> Manifest:
             pairs.append((f, blob and blob.sha256))
         staged.append((row, pairs))
     publishers = [_parse_publisher(p) for p in doc.get("publishers", [])]  # absent in older bundles
-    return Manifest(listed, repos, staged, publishers, base, _unstaged(doc, base, staged))
+    wheels = _wheels(doc, staged, listed, base)
+    return Manifest(listed, repos, staged, publishers, base, _unstaged(doc, base, staged), wheels)
+
+
+def _wheel_names(names) -> tuple[str, ...]:
+    _need(isinstance(names, list) and all(isinstance(n, str) for n in names), f"bad wheels {str(names)[:80]}")
+    for n in names:
+        try:
+            parse_wheel_filename(n)
+        except InvalidWheelFilename:
+            raise ValueError(f"bad wheel name {n[:80]!r}") from None
+        check_path(n, where="wheels")  # it becomes views/wheels/<name>
+    return tuple(names)
+
+
+def _wheels(doc: dict, staged: list, listed: dict[str, Digest], base: dict | None) -> list[WheelRecord]:
+    """The wheel records, each named by a row, its blob listed (or, incremental, its base's) with its size;
+    every wheel a row names has one. Only format 5 may carry them."""
+    records = doc.get("wheels", [])
+    _need(isinstance(records, list) and (not records or doc["format"] >= WHEELS), "wheels in a bundle before format 5")
+    out = {}
+    for w in records:
+        _need(isinstance(w, dict) and set(w) == {"filename", "project", "version", "sha256", "size"},
+              f"bad wheel record {str(w)[:80]}")
+        name = _wheel_names([w["filename"]])[0]
+        sha = check_sha256(w["sha256"], where="wheels")
+        _need(isinstance(w["project"], str) and isinstance(w["version"], str), f"bad wheel record {name}")
+        size = _int(w["size"], 0)
+        blob = listed.get(sha)
+        _need((blob is not None and blob.size == size) or (blob is None and base), f"wheel {name} has no listed blob")
+        _need(name not in out, f"wheel {name} is listed twice")
+        out[name] = WheelRecord(name, w["project"], w["version"], sha, size)
+    for row, _ in staged:
+        for name in row.wheels:
+            _need(name in out, f"staged {row.repo} {row.variant} needs wheel {name}, which the bundle does not describe")
+    return list(out.values())
 
 
 def _unstaged(doc: dict, base: dict | None, staged: list) -> list[tuple[str, str, str]]:
@@ -103,7 +141,7 @@ def _unstaged(doc: dict, base: dict | None, staged: list) -> list[tuple[str, str
     keys = doc.get("unstaged", [])
     if not keys:
         return []
-    _need(base is not None and doc["format"] == UNSTAGES, "removals ('unstaged') in a bundle with no base")
+    _need(base is not None and doc["format"] >= UNSTAGES, "removals ('unstaged') in a bundle with no base")
     carried = {r.key for r, _ in staged}
     out = []
     for k in keys:
@@ -117,7 +155,7 @@ def _unstaged(doc: dict, base: dict | None, staged: list) -> list[tuple[str, str
 
 def _staged_row(s: dict) -> StagedRow:
     # Its repo, commit and variant become view paths (its revision, a cache ref: see _request).
-    row = StagedRow(*(s[k] for k in StagedRow.__dataclass_fields__))
+    row = StagedRow(*(s[k] for k in StagedRow.__dataclass_fields__ if k != "wheels"), _wheel_names(s.get("wheels", [])))
     where = f"staged row of {check_repo_id(row.repo, where='staged')!r}"
     check_commit(row.commit, where=where)
     check_variant(row.variant, where=where)

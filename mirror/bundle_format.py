@@ -3,7 +3,10 @@
 A bundle is a plain tar: `frt-bundle.json` first (the manifest: the ledger rows that describe the
 set, the list of blobs by sha256, size and git oid, the upstream's trustedKernelPublisher per org, and
 for an incremental bundle its base), then `frt-bundle.sig` if it is signed (see frt.mirror.signing),
-then `blobs/<sha256>` for every blob the manifest lists, and nothing else.
+then `blobs/<sha256>` for every blob the manifest lists, and nothing else. The wheels of python-depends are
+blobs like any other: the manifest's `wheels` names them (filename, project, version, sha256, size) and
+each staged row its own (`wheels`, where it has some), so a reader that knows nothing of wheels reads
+rows without any as it always did.
 
 A bundle's id is the sha256 of its manifest member's bytes: an incremental bundle names its base by
 it, and the events log records it on both sides of the gap.
@@ -13,7 +16,9 @@ Formats: 1 kept each commit's parent link; 2 keeps each head's history as the up
 format 2 would import an incremental bundle as if it were the whole set, so format 3 is refused there
 rather than half-understood. 4 is an incremental bundle that carries removals (`unstaged`: the staged
 rows its base held that the connected box has since unstaged); only such a bundle is written as 4, since
-a reader of 3 would keep on the cluster what was taken away on the connected box.
+a reader of 3 would keep on the cluster what was taken away on the connected box. 5 is a bundle whose
+staged rows need wheels (`wheels`, below); a reader of 4 would import the kernels without them, and they
+would fail to load on the cluster, so only such a bundle is written as 5.
 """
 
 from __future__ import annotations
@@ -33,7 +38,8 @@ from .store import CHUNK, Digest
 
 FORMAT = 3
 UNSTAGES = 4  # the format of a bundle that carries removals
-READS = (1, 2, 3, 4)
+WHEELS = 5  # the format of a bundle whose rows need wheels (it may carry removals too)
+READS = (1, 2, 3, 4, 5)
 MANIFEST = "frt-bundle.json"
 SIGNATURE = "frt-bundle.sig"
 MAX_MANIFEST = 256 << 20  # read into memory: refuse a hostile giant before reading it
@@ -68,7 +74,7 @@ class BundleReport:
         return {"ok": True, "bundle": str(self.path), "id": self.id, "base": self.base,
                 "base_name": self.base_name, "signed_by": self.signed_by, "blobs": self.blobs,
                 "bytes": self.bytes, "new_blobs": self.new_blobs, "new_rows": self.new_rows,
-                "staged": [dict(r.__dict__) for r in self.staged],
+                "staged": [r.to_json() for r in self.staged],
                 "unstaged": [dict(zip(("repo", "requested", "target"), k)) for k in self.unstaged]}
 
     def render(self) -> str:

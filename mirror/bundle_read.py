@@ -36,7 +36,16 @@ from .bundle_state import base_refusal, missing_here, without
 from .events import events_with_ref, record_event
 from .home import Home
 from .progress import Progress
-from .records import StagedRow, blob_for, delete_staged, record_blobs, record_staged_rows, staged_rows
+from .records import (
+    StagedRow,
+    blob_for,
+    delete_staged,
+    record_blobs,
+    record_staged_rows,
+    record_wheels,
+    staged_rows,
+)
+from .views import link_wheels
 from .store import BlobStore, Digest
 from .unstage import drop_views
 
@@ -68,6 +77,7 @@ def import_bundle(src: Path, home: Home, *, require_signature: Path | None = Non
     for row, pairs in m.staged:
         if not row.is_model:  # models have no view (frt.mirror.models)
             views.link(row.repo, row.commit, row.variant, pairs)
+    link_wheels(home.root, store, m.wheels)
     report, gone = ledger.retrying(_record_import, ledger, src, m, ident, signer, parts)
     if gone:  # after the commit: a view that no row names any more is only files
         drop_views(home, gone)
@@ -80,6 +90,7 @@ def _record_import(ledger: Ledger, src: Path, m: Manifest, ident: str, signer: s
     (Ledger.retrying), and a failure leaves the ledger as it was."""
     with ledger.transaction():
         record_blobs(ledger, m.listed.values())
+        record_wheels(ledger, m.wheels)
         for repo in m.repos:
             merge_repo_record(ledger, repo.repo, repo_type=repo.repo_type, endpoint=repo.endpoint,
                               scanned_at=repo.scanned_at, refs=repo.refs, commits=repo.commits,
@@ -121,6 +132,8 @@ def _read_and_verify(src: Path, home: Home, key, parts: dict[str, Path | None], 
             if missing := missing_here(without(m.base["state"], m.unstaged), home):
                 raise BundleRejected(base_refusal(m.base, missing, home))
             _pair_from_home(m, home)
+            if lost := [w.filename for w in m.wheels if w.sha256 not in m.listed and not home.store.has(w.sha256)]:
+                raise BundleRejected(f"wheels {', '.join(lost)} are neither in the bundle nor in this home")
         blobs = _blob_members(tf, [first_blob] if first_blob else [], members, m.listed)
         home.store.sweep_parts("*.import-*.part")  # left by a killed import; a running one's are recent
         meter = Progress(sum(d.size for d in m.listed.values()), len(m.listed), label="import") if progress else None

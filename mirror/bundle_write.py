@@ -24,6 +24,7 @@ from .bundle_format import (
     READS,
     SIGNATURE,
     UNSTAGES,
+    WHEELS,
     BundleRejected,
     BundleReport,
     Hashing,
@@ -34,7 +35,7 @@ from .bundle_state import cumulative_state, delta, unstaged_since
 from .events import record_event
 from .home import Home
 from .progress import Progress
-from .records import StagedRow, all_blobs, blob_for, staged_rows
+from .records import StagedRow, all_blobs, blob_for, staged_rows, wheel_rows
 from .store import BlobStore, Digest
 
 
@@ -58,6 +59,12 @@ def bundle(out: Path, home: Home, targets: list[str] | None = None, *, since: Pa
         carried = {b["sha256"] for b in doc["blobs"]}
         blobs = [d for d in blobs if d.sha256 in carried]
         rows = [StagedRow(**s) for s in doc["staged"]]
+    needed = {w for r in rows for w in r.wheels}
+    doc["wheels"] = [w for w in doc["wheels"] if w["filename"] in needed]
+    if doc["wheels"]:
+        doc["format"] = WHEELS
+    else:
+        del doc["wheels"]  # a bundle without wheels reads as it did before them
     manifest = json.dumps(doc, indent=1, sort_keys=True).encode()
     signature = signing.sign(manifest, key) if key else None
     meter = Progress(sum(d.size for d in blobs), len(blobs), label="bundle") if progress else None
@@ -116,11 +123,21 @@ def _full_doc(home: Home, rows: list[StagedRow]) -> tuple[dict, list[Digest]]:
                 raise BundleRejected(f"{repo}@{commit[:12]}: {f.path} has no verified blob in the store: "
                                      "run 'frt-mirror verify', then 'frt-mirror stage' again")
             needed[sha] = recorded[sha]
+    wheels = wheel_rows(ledger, {w for r in rows for w in r.wheels})
+    for name in sorted({w for r in rows for w in r.wheels}):
+        sha = wheels.get(name, (None, None, None, None))[2]
+        if sha is None or sha not in recorded or not store.has(sha):
+            raise BundleRejected(f"wheel {name} has no verified blob in the store: run 'frt-mirror verify', then "
+                                 "'frt-mirror stage' again")
+        needed[sha] = recorded[sha]
     listed = [needed[k] for k in sorted(needed)]
     doc = {"format": FORMAT, "created": utcnow().isoformat(), "frt_mirror": dist_version("frt-mirror"),
            "blobs": [{"sha256": d.sha256, "size": d.size, "git_oid": d.git_oid} for d in listed],
            "repos": [repo_record(ledger, repo) for repo in sorted({r.repo for r in rows})],
-           "staged": [dict(r.__dict__) for r in rows],
+           "staged": [r.to_json() for r in rows],
+           # The wheels of python-depends the rows name (their blobs are listed above, or in the base).
+           "wheels": [{"filename": f, "project": p, "version": v, "sha256": sha, "size": size}
+                      for f, (p, v, sha, size) in sorted(wheels.items())],
            # The upstream's trustedKernelPublisher per org, so `serve` on the other side repeats it.
            "publishers": [p.to_json() for p in ledger.publishers({r.repo.split("/", 1)[0] for r in rows}).values()]}
     return doc, listed

@@ -12,6 +12,7 @@ from frt.resolver.repo_ids import pin_variable, pinned_revision
 
 from .home import Home
 from .records import StagedRow
+from .views import wheels_dir
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,8 @@ class EnvEntry:
     commit: str
     variant: str
     path: Path
+    wheels: tuple[str, ...] = ()  # the wheels its python-depends need, in the home's find-links folder
+    find_links: Path | None = None  # that folder, where it has wheels
 
 
 @dataclass(frozen=True)
@@ -88,16 +91,35 @@ def local_kernels(home: Home, target: Target, environ: Mapping[str, str] | None 
         path = views.variant_dir(repo, row.commit, row.variant)
         if ":" in str(path) or "=" in str(path):
             raise BadInput(f"home path {home.root} contains ':' or '=', which LOCAL_KERNELS cannot carry")
-        out.append(EnvEntry(repo, row.requested, row.commit, row.variant, path))
+        out.append(EnvEntry(repo, row.requested, row.commit, row.variant, path, row.wheels,
+                            wheels_dir(home.root) if row.wheels else None))
     return EnvSet(out, warnings)
 
 
 def env_vars(entries: list[EnvEntry]) -> dict[str, str]:
-    """The variables a cluster job sets. Xet is off: the mirror and its views never speak it."""
-    return {
+    """The variables a cluster job sets. Xet is off: the mirror and its views never speak it. Where a
+    kernel needs wheels (python-depends), PIP_FIND_LINKS is the home's wheel folder: `pip install
+    --no-index <package>` installs them from there (pip_line)."""
+    out = {
         "LOCAL_KERNELS": ":".join(f"{e.repo}={e.path}" for e in entries),
         "HF_HUB_DISABLE_XET": "1",
     }
+    folders = sorted({str(e.find_links) for e in entries if e.find_links})
+    if folders:
+        out["PIP_FIND_LINKS"] = " ".join(folders)
+    return out
+
+
+def pip_line(wheels, find_links: Path | None = None) -> str | None:
+    """The install a cluster runs before it loads kernels with python-depends: from PIP_FIND_LINKS, or
+    from `find_links` named on the line. `wheels`: their filenames."""
+    from packaging.utils import parse_wheel_filename
+
+    projects = sorted({str(parse_wheel_filename(w)[0]) for w in wheels})
+    if not projects:
+        return None
+    where = f" --find-links {find_links}" if find_links else ""
+    return f"pip install --no-index{where} {' '.join(projects)}"
 
 
 TELEMETRY_WARNING = ("do not set HF_HUB_DISABLE_TELEMETRY=1: with kernels 0.17 it breaks every online "

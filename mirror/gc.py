@@ -1,7 +1,7 @@
 """gc: remove the blobs nothing references, their ledger rows, and partial downloads nobody will resume.
 
 A blob is referenced when a staged row's files name it (kernels and models alike, through the
-ledger's record of each staged variant), or when a file under the views is a hard link to it (by
+ledger's record of each staged variant) or its wheels do (python-depends), or when a file under the views is a hard link to it (by
 inode: a view a stager is still assembling, or one whose staged row was replaced, keeps its blobs).
 Everything else in the store is garbage: what `unstage` dropped, what a stage left unreferenced
 when it moved a branch to a new commit, blobs an interrupted run stored but never recorded.
@@ -26,11 +26,11 @@ from frt.resolver.resolution import FileEntry
 
 from .events import record_event
 from .home import Home
-from .records import all_blobs, blob_for, delete_blob_records, staged_rows
+from .records import all_blobs, blob_for, delete_blob_records, staged_rows, wheel_rows
 from .render import human_bytes
 from .storelock import store_collector
 from .store import Digest, digest_file
-from .views import Views
+from .views import Views, wheels_dir
 
 # As BlobStore.sweep_parts and Views.sweep_tmp: older than any live writer's (a download in flight
 # touches its .part with every chunk; a view being assembled is renamed into place within seconds).
@@ -49,6 +49,7 @@ class Plan:
     stale_records: list[str]  # recorded, unreferenced, and not in the store
     kept: list[Digest]
     parts: list[Path]
+    wheel_links: list[Path] = field(default_factory=list)  # views/wheels/ entries no staged row needs
 
 
 @dataclass
@@ -96,6 +97,8 @@ def collect(home: Home, *, dry_run: bool = False, on_wait: Callable[[str], None]
         report = GcReport(dry_run, p.garbage, [_part(x) for x in p.parts], len(p.kept), sum(d.size for d in p.kept),
                           len(p.stale_records))
         if not dry_run:
+            for link in p.wheel_links:  # first: pip on a shared home never finds a wheel whose blob is gone
+                link.unlink(missing_ok=True)
             delete_blob_records(home.ledger, [d.sha256 for d in p.garbage] + p.stale_records)
             for d in p.garbage:
                 home.store.remove(d.sha256, *([d.git_oid] if d.git_oid else []))
@@ -111,6 +114,10 @@ def plan(home: Home) -> Plan:
     ledger, store = home.ledger, home.store
     cutoff = time.time() - SWEEP_AGE_S
     referenced, unresolved = _recorded_references(home)
+    needed_wheels = {w for r in staged_rows(ledger) for w in r.wheels}
+    referenced |= {sha for _, _, sha, _ in wheel_rows(ledger, needed_wheels).values()}
+    folder = wheels_dir(home.root)
+    wheel_links = sorted(p for p in folder.glob("*.whl") if p.name not in needed_wheels) if folder.is_dir() else []
     linked = _linked_inodes(home.views, cutoff)
     recorded = {d.sha256: d for d in all_blobs(ledger)}
     garbage, kept, on_disk = [], [], set()
@@ -130,7 +137,7 @@ def plan(home: Home) -> Plan:
             garbage.append(digest)
     stale = sorted(sha for sha in recorded if sha not in on_disk and sha not in referenced)
     parts = sorted(p for p in store.tmp.glob("*.part") if _mtime(p) < cutoff) if store.tmp.is_dir() else []
-    return Plan(garbage, stale, kept, parts)
+    return Plan(garbage, stale, kept, parts, wheel_links)
 
 
 def _recorded_references(home: Home) -> tuple[set[str], set[str]]:

@@ -36,8 +36,9 @@ def cache_folder(repo_id: str, repo_type: str = "kernel") -> str:
     return f"{repo_type}s--{org}--{name}"
 
 
-def export_cache(out: Path, home: Home, target: Target) -> list[tuple[str, str, str]]:
-    """Write the cache for `target` into `out`; return (repo, ref, commit) for every ref written."""
+def export_cache(out: Path, home: Home, target: Target, wheels_to: Path | None = None) -> list[tuple[str, str, str]]:
+    """Write the cache for `target` into `out`; return (repo, ref, commit) for every ref written. The
+    wheels its kernels' python-depends need go to `wheels_to` (see export_wheels)."""
     # Models have no targets: every target's cache gets every staged model.
     rows = home.staged(str(target)) + home.staged(MODEL_TARGET)
     if not rows:
@@ -52,6 +53,7 @@ def export_cache(out: Path, home: Home, target: Target) -> list[tuple[str, str, 
         plan.append((row, _checked(row, files, at)))
     sources = _sources(home, plan)
     blobs = _check_sources(home, plan, sources)
+    wheels = _check_wheels(home, rows) if wheels_to is not None else []
     out.mkdir(parents=True, exist_ok=True)
     if not (out / "CACHEDIR.TAG").exists():
         (out / "CACHEDIR.TAG").write_text(CACHEDIR_TAG)
@@ -67,7 +69,37 @@ def export_cache(out: Path, home: Home, target: Target) -> list[tuple[str, str, 
         for ref in refs:
             atomic_write(repo_dir / "refs" / ref, row.commit)
             written.append((row.repo, ref, row.commit))
+    if wheels:
+        wheels_to.mkdir(parents=True, exist_ok=True)
+        for name, src, sha in wheels:
+            _copy_in(src, wheels_to / name, sha)
     return written
+
+
+def wheels_needed(home: Home, target: Target) -> list[str]:
+    return sorted({w for r in home.staged(str(target)) for w in r.wheels})
+
+
+def _check_wheels(home: Home, rows) -> list[tuple[str, Path, str]]:
+    """(filename, stored blob, sha256) of every wheel the rows need, each re-hashed before the first write:
+    a find-links folder is another thing pip on the cluster trusts without a hash."""
+    from .records import wheel_rows
+
+    needed = sorted({w for r in rows for w in r.wheels})
+    recorded = wheel_rows(home.ledger, needed)
+    out = []
+    for name in needed:
+        check_path(name, where="ledger's wheel record")
+        sha = recorded.get(name, (None, None, None, None))[2]
+        src = home.store.path(sha) if sha else None
+        if src is None or not src.is_file():
+            raise BadInput(f"wheel {name} is recorded as staged but missing from the store: run 'frt-mirror verify', "
+                           "then 'frt-mirror stage' again")
+        if (got := digest_file(src).sha256) != sha:
+            raise VerificationFailed(f"wheel {name}: {src} hashes to {got}, not to its recorded blob {sha}: nothing "
+                                     "was written: run 'frt-mirror verify'")
+        out.append((name, src, sha))
+    return out
 
 
 def _sources(home: Home, plan) -> dict[tuple[str, str, str], Path | None]:
@@ -127,18 +159,23 @@ def _checked(row, files, at: list[str]) -> tuple[list, list[str]]:
     return files, refs
 
 
-def _place(repo_dir: Path, commit: str, path: str, src: Path, *, etag: str, sha256: str) -> None:
-    blob = repo_dir / "blobs" / etag
-    blob.parent.mkdir(parents=True, exist_ok=True)
-    if not _holds(blob, src, sha256):
-        tmp = blob.with_name(f".{etag}.{uuid.uuid4().hex}.tmp")
+def _copy_in(src: Path, dest: Path, sha256: str) -> None:
+    """`dest` holds `src`'s verified bytes: kept if it already does, else a link (or copy) renamed in."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if not _holds(dest, src, sha256):
+        tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex}.tmp")
         try:
             os.link(src, tmp)  # same filesystem: free; else copy
         except OSError:
             import shutil
 
             shutil.copyfile(src, tmp)
-        os.replace(tmp, blob)
+        os.replace(tmp, dest)
+
+
+def _place(repo_dir: Path, commit: str, path: str, src: Path, *, etag: str, sha256: str) -> None:
+    blob = repo_dir / "blobs" / etag
+    _copy_in(src, blob, sha256)
     link = repo_dir / "snapshots" / commit / path
     link.parent.mkdir(parents=True, exist_ok=True)
     target = os.path.relpath(blob, link.parent)

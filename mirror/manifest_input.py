@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from frt.manifests import Manifest, ManifestError, ModelSpec, load_manifest
@@ -44,10 +44,11 @@ def _manifest_targets(manifest: Manifest) -> list[Target]:
         try:
             if getattr(t, "text", None):
                 target = parse_target(t.text, name=t.name)
-                out.append(with_archs(target, t.archs) if t.archs else target)
+                target = with_archs(target, t.archs) if t.archs else target
             else:
-                out.append(make_target(torch=t.torch, backend=t.backend, cpu=t.cpu, os=t.os, name=t.name,
-                                       archs=t.archs))
+                target = make_target(torch=t.torch, backend=t.backend, cpu=t.cpu, os=t.os, name=t.name,
+                                     archs=t.archs)
+            out.append(replace(target, python=t.python) if t.python else target)
         except BadInput as e:
             raise BadInput(f"{t.source}: {e}") from None
     return out

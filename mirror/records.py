@@ -14,7 +14,7 @@ from frt.resolver.schema import Repo
 from sqlalchemy import delete, select, tuple_
 from sqlalchemy.orm import Session
 
-from .schema import Blob, Change, Staged
+from .schema import Blob, Change, Staged, StagedWheel, Wheel
 from .store import Digest
 
 
@@ -38,6 +38,21 @@ class StagedRow:
     target: str
     commit: str
     variant: str
+    wheels: tuple[str, ...] = ()  # filenames of the wheels its python-depends need on its target
+
+    def __post_init__(self):
+        if not isinstance(self.wheels, tuple):  # a bundle's JSON gives a list
+            object.__setattr__(self, "wheels", tuple(self.wheels))
+
+    def to_json(self) -> dict:
+        """The row as bundles and --json carry it; `wheels` only where it has some (so a row without
+        any reads, and fingerprints, as it did before wheels were staged)."""
+        out = dict(self.__dict__)
+        if self.wheels:
+            out["wheels"] = list(self.wheels)
+        else:
+            del out["wheels"]
+        return out
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -57,6 +72,17 @@ class StagedRow:
         """"model" for every target-less row, datasets too (bundles record it so): where a dataset must
         be told apart (serving it, a cache folder), see repo_types."""
         return "model" if self.is_model else "kernel"
+
+
+@dataclass(frozen=True)
+class WheelRecord:
+    """A wheel in the store: what pip installs on a cluster for a kernel's python-depends."""
+
+    filename: str
+    project: str
+    version: str
+    sha256: str
+    size: int
 
 
 @retried
@@ -106,13 +132,19 @@ def all_blobs(ledger: Ledger) -> list[Digest]:
                 s.execute(select(Blob.sha256, Blob.git_oid, Blob.size).order_by(Blob.sha256))]
 
 
-def record_staged(ledger: Ledger, resolutions: Iterable[Resolution]) -> None:
+def record_staged(ledger: Ledger, resolutions: Iterable[Resolution],
+                  wheels: dict[tuple, tuple[str, ...]] | None = None) -> None:
+    """`wheels`: per resolution's (repo, commit, variant, target) the filenames of its wheels."""
+    wheels = wheels or {}
     record_staged_rows(ledger, [StagedRow(r.repo, r.request.label, r.request.version, r.request.revision,
-                                          str(r.target), r.commit, r.variant) for r in resolutions])
+                                          str(r.target), r.commit, r.variant,
+                                          wheels.get((r.repo, r.commit, r.variant, str(r.target)), ()))
+                                for r in resolutions])
 
 
 @retried
 def record_staged_rows(ledger: Ledger, staged: Iterable[StagedRow]) -> None:
+    staged = list(staged)
     rows = [{"repo_id": r.repo, "requested": r.requested, "version": r.version, "revision": r.revision,
              "target": r.target, "commit_sha": r.commit, "variant": r.variant, "staged_at": utcnow()}
             for r in staged]
@@ -124,6 +156,11 @@ def record_staged_rows(ledger: Ledger, staged: Iterable[StagedRow]) -> None:
             index_elements=["repo_id", "requested", "target"],
             set_={"commit_sha": stmt.excluded.commit_sha, "variant": stmt.excluded.variant,
                   "staged_at": stmt.excluded.staged_at}), rows)
+        _delete_wheel_links(s, [r.key for r in staged])
+        links = [{"repo_id": r.repo, "requested": r.requested, "target": r.target, "filename": w}
+                 for r in staged for w in r.wheels]
+        if links:
+            s.execute(insert_for(s)(StagedWheel).on_conflict_do_nothing(), links)
         bump_serial(s)
 
 
@@ -146,8 +183,39 @@ def staged_rows(ledger: Ledger, target: str | None = None) -> list[StagedRow]:
     if target is not None:
         q = q.where(Staged.target == target)
     with ledger.session(write=False) as s:
-        return [StagedRow(r.repo_id, r.requested, r.version, r.revision, r.target, r.commit_sha, r.variant)
-                for r in s.scalars(q)]
+        wheels: dict[tuple, list[str]] = {}
+        for repo, requested, tgt, filename in s.execute(
+                select(StagedWheel.repo_id, StagedWheel.requested, StagedWheel.target, StagedWheel.filename)
+                .order_by(StagedWheel.filename)):
+            wheels.setdefault((repo, requested, tgt), []).append(filename)
+        return [StagedRow(r.repo_id, r.requested, r.version, r.revision, r.target, r.commit_sha, r.variant,
+                          tuple(wheels.get((r.repo_id, r.requested, r.target), ()))) for r in s.scalars(q)]
+
+
+def _delete_wheel_links(s: Session, keys: list[tuple[str, str, str]]) -> None:
+    for i in range(0, len(keys), 300):
+        s.execute(delete(StagedWheel).where(
+            tuple_(StagedWheel.repo_id, StagedWheel.requested, StagedWheel.target).in_(keys[i:i + 300])))
+
+
+@retried
+def record_wheels(ledger: Ledger, wheels: Iterable[WheelRecord]) -> None:
+    """Wheels now in the store."""
+    rows = [{"filename": w.filename, "project": w.project, "version": w.version, "sha256": w.sha256,
+             "size": w.size} for w in wheels]
+    if rows:
+        with ledger.session() as s:
+            s.execute(insert_for(s)(Wheel).on_conflict_do_nothing(), rows)
+
+
+@retried
+def wheel_rows(ledger: Ledger, filenames: Iterable[str] | None = None) -> dict[str, tuple[str, str, str, int]]:
+    """filename -> (project, version, sha256, size) of the recorded wheels (these, or all)."""
+    q = select(Wheel.filename, Wheel.project, Wheel.version, Wheel.sha256, Wheel.size).order_by(Wheel.filename)
+    if filenames is not None:
+        q = q.where(Wheel.filename.in_(sorted(set(filenames))))
+    with ledger.session(write=False) as s:
+        return {f: (p, v, sha, size) for f, p, v, sha, size in s.execute(q)}
 
 
 @retried
@@ -216,4 +284,5 @@ def delete_staged(ledger: Ledger, rows: Iterable[StagedRow]) -> None:
             for i in range(0, len(keys), 300):
                 s.execute(delete(Staged).where(
                     tuple_(Staged.repo_id, Staged.requested, Staged.target).in_(keys[i:i + 300])))
+            _delete_wheel_links(s, keys)
             bump_serial(s)

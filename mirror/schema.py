@@ -1,5 +1,6 @@
 """The mirror's tables in the ledger, and their migration track (see frt.resolver.migrations): the
-blob store's index, what is staged for which target, and serve's bearer tokens, the change serial, the events log. Only this package
+blob store's index, what is staged for which target (and the wheels it needs), and serve's bearer tokens,
+the change serial, the events log. Only this package
 reads or writes them; the resolver's tables are the resolver's."""
 
 from __future__ import annotations
@@ -75,6 +76,28 @@ class Event(Base):
     detail: Mapped[str] = mapped_column(default="")  # one line for people
 
 
+class Wheel(Base):
+    """A wheel in the store (its blob is a `blobs` row too): what pip on a cluster installs for a kernel's
+    python-depends, linked as views/wheels/<filename>."""
+
+    __tablename__ = "wheels"
+    filename: Mapped[str] = mapped_column(String(255), primary_key=True)
+    project: Mapped[str] = mapped_column(index=True)  # canonical (PEP 503)
+    version: Mapped[str]
+    sha256: Mapped[str] = mapped_column(String(64), index=True)
+    size: Mapped[int]
+
+
+class StagedWheel(Base):
+    """Which wheels a staged row's variant needs on its target: taken away with the row."""
+
+    __tablename__ = "staged_wheels"
+    repo_id: Mapped[str] = mapped_column(primary_key=True)
+    requested: Mapped[str] = mapped_column(primary_key=True)
+    target: Mapped[str] = mapped_column(primary_key=True)
+    filename: Mapped[str] = mapped_column(String(255), primary_key=True)
+
+
 def _v2_changes(conn: Connection) -> None:
     """Version 2: the change serial serve's replicas poll."""
     Base.metadata.create_all(conn, tables=[Change.__table__])
@@ -85,8 +108,13 @@ def _v3_events(conn: Connection) -> None:
     Base.metadata.create_all(conn, tables=[Event.__table__])
 
 
+def _v4_wheels(conn: Connection) -> None:
+    """Version 4: the wheels of python-depends, and which staged rows need them."""
+    Base.metadata.create_all(conn, tables=[Wheel.__table__, StagedWheel.__table__])
+
+
 # Version 1 is blobs, staged and tokens as the resolver's track created them up to its version 3: a
 # ledger from then keeps its rows (create_all skips tables that exist) and is stamped.
-MIRROR_VERSION = 3
+MIRROR_VERSION = 4
 MIRROR_TRACK = SchemaTrack.of("mirror", Base.metadata, MIRROR_VERSION, "mirror_schema_migrations",
-                              {2: _v2_changes, 3: _v3_events})
+                              {2: _v2_changes, 3: _v3_events, 4: _v4_wheels})

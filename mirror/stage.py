@@ -14,15 +14,17 @@ from dataclasses import dataclass, field
 from frt.resolver import HubClient, Ledger, Refusal, Request, Resolution, Target, refresh_and_decide
 from frt.resolver.errors import FrtError, UpstreamUnavailable
 from frt.resolver.kernel_metadata import MetadataInvalid, dependency_request
+from frt.resolver.python_depends import UnsupportedDependency
 
 from .fetch import Fetched, IntegrityError, expected_key, fetch_file
 from .home import Home
 from .progress import Progress
 from .publisher import digest_mismatch, metadata_refusal, publisher_expectations, variant_metadata, view_check
 from .events import record_event
-from .records import record_blobs, record_staged, recorded_blobs, sha256_by_git_oid
+from .records import record_blobs, record_staged, record_wheels, recorded_blobs, sha256_by_git_oid
 from .transport import Transport
-from .views import Views
+from .views import Views, link_wheels
+from .wheels import NoWheel, WheelStager, default_index
 
 
 @dataclass(frozen=True)
@@ -37,9 +39,10 @@ class StageRow:
     status: str  # staged | refused | failed
     detail: str = ""
     publisher_digest: bool | None = None  # staged: whether metadata.json carried the publisher's digest
+    wheels: tuple[str, ...] = ()  # staged: the wheels its python-depends need (frt.mirror.wheels)
 
     def to_json(self) -> dict:
-        return dict(self.__dict__)
+        return dict(self.__dict__, wheels=list(self.wheels))
 
 
 @dataclass
@@ -58,7 +61,8 @@ class Interrupted(FrtError):
 
 
 def stage(requests: list[Request], targets: list[Target], *, home: Home, hub: HubClient,
-          jobs: int = 8, publishers: tuple[str, ...] | None = None, progress: bool = True) -> StageReport:
+          jobs: int = 8, publishers: tuple[str, ...] | None = None, progress: bool = True,
+          wheel_index: str | None = None) -> StageReport:
     ledger, store, views = home.ledger, home.store, home.views
     views.sweep_tmp()
     outcomes = _resolve_closure(requests, targets, ledger=ledger, hub=hub, publishers=publishers)
@@ -84,23 +88,27 @@ def stage(requests: list[Request], targets: list[Target], *, home: Home, hub: Hu
     report.downloaded_bytes = sum(x.downloaded for x in fetched.values())
     record_blobs(ledger, (x.digest for x in fetched.values()))
 
-    good = []
+    good, wheels = [], _Wheels(home, hub, wheel_index)
     for r in resolutions:
         meta = metas[_key(r)]
         try:
             _link_checked(r, meta, fetched, failures, views)
-        except (IntegrityError, UpstreamUnavailable) as failed:
+            wheels.stage(r, meta.python_depends)
+        except (IntegrityError, UpstreamUnavailable, NoWheel, UnsupportedDependency) as failed:
             status = "failed" if isinstance(failed, UpstreamUnavailable) else "refused"
             if status == "refused":
-                ledger.record_refusal(Refusal(r.request, r.target, failed.error, str(failed), detail=str(failed),
+                error = getattr(failed, "error", type(failed).__name__)
+                ledger.record_refusal(Refusal(r.request, r.target, error, str(failed), detail=str(failed),
                                               commit=r.commit))
             report.rows.append(StageRow(r.repo, r.request.label, str(r.target), r.commit, r.variant, 0, 0, status,
                                         str(failed)))
             continue
         good.append(r)
         report.rows.append(StageRow(r.repo, r.request.label, str(r.target), r.commit, r.variant, len(r.files),
-                                    sum(f.size for f in r.files), "staged", publisher_digest=meta.has_digest))
-    record_staged(ledger, good)
+                                    sum(f.size for f in r.files), "staged", publisher_digest=meta.has_digest,
+                                    wheels=wheels.of.get((r.repo, r.commit, r.variant, str(r.target)), ())))
+    report.downloaded_bytes += wheels.downloaded
+    record_staged(ledger, good, wheels.of)
     if good:
         record_event(ledger, "stage", files=sum(len(r.files) for r in good),
                      nbytes=report.downloaded_bytes, detail=f"{len(good)} staged, {len(report.rows) - len(good)} not")
@@ -126,6 +134,31 @@ def _link_checked(r: Resolution, meta, fetched: dict[str, Fetched], failures: di
         text = "; ".join(problems)
         raise IntegrityError(f"{r.repo}@{r.commit[:12]} {r.variant}: the publisher's digest does not hold: {text}",
                              repo=r.repo, path="", commit=r.commit, error="PublisherDigestMismatch")
+
+
+class _Wheels:
+    """The wheels of each staged variant's python-depends (frt.mirror.wheels): stored, recorded and linked
+    into the home's find-links folder before the variant's row says it is staged."""
+
+    def __init__(self, home: Home, hub: HubClient, index: str | None):
+        self.home, self.hub, self.index = home, hub, index
+        self.of: dict[tuple, tuple[str, ...]] = {}
+        self._stager: WheelStager | None = None
+
+    @property
+    def downloaded(self) -> int:
+        return self._stager.downloaded if self._stager else 0
+
+    def stage(self, r: Resolution, python_depends: tuple[str, ...]) -> None:
+        if not python_depends:
+            return
+        if self._stager is None:
+            self._stager = WheelStager(self.home.store, self.hub, default_index(self.index))
+        got = self._stager.for_variant(r, python_depends)
+        record_blobs(self.home.ledger, (self._stager.digests[w.sha256] for w in got))
+        record_wheels(self.home.ledger, got)
+        link_wheels(self.home.root, self.home.store, got)
+        self.of[(r.repo, r.commit, r.variant, str(r.target))] = tuple(w.filename for w in got)
 
 
 @dataclass(frozen=True)

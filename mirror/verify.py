@@ -11,9 +11,9 @@ from frt.resolver.kernel_metadata import MetadataInvalid, parse_metadata, valida
 
 from .events import QUARANTINE, events_of
 from .home import Home
-from .records import MODEL_TARGET, all_blobs, blob_for, record_blobs, staged_rows
+from .records import MODEL_TARGET, all_blobs, blob_for, record_blobs, staged_rows, wheel_rows
 from .store import BlobStore, digest_file
-from .views import Views
+from .views import Views, wheels_dir
 
 
 @dataclass
@@ -27,6 +27,7 @@ class VerifyReport:
     unadopted: int = 0  # such blobs left unrecorded because the home is read-only
     no_digest: int = 0  # staged variants whose metadata.json carries no publisher digest
     model_files: int = 0  # staged model files checked against the store
+    wheels: int = 0  # wheels of python-depends checked: recorded, stored, linked in views/wheels
 
     @property
     def ok(self) -> bool:
@@ -72,6 +73,7 @@ def verify(home: Home) -> VerifyReport:
         report.adopted = len(adopt)
     _check_views(ledger, store, views, report)
     _check_models(ledger, store, report)
+    _check_wheels(home, report)
     if not any("view " in p for p in report.problems):
         _check_publisher_digests(ledger, views, report)
     return report
@@ -113,6 +115,25 @@ def _check_models(ledger: Ledger, store: BlobStore, report: VerifyReport) -> Non
         report.model_files += 1
         if blobs[f] is None or not store.has(blobs[f]):
             report.problems.append(f"model {repo}@{commit[:12]} {f.path}: no verified blob is stored for it")
+
+
+def _check_wheels(home: Home, report: VerifyReport) -> None:
+    """Each wheel a staged row needs: recorded, its blob stored (re-hashed above, so its sha256 is the
+    one its index vouched for) and linked under its name in the find-links folder pip is pointed at."""
+    needed = sorted({w for r in staged_rows(home.ledger) for w in r.wheels})
+    rows = wheel_rows(home.ledger, needed)
+    folder = wheels_dir(home.root)
+    for name in needed:
+        report.wheels += 1
+        if name not in rows:
+            report.problems.append(f"wheel {name}: a staged row needs it and the ledger has no record of it")
+            continue
+        sha = rows[name][2]
+        link = folder / name
+        if not home.store.has(sha):
+            report.problems.append(f"wheel {name}: its blob {sha} is not in the store")
+        elif not link.is_file() or not os.path.samefile(link, home.store.path(sha)):
+            report.problems.append(f"wheel {link}: missing or not a link to blob {sha}")
 
 
 def _check_views(ledger: Ledger, store: BlobStore, views: Views, report: VerifyReport) -> None:

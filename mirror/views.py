@@ -24,6 +24,11 @@ def repo_folder(repo_id: str) -> str:
     return f"{org}--{name}"
 
 
+def wheels_dir(home_root: Path) -> Path:
+    """The flat find-links folder of a home (wheels of python-depends): hard links into its store."""
+    return home_root / "views" / "wheels"
+
+
 class Views:
     def __init__(self, home: Path, store: BlobStore):
         self.root = home / "views" / "local"
@@ -107,3 +112,23 @@ class Views:
             for p in self.tmp.iterdir():
                 if p.stat().st_mtime < cutoff:
                     shutil.rmtree(p, ignore_errors=True)
+
+
+def link_wheels(home_root: Path, store: BlobStore, wheels) -> None:
+    """Hard-link each stored wheel (a WheelRecord: filename, sha256) into the home's find-links folder
+    under its name, atomically: a link made beside it and renamed over, so pip never sees half an entry."""
+    folder = wheels_dir(home_root)
+    if not wheels:
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    for w in wheels:
+        dest = folder / w.filename
+        try:
+            if os.path.samefile(dest, store.path(w.sha256)):
+                continue
+        except OSError:
+            pass
+        tmp = folder / f".{w.filename}.{uuid.uuid4().hex}.tmp"
+        tmp.unlink(missing_ok=True)
+        os.link(store.path(w.sha256), tmp)
+        os.replace(tmp, dest)

@@ -239,9 +239,16 @@ class HubClient:
             seen.add(e["path"])
         return entries, where
 
-    def _call(self, fn: Callable[[], T], repo_id: str, bucket: str = "api", where: str | None = None) -> T:
+    def ask(self, fn: Callable[[], T], *, host: str, where: str) -> T:
+        """Run a call to another upstream of the site's (a package index) under this client's retries and
+        pacing (its own bucket), its errors named by `host`."""
+        return self._call(fn, host, bucket=f"other {host}", where=where, host=host)
+
+    def _call(self, fn: Callable[[], T], repo_id: str, bucket: str = "api", where: str | None = None,
+              host: str | None = None) -> T:
         """Run one upstream call with retries and rate-limit pacing; map the Hub's errors to ours."""
         where = where or f"upstream {self.endpoint}"
+        host = host or self.endpoint
         attempt = 0
         while True:
             attempt += 1
@@ -249,7 +256,7 @@ class HubClient:
             try:
                 return fn()
             except RepositoryNotFoundError as e:
-                raise RepoNotFound(f"{repo_id}: repository not found at {self.endpoint} ({first_line(e)})") from None
+                raise RepoNotFound(f"{repo_id}: repository not found at {host} ({first_line(e)})") from None
             except RevisionNotFoundError as e:
                 raise RevisionNotFound(f"{repo_id}: {first_line(e)}") from None
             except EntryNotFoundError:
@@ -266,10 +273,10 @@ class HubClient:
                     attempt -= 1
                     continue
                 if not is_transient(e) or (not self.retry.refused and isinstance(e, _httpx.ConnectError)):
-                    raise UpstreamUnavailable(f"upstream {self.endpoint} refused: {first_line(e)}") from None
+                    raise UpstreamUnavailable(f"upstream {host} refused: {first_line(e)}") from None
                 if attempt >= self.retry.attempts:
                     raise UpstreamUnavailable(
-                        f"upstream {self.endpoint} unreachable after {attempt} attempts: {first_line(e)}"
+                        f"upstream {host} unreachable after {attempt} attempts: {first_line(e)}"
                     ) from None
                 self.retry.sleep(attempt)
             except _httpx.HTTPError as e:  # an answer broken below JSON (a bad gzip stream, a bad header)

@@ -39,6 +39,7 @@ class KernelMetadata:
     depends: tuple[Dependency, ...]
     digest_algorithm: str | None  # "sha256"; None: the publisher recorded no digest
     digest: dict[str, str]  # path inside the variant -> hex sha256 (as the publisher computed it)
+    python_depends: tuple[str, ...] = ()  # names in kernels' curated list (python_depends.py)
     raw: object = field(default=None, compare=False, repr=False)  # the library's Metadata (validate_variant)
 
     @property
@@ -65,8 +66,9 @@ def parse_metadata(doc: dict | bytes | None) -> KernelMetadata:
     except (ValueError, OSError) as e:
         raise MetadataInvalid(f"kernels cannot parse metadata.json: {e}") from None
     deps = tuple(_dependency(d) for d in meta.kernel_depends)
+    py = tuple(meta.python_depends)
     if meta.digest is None:
-        return KernelMetadata(deps, None, {}, meta)
+        return KernelMetadata(deps, None, {}, py, meta)
     algorithm = str(meta.digest.algorithm).rsplit(".", 1)[-1].lower()
     files = {}
     for path, b64 in meta.digest.files.items():
@@ -75,7 +77,7 @@ def parse_metadata(doc: dict | bytes | None) -> KernelMetadata:
         except (binascii.Error, ValueError):
             raise MetadataInvalid(f"metadata.json digest: {path}: not base64: {b64!r}") from None
         files[path] = raw_hash.hex() if algorithm == "sha256" else ""
-    return KernelMetadata(deps, algorithm, files, meta)
+    return KernelMetadata(deps, algorithm, files, py, meta)
 
 
 def validate_variant(meta: KernelMetadata, variant_dir: Path) -> list[str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import platform
 import re
+import sys
 from dataclasses import dataclass, field, replace
 
 from packaging.version import Version
@@ -47,6 +48,9 @@ class Target:
     abi: bool | None = None
     macos: Version | None = None  # None on darwin: unknown, as kernels has it, and Metal builds are refused
     tvm_ffi: Version | None = None
+    # The cluster's Python (major.minor) where known: a manifest's `python = "3.12"`, this interpreter for
+    # `host`. Only the wheels of python-depends depend on it (binary ones need it), not the variant choice.
+    python: str | None = field(default=None, compare=False)
 
     @property
     def cxx11_abi(self) -> bool | None:
@@ -167,7 +171,8 @@ def host_target() -> Target:
         torch_version = Version(f"{v.major}.{v.minor}")
         abi = torch.compiled_with_cxx11_abi() if os == "linux" else None
     return Target(torch=torch_version, backend=_backend().variant_str, cpu=cpu, os=os, name="host", abi=abi,
-                  macos=_host_macos() if os == "darwin" else None, tvm_ffi=_host_tvm_ffi())
+                  macos=_host_macos() if os == "darwin" else None, tvm_ffi=_host_tvm_ffi(),
+                  python=f"{sys.version_info.major}.{sys.version_info.minor}")
 
 
 def _host_macos() -> Version | None:

@@ -64,7 +64,7 @@ DEFAULT_CUDA_ARCHS = ["8.0", "9.0", "10.0"]
 
 def variant_files(name: str, variant: str, *, version: int, note: str = "", extra: dict | None = None,
                   depends: list | None = None, digest: bool = True,
-                  archs: list[str] | None | str = "default") -> dict[str, bytes]:
+                  archs: list[str] | None | str = "default", python_depends: list[str] | None = None) -> dict[str, bytes]:
     """The files of one build variant directory, keyed by repo path; metadata.json carries the
     publisher's digest of the others unless `digest=False` (as older builds have none). `archs`: its
     backend.archs (None: none declared, a noarch build); by default CUDA builds declare 8.0, 9.0, 10.0."""
@@ -77,7 +77,7 @@ def variant_files(name: str, variant: str, *, version: int, note: str = "", extr
         "name": name,
         "version": version,
         "license": "apache-2.0",
-        "python-depends": [],
+        "python-depends": list(python_depends or []),
         "backend": {"type": kind, **({"archs": list(archs)} if archs else {})},
     }
     if depends:
@@ -164,6 +164,18 @@ def fleet_repos() -> list[FakeRepo]:
                     archs={H100_CU: ["9.0"], "torch-cuda": None}), title="Hopper build and a Triton fallback",
               branch="v1")
     return [hopper, fb]
+
+
+def einsum_repo() -> FakeRepo:
+    """A kernel whose builds need einops (metadata.json `python-depends`, kernels' curated list): kernels
+    refuses to load it where einops cannot be imported. Its module uses einops, so the load proves it."""
+    repo = FakeRepo(f"{ORG}/einsum")
+    uses = {"ops.py": b"import einops\n\n\ndef einops_version():\n    return einops.__version__\n"}
+    files: dict = {"README.md": b"# einsum\n", "build/": None}
+    for v in (X86_CPU, "torch-cpu"):
+        files.update(variant_files("einsum", v, version=1, note="einops", extra=uses, python_depends=["einops"]))
+    repo.commit(files, title="Initial build (needs einops)", branch="v1")
+    return repo
 
 
 def demo_repos() -> list[FakeRepo]:

@@ -35,7 +35,7 @@ def env_cmd(app: App, target, serve_url, engine, seats, python_dir, versions, fm
     (the frt package and the plugin's dist-info, written to --python-dir), FRT_MIRROR_HOME, FRT_SEATS
     and the engine's plugin allow-list."""
     from frt.adapters.engine_env import check_catalog, engine_vars
-    from frt.mirror.env import TELEMETRY_WARNING, endpoint_vars, env_vars, local_kernels, render_sh
+    from frt.mirror.env import TELEMETRY_WARNING, endpoint_vars, env_vars, local_kernels, pip_line, render_sh
 
     if (seats or python_dir) and not engine:
         raise BadInput("--seats and --python-dir go with --engine vllm|sglang")
@@ -61,14 +61,17 @@ def env_cmd(app: App, target, serve_url, engine, seats, python_dir, versions, fm
         write_python_dir(where)
     if fmt == "json":
         emit_json({"env": values, "warnings": [*warnings, TELEMETRY_WARNING], "kernels": [
-            {"repo": e.repo, "requested": e.requested, "commit": e.commit, "variant": e.variant, "path": str(e.path)}
-            for e in entries], **({"engine": engine, "python_dir": values["PYTHONPATH"]} if engine else {})})
+            {"repo": e.repo, "requested": e.requested, "commit": e.commit, "variant": e.variant, "path": str(e.path),
+             "wheels": list(e.wheels)} for e in entries], "pip_install": pip_line(w for e in entries for w in e.wheels),
+            **({"engine": engine, "python_dir": values["PYTHONPATH"]} if engine else {})})
         return
     for w in warnings:
         say(f"warning: {w}")
     for e in entries:
         click.echo(f"# {e.repo} {e.requested} → {e.commit[:12]} {e.variant}")
     click.echo(f"# warning: {TELEMETRY_WARNING}")
+    if install := pip_line(w for e in entries for w in e.wheels):
+        click.echo(f"# python-depends: after these exports, run once in the job's environment: {install}")
     if engine:
         click.echo(f"# {engine}: PYTHONPATH holds frt and its plugin; put it before any PYTHONPATH you have. "
                    "The plugin allow-list is exclusive: add your other plugins, comma-separated.")

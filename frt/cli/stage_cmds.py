@@ -20,10 +20,13 @@ from .say import say
               help="Stage for this target (repeatable; replaces the manifest's targets).")
 @click.option("--jobs", default=8, show_default=True, type=click.IntRange(1, 64), help="Parallel downloads.")
 @endpoint_option
+@click.option("--wheel-index", metavar="URL", default=None,
+              help="Where the wheels of python-depends come from: a simple index (PEP 503/691). "
+                   "Default: $FRT_WHEEL_INDEX, else https://pypi.org/simple/.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress meter (drawn only when stderr is a terminal).")
 @json_option
 @click.pass_obj
-def stage_cmd(app: App, manifest, targets, jobs, endpoint, quiet, as_json):
+def stage_cmd(app: App, manifest, targets, jobs, endpoint, wheel_index, quiet, as_json):
     """Fetch exactly the files the targets need, verified, into the store and views.
 
     MANIFEST: an frt manifest TOML, a pyproject.toml with [tool.kernels.dependencies], or a
@@ -33,15 +36,18 @@ def stage_cmd(app: App, manifest, targets, jobs, endpoint, quiet, as_json):
     from frt.mirror.models import stage_models
     from frt.mirror.stage import StageReport, stage
     from frt.mirror.storelock import store_writer
+    from frt.mirror.wheels import default_index
 
     check_writable(app.root, "stage writes the ledger, the store and the views")
     app.ride_out()
     plan = load_plan(manifest, targets)
+    wheel_index = default_index(wheel_index)  # checked before any work, used only if a variant needs wheels
     report = StageReport()
     with store_writer(app.home):  # gc waits: what is stored here is referenced only at the end
         if plan.requests:
             report = stage(plan.requests, plan.targets, home=app.home, hub=app.hub(endpoint),
-                           jobs=jobs, publishers=plan.publishers, progress=not (quiet or as_json))
+                           jobs=jobs, publishers=plan.publishers, progress=not (quiet or as_json),
+                           wheel_index=wheel_index)
         if plan.models:  # target-less: after the kernels, so a kernel failure is reported first
             stage_models(plan.models, home=app.home, hub=app.hub(endpoint), jobs=jobs, report=report)
     if as_json:
@@ -52,6 +58,9 @@ def stage_cmd(app: App, manifest, targets, jobs, endpoint, quiet, as_json):
                          [(r.repo, r.requested, r.target, (r.commit or "")[:12], r.variant or "", r.files,
                            human_bytes(r.bytes), r.status) for r in report.rows]))
         click.echo(f"downloaded {human_bytes(report.downloaded_bytes)} of {human_bytes(report.needed_bytes)} needed")
+        wheels = sorted({w for r in report.rows for w in r.wheels})
+        if wheels:
+            click.echo(f"wheels for python-depends: {', '.join(wheels)}")
         bare = sorted({f"{r.repo}@{r.commit[:12]} {r.variant}" for r in report.rows if r.publisher_digest is False})
         if bare:
             click.echo(f"note: {len(bare)} staged variant(s) carry no publisher digest in metadata.json (checked "
@@ -74,7 +83,8 @@ def verify_cmd(app: App, as_json):
         emit_json(report.to_json())
     else:
         click.echo(f"{report.blobs} blobs ({human_bytes(report.bytes)}) re-hashed, {report.view_files} view files "
-                   f"and {report.model_files} model files checked, publishers' digests checked "
+                   f"and {report.model_files} model files checked{f', {report.wheels} wheels' if report.wheels else ''}, "
+                   f"publishers' digests checked "
                    f"({report.no_digest} variant(s) have none): "
                    f"{'ok' if report.ok else f'{len(report.problems)} problem(s)'}")
         for p in report.problems:
@@ -89,18 +99,29 @@ def verify_cmd(app: App, as_json):
 @cli.command("export-cache")
 @click.argument("out", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--target", "target", required=True, callback=parse_targets, help="The cluster's target.")
+@click.option("--wheels", "wheels_to", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Where the wheels of the kernels' python-depends go, a pip find-links folder "
+                   "[default: OUT-wheels beside OUT, only when there are any].")
 @json_option
 @click.pass_obj
-def export_cache_cmd(app: App, out, target, as_json):
-    """Write a Hub cache for a target that works with HF_HUB_OFFLINE=1 (refs/vN for every staged version)."""
-    from frt.mirror.hfcache import export_cache
+def export_cache_cmd(app: App, out, target, wheels_to, as_json):
+    """Write a Hub cache for a target that works with HF_HUB_OFFLINE=1 (refs/vN for every staged version),
+    and a find-links folder of the wheels its kernels' python-depends need."""
+    from frt.mirror.env import pip_line
+    from frt.mirror.hfcache import export_cache, wheels_needed
 
-    refs = export_cache(out, app.home, target)
+    wheels = wheels_needed(app.home, target)
+    wheels_to = (wheels_to or out.with_name(f"{out.name}-wheels")) if wheels else None
+    refs = export_cache(out, app.home, target, wheels_to)
+    install = pip_line(wheels, wheels_to.absolute()) if wheels else None
     if as_json:
-        emit_json({"cache": str(out), "refs": [{"repo": r, "ref": ref, "commit": c} for r, ref, c in refs]})
+        emit_json({"cache": str(out), "refs": [{"repo": r, "ref": ref, "commit": c} for r, ref, c in refs],
+                   "wheels": wheels, "find_links": str(wheels_to) if wheels_to else None, "pip_install": install})
         return
     click.echo(table(["repo", "ref", "commit"], [(r, ref, c[:12]) for r, ref, c in refs]))
     click.echo(f"\nHF_HUB_CACHE={out.absolute()}  (with HF_HUB_OFFLINE=1 on the cluster)")
+    if install:
+        click.echo(f"python-depends: {len(wheels)} wheel(s) in {wheels_to.absolute()}; on the cluster: {install}")
 
 
 quiet_option = click.option("--quiet", "-q", is_flag=True,

@@ -38,6 +38,7 @@ from .pull import STALE_HEADER, PullService, upstream_error
 from .blob import BlobResponse, file_headers
 from .integrity import Integrity
 from .stream import FlowResponse
+from . import simple
 
 REPO_TYPES = {"models": "model", "kernels": "kernel", "datasets": "dataset", "spaces": "space"}
 PREFIXES = {"kernels": "kernel", "datasets": "dataset", "spaces": "space"}
@@ -155,6 +156,9 @@ class MirrorApp:
             return await self.operator(request, segs)
         if segs[:1] == ["api"]:
             return await self.api(request, segs[1:], method)
+        # The wheels of python-depends (simple.py); `/simple/<name>/resolve/…` is the org simple's model repo.
+        if segs[:1] == ["simple"] and method in ("GET", "HEAD") and not (len(segs) >= 4 and segs[2] == "resolve"):
+            return simple.answer(self.catalog(), self.integrity, segs[1:], method)
         if method in ("GET", "HEAD"):
             typed = len(segs) >= 5 and segs[0] in PREFIXES and segs[3] == "resolve"
             if typed or (len(segs) >= 4 and segs[2] == "resolve"):

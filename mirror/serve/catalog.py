@@ -14,7 +14,7 @@ from datetime import datetime
 from pathlib import Path
 
 from ..home import Home
-from ..records import blob_for, repo_types, staged_rows
+from ..records import blob_for, repo_types, staged_rows, wheel_rows
 from ..tokens import token_hashes
 
 
@@ -93,6 +93,8 @@ class Catalog:
     publishers: dict[str, bool]  # org -> the upstream's trustedKernelPublisher, as recorded
     trust_override: frozenset[str] = frozenset()  # serve --trust: the operator's word, not the upstream's
     tokens: frozenset[str] = frozenset()  # sha256 of serve's bearer tokens (none: open to every client)
+    # The wheels staged rows need (python-depends), for /simple/: project -> filename -> its stored file
+    wheels: dict[str, dict[str, ServedFile]] = field(default_factory=dict)
 
     def publisher_trusted(self, org: str) -> bool | None:
         """What to answer for the org's overview; None: the upstream never told us (404)."""
@@ -130,7 +132,15 @@ def load_catalog(home: Home, trust_override: frozenset[str] = frozenset()) -> Ca
                                                           store.path(content))
             add_refs(v, served, [r for r in rows if r.repo == repo_id])
     publishers = {org: p.trusted for org, p in ledger.publishers().items()}
-    return Catalog(repos, publishers, frozenset(trust_override), token_hashes(ledger))
+    return Catalog(repos, publishers, frozenset(trust_override), token_hashes(ledger), _wheels(home, rows))
+
+
+def _wheels(home: Home, rows) -> dict[str, dict[str, ServedFile]]:
+    out: dict[str, dict[str, ServedFile]] = {}
+    for name, (project, _version, sha, size) in wheel_rows(home.ledger, {w for r in rows for w in r.wheels}).items():
+        if home.store.has(sha):  # only verified bytes are served
+            out.setdefault(project, {})[name] = ServedFile(name, size, "", sha, True, home.store.path(sha))
+    return out
 
 
 def add_refs(view, served: ServedRepo, rows, upstream: bool = False) -> None:
