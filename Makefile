@@ -5,7 +5,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-main test-engines bench clean
+.PHONY: demo test test-main test-engines bench docs clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -64,6 +64,11 @@ test-engines:
 
 bench: $(VENV)/.torch
 	$(BIN)/python -m bench.resolve
+
+# docs/cli.md is rendered from the click commands (frt/cli/reference.py); tests/test_docs.py fails when
+# it is stale.
+docs: $(VENV)/.base
+	$(BIN)/python -m frt.cli.reference > docs/cli.md
 
 clean:
 	rm -rf $(VENV) $(VENV1) demo-home $(ENV_LOG)
