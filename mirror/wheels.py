@@ -20,7 +20,9 @@ from huggingface_hub import get_session
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from frt.resolver import HubClient, Resolution, wire
+from frt.resolver.hub import HubClient
+from frt.resolver.resolution import Resolution
+from frt.resolver import wire
 from frt.resolver.errors import BadInput, FrtError, UpstreamMalformed
 from frt.resolver.python_depends import packages_for
 from frt.resolver.settings import env_number

@@ -65,7 +65,7 @@ def test_pythonpath_dir_alone_provides_frt_and_the_entry_points(home, tmp_path):
                  for g in ("vllm.general_plugins", "sglang.srt.plugins")}
         register = entry_points(group="vllm.general_plugins")["frt"].load()
         import frt.adapters.vllm_engine as v
-        import frt.adapters.common as c  # what a worker runs on attach: it needs the root's frt.atomic
+        import frt.adapters.common as c  # what a worker runs on attach: it needs frt.resolver.fs
         print(json.dumps({"found": found, "file": v.__file__, "same": register is v.register,
                           "common": c.__file__}))
     """
