@@ -23,6 +23,7 @@ reported as the upstream refusing. The bytes are judged by the caller (`fetch`),
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -115,7 +116,7 @@ class Transport:
                 dest.unlink(missing_ok=True)
             if running is not None:
                 running.catch_up(dest, written)
-            with _open(dest, "ab" if written else "wb") as f:
+            with local_file(dest, "ab" if written else "wb") as f:
                 for chunk in r.iter_bytes():  # each piece as it arrives (at most a socket read, 64 KiB)
                     written += len(chunk)
                     if written > limit:
@@ -132,11 +133,21 @@ def _left_host(r, endpoint: str) -> bool:
     return bool(r.history) and urlsplit(str(r.url)).netloc != urlsplit(endpoint).netloc
 
 
-def _open(dest: Path, mode: str):
+@contextmanager
+def local_file(dest: Path, mode: str):
+    """`dest` open for the download; failing to open it, or to flush it on close (a full disk shows
+    there as often as on a write), is a local disk error, never the upstream's."""
     try:
-        return open(dest, mode)
+        f = open(dest, mode)
     except OSError as e:
         raise LocalDiskError(f"cannot write {dest}: {e.strerror or e} (a local disk error)") from None
+    try:
+        yield f
+    finally:
+        try:
+            f.close()
+        except OSError as e:
+            raise LocalDiskError(f"cannot write {dest}: {e.strerror or e} (a local disk error)") from None
 
 
 def _write(f, chunk: bytes, dest: Path) -> None:

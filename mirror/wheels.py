@@ -31,6 +31,7 @@ from frt.resolver.wheel_pick import pick, requires
 
 from .records import WheelRecord
 from .store import BlobStore, Digest, digest_file
+from .transport import local_file
 
 INDEX_ENV = "FRT_WHEEL_INDEX"
 MAX_WHEEL_ENV = "FRT_MAX_WHEEL_BYTES"
@@ -136,7 +137,7 @@ def _get_to(url: str, part: Path, cap: int, limits: wire.Limits) -> None:
     with get_session().stream("GET", url, follow_redirects=True, timeout=deadline.timeout()) as r:
         wire.raise_for_status(r, deadline)
         written = 0
-        with open(part, "wb") as out:
+        with local_file(part, "wb") as out:
             for chunk in r.iter_bytes():
                 written += len(chunk)
                 if written > cap:
