@@ -45,7 +45,7 @@ def test_env_engine_vllm_prints_the_no_install_route(home, tmp_path):
     assert "[vllm.general_plugins]\nfrt = frt.adapters.vllm_engine:register" in (info / "entry_points.txt").read_text()
     for sub in ("cli", "resolver", "mirror", "seats", "adapters", "manifests"):
         assert (python_dir / "frt" / sub / "__init__.py").is_file()
-    assert (python_dir / "frt" / "atomic.py").is_file()  # the root's own modules, not only its __init__
+    assert (python_dir / "frt" / "__init__.py").is_file() and (python_dir / "frt" / "resolver" / "fs.py").is_file()
     assert (python_dir / "frt" / "manifests" / "examples" / "seats-vllm.toml").is_file()  # package data too
     assert not list(python_dir.rglob("__pycache__"))
 
