@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from frt.atomic import atomic_write
+from frt.resolver.fs import atomic_write
 
 if TYPE_CHECKING:
     import torch

@@ -78,7 +78,7 @@ def write_python_dir(directory: Path) -> Path:
         ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
         for name, src in package_dirs().items():
             dest = build.joinpath(*name.split("."))
-            if name == "frt":  # the root's own modules (frt.atomic, …); its subpackages come one by one
+            if name == "frt":  # the root's own modules (its __init__); its subpackages come one by one
                 dest.mkdir(parents=True)
                 for module in src.glob("*.py"):
                     shutil.copy2(module, dest / module.name)

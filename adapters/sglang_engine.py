@@ -31,7 +31,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from frt.atomic import atomic_write
+from frt.resolver.fs import atomic_write
 
 if TYPE_CHECKING:
     from pathlib import Path

@@ -48,7 +48,9 @@ def publish_v3(repo, scale: float) -> int:
 
 def stage_all(home, hub_url: str, pairs) -> None:
     from frt.mirror.stage import stage
-    from frt.resolver import HubClient, make_request, parse_target
+    from frt.resolver.hub import HubClient
+    from frt.resolver.resolve import make_request
+    from frt.resolver.targets import parse_target
 
     report = stage([make_request(r, version=v) for r, v in pairs], [parse_target(t) for t in TARGETS],
                    home=home, hub=HubClient(hub_url), jobs=8, progress=False)

@@ -77,7 +77,7 @@ def timed(fn, work, warm_work) -> tuple[list[int], list[bool], list[int]]:
     """Nanoseconds per call and whether it resolved (False: KernelUnavailable), after the
     `warm_work` calls, whose times are returned apart, so imports, lru caches and connection
     setup are not charged to the measured calls."""
-    from frt.resolver import KernelUnavailable
+    from frt.resolver.errors import KernelUnavailable
 
     times, ok, warm = [], [], []
     warmup = len(warm_work)
@@ -107,7 +107,10 @@ def hub_env(url: str, home: str) -> None:
 def live_child(client: str, url: str, work: list, warmup: int, home: str) -> None:
     """Runs in the child: one live client, timings as JSON on stdout."""
     hub_env(url, home)
-    from frt.resolver import HubClient, Ledger, parse_target, resolve
+    from frt.resolver.hub import HubClient
+    from frt.resolver.ledger import Ledger
+    from frt.resolver.resolve import resolve
+    from frt.resolver.targets import parse_target
 
     if client == "kernels":
         import kernels
@@ -147,7 +150,11 @@ def stats(ns: list[int]) -> tuple[float, float, float]:
 
 def server_ledger(url: str, repos: list, hub, n: int) -> list[tuple]:
     """The same scans and offline calls against a ledger on a server: rows for the table."""
-    from frt.resolver import HubClient, Ledger, parse_target, resolve, scan
+    from frt.resolver.hub import HubClient
+    from frt.resolver.ledger import Ledger
+    from frt.resolver.resolve import resolve
+    from frt.resolver.scan import scan
+    from frt.resolver.targets import parse_target
 
     ledger = Ledger(url)
     try:
@@ -178,7 +185,11 @@ def main() -> None:
     n_repos, n_ledger, n_live, warm_live = (6, 200, 10, 3) if args.quick else (50, 1000, 100, 10)
     home_dir = tempfile.TemporaryDirectory(prefix="frt-bench-")
     hub_env("http://unused.invalid", home_dir.name)  # scans get the fake Hub's url explicitly
-    from frt.resolver import HubClient, Ledger, parse_target, resolve, scan
+    from frt.resolver.hub import HubClient
+    from frt.resolver.ledger import Ledger
+    from frt.resolver.resolve import resolve
+    from frt.resolver.scan import scan
+    from frt.resolver.targets import parse_target
     from tests.fakehub import FakeHub
 
     repos = make_repos(n_repos)

@@ -106,7 +106,9 @@ def stage_big_file(tmp: Path, size: int, shard: int) -> dict:
     file."""
     from frt.mirror.home import Home
     from frt.mirror.stage import stage
-    from frt.resolver import HubClient, make_request, parse_target
+    from frt.resolver.hub import HubClient
+    from frt.resolver.resolve import make_request
+    from frt.resolver.targets import parse_target
     from tests.fakehub import FakeHub, FakeRepo
     from tests.kernel_fixtures import variant_files
 

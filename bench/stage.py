@@ -100,7 +100,9 @@ def child(kind: str, url: str, job: dict) -> dict:
         return {"wall": time.perf_counter() - t0}
     from frt.mirror.home import Home
     from frt.mirror.stage import stage
-    from frt.resolver import HubClient, make_request, parse_target
+    from frt.resolver.hub import HubClient
+    from frt.resolver.resolve import make_request
+    from frt.resolver.targets import parse_target
 
     home, hub = Home(Path(job["home"])), HubClient(url)
     requests = [make_request(repo, version=v) for repo, v in job["requests"]]
@@ -184,8 +186,12 @@ def main() -> None:
     tmp_dir = tempfile.TemporaryDirectory(prefix="frt-bench-stage-")
     hub_env("http://unused.invalid", tmp_dir.name)  # the parent scans with the fake Hub's url explicitly
     from frt.mirror.views import repo_folder
-    from frt.resolver import (HubClient, Ledger, Resolution, make_request, parse_target, refresh_and_decide,
-                              scan)
+    from frt.resolver.hub import HubClient
+    from frt.resolver.ledger import Ledger
+    from frt.resolver.resolution import Resolution
+    from frt.resolver.resolve import make_request, refresh_and_decide
+    from frt.resolver.scan import scan
+    from frt.resolver.targets import parse_target
     from tests.fakehub import FakeHub
 
     repos = {r.repo_id: r for r in make_repos(*((QUICK_REPOS, QUICK_SCALE) if args.quick else (REPOS, 1.0)))}

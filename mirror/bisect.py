@@ -17,7 +17,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from frt.resolver import HubClient, Ledger, Target, scan
+from frt.resolver.hub import HubClient
+from frt.resolver.ledger import Ledger
+from frt.resolver.scan import scan
+from frt.resolver.targets import Target
 from frt.resolver.core import judge
 from frt.resolver.errors import BadInput
 

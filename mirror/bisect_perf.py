@@ -16,7 +16,8 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from frt.resolver import HubClient, Target
+from frt.resolver.hub import HubClient
+from frt.resolver.targets import Target
 
 from .bisect import Range, plan, run_command, search
 from .home import Home

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from frt.resolver import Target
+from frt.resolver.targets import Target
 from frt.resolver.errors import BadInput
 from frt.resolver.repo_ids import pin_variable, pinned_revision
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from frt.resolver.ledger import Ledger
-from frt.resolver.ledger_retry import retried
+from frt.resolver.ledger.retry import retried
 from sqlalchemy import func, select
 
 from .schema import Event

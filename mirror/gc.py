@@ -20,14 +20,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from frt.resolver import Ledger
-from frt.resolver.ledger_retry import retried
+from frt.resolver.ledger import Ledger
+from frt.resolver.ledger.retry import retried
 from frt.resolver.resolution import FileEntry
 
 from .events import record_event
 from .home import Home
 from .records import all_blobs, blob_for, delete_blob_records, staged_rows, wheel_rows
-from .render import human_bytes
 from .storelock import store_collector
 from .store import Digest, digest_file
 from .views import Views, wheels_dir
@@ -76,16 +75,6 @@ class GcReport:
                 "parts": [{"name": p.name, "size": p.size} for p in self.parts],
                 "dropped_records": self.dropped_records,
                 "kept_blobs": self.kept_blobs, "kept_bytes": self.kept_bytes}
-
-    def render(self) -> str:
-        verb = "would remove" if self.dry_run else "removed"
-        line = (f"{verb} {len(self.removed)} unreferenced blob(s) ({human_bytes(self.removed_bytes)}) and "
-                f"{len(self.parts)} partial download(s) ({human_bytes(self.part_bytes)}); kept "
-                f"{self.kept_blobs} referenced blob(s) ({human_bytes(self.kept_bytes)})")
-        if self.dropped_records:
-            line += f"; {'would drop' if self.dry_run else 'dropped'} {self.dropped_records} ledger row(s) " \
-                    "of blobs the store did not have"
-        return line + (" (--dry-run: nothing was removed)" if self.dry_run else "")
 
 
 def collect(home: Home, *, dry_run: bool = False, on_wait: Callable[[str], None] = lambda what: None) -> GcReport:

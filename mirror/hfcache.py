@@ -18,11 +18,11 @@ import os
 import uuid
 from pathlib import Path
 
-from frt.resolver import Target
+from frt.resolver.targets import Target
 from frt.resolver.errors import BadInput, VerificationFailed
 from frt.resolver.gate import check_commit, check_git_oid, check_path, check_ref, check_repo_id, check_sha256
 
-from frt.atomic import atomic_write
+from frt.resolver.fs import atomic_write
 
 from .home import Home
 from .records import MODEL_TARGET, blob_for, repo_types

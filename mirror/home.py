@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from functools import cached_property
 from pathlib import Path
 
-from frt.resolver import Ledger
+from frt.resolver.ledger import Ledger
 from frt.resolver.resolution import FileEntry
 
 from .home_path import check_not_forgotten, default_ledger_url, ledger_path

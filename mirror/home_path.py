@@ -8,7 +8,52 @@ import os
 import sys
 from pathlib import Path
 
+from dataclasses import dataclass
+
 from frt.resolver.errors import BadInput, HomeReadOnly, LedgerCorrupt
+
+
+@dataclass(frozen=True)
+class HomeLayout:
+    """The home's folders, named once: everything that builds a path in a home asks this."""
+
+    root: Path
+
+    @property
+    def ledger(self) -> Path:  # the SQLite ledger (a ledger server's URL replaces it: default_ledger_url)
+        return self.root / "ledger.sqlite"
+
+    @property
+    def store(self) -> Path:  # blobs by sha256 (store.BlobStore), `<sha[:2]>/<sha>`
+        return self.root / "store" / "sha256"
+
+    @property
+    def tmp(self) -> Path:  # `.part` files of downloads and imports in flight
+        return self.root / "tmp"
+
+    @property
+    def locks(self) -> Path:  # one file lock per blob being written
+        return self.root / "locks"
+
+    @property
+    def views(self) -> Path:  # LOCAL_KERNELS' variant folders, hard links into the store
+        return self.root / "views" / "local"
+
+    @property
+    def views_tmp(self) -> Path:  # views being assembled, renamed into `views` whole
+        return self.root / "views" / ".tmp"
+
+    @property
+    def wheels(self) -> Path:  # python-depends' wheels, a pip find-links folder of hard links
+        return self.root / "views" / "wheels"
+
+    @property
+    def quarantine(self) -> Path:  # blobs serve found changed on disk, set aside (serve/integrity.py)
+        return self.root / "quarantine"
+
+    @property
+    def python(self) -> Path:  # `env --engine`'s default --python-dir
+        return self.root / "python"
 
 
 def default_home() -> Path:
@@ -22,7 +67,7 @@ def default_home() -> Path:
 
 
 def ledger_path(home: Path) -> Path:
-    return home / "ledger.sqlite"
+    return HomeLayout(home).ledger
 
 
 def check_writable(home: Path, what: str) -> None:
@@ -46,7 +91,7 @@ def default_ledger_url() -> str | None:
 def check_ledger_text(text: str, *, where: str) -> str:
     """A ledger URL as given (--ledger, FRT_LEDGER_URL) is a URL: `garbage` or `postgres-typo@db:5432/frt`
     was taken for a file name, and a SQLite ledger of that name was created in the working directory.
-    Its dialect and the rest are checked where it is opened (resolver/ledger_open.py ledger_url), which
+    Its dialect and the rest are checked where it is opened (resolver/ledger/open.py ledger_url), which
     needs SQLAlchemy; this needs nothing."""
     scheme, sep, _ = text.partition("://")
     if not sep or not scheme:

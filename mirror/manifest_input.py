@@ -6,7 +6,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from frt.manifests import Manifest, ManifestError, ModelSpec, load_manifest
-from frt.resolver import Request, Target, make_request, make_target, parse_target
+from frt.resolver.resolution import Request
+from frt.resolver.resolve import make_request
+from frt.resolver.targets import make_target, parse_target, Target
 from frt.resolver.errors import BadInput
 from frt.resolver.targets import with_archs
 

@@ -23,7 +23,8 @@ from concurrent.futures import ThreadPoolExecutor
 from huggingface_hub.utils import filter_repo_objects
 
 from frt.manifests import ModelSpec
-from frt.resolver import HubClient, make_request
+from frt.resolver.hub import HubClient
+from frt.resolver.resolve import make_request
 from frt.resolver.errors import FrtError, UpstreamUnavailable
 from frt.resolver.resolution import FileEntry, VariantInfo
 

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from frt.resolver import HubClient, KernelUnavailable, Request, Target, pin_variable, resolve
+from frt.resolver.errors import KernelUnavailable
+from frt.resolver.hub import HubClient
+from frt.resolver.repo_ids import pin_variable
+from frt.resolver.resolution import Request
+from frt.resolver.resolve import resolve
+from frt.resolver.targets import Target
 
 from .env import EnvEntry, env_vars, local_kernels
 from .home import Home
@@ -33,7 +38,7 @@ def pin_env(repo: str, revision: str, target: Target, *, home: Home, hub: HubCli
                    hub=hub or HubClient(), progress=False) if not _staged(home, target, pin) else None
     if report is not None and not report.ok:
         bad = next(r for r in report.rows if r.status != "staged")
-        from frt.resolver import Refusal
+        from frt.resolver.resolution import Refusal
 
         raise KernelUnavailable(Refusal(res.request, target, "StageFailed", bad.detail, detail=bad.detail,
                                         commit=res.commit))

@@ -10,11 +10,11 @@ from __future__ import annotations
 import sys
 import threading
 
-from tqdm import tqdm
-
 
 class Progress:
     def __init__(self, total_bytes: int, total_files: int, *, label: str = "stage", stream=None):
+        from tqdm import tqdm  # here, not at import: the CLI's start-up reads human_bytes from this module
+
         self.total_files, self.files = total_files, 0
         stream = stream or sys.stderr
         self.enabled = _isatty(stream)
@@ -48,3 +48,12 @@ def _isatty(stream) -> bool:
         return stream.isatty()
     except (AttributeError, ValueError):  # a closed or file-like stream without a terminal behind it
         return False
+
+
+def human_bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from frt.resolver import Refusal, Resolution
+from frt.resolver.resolution import Refusal, Resolution
 from frt.resolver.kernel_metadata import (
     KernelMetadata,
     MetadataInvalid,

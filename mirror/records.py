@@ -5,12 +5,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from frt.resolver import Ledger, Resolution
-from frt.resolver.dialect import insert_for
-from frt.resolver.ledger_retry import retried
-from frt.resolver.migrations import utcnow
+from frt.resolver.ledger import Ledger
+from frt.resolver.resolution import Resolution
+from frt.resolver.ledger.dialect import insert_for
+from frt.resolver.ledger.retry import retried
+from frt.resolver.ledger.migrations import utcnow
 from frt.resolver.resolution import FileEntry
-from frt.resolver.schema import Repo
+from frt.resolver.ledger.schema import Repo
 from sqlalchemy import delete, select, tuple_
 from sqlalchemy.orm import Session
 
@@ -23,7 +24,7 @@ from .store import Digest
 # frt.mirror.models).
 MODEL_TARGET = "model"
 MODEL_SELECTION = "files"
-# A kernel variant a client pulled through `serve --upstream` (frt.mirror.pull_through) was asked for by no
+# A kernel variant a client pulled through `serve --upstream` (frt.mirror.serve.pull_through) was asked for by no
 # target: its row's target is PULLED + the variant's name, and a target's staged set takes it where that
 # target accepts the variant (see staged_for).
 PULLED = "pulled:"

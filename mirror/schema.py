@@ -1,4 +1,4 @@
-"""The mirror's tables in the ledger, and their migration track (see frt.resolver.migrations): the
+"""The mirror's tables in the ledger, and their migration track (see frt.resolver.ledger.migrations): the
 blob store's index, what is staged for which target (and the wheels it needs), and serve's bearer tokens,
 the change serial, the events log. Only this package
 reads or writes them; the resolver's tables are the resolver's."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from frt.resolver.migrations import SchemaTrack, utcnow
+from frt.resolver.ledger.migrations import SchemaTrack, utcnow
 from sqlalchemy import Connection, String, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 

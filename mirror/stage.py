@@ -11,7 +11,11 @@ import threading
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 
-from frt.resolver import HubClient, Ledger, Refusal, Request, Resolution, Target, refresh_and_decide
+from frt.resolver.hub import HubClient
+from frt.resolver.ledger import Ledger
+from frt.resolver.resolution import Refusal, Request, Resolution
+from frt.resolver.resolve import refresh_and_decide
+from frt.resolver.targets import Target
 from frt.resolver.errors import FrtError, UpstreamUnavailable
 from frt.resolver.kernel_metadata import MetadataInvalid, dependency_request
 from frt.resolver.python_depends import UnsupportedDependency

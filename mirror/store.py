@@ -19,7 +19,9 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from frt.atomic import fsync_dir
+from frt.resolver.fs import fsync_dir
+
+from .home_path import HomeLayout
 
 CHUNK = 1 << 20
 
@@ -88,7 +90,7 @@ def _size(path: Path) -> int:
 
 def store_root(home: Path) -> Path:
     """The folder a home's blobs lie under (nginx-conf aliases its internal location onto it)."""
-    return home / "store" / "sha256"
+    return HomeLayout(home).store
 
 
 def blob_relpath(sha256: str) -> str:
@@ -104,8 +106,8 @@ class BlobStore:
     def __init__(self, home: Path, shared_lock: Callable[[str], AbstractContextManager] | None = None):
         self.shared_lock = shared_lock
         self.root = store_root(home)
-        self.tmp = home / "tmp"
-        self.locks = home / "locks"
+        self.tmp = HomeLayout(home).tmp
+        self.locks = HomeLayout(home).locks
         for d in (self.root, self.tmp, self.locks):
             try:
                 d.mkdir(parents=True, exist_ok=True)

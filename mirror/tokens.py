@@ -7,7 +7,7 @@ import hmac
 import secrets
 from collections.abc import Callable
 
-from frt.resolver import Ledger
+from frt.resolver.ledger import Ledger
 from frt.resolver.errors import BadInput
 from sqlalchemy import delete, select
 

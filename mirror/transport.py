@@ -16,19 +16,20 @@ What the real Hub does on `GET /{repo}/resolve/{commit}/{path}`, and what this a
   since asking again gets the same answer, and not bad input (exit 2): the user asked for nothing wrong.
 Every body is bounded: a file's by its listed size, an error answer's by 64 KiB, and the whole request by
 a deadline (`wire.Limits.deadline(size)`, checked as each piece arrives), so a trickle ends too.
-A local write that fails (disk full, permission, read-only mount) is `LocalWriteFailed`, never
+A local write that fails (disk full, permission, read-only mount) is `LocalDiskError`, never
 reported as the upstream refusing. The bytes are judged by the caller (`fetch`), not here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from frt.resolver import wire
-from frt.resolver.errors import FrtError, UpstreamMalformed, UpstreamUnavailable, first_line
-from frt.resolver.hub import HubClient, is_transient, rate_limited, redirect_refusal
+from frt.resolver.errors import FrtError, LocalDiskError, UpstreamUnavailable, first_line
+from frt.resolver.hub import AGAIN, HubClient, redirect_refusal
 from huggingface_hub import get_session
 from huggingface_hub.utils import build_hf_headers
 
@@ -44,10 +45,6 @@ MAX_RESIGNS = 5
 
 class ContentTooLarge(FrtError):
     """Upstream sent more bytes than it advertised for a file."""
-
-
-class LocalWriteFailed(FrtError):
-    """Writing a download to the local disk failed: the home's problem, not the upstream's."""
 
 
 class ListedFileMissing(FrtError):
@@ -66,43 +63,34 @@ class Transport:
               on_bytes: Callable[[int], None] = lambda n: None, repo_type: str = "kernel",
               running: RunningDigest | None = None) -> None:
         """Make `part` hold the file's `size` bytes as served (resuming what it has), or raise.
-        `running` is fed every byte the part ends up with, in order (see store.RunningDigest)."""
+        `running` is fed every byte the part ends up with, in order (see store.RunningDigest).
+        Each attempt resumes from what the part holds; the loop is the Hub client's (HubClient.attempts)."""
         where = f"{repo_id}/{path}@{commit[:12]}"
-        attempt = resigns = 0
-        while True:
+        resigns = 0
+
+        def one() -> None:
             have = _size(part)
             if have > size:
                 part.unlink()
                 have = 0
             if have == size and part.exists():
                 return
-            attempt += 1
-            try:
-                self._get(repo_id, path, commit, part, offset=have, limit=size, on_bytes=on_bytes,
-                          repo_type=repo_type, running=running)
-                return
-            except (ContentTooLarge, LocalWriteFailed, UpstreamMalformed):
-                raise
-            except _SignatureExpired:
+            self._get(repo_id, path, commit, part, offset=have, limit=size, on_bytes=on_bytes,
+                      repo_type=repo_type, running=running)
+
+        def transport_errors(e: Exception):
+            nonlocal resigns
+            if isinstance(e, _SignatureExpired):
                 resigns += 1
                 if resigns > MAX_RESIGNS:
-                    raise UpstreamUnavailable(f"{where}: the CDN refused {resigns} freshly signed URLs") from None
-                attempt -= 1  # the Hub signs a new URL on the next request
-            except Exception as e:
-                if (refusal := redirect_refusal(e)) is not None:
-                    raise UpstreamMalformed(f"{where}: {refusal}") from None
-                if getattr(getattr(e, "response", None), "status_code", None) in (404, 410):
-                    raise ListedFileMissing(f"{where}: the upstream lists this file ({size} bytes) but answers "
-                                            f"{e.response.status_code} for it: {first_line(e)}") from None
-                if rate_limited(e):
-                    self.hub.pacer.hold(e.response.headers, "resolvers", where)
-                    attempt -= 1
-                    continue
-                if not is_transient(e):
-                    raise UpstreamUnavailable(f"{where}: upstream {self.hub.endpoint} refused: {first_line(e)}") from None
-                if attempt >= self.hub.retry.attempts:
-                    raise UpstreamUnavailable(f"{where}: gave up after {attempt} attempts: {first_line(e)}") from None
-                self.hub.retry.sleep(attempt)
+                    return UpstreamUnavailable(f"{where}: the CDN refused {resigns} freshly signed URLs")
+                return AGAIN  # the Hub signs a new URL on the next request
+            if redirect_refusal(e) is None and getattr(getattr(e, "response", None), "status_code", None) in (404, 410):
+                return ListedFileMissing(f"{where}: the upstream lists this file ({size} bytes) but answers "
+                                         f"{e.response.status_code} for it: {first_line(e)}")
+            return None
+
+        self.hub.attempts(one, bucket="resolvers", where=where, classify=transport_errors, prefix=f"{where}: ")
 
     def _get(self, repo_id, path, commit, dest: Path, *, offset, limit, on_bytes, repo_type, running) -> None:
         """One request, following the Hub's redirects, streaming into `dest` from `offset`."""
@@ -111,7 +99,6 @@ class Transport:
             headers["Range"] = f"bytes={offset}-"
         url = self.hub.file_url(repo_id, path, commit, repo_type)
         where = f"{repo_id}/{path}@{commit[:12]}"
-        self.hub.pacer.wait("resolvers")
         deadline = self.hub.limits.deadline(limit - offset)
         with get_session().stream("GET", url, headers=headers, follow_redirects=True,
                                   timeout=deadline.timeout()) as r:
@@ -129,7 +116,7 @@ class Transport:
                 dest.unlink(missing_ok=True)
             if running is not None:
                 running.catch_up(dest, written)
-            with _open(dest, "ab" if written else "wb") as f:
+            with local_file(dest, "ab" if written else "wb") as f:
                 for chunk in r.iter_bytes():  # each piece as it arrives (at most a socket read, 64 KiB)
                     written += len(chunk)
                     if written > limit:
@@ -146,18 +133,28 @@ def _left_host(r, endpoint: str) -> bool:
     return bool(r.history) and urlsplit(str(r.url)).netloc != urlsplit(endpoint).netloc
 
 
-def _open(dest: Path, mode: str):
+@contextmanager
+def local_file(dest: Path, mode: str):
+    """`dest` open for the download; failing to open it, or to flush it on close (a full disk shows
+    there as often as on a write), is a local disk error, never the upstream's."""
     try:
-        return open(dest, mode)
+        f = open(dest, mode)
     except OSError as e:
-        raise LocalWriteFailed(f"cannot write {dest}: {e.strerror or e} (a local disk error)") from None
+        raise LocalDiskError(f"cannot write {dest}: {e.strerror or e} (a local disk error)") from None
+    try:
+        yield f
+    finally:
+        try:
+            f.close()
+        except OSError as e:
+            raise LocalDiskError(f"cannot write {dest}: {e.strerror or e} (a local disk error)") from None
 
 
 def _write(f, chunk: bytes, dest: Path) -> None:
     try:
         f.write(chunk)
     except OSError as e:
-        raise LocalWriteFailed(f"cannot write {dest}: {e.strerror or e} (a local disk error)") from None
+        raise LocalDiskError(f"cannot write {dest}: {e.strerror or e} (a local disk error)") from None
 
 
 def _size(p: Path) -> int:

@@ -21,7 +21,6 @@ from frt.resolver.gate import check_repo_id, ref_problem
 from .gc import plan
 from .home import Home
 from .records import StagedRow, delete_staged, staged_rows
-from .render import human_bytes, table
 from .store import Digest
 from .storelock import store_collector
 
@@ -41,13 +40,6 @@ class UnstageReport:
         return {"rows": [dict(r.__dict__) for r in self.rows], "views": [str(p) for p in self.views],
                 "view_files": self.view_files, "reclaimable_blobs": len(self.reclaimable),
                 "reclaimable_bytes": self.reclaimable_bytes}
-
-    def render(self) -> str:
-        out = table(["repo", "requested", "target", "commit", "variant"],
-                    [(r.repo, r.requested, r.target, r.commit[:12], r.variant) for r in self.rows])
-        return out + (f"\nunstaged {len(self.rows)} row(s); removed {len(self.views)} view(s) ({self.view_files} "
-                      f"file(s)); 'frt-mirror gc' can now reclaim {len(self.reclaimable)} blob(s) "
-                      f"({human_bytes(self.reclaimable_bytes)})")
 
 
 def parse_spec(spec: str) -> tuple[str, str | None]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from frt.resolver import Ledger
+from frt.resolver.ledger import Ledger
 from frt.resolver.kernel_metadata import MetadataInvalid, parse_metadata, validate_variant
 
 from .events import QUARANTINE, events_of

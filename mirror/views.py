@@ -16,6 +16,7 @@ from pathlib import Path
 
 from frt.resolver.resolution import FileEntry
 
+from .home_path import HomeLayout
 from .store import BlobStore
 
 
@@ -26,13 +27,13 @@ def repo_folder(repo_id: str) -> str:
 
 def wheels_dir(home_root: Path) -> Path:
     """The flat find-links folder of a home (wheels of python-depends): hard links into its store."""
-    return home_root / "views" / "wheels"
+    return HomeLayout(home_root).wheels
 
 
 class Views:
     def __init__(self, home: Path, store: BlobStore):
-        self.root = home / "views" / "local"
-        self.tmp = home / "views" / ".tmp"
+        self.root = HomeLayout(home).views
+        self.tmp = HomeLayout(home).views_tmp
         self.store = store
 
     repo_folder = staticmethod(repo_folder)

@@ -20,7 +20,9 @@ from huggingface_hub import get_session
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from frt.resolver import HubClient, Resolution, wire
+from frt.resolver.hub import HubClient
+from frt.resolver.resolution import Resolution
+from frt.resolver import wire
 from frt.resolver.errors import BadInput, FrtError, UpstreamMalformed
 from frt.resolver.python_depends import packages_for
 from frt.resolver.settings import env_number
@@ -29,6 +31,7 @@ from frt.resolver.wheel_pick import pick, requires
 
 from .records import WheelRecord
 from .store import BlobStore, Digest, digest_file
+from .transport import local_file
 
 INDEX_ENV = "FRT_WHEEL_INDEX"
 MAX_WHEEL_ENV = "FRT_MAX_WHEEL_BYTES"
@@ -134,7 +137,7 @@ def _get_to(url: str, part: Path, cap: int, limits: wire.Limits) -> None:
     with get_session().stream("GET", url, follow_redirects=True, timeout=deadline.timeout()) as r:
         wire.raise_for_status(r, deadline)
         written = 0
-        with open(part, "wb") as out:
+        with local_file(part, "wb") as out:
             for chunk in r.iter_bytes():
                 written += len(chunk)
                 if written > cap:

@@ -80,20 +80,33 @@ class LedgerUnavailable(FrtError):
 
 class LedgerDropped(LedgerUnavailable):
     """The ledger's server dropped or refused the connection (a restart): a writer retries the unit
-    (resolver/ledger_retry.py); anyone else says "try again later", as for any LedgerUnavailable."""
+    (resolver/ledger/retry.py); anyone else says "try again later", as for any LedgerUnavailable."""
 
 
-# Exit codes of the contract: 0 ok, 1 refused or failed verification, 2 bad usage or input,
-# 3 the upstream or the ledger's database unavailable: the same command may work later.
-EXIT_OK, EXIT_REFUSED, EXIT_BAD_INPUT, EXIT_UNAVAILABLE = 0, 1, 2, 3
+# Exit codes of the contract: 0 ok, 1 refused or failed verification, 2 bad usage or input (a local file
+# the user named or the home holds, unwritable, missing or full, too), 3 the upstream or the ledger's
+# database unavailable: the same command may work later; 130 interrupted (Ctrl-C), as shells have it.
+EXIT_OK, EXIT_REFUSED, EXIT_BAD_INPUT, EXIT_UNAVAILABLE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 
 def exit_code(exc: BaseException) -> int:
-    """Map an error to the CLI exit code. Unknown errors are bugs, not refusals."""
+    """The CLI's exit code for an error: the one map. Unknown errors are bugs, not refusals: re-raised."""
     if isinstance(exc, (KernelUnavailable, VerificationFailed)):
         return EXIT_REFUSED
     if isinstance(exc, (UpstreamUnavailable, LedgerUnavailable)):
         return EXIT_UNAVAILABLE
-    if isinstance(exc, FrtError):
+    if isinstance(exc, (FrtError, OSError)):
         return EXIT_BAD_INPUT
+    if isinstance(exc, KeyboardInterrupt):
+        return EXIT_INTERRUPTED
     raise exc
+
+
+def error_line(exc: BaseException) -> str:
+    """The one line the CLI says for an error `exit_code` maps."""
+    if isinstance(exc, FrtError):
+        return str(exc)
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted"
+    where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
+    return f"{where}{getattr(exc, 'strerror', None) or exc}"

@@ -242,12 +242,28 @@ class HubClient:
     def ask(self, fn: Callable[[], T], *, host: str, where: str) -> T:
         """Run a call to another upstream of the site's (a package index) under this client's retries and
         pacing (its own bucket), its errors named by `host`."""
-        return self._call(fn, host, bucket=f"other {host}", where=where, host=host)
+        return self.attempts(fn, bucket=f"other {host}", where=where, host=host)
 
-    def _call(self, fn: Callable[[], T], repo_id: str, bucket: str = "api", where: str | None = None,
-              host: str | None = None) -> T:
-        """Run one upstream call with retries and rate-limit pacing; map the Hub's errors to ours."""
-        where = where or f"upstream {self.endpoint}"
+    def _call(self, fn: Callable[[], T], repo_id: str, bucket: str = "api", where: str | None = None) -> T:
+        """One Hub API call: `attempts`, with the Hub's own errors mapped to ours."""
+        def hub_errors(e: Exception) -> Exception | None:
+            if isinstance(e, RepositoryNotFoundError):
+                return RepoNotFound(f"{repo_id}: repository not found at {self.endpoint} ({first_line(e)})")
+            if isinstance(e, RevisionNotFoundError):
+                return RevisionNotFound(f"{repo_id}: {first_line(e)}")
+            if isinstance(e, EntryNotFoundError):
+                return _EntryMissing()
+            return None
+
+        return self.attempts(fn, bucket=bucket, where=where or f"upstream {self.endpoint}", classify=hub_errors)
+
+    def attempts(self, fn: Callable[[], T], *, bucket: str, where: str, host: str | None = None,
+                 classify: Callable[[Exception], Exception | object | None] | None = None, prefix: str = "") -> T:
+        """The one loop every upstream request runs in (API calls here, file bodies in mirror.transport):
+        paced per bucket, a 429 waited out (not an attempt), a transient failure retried with backoff up
+        to the policy's attempts, a redirect loop or a hop off http(s) refused at once, and every failure
+        one of our errors. `classify(e)` sees each failure first: an exception to raise, AGAIN to try
+        again without counting an attempt, or None for the rules above. Our own errors pass through."""
         host = host or self.endpoint
         attempt = 0
         while True:
@@ -255,32 +271,38 @@ class HubClient:
             self.pacer.wait(bucket)
             try:
                 return fn()
-            except RepositoryNotFoundError as e:
-                raise RepoNotFound(f"{repo_id}: repository not found at {host} ({first_line(e)})") from None
-            except RevisionNotFoundError as e:
-                raise RevisionNotFound(f"{repo_id}: {first_line(e)}") from None
-            except EntryNotFoundError:
-                raise _EntryMissing() from None
-            except OfflineModeIsEnabled:
-                raise UpstreamUnavailable(
-                    "HF_HUB_OFFLINE is set, so upstream cannot be asked; use --offline to answer from the ledger"
-                ) from None
-            except (HfHubHTTPError, _httpx.TransportError, _httpx.TooManyRedirects, ConnectionError, TimeoutError) as e:
+            except FrtError:
+                raise  # already one of ours: a local disk error, a body past its cap, a malformed answer
+            except Exception as e:
+                word = classify(e) if classify is not None else None
+                if word is AGAIN:
+                    attempt -= 1
+                    continue
+                if isinstance(word, BaseException):
+                    raise word from None
+                if isinstance(e, OfflineModeIsEnabled):
+                    raise UpstreamUnavailable("HF_HUB_OFFLINE is set, so upstream cannot be asked; use --offline to "
+                                              "answer from the ledger") from None
+                if not isinstance(e, (HfHubHTTPError, _httpx.TransportError, _httpx.TooManyRedirects, ConnectionError,
+                                      TimeoutError)):
+                    if isinstance(e, _httpx.HTTPError):  # an answer broken below JSON (a bad gzip stream, header)
+                        raise UpstreamMalformed(f"{where}: {first_line(e)}") from None
+                    raise
                 if (refusal := redirect_refusal(e)) is not None:  # the same hop would come again
                     raise UpstreamMalformed(f"{where}: {refusal}") from None
                 if rate_limited(e):  # a wait, not a failed attempt
-                    self.pacer.hold(e.response.headers, bucket, repo_id)
+                    self.pacer.hold(e.response.headers, bucket, where)
                     attempt -= 1
                     continue
                 if not is_transient(e) or (not self.retry.refused and isinstance(e, _httpx.ConnectError)):
-                    raise UpstreamUnavailable(f"upstream {host} refused: {first_line(e)}") from None
+                    raise UpstreamUnavailable(f"{prefix}upstream {host} refused: {first_line(e)}") from None
                 if attempt >= self.retry.attempts:
                     raise UpstreamUnavailable(
-                        f"upstream {host} unreachable after {attempt} attempts: {first_line(e)}"
-                    ) from None
+                        f"{prefix}upstream {host} unreachable after {attempt} attempts: {first_line(e)}") from None
                 self.retry.sleep(attempt)
-            except _httpx.HTTPError as e:  # an answer broken below JSON (a bad gzip stream, a bad header)
-                raise UpstreamMalformed(f"{where}: {first_line(e)}") from None
+
+
+AGAIN = object()  # HubClient.attempts' classify hook: try again, not counting it as an attempt
 
 
 def redirect_refusal(e: BaseException) -> str | None:

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from .core import judge
-from .ledger_view import LedgerView
+from .ledger.view import LedgerView
 from .targets import Target, make_target
 from .variants import by_name_best, parse_fields
 

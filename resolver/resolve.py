@@ -10,7 +10,7 @@ from .errors import BadInput, KernelUnavailable
 from .gate import check_ref, check_repo_id
 from .hub import HubClient, RepoNotFound, RevisionNotFound
 from .ledger import Ledger
-from .ledger_retry import retried
+from .ledger.retry import retried
 from .repo_ids import pin_variable, pinned_revision
 from .resolution import Refusal, Request, Resolution
 from .scan import scan

@@ -18,10 +18,10 @@ from sqlalchemy import select
 
 from .hub import HubClient
 from .ledger import Ledger
-from .ledger_retry import retried
+from .ledger.retry import retried
 from .gate import check_repo_id
 from .resolution import FileEntry, VariantInfo
-from .schema import Listing, Repo
+from .ledger.schema import Listing, Repo
 from .wire import TooLarge
 
 

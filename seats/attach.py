@@ -19,7 +19,7 @@ import torch
 
 from frt.manifests import DEFAULT_BAND, SeatCatalog
 from frt.mirror.home_path import default_home
-from frt.resolver import Ledger
+from frt.resolver.ledger import Ledger
 from frt.resolver.errors import BadInput
 
 from .band import MoeSeat

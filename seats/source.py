@@ -19,7 +19,11 @@ from frt.manifests import KernelRef
 from frt.mirror.home import Home
 from frt.mirror.home_path import ledger_path
 from frt.mirror.records import blob_for
-from frt.resolver import KernelUnavailable, Ledger, Resolution, Target, host_target, resolve
+from frt.resolver.errors import KernelUnavailable
+from frt.resolver.ledger import Ledger
+from frt.resolver.resolution import Resolution
+from frt.resolver.resolve import resolve
+from frt.resolver.targets import host_target, Target
 
 from .errors import SiteRefused
 

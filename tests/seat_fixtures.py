@@ -352,7 +352,7 @@ def staged_home(root: Path) -> Path:
     """Stage the seat fixtures for this host once per process, with the real `frt-mirror stage` CLI,
     from a fake Hub that is stopped afterwards: attach then has nothing to reach but the home."""
     if "home" not in _STAGED:
-        from frt.resolver import host_target
+        from frt.resolver.targets import host_target
         from tests.conftest import run_cli
         from tests.fakehub import FakeHub
 

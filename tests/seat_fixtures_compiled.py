@@ -164,7 +164,7 @@ def host_variant() -> str:
     from kernels.backends import parse_backend
     from kernels.variants import Arch, ArchVariant, Torch
 
-    from frt.resolver import host_target
+    from frt.resolver.targets import host_target
 
     t = host_target()
     abi = torch.compiled_with_cxx11_abi() if t.os == "linux" else None
@@ -372,7 +372,7 @@ def compiled_repo(build: CompiledBuild) -> FakeRepo:
 def staged_compiled_home(root: Path, build: CompiledBuild) -> Path:
     """Stage ``seat-compiled`` v1 for this host with the real ``frt-mirror stage``, from a fake Hub that
     is stopped before this returns."""
-    from frt.resolver import host_target
+    from frt.resolver.targets import host_target
     from tests.conftest import run_cli
     from tests.fakehub import FakeHub
     from tests.seat_fixtures import write_stage_manifest

@@ -45,7 +45,7 @@ def test_env_engine_vllm_prints_the_no_install_route(home, tmp_path):
     assert "[vllm.general_plugins]\nfrt = frt.adapters.vllm_engine:register" in (info / "entry_points.txt").read_text()
     for sub in ("cli", "resolver", "mirror", "seats", "adapters", "manifests"):
         assert (python_dir / "frt" / sub / "__init__.py").is_file()
-    assert (python_dir / "frt" / "atomic.py").is_file()  # the root's own modules, not only its __init__
+    assert (python_dir / "frt" / "__init__.py").is_file() and (python_dir / "frt" / "resolver" / "fs.py").is_file()
     assert (python_dir / "frt" / "manifests" / "examples" / "seats-vllm.toml").is_file()  # package data too
     assert not list(python_dir.rglob("__pycache__"))
 
@@ -65,7 +65,7 @@ def test_pythonpath_dir_alone_provides_frt_and_the_entry_points(home, tmp_path):
                  for g in ("vllm.general_plugins", "sglang.srt.plugins")}
         register = entry_points(group="vllm.general_plugins")["frt"].load()
         import frt.adapters.vllm_engine as v
-        import frt.adapters.common as c  # what a worker runs on attach: it needs the root's frt.atomic
+        import frt.adapters.common as c  # what a worker runs on attach: it needs frt.resolver.fs
         print(json.dumps({"found": found, "file": v.__file__, "same": register is v.register,
                           "common": c.__file__}))
     """

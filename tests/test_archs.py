@@ -14,7 +14,8 @@ import json
 
 import pytest
 
-from frt.resolver import BadInput, parse_target
+from frt.resolver.errors import BadInput
+from frt.resolver.targets import parse_target
 from tests.conftest import cli_env, run_cli
 from tests.fakehub import FakeHub
 from tests.kernel_fixtures import H100_CU, ORG, fleet_repos

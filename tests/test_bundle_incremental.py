@@ -21,7 +21,7 @@ import pytest
 
 from frt.mirror.home import Home
 from frt.mirror.records import all_blobs, staged_rows
-from frt.resolver.ledger_io import repo_record
+from frt.resolver.ledger.io import repo_record
 from tests.conftest import ACTIVATION, RELU, run_cli
 from tests.fakehub import FakeHub, FakeRepo
 from tests.kernel_fixtures import ARM_CPU, ORG, X86_CPU, X86_CU, blob, build, relu_repo

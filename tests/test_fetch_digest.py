@@ -12,7 +12,7 @@ from frt.mirror import fetch as fetch_module
 from frt.mirror.fetch import IntegrityError, fetch_file
 from frt.mirror.store import BlobStore
 from frt.mirror.transport import Transport
-from frt.resolver import HubClient
+from frt.resolver.hub import HubClient
 from tests.fakehub import FakeHub, FakeRepo
 from tests.kernel_fixtures import ORG, variant_files
 

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from frt.resolver import parse_target
+from frt.resolver.targets import parse_target
 from tests.conftest import ACTIVATION, RELU, cli_env, run_cli
 from tests.fakehub import FakeHub
 from tests.kernel_fixtures import ORG, demo_repos

@@ -229,7 +229,8 @@ def test_scan_writes_listings_a_few_commits_per_transaction(tmp_path, monkeypatc
     another process". Each write now carries at most ROWS_PER_WRITE rows, or one commit's listing."""
     import importlib
 
-    from frt.resolver import HubClient, Ledger
+    from frt.resolver.hub import HubClient
+    from frt.resolver.ledger import Ledger
 
     scan_module = importlib.import_module("frt.resolver.scan")
     monkeypatch.setattr(scan_module, "ROWS_PER_WRITE", 40)

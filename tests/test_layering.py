@@ -71,19 +71,65 @@ def test_cli_start_up_imports_no_heavy_library():
     assert _imported_after("import frt.resolver.errors, frt.mirror.home_path, frt.mirror.serve.nginx") == []
 
 
-def test_lazy_package_names_are_what_they_were():
-    """frt.resolver's and frt.mirror.serve's names are imported on first use; a name shared with its
-    submodule (resolve, scan, listen) is still the function, whichever was imported first."""
-    import types
+PACKAGE_DIRS = {"frt": "frt", "frt.resolver": "resolver", "frt.mirror": "mirror", "frt.seats": "seats",
+                "frt.adapters": "adapters", "frt.manifests": "manifests"}
 
-    import frt.mirror.serve.listen  # noqa: F401  (the submodule first: the import system binds it on the package)
-    import frt.resolver.scan  # noqa: F401
-    from frt.mirror.serve import listen, make_app
-    from frt.resolver import Ledger, resolve, scan
 
-    for f in (listen, make_app, resolve, scan):
-        assert isinstance(f, types.FunctionType), f
-    assert Ledger.__module__ == "frt.resolver.ledger"
-    import frt.resolver
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT)
+    for pkg, folder in sorted(PACKAGE_DIRS.items(), key=lambda kv: -len(kv[1])):
+        if rel.parts[0] == folder:
+            parts = [*pkg.split("."), *rel.with_suffix("").parts[1:]]
+            return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    raise ValueError(path)
 
-    assert sorted(frt.resolver.__all__) == frt.resolver.__all__ and "HubClient" in frt.resolver.__all__
+
+def _load_time_imports(path: Path, name: str, known: set[str]) -> set[str]:
+    """What importing the module imports: its top-level imports (not those inside functions, which run
+    later, nor `if TYPE_CHECKING:` ones), relative ones resolved."""
+    is_pkg = path.name == "__init__.py"
+    out = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = name.split(".") if is_pkg else name.split(".")[:-1]
+                base = base[:len(base) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            out |= {f"{mod}.{a.name}" if f"{mod}.{a.name}" in known else mod for a in node.names}
+    # A module's own packages are already importing when it loads: depending on them is no cycle.
+    return {m for m in out if m.startswith("frt") and not name.startswith(f"{m}.")}
+
+
+def test_nothing_below_imports_the_top_floor_and_modules_import_without_cycles():
+    """The CLI (frt.cli, and any module at frt's root) is the top floor: nothing below imports it. And no
+    module's import reaches itself again through others' (a cycle works only by the order things load)."""
+    files = {p: _module_name(p) for folder in PACKAGE_DIRS.values() for p in (ROOT / folder).rglob("*.py")}
+    known = set(files.values())
+    top = ("frt.cli", *(f"frt.{p.stem}" for p in (ROOT / "frt").glob("*.py") if p.stem != "__init__"))
+    graph = {}
+    up = []
+    for path, name in files.items():
+        deps = {d for d in _load_time_imports(path, name, known) if d in known and d != name}
+        graph[name] = deps
+        if not name.startswith(("frt.cli", "frt.__init__")) and name != "frt":
+            up += [f"{name} imports {n}" for n in imports(path) if n.startswith(top)]
+    assert not up, "\n".join(up)
+    state, cycles = {}, []
+
+    def visit(n, stack):
+        state[n] = 1
+        for d in sorted(graph.get(n, ())):
+            if state.get(d) == 1:
+                cycles.append(" -> ".join(stack[stack.index(d):] + [d]))
+            elif d not in state:
+                visit(d, stack + [d])
+        state[n] = 2
+
+    for n in sorted(graph):
+        if n not in state:
+            visit(n, [n])
+    assert not cycles, "\n".join(cycles)

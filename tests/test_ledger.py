@@ -11,9 +11,12 @@ import pytest
 from frt.mirror.home import Home
 from frt.mirror.schema import MIRROR_TRACK, MIRROR_VERSION
 from frt.mirror.tokens import list_tokens
-from frt.resolver import Ledger, LedgerCorrupt, Refusal, Request, parse_target
+from frt.resolver.errors import LedgerCorrupt
+from frt.resolver.ledger import Ledger
+from frt.resolver.resolution import Refusal, Request
+from frt.resolver.targets import parse_target
 from frt.resolver.core import resolve_request
-from frt.resolver.schema import MIGRATIONS, RESOLVER_TRACK, SCHEMA_VERSION
+from frt.resolver.ledger.schema import MIGRATIONS, RESOLVER_TRACK, SCHEMA_VERSION
 from tests.conftest import RELU, cli_env, run_cli
 
 

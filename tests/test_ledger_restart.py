@@ -20,7 +20,7 @@ from frt.mirror.events import record_event
 from frt.mirror.home import open_ledger
 from frt.mirror.records import staged_rows
 from frt.mirror.schema import MIRROR_TRACK
-from frt.resolver import Ledger
+from frt.resolver.ledger import Ledger
 from frt.resolver.errors import LedgerUnavailable
 from tests.conftest import RELU, cli_env, run_cli
 from tests.test_ledger_postgres import EXE

@@ -37,7 +37,11 @@ def test_subpackages_live_under_frt_only():
 def test_resolver_and_mirror_run_without_torch(hub, tmp_path):
     """Scan, resolve and the CLI on a box with no torch: a stager's situation."""
     code = BLOCK_TORCH + textwrap.dedent(f"""
-        from frt.resolver import HubClient, Ledger, parse_target, resolve, scan
+        from frt.resolver.hub import HubClient
+        from frt.resolver.ledger import Ledger
+        from frt.resolver.resolve import resolve
+        from frt.resolver.scan import scan
+        from frt.resolver.targets import parse_target
         import frt.cli
         led = Ledger({str(tmp_path / 'l.sqlite')!r})
         scan({ACTIVATION!r}, hub=HubClient({hub.url!r}), ledger=led)

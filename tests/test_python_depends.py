@@ -245,7 +245,7 @@ def test_the_choice_of_wheel_follows_pip():
 
     from packaging.requirements import Requirement
 
-    from frt.resolver import parse_target
+    from frt.resolver.targets import parse_target
     from frt.resolver.wheel_index import IndexFile
     from frt.resolver.wheel_pick import pick, requires
 

@@ -23,7 +23,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from frt.resolver.schema import SCHEMA_VERSION
+from frt.resolver.ledger.schema import SCHEMA_VERSION
 from tests.conftest import ACTIVATION, RELU, cli_env, run_cli
 from tests.fakehub import FakeHub
 from tests.kernel_fixtures import ORG, X86_CPU, demo_repos

@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from frt.resolver import (
-    HubClient,
-    KernelUnavailable,
-    Ledger,
-    RetryPolicy,
-    parse_target,
-    pin_variable,
-    resolve,
-    scan,
-)
+from frt.resolver.errors import KernelUnavailable
+from frt.resolver.hub import HubClient, RetryPolicy
+from frt.resolver.ledger import Ledger
+from frt.resolver.repo_ids import pin_variable
+from frt.resolver.resolve import resolve
+from frt.resolver.scan import scan
+from frt.resolver.targets import parse_target
 from tests.conftest import ACTIVATION, RELU
 from tests.kernel_fixtures import ARM_CU, X86_CPU
 

@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from frt.manifests import EXAMPLES, Guards, KernelRef, SeatCatalog, SeatSpec, load_seat_catalog  # noqa: E402
-from frt.resolver import KernelUnavailable  # noqa: E402
+from frt.resolver.errors import KernelUnavailable
 from frt.seats import Seat, SeatsRefused, arch_problem, attach, rocm_arch_problem  # noqa: E402
 from tests.seat_fixtures import LINEAR, RMSNORM, WRONG, generate, logits, rel, staged_home, tiny_qwen3  # noqa: E402
 
@@ -205,7 +205,9 @@ def test_attach_needs_no_network(seats_home):
 
 def test_a_pin_overrides_the_version_and_an_unstaged_pin_is_refused(seats_home):
     from frt.mirror.home_path import ledger_path
-    from frt.resolver import Ledger, host_target, resolve
+    from frt.resolver.ledger import Ledger
+    from frt.resolver.resolve import resolve
+    from frt.resolver.targets import host_target
 
     ledger = Ledger(ledger_path(seats_home))
     v1, v2 = (resolve(LINEAR, target=host_target(), ledger=ledger, version=v, offline=True, environ={}).commit

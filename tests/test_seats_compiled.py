@@ -23,7 +23,10 @@ pytest.importorskip("transformers")
 
 from frt.manifests import Guards, KernelRef, SeatCatalog, SeatSpec  # noqa: E402
 from frt.mirror.home_path import ledger_path  # noqa: E402
-from frt.resolver import Ledger, decide, host_target, resolve  # noqa: E402
+from frt.resolver.ledger import Ledger
+from frt.resolver.resolve import resolve
+from frt.resolver.targets import host_target
+from frt.resolver.variants import decide
 from frt.seats import Seat, attach  # noqa: E402
 from tests.conftest import ROOT  # noqa: E402
 from tests.seat_fixtures import generate, logits, rel, tiny_qwen3  # noqa: E402

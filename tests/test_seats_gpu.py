@@ -22,7 +22,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="no CUDA device here: the Triton seat tests need one")
 
 from frt.manifests import EXAMPLES, KernelRef, SeatCatalog, SeatSpec, load_seat_catalog  # noqa: E402
-from frt.resolver import KernelUnavailable  # noqa: E402
+from frt.resolver.errors import KernelUnavailable
 from frt.seats import MoeSeat, Seat, SeatsRefused, attach  # noqa: E402
 from tests.graph_decode import StaticDecoder, teacher_forced_logits  # noqa: E402
 from tests.liger_fixture import LIGER  # noqa: E402

@@ -501,7 +501,7 @@ def test_a_mirror_stages_from_a_mirror(staged, mirror, tmp_path, monkeypatch):
     assert p.returncode == 0, p.stdout
     # The upstream's word on trust, relayed by the regional mirror, recorded by the site's.
     from frt.mirror.home_path import ledger_path
-    from frt.resolver import Ledger
+    from frt.resolver.ledger import Ledger
 
     assert Ledger(ledger_path(site)).publishers()[ORG].trusted is True
 

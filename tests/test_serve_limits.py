@@ -28,7 +28,9 @@ REFS = f"/api/kernels/{RELU}/refs"
 def home(tmp_path_factory) -> Path:
     from frt.mirror.home import Home
     from frt.mirror.stage import stage
-    from frt.resolver import HubClient, make_request, parse_target
+    from frt.resolver.hub import HubClient
+    from frt.resolver.resolve import make_request
+    from frt.resolver.targets import parse_target
 
     home = tmp_path_factory.mktemp("limits") / "home"
     with FakeHub(demo_repos(), trusted_orgs=[ORG]) as hub:

@@ -46,7 +46,9 @@ class Staged(SimpleNamespace):
 def staged(tmp_path_factory) -> Staged:
     from frt.mirror.home import Home
     from frt.mirror.stage import stage
-    from frt.resolver import HubClient, make_request, parse_target
+    from frt.resolver.hub import HubClient
+    from frt.resolver.resolve import make_request
+    from frt.resolver.targets import parse_target
 
     tmp = tmp_path_factory.mktemp("serve-load")
     home, repos = tmp / "home", {r.repo_id: r for r in demo_repos()}
@@ -277,7 +279,8 @@ BODIES = st.one_of(st.just(b""), st.binary(max_size=64), st.sampled_from([
 def apps(staged, tmp_path_factory):
     """The app as `serve` builds it (open: no tokens), and one behind a token."""
     from frt.mirror.home import Home
-    from frt.mirror.serve import MirrorApp, make_app
+    from frt.mirror.serve.app import MirrorApp
+    from frt.mirror.serve.run import make_app
     from frt.mirror.tokens import TokenCheck, add_token, token_hashes
     open_app = make_app(Home(staged.home), frozenset([ORG]))
     tokens = Home(tmp_path_factory.mktemp("tokens")).ledger

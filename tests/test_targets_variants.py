@@ -9,7 +9,9 @@ import textwrap
 import pytest
 from kernels.variants import parse_variant, resolve_variants
 
-from frt.resolver import BadInput, accepted, decide, host_target, parse_target
+from frt.resolver.errors import BadInput
+from frt.resolver.targets import host_target, parse_target
+from frt.resolver.variants import accepted, decide
 
 # ≥ 30 names: arch (torch, cxx11/cxx98), stable-ABI, tvm-ffi, noarch, universal, other CUDA/ROCm/XPU,
 # other torch minors, other cpu/os.
@@ -64,7 +66,8 @@ def test_host_choice_equals_the_library_without_torch():
         _orig = importlib.util.find_spec
         importlib.util.find_spec = lambda n, *a: None if n == "torch" else _orig(n, *a)
         from kernels.variants import parse_variant, resolve_variants
-        from frt.resolver import accepted, host_target
+        from frt.resolver.targets import host_target
+        from frt.resolver.variants import accepted
         corpus = {CORPUS!r}
         lib = [v.variant_str for v in resolve_variants([parse_variant(n) for n in corpus])[0]]
         ours = accepted(host_target(), corpus)

@@ -35,7 +35,8 @@ from kernels._rust import Metadata
 from kernels.archs import _check_arch_incompatibility
 from kernels.variants import VariantAccepted, parse_variant, resolve_variants
 
-from frt.resolver import accepted, decide, host_target, parse_target
+from frt.resolver.targets import host_target, parse_target
+from frt.resolver.variants import accepted, decide
 from frt.resolver.archs import Declared
 
 TORCH_MINORS = range(5, 15)  # 2.5 .. 2.14: cxx98 wheels before 2.7, cxx11 after

@@ -17,14 +17,15 @@ import click
 
 from frt.manifests.fields import MAX_INT
 from frt.mirror.home_path import check_ledger_text, default_home
-from frt.resolver.errors import BadInput, FrtError, exit_code
+from frt.resolver.errors import BadInput, FrtError, error_line, exit_code
 from frt.resolver.gate import check_endpoint, check_repo_id
 from frt.resolver.targets import parse_target
 from .say import say
 
 if TYPE_CHECKING:  # the home, the ledger and the Hub client are imported by the commands that use them
     from frt.mirror.home import Home
-    from frt.resolver import HubClient, Ledger
+    from frt.resolver.hub import HubClient
+    from frt.resolver.ledger import Ledger
 
 
 @dataclass
@@ -50,7 +51,7 @@ class App:
     def ride_out(self) -> None:
         """This command writes the ledger: it retries each ledger unit that a restarting server cut, for
         up to FRT_LEDGER_RETRY_S (resolver/ledger_retry.py). Called before the home is opened."""
-        from frt.resolver.ledger_retry import ride_out
+        from frt.resolver.ledger.retry import ride_out
 
         ride_out()
 
@@ -75,16 +76,9 @@ class _Group(click.Group):
             return super().invoke(ctx)
         except click.ClickException as e:  # a command's options and arguments, parsed in here
             _usage_error(getattr(e, "ctx", None) or ctx, e)
-        except FrtError as e:
-            say(str(e))
+        except (FrtError, OSError, KeyboardInterrupt) as e:  # the contract's map, whole (resolver/errors.py)
+            say(error_line(e))
             ctx.exit(exit_code(e))
-        except OSError as e:  # a local file the user named or the home holds: unwritable, missing, full
-            where = f"{e.filename}: " if e.filename else ""
-            say(f"{where}{e.strerror or e}")
-            ctx.exit(2)
-        except KeyboardInterrupt:
-            say("interrupted")
-            ctx.exit(130)
 
 
 # click >= 8.2 raises this for a bare group (its help, exit 2); older click prints the help itself.

@@ -7,7 +7,7 @@ import sys
 import click
 
 from frt.mirror.home_path import check_writable
-from frt.mirror.render import table
+from .render import table
 from frt.resolver.errors import BadInput, KernelUnavailable, exit_code
 from frt.resolver.gate import check_repo_id
 from frt.resolver.settings import MAX_SETTING

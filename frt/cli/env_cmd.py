@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from frt.mirror.home_path import HomeLayout
 from frt.resolver.errors import BadInput
 
 from .app import App, cli, emit_json, parse_repo_versions, parse_targets
@@ -56,7 +57,7 @@ def env_cmd(app: App, target, serve_url, engine, seats, python_dir, versions, fm
         from frt.adapters.distinfo import write_python_dir
 
         catalog = check_catalog(seats) if seats else None
-        where = (python_dir or app.root / "python").absolute()
+        where = (python_dir or HomeLayout(app.root).python).absolute()
         values.update(engine_vars(engine, where, app.home.root, catalog))  # checks before writing
         write_python_dir(where)
     if fmt == "json":

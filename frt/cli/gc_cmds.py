@@ -9,6 +9,7 @@ from frt.resolver.errors import BadInput
 from frt.resolver.targets import parse_target
 
 from .app import App, cli, emit_json, json_option
+from .render import render_gc, render_unstage
 from .say import say
 
 
@@ -39,7 +40,7 @@ def gc_cmd(app: App, dry_run, as_json):
     if as_json:
         emit_json(report.to_json())
     else:
-        click.echo(report.render())
+        click.echo(render_gc(report))
 
 
 @cli.command("unstage")
@@ -62,4 +63,4 @@ def unstage_cmd(app: App, spec, target, as_json):
     if as_json:
         emit_json(report.to_json())
     else:
-        click.echo(report.render())
+        click.echo(render_unstage(report))

@@ -20,7 +20,7 @@ def key_group():
 def key_new_cmd(path, as_json):
     """Write PATH (the private key, mode 0600: keep it on the connected box) and PATH.pub (the public
     key, for 'import --require-signature PATH.pub' on the cluster). Never overwrites a key."""
-    from frt.mirror.signing import new_key
+    from frt.mirror.bundle.signing import new_key
 
     pair = new_key(path)
     if as_json:

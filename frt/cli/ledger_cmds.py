@@ -8,7 +8,9 @@ import click
 
 from frt.manifests.fields import MAX_INT
 from frt.mirror.home_path import check_writable
-from frt.mirror.render import human_bytes, table
+from frt.mirror.progress import human_bytes
+
+from .render import table
 from frt.resolver.errors import BadInput, KernelUnavailable, exit_code
 from frt.resolver.gate import check_repo_id
 
@@ -124,7 +126,7 @@ def matrix_cmd(app: App, repo, targets, html, as_json):
 def _write_html(app: App, repo: str, targets, path: str, known: bool) -> None:
     from pathlib import Path
 
-    from frt.atomic import atomic_write
+    from frt.resolver.fs import atomic_write
     from frt.mirror.serve.page import operator_view, render
 
     if not known:

@@ -8,7 +8,7 @@ import click
 
 from frt.mirror.home_path import check_writable
 from frt.mirror.serve.limits import HttpLimits
-from frt.mirror.render import table
+from .render import table
 from frt.mirror.serve.nginx import DEFAULT_ACCEL, check_accel_prefix
 from frt.resolver.settings import MAX_SETTING
 
@@ -72,7 +72,8 @@ def serve_cmd(app: App, host, port, trust, access_log, workers, accel_redirect, 
     """Serve the staged set as a read-only Hub endpoint: point HF_ENDPOINT at it.
 
     Exits 2 without serving when it cannot listen (the port is in use) or open the access log."""
-    from frt.mirror.serve import listen, serve
+    from frt.mirror.serve.listen import listen
+    from frt.mirror.serve.run import serve
     from frt.mirror.serve.workers import AppSpec, serve_workers
 
     accel = check_accel_prefix(accel_redirect) if accel_redirect is not None else None

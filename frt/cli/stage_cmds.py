@@ -8,7 +8,9 @@ from pathlib import Path
 import click
 
 from frt.mirror.home_path import check_writable
-from frt.mirror.render import human_bytes, table
+from frt.mirror.progress import human_bytes
+
+from .render import render_bundle, table
 
 from .app import App, cli, emit_json, endpoint_option, json_option, parse_targets
 from .say import say
@@ -148,7 +150,7 @@ def bundle_cmd(app: App, out, targets, since, sign, quiet, as_json):
     if as_json:
         emit_json(report.to_json())
     else:
-        click.echo(report.render())
+        click.echo(render_bundle(report))
 
 
 @cli.command("import")
@@ -175,4 +177,4 @@ def import_cmd(app: App, src, require_signature, quiet, as_json):
     if as_json:
         emit_json(report.to_json())
     else:
-        click.echo(report.render())
+        click.echo(render_bundle(report))

@@ -40,10 +40,11 @@ import time
 from frt.resolver.settings import env_number
 
 from ..events import QUARANTINE
+from ..home_path import HomeLayout
 from .catalog import ServedFile
 from .protocol import HubError
 
-# QUARANTINE: the event's kind, and the home's folder bad files are moved to
+# QUARANTINE: the event's kind (the folder bad files are moved to: HomeLayout.quarantine)
 TTL_ENV = "FRT_SERVE_VERIFY_TTL"
 READ = 4 << 20
 MAX_ENTRIES = 1 << 16  # blobs remembered as verified: past that the cache starts over (re-hashing)
@@ -205,7 +206,7 @@ class Integrity:
         """Move the bad file out of the store (only if the store still holds that very file), or None."""
         if self.home is None:
             return None
-        dest = self.home.root / QUARANTINE / f"{f.sha256}.{time.time_ns()}"
+        dest = HomeLayout(self.home.root).quarantine / f"{f.sha256}.{time.time_ns()}"
         try:
             if os.stat(f.blob).st_ino != st.st_ino:
                 return None

@@ -104,7 +104,7 @@ class ReplicaLedger:
 
     @property
     def url(self):
-        from frt.resolver.ledger_open import ledger_url
+        from frt.resolver.ledger.open import ledger_url
 
         return ledger_url(self.text) if self.text is not None else None
 

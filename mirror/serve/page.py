@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from urllib.parse import quote
 
-from frt.resolver import build_matrix
+from frt.resolver.matrix import build_matrix
 from frt.resolver.errors import FrtError
 from frt.resolver.matrix import Matrix, MatrixRow, targets_named_by
-from frt.resolver.schema import RefusalRow
+from frt.resolver.ledger.schema import RefusalRow
 from frt.resolver.targets import Target, parse_target
 from frt.resolver.variants import decide, parse_fields
 from sqlalchemy import func, select

@@ -1,4 +1,4 @@
-"""serve's pull-through policy over frt.mirror.pull_through: single flight, refs TTL, outages.
+"""serve's pull-through policy over frt.mirror.serve.pull_through: single flight, refs TTL, outages.
 
 - One upstream call per thing at a time, per process: concurrent misses for one blob (or one repo's
   refresh) wait for the first one's result. Its work runs in a thread and is never cancelled by a client
@@ -24,7 +24,7 @@ import anyio
 
 from frt.resolver.errors import BadInput, FrtError, LedgerUnavailable, UpstreamUnavailable, VerificationFailed
 
-from ..pull_through import NotAllowed, PullThrough
+from .pull_through import NotAllowed, PullThrough
 from .catalog import ServedFile, ServedRepo
 from .metrics import observe_pull
 from .protocol import HubError
@@ -48,7 +48,7 @@ class Upstream:
     hold: float = HOLD_S
 
     def service(self, home) -> PullService:
-        from frt.resolver import HubClient
+        from frt.resolver.hub import HubClient
         from frt.resolver.hub import RetryPolicy
         from frt.resolver.pacing import Pacer
 

@@ -78,7 +78,7 @@ def prepare(root: Path, engine: str, repos: tuple[str, ...], catalog: Path) -> P
     from tests.seat_fixtures import seat_repos, write_stage_manifest
 
     src = source_tree(root / "src")
-    p = subprocess.run([sys.executable, "-c", "from frt.resolver import host_target; print(host_target())"],
+    p = subprocess.run([sys.executable, "-c", "from frt.resolver.targets import host_target; print(host_target())"],
                        cwd=root, capture_output=True, text=True, env=clean_env(PYTHONPATH=str(src)))
     assert p.returncode == 0, p.stderr
     home = root / "home"

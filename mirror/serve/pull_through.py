@@ -24,22 +24,23 @@ import re
 import threading
 from collections.abc import Callable
 
-from frt.resolver import HubClient, make_request
+from frt.resolver.hub import HubClient
+from frt.resolver.resolve import make_request
 from frt.resolver.errors import BadInput, LedgerUnavailable
 from frt.resolver.gate import check_repo_id
 from frt.resolver.resolution import FileEntry, Resolution, VariantInfo
 from frt.resolver.scan import heads_without_history, scan
 from frt.resolver.targets import parse_target
 
-from .events import events_with_ref, record_event
-from .fetch import IntegrityError, expected_key, fetch_file
-from .home import Home
-from .publisher import digest_mismatch, publisher_expectations, variant_metadata, view_check
-from .records import (MODEL_SELECTION, MODEL_TARGET, PULLED, StagedRow, blob_for, record_blobs,
+from ..events import events_with_ref, record_event
+from ..fetch import IntegrityError, expected_key, fetch_file
+from ..home import Home
+from ..publisher import digest_mismatch, publisher_expectations, variant_metadata, view_check
+from ..records import (MODEL_SELECTION, MODEL_TARGET, PULLED, StagedRow, blob_for, record_blobs,
                       record_staged_rows, recorded_blobs, sha256_by_git_oid, staged_rows)
-from .storelock import store_writer
-from .serve.catalog import ServedCommit, ServedFile, ServedRepo, add_refs
-from .transport import Transport
+from ..storelock import store_writer
+from .catalog import ServedCommit, ServedFile, ServedRepo, add_refs
+from ..transport import Transport
 
 SHA = re.compile(r"[0-9a-f]{40}")
 VERSION = re.compile(r"v(\d+)")

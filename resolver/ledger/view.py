@@ -8,8 +8,8 @@ from datetime import datetime
 
 from sqlalchemy import Connection, bindparam, func, select
 
-from .archs import Declared
-from .resolution import FileEntry
+from ..archs import Declared
+from ..resolution import FileEntry
 from .schema import Commit, File, Listing, Ref, Repo, Variant
 
 

@@ -27,13 +27,13 @@ import hashlib
 import json
 
 from frt.resolver.gate import check_commit, check_org, check_repo_id, check_sha256
-from frt.resolver import Ledger
-from frt.resolver.ledger_io import repo_record
-from frt.resolver.ledger_retry import retried
+from frt.resolver.ledger import Ledger
+from frt.resolver.ledger.io import repo_record
+from frt.resolver.ledger.retry import retried
 
-from .events import events_with_ref
-from .home import Home
-from .records import MODEL_TARGET, recorded_blobs, staged_rows
+from ..events import events_with_ref
+from ..home import Home
+from ..records import MODEL_TARGET, recorded_blobs, staged_rows
 
 _KEYS = ("blobs", "repos", "staged", "publishers")
 

@@ -15,9 +15,9 @@ from sqlalchemy import insert, select
 from sqlalchemy.orm import selectinload
 
 from .dialect import insert_for
-from .ledger import Ledger
-from .ledger_retry import retried
-from .resolution import VariantInfo
+from . import Ledger
+from .retry import retried
+from ..resolution import VariantInfo
 from .schema import Commit, Listing, Ref, Repo, Variant
 
 

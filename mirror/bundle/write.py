@@ -4,21 +4,19 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import tarfile
 import time
-import uuid
 from importlib.metadata import version as dist_version
 from pathlib import Path
 
 from frt.resolver.errors import BadInput
-from frt.resolver.ledger_io import repo_record
-from frt.resolver.migrations import utcnow
+from frt.resolver.ledger.io import repo_record
+from frt.resolver.ledger.migrations import utcnow
 
-from frt.atomic import fsync_dir
+from frt.resolver.fs import atomic_file
 
 from . import signing
-from .bundle_format import (
+from .format import (
     FORMAT,
     MANIFEST,
     READS,
@@ -31,12 +29,12 @@ from .bundle_format import (
     bundle_id,
     read_head,
 )
-from .bundle_state import cumulative_state, delta, unstaged_since
-from .events import record_event
-from .home import Home
-from .progress import Progress
-from .records import StagedRow, all_blobs, blob_for, staged_rows, wheel_rows
-from .store import BlobStore, Digest
+from .state import cumulative_state, delta, unstaged_since
+from ..events import record_event
+from ..home import Home
+from ..progress import Progress
+from ..records import StagedRow, all_blobs, blob_for, staged_rows, wheel_rows
+from ..store import BlobStore, Digest
 
 
 def bundle(out: Path, home: Home, targets: list[str] | None = None, *, since: Path | None = None,
@@ -145,7 +143,6 @@ def _full_doc(home: Home, rows: list[StagedRow]) -> tuple[dict, list[Digest]]:
 
 def _write_tar(out: Path, manifest: bytes, signature: bytes | None, blobs: list[Digest], store: BlobStore,
                meter: Progress | None) -> None:
-    tmp = out.with_name(f".{out.name}.{uuid.uuid4().hex}.tmp")
     mtime = int(time.time())
 
     def info(name: str, size: int) -> tarfile.TarInfo:
@@ -153,26 +150,17 @@ def _write_tar(out: Path, manifest: bytes, signature: bytes | None, blobs: list[
         ti.size, ti.mtime, ti.mode = size, mtime, 0o444
         return ti
 
-    try:
-        # Plain tar, no compression: kernels are mostly compiled .so files that barely compress,
-        # and an uncompressed tar streams at disk speed on both sides of the gap.
-        with open(tmp, "wb") as f:
-            with tarfile.open(fileobj=f, mode="w", format=tarfile.PAX_FORMAT) as tf:
-                tf.addfile(info(MANIFEST, len(manifest)), io.BytesIO(manifest))  # first: read before any blob
-                if signature is not None:  # second: checked before any blob is read
-                    tf.addfile(info(SIGNATURE, len(signature)), io.BytesIO(signature))
-                for d in blobs:
-                    with open(store.path(d.sha256), "rb") as src:
-                        reader = Hashing(src, d.size, meter and meter.add_bytes)
-                        tf.addfile(info(f"blobs/{d.sha256}", d.size), reader)
-                    if reader.digest() != d:  # better caught here, where it can be re-staged
-                        raise BundleRejected(f"stored blob {d.sha256} is corrupt: run 'frt-mirror verify'")
-                    if meter:
-                        meter.file_done()
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, out)
-        fsync_dir(out.parent)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    # Plain tar, no compression: kernels are mostly compiled .so files that barely compress,
+    # and an uncompressed tar streams at disk speed on both sides of the gap.
+    with atomic_file(out) as f, tarfile.open(fileobj=f, mode="w", format=tarfile.PAX_FORMAT) as tf:
+        tf.addfile(info(MANIFEST, len(manifest)), io.BytesIO(manifest))  # first: read before any blob
+        if signature is not None:  # second: checked before any blob is read
+            tf.addfile(info(SIGNATURE, len(signature)), io.BytesIO(signature))
+        for d in blobs:
+            with open(store.path(d.sha256), "rb") as src:
+                reader = Hashing(src, d.size, meter and meter.add_bytes)
+                tf.addfile(info(f"blobs/{d.sha256}", d.size), reader)
+            if reader.digest() != d:  # better caught here, where it can be re-staged
+                raise BundleRejected(f"stored blob {d.sha256} is corrupt: run 'frt-mirror verify'")
+            if meter:
+                meter.file_done()

@@ -1,8 +1,8 @@
 """import: verify a bundle in full, then add it to the store, the ledger and the views.
 
 Import trusts nothing in the archive. In order, before anything is written: the signature over the
-manifest (with `require_signature`), the manifest's content (frt.mirror.bundle_check), an incremental
-bundle's base (the home must hold it: frt.mirror.bundle_state), then every blob member, streamed into
+manifest (with `require_signature`), the manifest's content (frt.mirror.bundle.check), an incremental
+bundle's base (the home must hold it: frt.mirror.bundle.state), then every blob member, streamed into
 tmp/ and hashed. Only when all of them match does anything enter the store, the ledger or the views.
 """
 
@@ -14,14 +14,14 @@ import tarfile
 import uuid
 from pathlib import Path
 
-from frt.resolver import Ledger
+from frt.resolver.ledger import Ledger
 from frt.resolver.errors import BadInput
-from frt.resolver.ledger_retry import retried
-from frt.resolver.ledger_io import merge_repo_record
+from frt.resolver.ledger.retry import retried
+from frt.resolver.ledger.io import merge_repo_record
 
 from . import signing
-from .bundle_check import Manifest, check_manifest
-from .bundle_format import (
+from .check import Manifest, check_manifest
+from .format import (
     BLOB,
     MANIFEST,
     REGULAR,
@@ -32,11 +32,11 @@ from .bundle_format import (
     bundle_id,
     read_head,
 )
-from .bundle_state import base_refusal, missing_here, without
-from .events import events_with_ref, record_event
-from .home import Home
-from .progress import Progress
-from .records import (
+from .state import base_refusal, missing_here, without
+from ..events import events_with_ref, record_event
+from ..home import Home
+from ..progress import Progress
+from ..records import (
     StagedRow,
     blob_for,
     delete_staged,
@@ -45,9 +45,9 @@ from .records import (
     record_wheels,
     staged_rows,
 )
-from .views import link_wheels
-from .store import BlobStore, Digest
-from .unstage import drop_views
+from ..views import link_wheels
+from ..store import BlobStore, Digest
+from ..unstage import drop_views
 
 
 def import_bundle(src: Path, home: Home, *, require_signature: Path | None = None,
@@ -196,7 +196,7 @@ def _pair_from_home(m: Manifest, home: Home) -> None:
     by_oid = {d.git_oid: d.sha256 for d in m.listed.values()}
     listed = _listings(home.ledger, [row for row, pairs in m.staged if pairs is None])
     for i, (row, pairs) in enumerate(m.staged):
-        if pairs is None:  # as bundle_check pairs a carried listing: LFS files by sha256, others by oid
+        if pairs is None:  # as check pairs a carried listing: LFS files by sha256, others by oid
             m.staged[i] = (row, [(f, (f.sha256 if f.sha256 in m.listed else None) if f.sha256 else
                                   by_oid.get(f.git_oid)) for f in listed[row]])
     here = blob_for(home.ledger, (f for _, pairs in m.staged for f, sha in pairs if sha is None))

@@ -10,7 +10,8 @@ from datetime import datetime
 
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
-from frt.resolver import FileEntry, Request, parse_target
+from frt.resolver.resolution import FileEntry, Request
+from frt.resolver.targets import parse_target
 from frt.resolver.gate import (
     check_commit,
     check_git_oid,
@@ -24,10 +25,10 @@ from frt.resolver.gate import (
 from frt.resolver.ledger import PublisherInfo
 from frt.resolver.resolution import VariantInfo, parent_chain
 
-from .bundle_format import READS, UNSTAGES, WHEELS
-from .bundle_state import check_state
-from .records import MODEL_SELECTION, PULLED, StagedRow, WheelRecord
-from .store import Digest
+from .format import READS, UNSTAGES, WHEELS
+from .state import check_state
+from ..records import MODEL_SELECTION, PULLED, StagedRow, WheelRecord
+from ..store import Digest
 
 
 @dataclass
@@ -56,7 +57,7 @@ class Manifest:
     repos: list[RepoRows]
     staged: list[tuple[StagedRow, Pairs]]
     publishers: list[PublisherInfo]
-    base: dict | None  # an incremental bundle's base: id, name, created, state (bundle_state)
+    base: dict | None  # an incremental bundle's base: id, name, created, state (state)
     unstaged: list[tuple[str, str, str]]  # (repo, requested, target): rows of the base this bundle takes away
     wheels: list[WheelRecord] = field(default_factory=list)  # python-depends' wheels the staged rows name
 

@@ -16,8 +16,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import os
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +24,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from frt.resolver.errors import BadInput
 
-from frt.atomic import fsync_dir
+from frt.resolver.fs import atomic_write
 
 ALGORITHM = "ed25519"
 _CONTEXT = b"frt-mirror bundle manifest v1\n"
@@ -68,23 +66,11 @@ def new_key(path: Path) -> KeyPair:
 
 
 def _write_new(path: Path, data: bytes, mode: int) -> None:
-    """Written aside, then hard-linked into place: the link fails if PATH appeared meanwhile, and the
-    key is never seen half-written or, for the private one, readable by others for an instant."""
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    """Never over an existing key, and never seen half-written or, for the private one, readable by others."""
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)  # the umask may have narrowed the .pub's mode
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            raise BadInput(f"{path} exists: a key is never overwritten (choose another PATH)") from None
-        fsync_dir(path.parent)
-    finally:
-        tmp.unlink(missing_ok=True)
+        atomic_write(path, data, mode=mode, exclusive=True)
+    except FileExistsError:
+        raise BadInput(f"{path} exists: a key is never overwritten (choose another PATH)") from None
 
 
 def load_private(path: Path) -> Ed25519PrivateKey:

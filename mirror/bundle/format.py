@@ -2,7 +2,7 @@
 
 A bundle is a plain tar: `frt-bundle.json` first (the manifest: the ledger rows that describe the
 set, the list of blobs by sha256, size and git oid, the upstream's trustedKernelPublisher per org, and
-for an incremental bundle its base), then `frt-bundle.sig` if it is signed (see frt.mirror.signing),
+for an incremental bundle its base), then `frt-bundle.sig` if it is signed (see frt.mirror.bundle.signing),
 then `blobs/<sha256>` for every blob the manifest lists, and nothing else. The wheels of python-depends are
 blobs like any other: the manifest's `wheels` names them (filename, project, version, sha256, size) and
 each staged row its own (`wheels`, where it has some), so a reader that knows nothing of wheels reads
@@ -12,7 +12,7 @@ A bundle's id is the sha256 of its manifest member's bytes: an incremental bundl
 it, and the events log records it on both sides of the gap.
 
 Formats: 1 kept each commit's parent link; 2 keeps each head's history as the upstream listed it;
-3 may name a base (`base`, see frt.mirror.bundle_state) and may carry a signature member. A reader of
+3 may name a base (`base`, see frt.mirror.bundle.state) and may carry a signature member. A reader of
 format 2 would import an incremental bundle as if it were the whole set, so format 3 is refused there
 rather than half-understood. 4 is an incremental bundle that carries removals (`unstaged`: the staged
 rows its base held that the connected box has since unstaged); only such a bundle is written as 4, since
@@ -32,9 +32,8 @@ from pathlib import Path
 
 from frt.resolver.errors import VerificationFailed
 
-from .records import StagedRow
-from .render import human_bytes, table
-from .store import CHUNK, Digest
+from ..records import StagedRow
+from ..store import CHUNK, Digest
 
 FORMAT = 3
 UNSTAGES = 4  # the format of a bundle that carries removals
@@ -76,20 +75,6 @@ class BundleReport:
                 "bytes": self.bytes, "new_blobs": self.new_blobs, "new_rows": self.new_rows,
                 "staged": [r.to_json() for r in self.staged],
                 "unstaged": [dict(zip(("repo", "requested", "target"), k)) for k in self.unstaged]}
-
-    def render(self) -> str:
-        rows = [(r.repo, r.requested, r.target, r.commit[:12], r.variant) for r in self.staged]
-        done = (f"wrote {self.path}" if self.new_blobs is None else
-                f"imported {self.path}: {self.new_blobs} new blob(s), {self.new_rows} new staged row(s)")
-        if self.base:
-            done += f" (incremental on {self.base_name or 'its base'}, id {self.base[:12]})"
-        if self.unstaged:
-            done += (f"; {'unstages' if self.new_blobs is None else 'unstaged'} {len(self.unstaged)} row(s) its base "
-                     f"had: {', '.join(' '.join(k) for k in self.unstaged)}")
-        if self.signed_by:
-            done += f", signed by key {self.signed_by}"
-        return (table(["repo", "requested", "target", "commit", "variant"], rows)
-                + f"\n{done}; {self.blobs} blobs, {human_bytes(self.bytes)}; bundle id {self.id[:12]}")
 
 
 class Hashing:

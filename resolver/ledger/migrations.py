@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 
 from sqlalchemy import Column, Connection, DateTime, Integer, MetaData, Table, inspect, select, func
 
-from .errors import HomeReadOnly, LedgerCorrupt
+from ..errors import HomeReadOnly, LedgerCorrupt
 
 
 def utcnow() -> datetime:

@@ -13,7 +13,7 @@ from sqlalchemy import Connection, ForeignKey, String, Text, UniqueConstraint, s
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 from .migrations import SchemaTrack, utcnow
-from .resolution import parent_chain
+from ..resolution import parent_chain
 
 
 class Base(DeclarativeBase):

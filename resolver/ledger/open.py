@@ -34,9 +34,9 @@ from urllib.parse import quote
 from sqlalchemy import URL, Connection, Engine, create_engine, event, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError
 
-from .errors import BadInput, HomeReadOnly, LedgerDropped, LedgerUnavailable, first_line
-from .ledger_retry import dropped
-from .settings import env_number
+from ..errors import BadInput, HomeReadOnly, LedgerDropped, LedgerUnavailable, first_line
+from .retry import dropped
+from ..settings import env_number
 
 def busy_timeout() -> float:
     """How long a ledger write waits for another process's write lock, in seconds
@@ -108,7 +108,7 @@ def server_engine(url: URL, *, readonly: bool) -> Engine:
     trip on every resolve, about a fifth of an offline resolve's time here): a connection a server
     restart dropped fails its command, which is one line and exit 3, and SQLAlchemy then empties the
     pool, so a long-running process (serve's poller) reconnects on its next try, and a writer retries the
-    unit (ledger_retry.py), which needs no ping: the failed statement is its ping."""
+    unit (retry.py), which needs no ping: the failed statement is its ping."""
     try:
         import psycopg  # noqa: F401
     except ImportError:

@@ -3,7 +3,7 @@
 WAL mode and a busy timeout let several processes (two stagers, a server) share one
 home; every write is one short transaction. Reads go through `LedgerView`, bound to
 one session, which is the availability provider the resolver core consumes. A ledger
-this process cannot write (a read-only home) is opened read-only: see ledger_open.py.
+this process cannot write (a read-only home) is opened read-only: see open.py.
 """
 
 from __future__ import annotations
@@ -25,17 +25,17 @@ from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from .dialect import cached
-from .errors import (FrtError, HomeReadOnly, LocalDiskError, LedgerCorrupt, LedgerDropped, LedgerUnavailable,
+from ..errors import (FrtError, HomeReadOnly, LocalDiskError, LedgerCorrupt, LedgerDropped, LedgerUnavailable,
                      first_line)
-from .ledger_open import (WRITING, AdvisoryLock, busy_timeout, cannot_write, ledger_url, lock_server_writes,
+from .open import (WRITING, AdvisoryLock, busy_timeout, cannot_write, ledger_url, lock_server_writes,
                           read_only_engine, read_write_engine, server_engine)
-from .ledger_retry import dropped, retried, retry_budget, run_retrying
-from .ledger_view import LedgerView
+from .retry import dropped, retried, retry_budget, run_retrying
+from .view import LedgerView
 from .migrations import SchemaTrack, check_read_only, migrate
-from .archs import declared_archs
-from .resolution import CommitInfo, Refusal, VariantInfo, declared_depends
+from ..archs import declared_archs
+from ..resolution import CommitInfo, Refusal, VariantInfo, declared_depends
 from .schema import RESOLVER_TRACK, Commit, File, Listing, Publisher, Ref, RefusalRow, Repo, Variant, utcnow
-from .variants import parse_fields
+from ..variants import parse_fields
 
 T = TypeVar("T")
 
@@ -73,7 +73,7 @@ class Ledger:
     exactly when this process cannot write it (a read-only home). `tracks`: the other layers' schema
     tracks kept in this ledger (the mirror's `Home` names its own), migrated, or checked when
     read-only, with the resolver's. `retry_s`: how long `retrying` rides out a server's dropped
-    connections (None: ledger_retry.retry_budget, 0 outside a writer command)."""
+    connections (None: retry.retry_budget, 0 outside a writer command)."""
 
     def __init__(self, where: Path | str | URL, readonly: bool | None = None,
                  tracks: tuple[SchemaTrack, ...] = (), retry_s: float | None = None):
@@ -123,7 +123,7 @@ class Ledger:
     def retrying(self, fn: Callable[..., T], *args, **kwargs) -> T:
         """`fn(*args, **kwargs)`, one whole unit of ledger work that begins and ends its transactions,
         run again from its start where a server ledger dropped the connection, for `retry_s` seconds
-        (ledger_retry.py). Inside a `transaction` or another retried unit it runs once: the outermost
+        (retry.py). Inside a `transaction` or another retried unit it runs once: the outermost
         unit is the one re-run, never the rest of a transaction begun before."""
         if not (self.url and self.retry_s > 0) or self._outer.get() is not None or self._retrying.get():
             return fn(*args, **kwargs)
@@ -221,7 +221,7 @@ class Ledger:
 
     def named_lock(self, name: str, *, shared: bool = False, on_wait: Callable[[], None] | None = None):
         """A lock held across processes and hosts while the block runs: on a server ledger, the
-        server's advisory lock (ledger_open.AdvisoryLock); on SQLite, none (the caller's file lock,
+        server's advisory lock (open.AdvisoryLock); on SQLite, none (the caller's file lock,
         on one host, is the lock)."""
         return self._server_lock(name, shared, on_wait) if self.url else nullcontext()
 

@@ -25,8 +25,8 @@ from typing import TypeVar
 
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from .errors import LedgerDropped, LedgerUnavailable, first_line
-from .settings import env_number
+from ..errors import LedgerDropped, LedgerUnavailable, first_line
+from ..settings import env_number
 
 T = TypeVar("T")
 
