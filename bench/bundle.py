@@ -35,7 +35,7 @@ RUNS = 3
 
 def publish_v3(repo, scale: float) -> int:
     """Commit activation v3 on branch v3 (main follows); returns the bytes of its distinct new payloads."""
-    from tests.kernel_fixtures import variant_files
+    from tests.support.kernel_fixtures import variant_files
 
     change: dict = {"README.md": b"# activation\n", "build/": None}
     for variant, (seed, mib) in NEW.items():
@@ -113,7 +113,7 @@ def main() -> None:
     hub_env("http://unused.invalid", tmp_dir.name)
     from frt.mirror.bundle import bundle
     from frt.mirror.home import Home
-    from tests.fakehub import FakeHub
+    from tests.support.fakehub import FakeHub
 
     names, scale = (QUICK_REPOS, QUICK_SCALE) if args.quick else (tuple(REPOS), 1.0)
     repos = {r.repo_id: r for r in make_repos(names, scale)}

@@ -12,7 +12,7 @@
 # what frt-mirror needs beyond those (SQLAlchemy, starlette, uvicorn; click, filelock and packaging
 # too, in case the image's are older than ours), setuptools for the editable install's build
 # (pip builds it isolated, from this folder), and liger-kernel 0.8.5, whose wheel the Liger fixture
-# kernel (tests/liger_fixture.py) copies its sources from.
+# kernel (tests/support/liger_fixture.py) copies its sources from.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${1:-device-wheels}

@@ -109,8 +109,8 @@ def main() -> None:
     from frt.resolver.hub import HubClient
     from frt.resolver.resolve import make_request
     from frt.resolver.targets import parse_target
-    from tests.fakehub import FakeHub, FakeRepo
-    from tests.kernel_fixtures import variant_files
+    from tests.support.fakehub import FakeHub, FakeRepo
+    from tests.support.kernel_fixtures import variant_files
 
     size = (2 if args.quick else 64) * MiB
     payload = hashlib.shake_128(b"bench.pull_through").digest(size)

@@ -44,8 +44,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def make_repos(n: int) -> list:
     """n repos with branches v1, v2 (COMMITS); every third has torch-universal, so never refuses."""
-    from tests.fakehub import FakeRepo
-    from tests.kernel_fixtures import build
+    from tests.support.fakehub import FakeRepo
+    from tests.support.kernel_fixtures import build
 
     rng, repos = random.Random(SEED), []
     for i in range(n):
@@ -190,7 +190,7 @@ def main() -> None:
     from frt.resolver.resolve import resolve
     from frt.resolver.scan import scan
     from frt.resolver.targets import parse_target
-    from tests.fakehub import FakeHub
+    from tests.support.fakehub import FakeHub
 
     repos = make_repos(n_repos)
     # One page per listing, as the real Hub gives for repos this small (the default 5 tests paging).

@@ -136,7 +136,7 @@ def cases(device: str, home: Path):
     from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
     from frt.manifests import KernelRef
-    from tests.seat_fixtures import RMSNORM, TRITON
+    from tests.support.seat_fixtures import RMSNORM, TRITON
 
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     kernels = {"norm": KernelRef(TRITON if device == "cuda" else RMSNORM, version=1, layer="RMSNorm")}
@@ -170,7 +170,7 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
-    from tests.seat_fixtures import staged_home
+    from tests.support.seat_fixtures import staged_home
 
     from .seats import own_cost_line
 

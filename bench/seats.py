@@ -118,7 +118,7 @@ def bench_attach(home: Path, quick: bool) -> None:
 
     from frt.manifests import KernelRef, SeatCatalog, SeatSpec
     from frt.seats import attach
-    from tests.seat_fixtures import LINEAR
+    from tests.support.seat_fixtures import LINEAR
 
     hidden = 64 if quick else 256
     cfg = Qwen3Config(vocab_size=151936, hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=36,
@@ -201,7 +201,7 @@ def bench_overhead(home: Path, quick: bool) -> None:
 
     from frt.manifests import KernelRef, SeatCatalog, SeatSpec
     from frt.seats import attach
-    from tests.seat_fixtures import LINEAR, RMSNORM
+    from tests.support.seat_fixtures import LINEAR, RMSNORM
 
     cases = [("linear", 1, torch.nn.Linear(1024, 3072, bias=False)),
              ("linear", 16, torch.nn.Linear(1024, 3072, bias=False)),
@@ -260,7 +260,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("bench.seats: --device cuda: no CUDA device here")
-    from tests.seat_fixtures import staged_home
+    from tests.support.seat_fixtures import staged_home
 
     with tempfile.TemporaryDirectory(prefix="frt-bench-seats-") as tmp:
         home = staged_home(Path(tmp))  # fake Hub + real stage CLI; not timed

@@ -7,10 +7,10 @@ the fake Hub and seated from the home:
 - fixtures: every RMSNorm (q/k norms included) and the MLP's SiLU take the Triton fixture kernels
   (torch-cuda), the LM head its row slabs of the pure-torch linear;
 - liger: Liger-Kernel 0.8.5's own RMSNorm (every norm) and SwiGLU (each MLP block whole), packaged
-  from its wheel as a torch-cuda Hub kernel (tests/liger_fixture.py).
+  from its wheel as a torch-cuda Hub kernel (tests/support/liger_fixture.py).
 
 Decode: greedy, a 16-token prompt then 48 steps over a transformers StaticCache
-(tests/graph_decode.py), batch 1 and 16; "eager" runs each step's forward, "graphs" replays the step
+(tests/support/graph_decode.py), batch 1 and 16; "eager" runs each step's forward, "graphs" replays the step
 captured once with torch.cuda.CUDAGraph. Sides: base (no kernels), kernelized (each kernel bound as
 its module's forward, no seat: what kernels.kernelize does) and seated. Rounds alternate the sides so
 drift hits all; the tok/s printed are each side's best, the ratios the medians of each round's own.
@@ -60,8 +60,8 @@ def bound_in_place(handle):
 def kernel_sets():
     """name -> catalog, for the kernel sets this host can stage; and a note per set it cannot."""
     from frt.manifests import KernelRef, SeatCatalog, SeatSpec
-    from tests.liger_fixture import LIGER
-    from tests.seat_fixtures import LINEAR, TRITON, liger_problem
+    from tests.support.liger_fixture import LIGER
+    from tests.support.seat_fixtures import LINEAR, TRITON, liger_problem
 
     sets = {"fixtures": SeatCatalog((
         SeatSpec("norm", KernelRef(TRITON, version=1, layer="RMSNorm"), match_class=("Qwen3RMSNorm",)),
@@ -118,7 +118,7 @@ def decode_rows(model, catalog, home: Path, batch: int, new: int, rounds: int) -
     import torch
 
     from frt.seats import attach
-    from tests.graph_decode import StaticDecoder
+    from tests.support.graph_decode import StaticDecoder
 
     prompt = torch.randint(1, model.config.vocab_size, (batch, PROMPT), device=DEVICE,
                            generator=torch.Generator(DEVICE).manual_seed(batch))

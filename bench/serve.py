@@ -109,8 +109,8 @@ def stage_big_file(tmp: Path, size: int, shard: int) -> dict:
     from frt.resolver.hub import HubClient
     from frt.resolver.resolve import make_request
     from frt.resolver.targets import parse_target
-    from tests.fakehub import FakeHub, FakeRepo
-    from tests.kernel_fixtures import variant_files
+    from tests.support.fakehub import FakeHub, FakeRepo
+    from tests.support.kernel_fixtures import variant_files
 
     payload = hashlib.shake_128(b"bench.serve").digest(size)  # incompressible, ~1 GB/s to make
     extra = {"_weights.bin": payload, "_shard.bin": hashlib.shake_128(b"bench.serve shard").digest(shard)}

@@ -60,8 +60,8 @@ def payload(seed: str, nbytes: int) -> bytes:
 
 
 def make_repos(names, scale: float) -> list:
-    from tests.fakehub import FakeRepo
-    from tests.kernel_fixtures import variant_files
+    from tests.support.fakehub import FakeRepo
+    from tests.support.kernel_fixtures import variant_files
 
     repos = []
     for name in names:
@@ -153,8 +153,8 @@ def real_transport_hub(repos: dict, quick: bool):
     """The same repos behind the real Hub's transport: 307s to the resolve cache, 302s to a CDN host with
     signed URLs, and fixed-window rate limits small enough that a stage meets them (the Hub's own are 500
     api / 3,000 resolvers per 5 minutes: a stage of this size would not reach them)."""
-    from tests.fakehub import FakeHub
-    from tests.fakehub.ratelimit import RateLimits
+    from tests.support.fakehub import FakeHub
+    from tests.support.fakehub.ratelimit import RateLimits
 
     limits = RateLimits(api=20, resolvers=40, window=2) if quick else RateLimits(api=40, resolvers=80, window=3)
     hub = FakeHub(list(repos.values()), page_size=1000, redirects=True, rate_limits=limits)
@@ -192,7 +192,7 @@ def main() -> None:
     from frt.resolver.resolve import make_request, refresh_and_decide
     from frt.resolver.scan import scan
     from frt.resolver.targets import parse_target
-    from tests.fakehub import FakeHub
+    from tests.support.fakehub import FakeHub
 
     repos = {r.repo_id: r for r in make_repos(*((QUICK_REPOS, QUICK_SCALE) if args.quick else (REPOS, 1.0)))}
     req_pairs = [(r, v) for r in repos for v in REPOS[r.split("/")[1]]]

@@ -1,20 +1,24 @@
-"""Shared fixtures: a fake upstream Hub serving the fixture kernels, a home, and the real CLI."""
+"""Shared fixtures: a fake upstream Hub serving the fixture kernels, a home, a real PostgreSQL and the
+ledgers the tests run on, and the staged homes several test files share (their helpers: tests/support/).
+Each fixture here is named once in the suite: a test file may override `hub` or `ledger_backend`, and
+defines no other fixture of these names."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from tests.fakehub import FakeHub
-from tests.kernel_fixtures import ORG, demo_repos
+# Before anything imports them: the helpers' asserts explain themselves as a test's do.
+pytest.register_assert_rewrite("tests.support")
 
-ROOT = Path(__file__).resolve().parent.parent
-ACTIVATION = f"{ORG}/activation"
-RELU = f"{ORG}/relu"
+from tests.support import big_kernel, serve_home  # noqa: E402
+from tests.support.bundles import import_offline, make_bundle  # noqa: E402
+from tests.support.cli import ARM_CU, X86, stage_json, write_manifest  # noqa: E402
+from tests.support.fakehub import FakeHub  # noqa: E402
+from tests.support.kernel_fixtures import ACTIVATION, LAYERNORM, ORG, RELU, demo_repos  # noqa: E402
+from tests.support.serve_helpers import Tripwire, serving  # noqa: E402
 
 
 @pytest.fixture
@@ -28,29 +32,14 @@ def home(tmp_path) -> Path:
     return tmp_path / "home"
 
 
-def cli_env(**extra: str) -> dict[str, str]:
-    # FRT_LEDGER_URL passes: it is how a module runs on the PostgreSQL ledger (see ledger_backend).
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("FRT_", "HF_")) or k == "FRT_LEDGER_URL"}
-    env.update(HF_HUB_DISABLE_XET="1", FRT_RETRY_BASE_WAIT="0.01", PYTHONWARNINGS="ignore")
-    env.update(extra)
-    return env
-
-
-def run_cli(*args: str, home: Path, env: dict | None = None, wrap: list[str] | None = None,
-            timeout: float = 120) -> subprocess.CompletedProcess:
-    """Run the installed `frt-mirror` console script as a user would, in a subprocess."""
-    exe = str(Path(sys.executable).with_name("frt-mirror"))
-    return subprocess.run([*(wrap or []), exe, "--home", str(home), *args], capture_output=True, text=True,
-                          env=env or cli_env(), timeout=timeout)
-
-
 @pytest.fixture(scope="session")
 def pg_server():
-    """A real PostgreSQL for the session (tests/pgserver.py). Missing binaries fail, never skip: CI installs
-    Debian's `postgresql` (.ci/run), so a PostgreSQL test that did not run would be a test that passed unseen."""
+    """A real PostgreSQL for the session (tests/support/pgserver.py). Missing binaries fail, never skip:
+    CI installs Debian's `postgresql` (.ci/run), so a PostgreSQL test that did not run would be a test that
+    passed unseen."""
     problem = None
     try:
-        from tests.pgserver import PgServer, PgUnavailable
+        from tests.support.pgserver import PgServer, PgUnavailable
     except ImportError as e:  # psycopg is in the test extra
         pytest.fail(f"the PostgreSQL tests need psycopg: pip install -e '.[test]' ({e})", pytrace=False)
     try:
@@ -105,3 +94,70 @@ def ledger_backend(request):
 def ledger_each(request):
     """A test's own ledger: see _ledger_for."""
     yield from _ledger_for(request)
+
+
+# -- staged homes that several test files share ----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def home_a(tmp_path_factory) -> SimpleNamespace:
+    """Home A, staged once for the module, with a full bundle and an x86-only one (read-only after), for
+    test_bundle, test_bundle_atomic and test_gate (their helpers: tests/support/bundles.py)."""
+    root = tmp_path_factory.mktemp("a")
+    home = root / "home"
+    kernels = {LAYERNORM: {"version": 1}, ACTIVATION: {"version": 1}, RELU: {"version": 1}}
+    m = write_manifest(root / "frt-manifest.toml", kernels, [X86, ARM_CU])
+    with FakeHub(demo_repos(), trusted_orgs=[ORG], page_size=5) as hub:
+        stage_json(home, m, hub)  # exit 1: activation v1 has no aarch64 CUDA build (a refusal, not an error)
+    full, x86 = root / "all.tar", root / "x86.tar"
+    return SimpleNamespace(home=home, full=full, x86=x86, full_doc=make_bundle(home, full),
+                           x86_doc=make_bundle(home, x86, X86))
+
+
+@pytest.fixture
+def b_with_x86(home_a, tmp_path) -> Path:
+    """An importing home that already holds something, so 'unchanged' means more than 'empty'."""
+    b = tmp_path / "b"
+    assert import_offline(b, home_a.x86).returncode == 0
+    return b
+
+
+@pytest.fixture
+def big_hub(hub):
+    """The fake Hub with `big` (several MB per variant: tests/support/big_kernel.py) beside the demos."""
+    hub.add_repo(big_kernel.big_repo())
+    return hub
+
+
+@pytest.fixture
+def big_manifest(tmp_path) -> Path:
+    kernels = {big_kernel.BIG: {"version": 1}, RELU: {"version": 1}}
+    return write_manifest(tmp_path / "m.toml", kernels, [X86, ARM_CU])
+
+
+@pytest.fixture(scope="module")
+def serve_staged(tmp_path_factory, ledger_backend):
+    """test_serve's home (tests/support/serve_home.py), staged once per ledger (SQLite; PostgreSQL for the
+    module: see ledger_backend), the upstream then stopped and a tripwire on its port."""
+    tmp = tmp_path_factory.mktemp("serve")
+    # Two manifests: the same repo is staged once by revision (a slash branch) and once by version.
+    big = serve_home.BIG
+    manifests = [serve_home.manifest(tmp / "a.toml", {LAYERNORM: {"version": 1}, ACTIVATION: {"version": 1},
+                                                       big: {"revision": "release/v1"}}),
+                 serve_home.manifest(tmp / "b.toml", {big: {"version": 1}})]
+    with FakeHub([*demo_repos(), serve_home.big_repo()], trusted_orgs=[ORG], page_size=5) as hub:
+        rows = serve_home.stage(tmp / "home", manifests, hub.url)
+        port = int(hub.url.rsplit(":", 1)[1])
+        repos = {rid: r for (_, rid), r in hub.repos.items()}
+    tripwire = Tripwire(port)  # the upstream is stopped; any call to it is recorded
+    try:
+        yield serve_home.Staged(tmp / "home", manifests, rows, repos, tripwire)
+    finally:
+        tripwire.close()
+
+
+@pytest.fixture(scope="module")
+def serve_mirror(serve_staged):
+    """serve alone on serve_staged's home."""
+    with serving(serve_staged.home) as served:
+        yield served

@@ -14,8 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.fakehub import FakeHub
-from tests.kernel_fixtures import ORG, demo_repos
+from tests.support.fakehub import FakeHub
+from tests.support.kernel_fixtures import ORG, demo_repos
 
 HOME = Path("demo-home")
 ACT = f"{ORG}/activation"

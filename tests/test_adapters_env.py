@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from frt.manifests import EXAMPLES
-from tests.conftest import cli_env, run_cli
+from tests.support.cli import cli_env, run_cli
 
 VLLM_CATALOG = EXAMPLES / "seats-vllm.toml"
 
@@ -114,14 +114,14 @@ def test_env_engine_rejects_a_bad_catalog(home, tmp_path):
 
 @pytest.fixture(scope="module")
 def seat_home(tmp_path_factory) -> Path:
-    from tests.seat_fixtures import staged_home
+    from tests.support.seat_fixtures import staged_home
 
     return staged_home(tmp_path_factory.mktemp("seats"))
 
 
 def test_attach_from_env_is_a_no_op_without_frt_seats():
     from frt.adapters.common import attach_from_env
-    from tests.seat_fixtures import tiny_qwen3
+    from tests.support.seat_fixtures import tiny_qwen3
 
     model = tiny_qwen3()
     assert attach_from_env(model, "sglang", environ={}) is None
@@ -130,7 +130,7 @@ def test_attach_from_env_is_a_no_op_without_frt_seats():
 
 def test_attach_from_env_seats_logs_and_marks(seat_home, tmp_path, caplog):
     from frt.adapters.common import attach_from_env, handles
-    from tests.seat_fixtures import tiny_qwen3
+    from tests.support.seat_fixtures import tiny_qwen3
 
     model = tiny_qwen3()
     env = {"FRT_SEATS": str(EXAMPLES / "seats-qwen3.toml"), "FRT_MIRROR_HOME": str(seat_home),
@@ -153,7 +153,7 @@ def test_attach_from_env_strict_and_bad_input(seat_home, tmp_path):
     from frt.adapters.common import attach_from_env
     from frt.resolver.errors import BadInput
     from frt.seats import SeatsRefused
-    from tests.seat_fixtures import tiny_qwen3
+    from tests.support.seat_fixtures import tiny_qwen3
 
     env = {"FRT_SEATS": str(VLLM_CATALOG), "FRT_MIRROR_HOME": str(seat_home)}
     # The vLLM catalog seats mlp.act_fn with silu_and_mul, which halves the width: parity refuses it

@@ -1,7 +1,7 @@
 """An A100 (8.0) + H100 (9.0) fleet: targets that name their GPU archs, judged by kernels' own arch rule.
 
 kernels 0.17.2 picks a variant by name and only then checks the build's metadata.json `backend.archs`
-against the device, raising rather than trying the next variant. `hopper` (tests/kernel_fixtures.py)
+against the device, raising rather than trying the next variant. `hopper` (tests/support/kernel_fixtures.py)
 rebuilt its v1 head for 9.0 only and has no fallback: refused for the fleet, pointing at the older
 commit that covered 8.0. `hopper-fb` builds 9.0 beside a noarch `torch-cuda`: the fleet gets the
 fallback. The load proofs run an unmodified `kernels.get_kernel` in a subprocess on this CPU box
@@ -16,11 +16,11 @@ import pytest
 
 from frt.resolver.errors import BadInput
 from frt.resolver.targets import parse_target
-from tests.conftest import cli_env, run_cli
-from tests.fakehub import FakeHub
-from tests.kernel_fixtures import H100_CU, ORG, fleet_repos
-from tests.serve_helpers import raw_http, raw_request, run_client, serving
-from tests.test_stage import load_offline, write_manifest
+from tests.support.cli import cli_env, run_cli, write_manifest
+from tests.support.fakehub import FakeHub
+from tests.support.kernel_fixtures import H100_CU, ORG, fleet_repos
+from tests.support.offline import load_offline
+from tests.support.serve_helpers import raw_http, raw_request, run_client, serving
 
 HOPPER, HOPPER_FB = f"{ORG}/hopper", f"{ORG}/hopper-fb"
 CU = "torch2.13-cu130-x86_64-linux"  # this box's torch, so a faked CUDA device can load what is staged

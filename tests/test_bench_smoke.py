@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.support import ROOT
 
 ROWS = {
     "resolve": ("ledger (offline)", "live (ours, fresh ledger)", "live (kernels.get_kernel_variants)",

@@ -10,9 +10,9 @@ import textwrap
 
 import pytest
 
-from tests.conftest import cli_env, run_cli
-from tests.fakehub import FakeRepo
-from tests.kernel_fixtures import ARM_CPU, ORG, X86_CPU, build, variant_files
+from tests.support.cli import cli_env, run_cli
+from tests.support.fakehub import FakeRepo
+from tests.support.kernel_fixtures import ARM_CPU, ORG, X86_CPU, build, variant_files
 
 SPEED = f"{ORG}/speed"
 TARGET = "torch2.13-cpu-x86_64-linux"

@@ -7,67 +7,22 @@ or hostile bundle is refused with exit 1 and leaves B byte-for-byte as it was.
 
 from __future__ import annotations
 
-import io
 import json
 import re
 import sqlite3
 import tarfile
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
-from tests.conftest import ACTIVATION, RELU, run_cli
-from tests.fakehub import FakeHub
-from tests.kernel_fixtures import ORG, X86_CPU, demo_repos
-from tests.test_stage import ARM_CU, LAYERNORM, NO_NET, X86, load_offline, stage_json, write_manifest
+from tests.support.bundles import import_offline, rewrite, snapshot
+from tests.support.cli import ARM_CU, X86, run_cli
+from tests.support.kernel_fixtures import ACTIVATION, LAYERNORM, RELU, X86_CPU
+from tests.support.offline import NO_NET, load_offline
 
 
-@pytest.fixture(scope="module")
-def a(tmp_path_factory) -> SimpleNamespace:
-    """Home A, staged once for the module, with a full bundle and an x86-only one (read-only after)."""
-    root = tmp_path_factory.mktemp("a")
-    home = root / "home"
-    kernels = {LAYERNORM: {"version": 1}, ACTIVATION: {"version": 1}, RELU: {"version": 1}}
-    m = write_manifest(root / "frt-manifest.toml", kernels, [X86, ARM_CU])
-    with FakeHub(demo_repos(), trusted_orgs=[ORG], page_size=5) as hub:
-        stage_json(home, m, hub)  # exit 1: activation v1 has no aarch64 CUDA build (a refusal, not an error)
-    full, x86 = root / "all.tar", root / "x86.tar"
-    return SimpleNamespace(home=home, full=full, x86=x86, full_doc=make_bundle(home, full),
-                           x86_doc=make_bundle(home, x86, X86))
-
-
-def make_bundle(home: Path, out: Path, *targets: str) -> dict:
-    p = run_cli("bundle", str(out), "--json", *[a for t in targets for a in ("--target", t)], home=home)
-    assert p.returncode == 0, p.stderr
-    return json.loads(p.stdout)
-
-
-def import_offline(home: Path, bundle: Path, *extra: str):
-    return run_cli("import", str(bundle), *extra, home=home, wrap=NO_NET)
-
-
-def snapshot(home: Path) -> tuple:
-    """Everything an import could change: every file under the home (but the ledger's own
-    files, compared as a full SQL dump instead) with its size, and the ledger's contents."""
-    files = sorted((str(p.relative_to(home)), p.stat().st_size) for p in home.rglob("*")
-                   if p.is_file() and not p.name.startswith("ledger.sqlite"))
-    if not (home / "ledger.sqlite").exists():
-        return files, None
-    with sqlite3.connect(home / "ledger.sqlite") as db:
-        return files, list(db.iterdump())
-
-
-def rewrite(src: Path, dst: Path, edit) -> None:
-    """Copy a tar member by member; `edit(info, data)` returns [(info, data)] to write instead."""
-    with tarfile.open(src) as tin, tarfile.open(dst, "w") as tout:
-        for m in tin:
-            for info, data in edit(m, tin.extractfile(m).read()):
-                tout.addfile(info, io.BytesIO(data) if data is not None else None)
-
-
-def test_bundle_imports_offline_and_everything_works_there(a, tmp_path):
-    out, doc = a.full, a.full_doc
+def test_bundle_imports_offline_and_everything_works_there(home_a, tmp_path):
+    out, doc = home_a.full, home_a.full_doc
     names = tarfile.open(out).getnames()
     assert names[0] == "frt-bundle.json" and len(names) == doc["blobs"] + 1
     assert all(re.fullmatch(r"blobs/[0-9a-f]{64}", n) for n in names[1:])
@@ -95,11 +50,11 @@ def test_bundle_imports_offline_and_everything_works_there(a, tmp_path):
     # B's ledger answers as A's does: resolve --offline, matrix, export-cache.
     for repo, ver in ((ACTIVATION, "2"), (LAYERNORM, "1"), (RELU, "1")):
         args = ("resolve", repo, "--version", ver, "--target", X86, "--offline", "--json")
-        there, here = run_cli(*args, home=b, wrap=NO_NET), run_cli(*args, home=a.home)
+        there, here = run_cli(*args, home=b, wrap=NO_NET), run_cli(*args, home=home_a.home)
         assert there.returncode == 0, there.stderr
         assert json.loads(there.stdout) == json.loads(here.stdout)
-    m_b, m_a = run_cli("matrix", ACTIVATION, "--json", home=b, wrap=NO_NET), run_cli("matrix", ACTIVATION,
-                                                                                      "--json", home=a.home)
+    m_b = run_cli("matrix", ACTIVATION, "--json", home=b, wrap=NO_NET)
+    m_a = run_cli("matrix", ACTIVATION, "--json", home=home_a.home)
     assert m_b.returncode == 0 and json.loads(m_b.stdout) == json.loads(m_a.stdout)
     p = run_cli("export-cache", str(tmp_path / "cache"), "--target", X86, home=b, wrap=NO_NET)
     assert p.returncode == 0, p.stderr
@@ -112,36 +67,28 @@ def test_bundle_imports_offline_and_everything_works_there(a, tmp_path):
     assert snapshot(b) == before
 
 
-def test_target_subset_carries_only_that_target(a, tmp_path):
-    full, sub = a.full_doc, a.x86_doc
+def test_target_subset_carries_only_that_target(home_a, tmp_path):
+    full, sub = home_a.full_doc, home_a.x86_doc
     assert {r["target"] for r in sub["staged"]} == {X86}
     assert {r["target"] for r in full["staged"]} == {X86, ARM_CU}
     assert 0 < sub["blobs"] < full["blobs"]
     b = tmp_path / "b"
-    p = import_offline(b, a.x86)
+    p = import_offline(b, home_a.x86)
     assert p.returncode == 0, p.stderr
     assert run_cli("verify", home=b).returncode == 0
     assert run_cli("env", "--target", X86, home=b).returncode == 0
     p = run_cli("env", "--target", ARM_CU, home=b)
     assert p.returncode == 2 and "nothing is staged" in p.stderr
     # The rest arrives later, on top: B then holds the full set.
-    p = import_offline(b, a.full, "--json")
+    p = import_offline(b, home_a.full, "--json")
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["new_blobs"] == full["blobs"] - sub["blobs"]
     assert run_cli("env", "--target", ARM_CU, home=b).returncode == 0
     assert run_cli("verify", home=b).returncode == 0
 
 
-@pytest.fixture
-def b_with_x86(a, tmp_path) -> Path:
-    """An importing home that already holds something, so 'unchanged' means more than 'empty'."""
-    b = tmp_path / "b"
-    assert import_offline(b, a.x86).returncode == 0
-    return b
-
-
-def test_flipped_blob_is_refused_and_nothing_is_imported(a, b_with_x86, tmp_path):
-    good, bad = a.full, tmp_path / "bad.tar"
+def test_flipped_blob_is_refused_and_nothing_is_imported(home_a, b_with_x86, tmp_path):
+    good, bad = home_a.full, tmp_path / "bad.tar"
     victim = max(doc_blobs(good), key=lambda b: b["size"])  # the last-listed largest: imported after others
 
     def flip(m, data):
@@ -231,8 +178,8 @@ def _forged_listing(m, data):
     (_climbing_path, "../../../../evil"),
     (_forged_listing, "a listing names an unknown commit"),
 ], ids=["traversal", "absolute", "symlink", "unlisted", "missing", "bad-json", "climbing-path", "forged-listing"])
-def test_hostile_or_broken_bundles_are_refused(a, b_with_x86, tmp_path, edit, says):
-    good, bad = a.full, tmp_path / "bad.tar"
+def test_hostile_or_broken_bundles_are_refused(home_a, b_with_x86, tmp_path, edit, says):
+    good, bad = home_a.full, tmp_path / "bad.tar"
     rewrite(good, bad, edit)
     before = snapshot(b_with_x86)
     p = import_offline(b_with_x86, bad)
@@ -293,17 +240,17 @@ def _refused_and_nothing_written(b: Path, bundle: Path, says: str) -> None:
     assert snapshot(b) == before  # no blob, no .part in tmp/, no view, no ledger row
 
 
-def test_a_sparse_member_is_refused_before_a_byte_is_written(a, b_with_x86, tmp_path):
+def test_a_sparse_member_is_refused_before_a_byte_is_written(home_a, b_with_x86, tmp_path):
     """The report's case: a small member standing for a huge file (here 64 MiB from 10 KiB; the report
     had 2 GiB). Its listed size, sha256 and git oid all match what it expands to: only its sparse
     headers give it away. Before: imported, 64 MiB written."""
     tar, blob = sparse_member(tmp_path, 64 << 20)
-    with_member(a.full, tmp_path / "sparse.tar.bundle", tar, blob)
+    with_member(home_a.full, tmp_path / "sparse.tar.bundle", tar, blob)
     assert (tmp_path / "sparse.tar.bundle").stat().st_size < blob["size"] // 16
     _refused_and_nothing_written(b_with_x86, tmp_path / "sparse.tar.bundle", "is a sparse member")
 
 
-def test_a_member_whose_size_is_not_the_listed_one_is_refused_before_writing(a, b_with_x86, tmp_path):
+def test_a_member_whose_size_is_not_the_listed_one_is_refused_before_writing(home_a, b_with_x86, tmp_path):
     grown = []
 
     def grow(m, data):
@@ -313,13 +260,13 @@ def test_a_member_whose_size_is_not_the_listed_one_is_refused_before_writing(a, 
             m.size = len(data)
         return [(m, data)]
 
-    rewrite(a.full, tmp_path / "grown.tar", grow)
+    rewrite(home_a.full, tmp_path / "grown.tar", grow)
     _refused_and_nothing_written(b_with_x86, tmp_path / "grown.tar", "bytes in the archive, listed as")
 
 
 @pytest.mark.parametrize("keep", [0.5, "boundary", "no-trailer"])
-def test_truncated_bundle_is_a_clean_refusal(a, tmp_path, keep):
-    good = a.full
+def test_truncated_bundle_is_a_clean_refusal(home_a, tmp_path, keep):
+    good = home_a.full
     data = good.read_bytes()
     with tarfile.open(good) as tf:
         members = tf.getmembers()

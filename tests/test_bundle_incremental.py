@@ -22,11 +22,21 @@ import pytest
 from frt.mirror.home import Home
 from frt.mirror.records import all_blobs, staged_rows
 from frt.resolver.ledger.io import repo_record
-from tests.conftest import ACTIVATION, RELU, run_cli
-from tests.fakehub import FakeHub, FakeRepo
-from tests.kernel_fixtures import ARM_CPU, ORG, X86_CPU, X86_CU, blob, build, relu_repo
-from tests.test_bundle import import_offline, rewrite, snapshot
-from tests.test_stage import ARM_CU, NO_NET, X86, load_offline, write_manifest
+from tests.support.bundles import import_offline, rewrite, snapshot_data
+from tests.support.cli import ARM_CU, X86, run_cli, write_manifest
+from tests.support.fakehub import FakeHub, FakeRepo
+from tests.support.kernel_fixtures import (
+    ACTIVATION,
+    ARM_CPU,
+    ORG,
+    RELU,
+    X86_CPU,
+    X86_CU,
+    blob,
+    build,
+    relu_repo,
+)
+from tests.support.offline import NO_NET, load_offline
 
 
 def activation_v1() -> FakeRepo:
@@ -46,13 +56,6 @@ def publish_v2(repo: FakeRepo) -> None:
     repo.commit(build("activation", v2, version=2, note="v2", extra=so2), title="v2: new API", branch="v2")
     repo.commit(build("activation", v2, version=2, note="v2.1", extra=so2), title="v2: faster", branch="v2")
     repo.branch("main", "v2")
-
-
-def snapshot_data(home: Path) -> tuple:
-    """test_bundle.snapshot but for locks/: the store lock's file, created empty by the first command that
-    takes the lock (import takes it before it reads the bundle), holds no data of any bundle."""
-    files, dump = snapshot(home)
-    return [f for f in files if not f[0].startswith("locks/")], dump
 
 
 def bundle(home: Path, out: Path, *extra: str) -> dict:
@@ -221,7 +224,8 @@ def test_since_must_name_a_bundle(box, tmp_path):
 
 
 def _removal_of(key: list[str]):
-    """A tests.test_bundle.rewrite edit: the manifest (unsigned: a forger's bundle) names one more removal."""
+    """A `rewrite` edit (tests/support/bundles.py): the manifest (unsigned: a forger's bundle) names one more
+    removal."""
     def edit(m, data):
         if m.name == "frt-bundle.json":
             doc = json.loads(data)

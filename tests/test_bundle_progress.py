@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ACTIVATION, RELU, cli_env
-from tests.test_stage import X86, write_manifest
+from tests.support.cli import X86, cli_env, write_manifest
+from tests.support.kernel_fixtures import ACTIVATION, RELU
 
 EXE = str(Path(os.sys.executable).with_name("frt-mirror"))
 # tqdm's line: "<label>: 100%|████| 225k/225k [00:00<00:00, 3.1MB/s, 7/7 files]": bytes done/total,
@@ -67,8 +67,8 @@ def cli(home: Path, *args: str) -> list[str]:
 @pytest.fixture(scope="module")
 def staged(tmp_path_factory):
     """A manifest, the fake Hub's url, and a home where it was staged on a terminal."""
-    from tests.fakehub import FakeHub
-    from tests.kernel_fixtures import ORG, demo_repos
+    from tests.support.fakehub import FakeHub
+    from tests.support.kernel_fixtures import ORG, demo_repos
 
     root = tmp_path_factory.mktemp("progress")
     m = write_manifest(root / "m.toml", {ACTIVATION: {"version": 1}, RELU: {"version": 1}}, [X86])

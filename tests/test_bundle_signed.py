@@ -13,12 +13,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.conftest import RELU, run_cli
-from tests.fakehub import FakeHub
-from tests.kernel_fixtures import ORG, demo_repos
-from tests.test_bundle import import_offline
-from tests.test_bundle_incremental import snapshot_data
-from tests.test_stage import NO_NET, X86, write_manifest
+from tests.support.bundles import import_offline, snapshot_data
+from tests.support.cli import X86, run_cli, write_manifest
+from tests.support.fakehub import FakeHub
+from tests.support.kernel_fixtures import ORG, RELU, demo_repos
+from tests.support.offline import NO_NET
 
 
 def key_new(path: Path, home: Path) -> subprocess.CompletedProcess:

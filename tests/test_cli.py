@@ -12,7 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ACTIVATION, RELU, cli_env, run_cli
+from tests.support.cli import cli_env, run_cli
+from tests.support.kernel_fixtures import ACTIVATION, RELU
+
+pytestmark = pytest.mark.hub1
 
 NO_NET = ["unshare", "-n"]
 
@@ -166,7 +169,7 @@ def test_a_bad_environment_is_one_line(home, tmp_path, setup, args, env, code, n
 
 
 def test_an_unwritable_bundle_target_is_one_line(hub, home, tmp_path):
-    from tests.test_stage import X86, write_manifest
+    from tests.support.cli import X86, write_manifest
 
     m = write_manifest(tmp_path / "m.toml", {"kernels-test/relu": {"version": 1}}, [X86])
     assert run_cli("--endpoint", hub.url, "stage", str(m), home=home).returncode == 0
@@ -223,7 +226,7 @@ def test_hostile_values_are_one_line_and_nothing_is_created(tmp_path, args, env,
 
 
 def test_a_manifest_version_past_2_31_is_one_line(home, tmp_path):
-    from tests.test_stage import write_manifest
+    from tests.support.cli import write_manifest
 
     m = write_manifest(tmp_path / "m.toml", {RELU: {"version": 99999999999999999999}}, [X86_T])
     p = run_cli("--endpoint", "http://127.0.0.1:9", "stage", str(m), home=home)
@@ -231,7 +234,7 @@ def test_a_manifest_version_past_2_31_is_one_line(home, tmp_path):
 
 
 def _staged_home(hub, home, tmp_path) -> None:
-    from tests.test_stage import write_manifest
+    from tests.support.cli import write_manifest
 
     m = write_manifest(tmp_path / "m.toml", {RELU: {"version": 1}}, [X86_T])
     p = run_cli("--endpoint", hub.url, "stage", str(m), home=home)

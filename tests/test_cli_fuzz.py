@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from frt.cli import cli
-from tests.kernel_fixtures import ORG
+from tests.support.kernel_fixtures import ORG
 
 REPO = f"{ORG}/relu"
 TARGET = "torch2.13-cpu-x86_64-linux"

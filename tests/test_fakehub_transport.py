@@ -17,16 +17,18 @@ import pytest
 from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_download, hf_hub_url, snapshot_download
 from huggingface_hub.errors import HfHubHTTPError, RevisionNotFoundError
 
-import tests.test_fakehub as base  # a module, so pytest does not collect its tests twice here
-from tests.fakehub import FakeHub, RateLimits, sha256
+from tests.support import tinyadd
+from tests.support.fakehub import FakeHub, RateLimits, sha256
 
-ORG, REPO_ID, UNIV, BIG = base.ORG, base.REPO_ID, base.UNIV, base.BIG
+pytestmark = pytest.mark.hub1
+
+ORG, REPO_ID, UNIV, BIG = tinyadd.ORG, tinyadd.REPO_ID, tinyadd.UNIV, tinyadd.BIG
 HUB2 = int(huggingface_hub.__version__.split(".")[0]) >= 2
 BLOB = f"{UNIV}/_blob.bin"  # an LFS file inside the variant get_kernel downloads: it comes off the CDN
 
 
 def build_repo():
-    repo, shas = base.build_repo()
+    repo, shas = tinyadd.build_repo()
     repo.commit({BLOB: BIG[::-1]}, title="add an LFS file to the universal build", branch="v1")
     return repo, shas
 
@@ -34,7 +36,7 @@ def build_repo():
 @pytest.fixture
 def hub():
     repo, _ = build_repo()
-    with FakeHub([repo], trusted_orgs=[ORG], page_size=base.PAGE, redirects=True) as h:
+    with FakeHub([repo], trusted_orgs=[ORG], page_size=tinyadd.PAGE, redirects=True) as h:
         yield h
 
 
@@ -320,7 +322,7 @@ def test_clients_on_429():
             return list(api.list_repo_tree(REPO_ID, path_in_repo="build", repo_type="kernel", revision="v1"))
 
         if HUB2:
-            assert [e.path for e in tree()] == [UNIV, base.CUDA]
+            assert [e.path for e in tree()] == [UNIV, tinyadd.CUDA]
             assert time.monotonic() - t0 >= 2
             assert [s for m, p, s in hub.requests if "/tree/" in p] == [429, 200]
         else:
@@ -334,7 +336,7 @@ def test_clients_on_429():
 
 
 def test_kernels_get_kernel_through_redirects(hub, tmp_path):
-    proc = base.run_get_kernel(hub, tmp_path / "hf")
+    proc = tinyadd.run_get_kernel(hub, tmp_path / "hf")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "RESULT 1 5" in proc.stdout
     log = hub.request_log
@@ -342,7 +344,7 @@ def test_kernels_get_kernel_through_redirects(hub, tmp_path):
     blob = sha256(BIG[::-1])
     assert [(e.method, e.status) for e in log if e.server == "cdn"] == [("GET", 200)]
     assert any(e.path.startswith(f"/cdn/{blob}?") for e in log)
-    assert (tmp_path / "hf" / "hub" / f"kernels--{ORG}--{base.NAME}" / "blobs" / blob).is_file()
+    assert (tmp_path / "hf" / "hub" / f"kernels--{ORG}--{tinyadd.NAME}" / "blobs" / blob).is_file()
 
 
 def test_kernels_get_kernel_rate_limited(tmp_path):
@@ -350,8 +352,9 @@ def test_kernels_get_kernel_rate_limited(tmp_path):
     (All of get_kernel's requests come within ~30 ms, so they share the first window.)"""
     repo, _ = build_repo()
     limits = RateLimits(api=3, resolvers=100, window=3)
-    with FakeHub([repo], trusted_orgs=[ORG], page_size=base.PAGE, redirects=True, rate_limits=limits) as hub:
-        proc = base.run_get_kernel(hub, tmp_path / "hf")
+    with FakeHub([repo], trusted_orgs=[ORG], page_size=tinyadd.PAGE, redirects=True,
+                 rate_limits=limits) as hub:
+        proc = tinyadd.run_get_kernel(hub, tmp_path / "hf")
         api = [(p.split("?")[0].rsplit("/", 1)[-1], s) for m, p, s in hub.requests
                if p.startswith("/api/") and not p.startswith("/api/resolve-cache/")]
     assert api[:4] == [("agent-harnesses", 404), ("overview", 200), ("refs", 200), ("build", 429)]

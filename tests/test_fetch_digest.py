@@ -13,8 +13,10 @@ from frt.mirror.fetch import IntegrityError, fetch_file
 from frt.mirror.store import BlobStore
 from frt.mirror.transport import Transport
 from frt.resolver.hub import HubClient
-from tests.fakehub import FakeHub, FakeRepo
-from tests.kernel_fixtures import ORG, variant_files
+from tests.support.fakehub import FakeHub, FakeRepo
+from tests.support.kernel_fixtures import ORG, variant_files
+
+pytestmark = pytest.mark.hub1
 
 REPO = f"{ORG}/digest"
 PATH = "build/torch-universal/_weights.bin"

@@ -19,11 +19,12 @@ from hypothesis import strategies as st
 from frt.manifests import fields
 from frt.resolver import gate
 from frt.resolver.errors import EXIT_BAD_INPUT, BadInput, exit_code
-from tests.conftest import RELU, run_cli
-from tests.fakehub import FakeHub
-from tests.kernel_fixtures import ORG, X86_CPU, demo_repos
-from tests.test_bundle import a, b_with_x86, import_offline, rewrite, snapshot  # noqa: F401 (fixtures)
-from tests.test_stage import X86, write_manifest
+from tests.support.bundles import import_offline, rewrite, snapshot
+from tests.support.cli import X86, run_cli, write_manifest
+from tests.support.fakehub import FakeHub
+from tests.support.kernel_fixtures import ORG, RELU, X86_CPU, demo_repos
+
+pytestmark = pytest.mark.hub1
 
 
 # -- the gate's checks, one by one ---------------------------------------------------------------
@@ -263,9 +264,9 @@ def _commit_not_hex(doc):
     (_forge(_path_with_dots), "/a/../b'"),
     (_forge(_commit_not_hex), "'../" + "a" * 37 + "'"),
 ], ids=["ref-name", "file-path", "commit"])
-def test_forged_bundle_is_refused_and_nothing_is_written(a, b_with_x86, tmp_path, edit, says):  # noqa: F811
+def test_forged_bundle_is_refused_and_nothing_is_written(home_a, b_with_x86, tmp_path, edit, says):
     bad = tmp_path / "forged.tar"
-    rewrite(a.full, bad, edit)
+    rewrite(home_a.full, bad, edit)
     before, beside = snapshot(b_with_x86), _outside(tmp_path, b_with_x86)
     p = import_offline(b_with_x86, bad)
     assert p.returncode == 1, (p.stdout, p.stderr)

@@ -15,11 +15,10 @@ from frt.mirror.events import last_events
 from frt.mirror.gc import SWEEP_AGE_S, plan
 from frt.mirror.home import Home
 from frt.mirror.records import all_blobs
-from tests.conftest import ACTIVATION, RELU, cli_env, run_cli
-from tests.fakehub.repo import sha256
-from tests.kernel_fixtures import X86_CPU
-from tests.test_readonly_home import one_line, read_only
-from tests.test_stage import X86, load_offline, stage_json, write_manifest
+from tests.support.cli import X86, cli_env, one_line, run_cli, stage_json, write_manifest
+from tests.support.fakehub.repo import sha256
+from tests.support.kernel_fixtures import ACTIVATION, RELU, X86_CPU
+from tests.support.offline import load_offline, read_only
 
 EXE = str(Path(sys.executable).with_name("frt-mirror"))
 X86_212 = "torch2.12-cpu-x86_64-linux"  # no torch2.12 build: it takes the noarch torch-cpu variant

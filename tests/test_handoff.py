@@ -19,11 +19,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from frt.resolver.targets import parse_target
-from tests.conftest import ACTIVATION, RELU, cli_env, run_cli
-from tests.fakehub import FakeHub
-from tests.kernel_fixtures import ORG, demo_repos
-from tests.serve_helpers import free_port, raw_http, raw_request, run_client, serving
-from tests.test_stage import LAYERNORM, NO_NET, X86, load_offline, write_manifest
+from tests.support.cli import X86, cli_env, run_cli, write_manifest
+from tests.support.fakehub import FakeHub
+from tests.support.kernel_fixtures import ACTIVATION, LAYERNORM, ORG, RELU, demo_repos
+from tests.support.offline import NO_NET, load_offline
+from tests.support.serve_helpers import free_port, raw_http, raw_request, run_client, serving
+
+pytestmark = pytest.mark.hub1
 
 # A sitecustomize that makes this interpreter a box without torch, as `kernels` and we detect it.
 NO_TORCH = '''

@@ -1,8 +1,8 @@
-"""A hostile upstream (tests/hostile.py: a proxy in front of the fake Hub that corrupts chosen answers)
-against `stage` and against pull-through `serve`. Whatever it sends, the mirror answers with one line and
-a contract exit code (3: the upstream's trouble, try again or elsewhere; 1: refused), never a traceback,
-in bounded memory and bounded time; pull-through answers 502 with X-Error-Message, and no thread keeps
-asking the upstream after its request is over. Also in the huggingface_hub 1.33 venv (Makefile HUB1_TESTS).
+"""A hostile upstream (tests/support/hostile.py: a proxy in front of the fake Hub that corrupts chosen
+answers) against `stage` and against pull-through `serve`. Whatever it sends, the mirror answers with one
+line and a contract exit code (3: the upstream's trouble, try again or elsewhere; 1: refused), never a
+traceback, in bounded memory and bounded time; pull-through answers 502 with X-Error-Message, and no thread
+keeps asking the upstream after its request is over. Also in the huggingface_hub 1.33 venv (marked hub1).
 """
 
 from __future__ import annotations
@@ -19,12 +19,13 @@ from pathlib import Path
 
 import pytest
 
-from tests import hostile as h
-from tests.conftest import RELU, cli_env
-from tests.fakehub import FakeHub
-from tests.kernel_fixtures import ORG, X86_CPU, demo_repos
-from tests.serve_helpers import raw_http, raw_request, serving
-from tests.test_stage import X86, write_manifest
+from tests.support import hostile as h
+from tests.support.cli import X86, cli_env, write_manifest
+from tests.support.fakehub import FakeHub
+from tests.support.kernel_fixtures import ORG, RELU, X86_CPU, demo_repos
+from tests.support.serve_helpers import raw_http, raw_request, serving
+
+pytestmark = pytest.mark.hub1
 
 API = f"/api/kernels/{RELU}"
 INIT = f"/build/{X86_CPU}/__init__.py"  # the one file of the chosen variant besides metadata.json

@@ -20,12 +20,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ACTIVATION, run_cli
-from tests.fakehub import FakeHub
-from tests.kernel_fixtures import ORG, demo_repos
-from tests.serve_helpers import raw_http, raw_request, run_client, serving
-from tests.test_serve import BIG, BIG_FILE, BIG_SIZE, SO, X86, big_repo, manifest
-from tests.test_serve_nginx import front_of
+from tests.support.cli import X86, run_cli
+from tests.support.fakehub import FakeHub
+from tests.support.kernel_fixtures import ACTIVATION, ORG, demo_repos
+from tests.support.nginx import front_of
+from tests.support.serve_helpers import raw_http, raw_request, run_client, serving
+from tests.support.serve_home import BIG, BIG_FILE, BIG_SIZE, SO, big_repo, manifest
 
 AT = 12_345_678  # the flipped byte of the big file: in its 3rd 4 MiB chunk, well before the last
 

@@ -133,3 +133,36 @@ def test_nothing_below_imports_the_top_floor_and_modules_import_without_cycles()
         if n not in state:
             visit(n, [n])
     assert not cycles, "\n".join(cycles)
+
+
+def _is_test_module(name: str) -> bool:
+    """tests.test_x, tests.engines.test_y, or a conftest: modules pytest loads itself."""
+    parts = name.split(".")
+    return parts[0] == "tests" and (parts[-1].startswith("test_") or parts[-1] == "conftest")
+
+
+def _imported_modules(path: Path) -> set[str]:
+    """Every module an import in `path` may name, at any depth (imports inside functions too), relative ones
+    resolved; `from a import b` names both a and a.b (b may be a module)."""
+    package = path.relative_to(ROOT).parent.parts  # a module's, or an __init__.py's own
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = list(package[:len(package) - node.level + 1]) if node.level else []
+            mod = ".".join(base + ([node.module] if node.module else []))
+            out |= {mod} | {f"{mod}.{a.name}" for a in node.names}
+    return out
+
+
+def test_no_test_imports_another_test():
+    """What tests share lives in tests/support/ (helpers) and tests/conftest.py (fixtures): no test file,
+    helper or bench imports a test module or a conftest, which are pytest's to load (an imported test module
+    is a second copy of its fixtures and its tests)."""
+    bad = []
+    for path in sorted([*(ROOT / "tests").rglob("*.py"), *(ROOT / "bench").rglob("*.py")]):
+        own = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        bad += [f"{path.relative_to(ROOT)} imports {m}" for m in sorted(_imported_modules(path))
+                if _is_test_module(m) and m != own]
+    assert not bad, "\n".join(bad)

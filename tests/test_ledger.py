@@ -17,7 +17,8 @@ from frt.resolver.resolution import Refusal, Request
 from frt.resolver.targets import parse_target
 from frt.resolver.core import resolve_request
 from frt.resolver.ledger.schema import MIGRATIONS, RESOLVER_TRACK, SCHEMA_VERSION
-from tests.conftest import RELU, cli_env, run_cli
+from tests.support.cli import cli_env, run_cli
+from tests.support.kernel_fixtures import RELU
 
 
 def test_fresh_ledger_is_stamped_and_migrations_cover_every_version(tmp_path):

@@ -1,12 +1,11 @@
-"""The ledger on a real PostgreSQL (tests/pgserver.py), where SQLite's answers do not carry over: several
-stagers coordinating through the database, the server down or restarting, a schema newer than the code.
-The ordinary scan/resolve/stage/serve tests also run on it (conftest.ledger_backend / ledger_each)."""
+"""The ledger on a real PostgreSQL (tests/support/pgserver.py), where SQLite's answers do not carry over:
+several stagers coordinating through the database, the server down or restarting, a schema newer than the
+code. The ordinary scan/resolve/stage/serve tests also run on it (conftest.ledger_backend / ledger_each)."""
 
 from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -14,12 +13,9 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from tests.conftest import RELU, cli_env, run_cli
-from tests.kernel_fixtures import ORG
-from tests.test_stage import X86, write_manifest
-from tests.test_stage_faults import BIG, big_hub, manifest  # noqa: F401 (fixtures, shared)
-
-EXE = str(Path(sys.executable).with_name("frt-mirror"))
+from tests.support.big_kernel import BIG
+from tests.support.cli import EXE, X86, cli_env, run_cli, write_manifest
+from tests.support.kernel_fixtures import ORG, RELU
 
 
 def body_gets(hub) -> Counter:
@@ -39,7 +35,7 @@ def stager(home: Path, manifest: Path, hub, url: str, *, own_locks: bool) -> sub
     return subprocess.Popen(cmd, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def test_two_stagers_on_two_hosts_fetch_each_blob_once(big_hub, tmp_path, manifest, pg_url):
+def test_two_stagers_on_two_hosts_fetch_each_blob_once(big_hub, tmp_path, big_manifest, pg_url):
     """One shared home, one PostgreSQL ledger, two stagers whose file locks cannot see each other; the
     second starts while the first is mid-download. The server's advisory lock per blob lets one fetch
     and the other wait and reuse: every body crosses once, and the store verifies."""
@@ -48,9 +44,9 @@ def test_two_stagers_on_two_hosts_fetch_each_blob_once(big_hub, tmp_path, manife
     for repo in (BIG, RELU):  # both start from one scanned ledger (a scan reads metadata.json too)
         assert run_cli("--ledger", pg_url, "--endpoint", big_hub.url, "scan", repo, home=home).returncode == 0
     big_hub.reset_log()
-    first = stager(home, manifest, big_hub, pg_url, own_locks=False)
+    first = stager(home, big_manifest, big_hub, pg_url, own_locks=False)
     assert big_hub.wait_for_body(1, timeout=120), "the first stager never reached its downloads"
-    second = stager(home, manifest, big_hub, pg_url, own_locks=True)
+    second = stager(home, big_manifest, big_hub, pg_url, own_locks=True)
     assert first.poll() is None, "the first stager was done before the second began: no race was tested"
     outs = [p.communicate(timeout=300) for p in (first, second)]
     for p, (_, err) in zip((first, second), outs):
@@ -106,14 +102,14 @@ def test_a_newer_schema_on_the_server_is_refused_not_downgraded(hub, tmp_path, p
 
 
 @pytest.mark.parametrize("how", ["restart", "crash"])
-def test_the_server_restarting_mid_stage_loses_nothing_and_a_rerun_completes(big_hub, tmp_path, manifest,
+def test_the_server_restarting_mid_stage_loses_nothing_and_a_rerun_completes(big_hub, tmp_path, big_manifest,
                                                                              pg_server, pg_url, how):
     """The stage either rides it out or stops with one line (exit 3); what it recorded is intact, and a
     rerun completes and verifies."""
     home = tmp_path / "h"
     big_hub.faults.throttle("/resolve/", 8e6)
     proc = subprocess.Popen([EXE, "--home", str(home), "--ledger", pg_url, "--endpoint", big_hub.url, "stage",
-                             str(manifest), "--json"], env=cli_env(), stdout=subprocess.PIPE,
+                             str(big_manifest), "--json"], env=cli_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     assert big_hub.wait_for_body(2, timeout=120), "the stage never reached its downloads"
     pg_server.kill() if how == "crash" else pg_server.stop()
@@ -124,7 +120,8 @@ def test_the_server_restarting_mid_stage_loses_nothing_and_a_rerun_completes(big
     if proc.returncode == 3:
         assert err.count("\n") == 1 and "unavailable" in err and "Traceback" not in err, err
     big_hub.faults.clear()
-    p = run_cli("--ledger", pg_url, "--endpoint", big_hub.url, "stage", str(manifest), "--json", home=home)
+    p = run_cli("--ledger", pg_url, "--endpoint", big_hub.url, "stage", str(big_manifest), "--json",
+                home=home)
     assert p.returncode == 0, p.stderr
     v = run_cli("--ledger", pg_url, "verify", "--json", home=home)
     assert v.returncode == 0, v.stdout

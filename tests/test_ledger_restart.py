@@ -22,9 +22,8 @@ from frt.mirror.records import staged_rows
 from frt.mirror.schema import MIRROR_TRACK
 from frt.resolver.ledger import Ledger
 from frt.resolver.errors import LedgerUnavailable
-from tests.conftest import RELU, cli_env, run_cli
-from tests.test_ledger_postgres import EXE
-from tests.test_stage_faults import BIG, big_hub, manifest  # noqa: F401 (fixtures, shared)
+from tests.support.cli import EXE, cli_env, run_cli
+from tests.support.kernel_fixtures import RELU
 
 
 def _events(url: str, kind: str) -> int:
@@ -37,14 +36,14 @@ def _events(url: str, kind: str) -> int:
         engine.dispose()
 
 
-def test_a_stage_rides_out_a_server_restart_and_records_every_row(big_hub, tmp_path, manifest, pg_server,
+def test_a_stage_rides_out_a_server_restart_and_records_every_row(big_hub, tmp_path, big_manifest, pg_server,
                                                                   pg_url):
     """The restart lands mid-download: the stage's next ledger writes meet dead connections, then refused
     ones. It completes (exit 0), verifies, and the ledger holds every staged row and one stage event."""
     home = tmp_path / "h"
     big_hub.faults.throttle("/resolve/", 1e6)  # a few seconds of downloads left when the server is back
     proc = subprocess.Popen([EXE, "--home", str(home), "--ledger", pg_url, "--endpoint", big_hub.url, "stage",
-                             str(manifest), "--json"], env=cli_env(), stdout=subprocess.PIPE,
+                             str(big_manifest), "--json"], env=cli_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     assert big_hub.wait_for_body(2, timeout=120), "the stage never reached its downloads"
     pg_server.restart()

@@ -9,11 +9,10 @@ import time
 
 import pytest
 
-from tests.conftest import ACTIVATION, RELU, run_cli
-from tests.fakehub import FakeHub
-from tests.kernel_fixtures import ORG, demo_repos
-from tests.serve_helpers import raw_http, raw_request, run_client, serving
-from tests.test_stage import write_manifest
+from tests.support.cli import run_cli, write_manifest
+from tests.support.fakehub import FakeHub
+from tests.support.kernel_fixtures import ACTIVATION, ORG, RELU, demo_repos
+from tests.support.serve_helpers import raw_http, raw_request, run_client, serving
 
 X86 = "torch2.13-cpu-x86_64-linux"
 DOWNLOAD = """

@@ -1,7 +1,7 @@
 """Model repos: a manifest's [models] entry staged with include/exclude patterns, then real clients
 (`hf download`, snapshot_download, transformers) through `serve` with the upstream gone, the exported
 cache with HF_HUB_OFFLINE=1 inside `unshare -n`, and a bundle carried to another home. Also in the
-huggingface_hub 1.33 venv (Makefile HUB1_TESTS); that venv has no transformers, so there only the
+huggingface_hub 1.33 venv (marked hub1); that venv has no transformers, so there only the
 transformers loads are skipped."""
 
 from __future__ import annotations
@@ -18,11 +18,21 @@ from pathlib import Path
 import pytest
 
 from frt.manifests import ManifestError, load_manifest
-from tests.conftest import run_cli
-from tests.fakehub import FakeHub, FakeRepo
-from tests.model_fixtures import EXCLUDE, INCLUDE, TINY_MODEL, selected, tiny_model_repo, write_tiny_model
-from tests.serve_helpers import Tripwire, client_env, run_client, serving
-from tests.test_stage import NO_NET, load_offline
+from tests.support.cli import run_cli
+from tests.support.fakehub import FakeHub, FakeRepo
+from tests.support.model_fixtures import (
+    EXCLUDE,
+    INCLUDE,
+    LOAD,
+    TINY_MODEL,
+    selected,
+    tiny_model_repo,
+    write_tiny_model,
+)
+from tests.support.offline import NO_NET, load_offline
+from tests.support.serve_helpers import Tripwire, client_env, run_client, serving
+
+pytestmark = pytest.mark.hub1
 
 TARGET = "torch2.11-cpu-x86_64-linux"
 needs_transformers = pytest.mark.skipif(
@@ -117,18 +127,6 @@ def test_snapshot_download_and_excluded_file_through_serve(staged, mirror, tmp_p
     assert out["files"] == {f: upstream_sha(staged, f) for f in selected(staged.repo)}
     assert out["errors"] == {"vocab.json": "EntryNotFound", "README.md": "EntryNotFound"}
     assert not staged.tripwire.hits
-
-
-LOAD = """
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-    cfg = AutoConfig.from_pretrained({repo!r})
-    model = AutoModelForCausalLM.from_pretrained({repo!r}).eval()
-    with torch.no_grad():
-        logits = model(torch.tensor([[1, 2, 3, 4]])).logits
-    report({{"type": cfg.model_type, "layers": cfg.num_hidden_layers, "logits_sum": float(logits.sum()),
-             "params": sum(p.numel() for p in model.parameters())}})
-"""
 
 
 def check_load(out: dict | None, staged, stderr: str) -> None:

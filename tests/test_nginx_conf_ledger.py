@@ -18,12 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import RELU, cli_env, run_cli
-from tests.fakehub import FakeHub
-from tests.kernel_fixtures import ORG, demo_repos
-from tests.serve_helpers import Served, free_port, raw_http, raw_request
-from tests.test_serve_nginx import PREFIX, nginx
-from tests.test_stage import X86, write_manifest
+from tests.support.cli import X86, cli_env, run_cli, write_manifest
+from tests.support.fakehub import FakeHub
+from tests.support.kernel_fixtures import ORG, RELU, demo_repos
+from tests.support.nginx import PREFIX, nginx
+from tests.support.serve_helpers import Served, free_port, raw_http, raw_request
 
 BIN = str(Path(sys.executable).parent)  # where `frt-mirror`, as the printed commands name it, is installed
 REPLICA = re.compile(r"#   (frt-mirror .*)")

@@ -6,11 +6,14 @@ HF_ENDPOINT names a canary (a second fake Hub), so a fetch that went there would
 
 from __future__ import annotations
 
-from tests.conftest import RELU, cli_env
-from tests.fakehub import FakeHub
-from tests.kernel_fixtures import ORG, demo_repos
-from tests.serve_helpers import raw_http, raw_request, serving
-from tests.test_stage import X86, stage_json, write_manifest
+import pytest
+
+from tests.support.cli import X86, cli_env, stage_json, write_manifest
+from tests.support.fakehub import FakeHub
+from tests.support.kernel_fixtures import ORG, RELU, demo_repos
+from tests.support.serve_helpers import raw_http, raw_request, serving
+
+pytestmark = pytest.mark.hub1
 
 
 def test_stage_asks_only_its_endpoint(tmp_path):

@@ -8,7 +8,10 @@ import subprocess
 import sys
 import textwrap
 
-from tests.conftest import ACTIVATION
+import pytest
+
+from tests.support.kernel_fixtures import ACTIVATION
+
 
 BLOCK_TORCH = textwrap.dedent("""
     import importlib.abc, importlib.util, sys

@@ -20,11 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ACTIVATION, RELU, run_cli
-from tests.fakehub import FakeHub
-from tests.kernel_fixtures import ORG, demo_repos
-from tests.serve_helpers import raw_http, raw_request, serving
-from tests.test_stage import write_manifest
+from tests.support.cli import run_cli, write_manifest
+from tests.support.fakehub import FakeHub
+from tests.support.kernel_fixtures import ACTIVATION, ORG, RELU, demo_repos
+from tests.support.serve_helpers import raw_http, raw_request, serving
 
 LAYERNORM = f"{ORG}/layernorm"
 X86, ARM_CU = "torch2.13-cpu-x86_64-linux", "torch2.11-cu130-aarch64-linux"

@@ -1,5 +1,5 @@
-"""The PostgreSQL fixture itself (tests/pgserver.py): a real server that SQLAlchemy + psycopg talk to, a
-separate database per test, and a restart that keeps the data and the URL."""
+"""The PostgreSQL fixture itself (tests/support/pgserver.py): a real server that SQLAlchemy + psycopg talk
+to, a separate database per test, and a restart that keeps the data and the URL."""
 
 from __future__ import annotations
 
@@ -86,7 +86,7 @@ def test_a_crash_loses_no_committed_row(pg_server, pg_url):
 
 
 def test_missing_binaries_say_which_package_to_install(monkeypatch, tmp_path):
-    from tests.pgserver import PgUnavailable, find_bindir
+    from tests.support.pgserver import PgUnavailable, find_bindir
 
     monkeypatch.setenv("FRT_PG_BINDIR", str(tmp_path))  # a directory without initdb and postgres
     try:

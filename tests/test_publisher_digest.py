@@ -9,10 +9,12 @@ import json
 
 import pytest
 
-from tests.conftest import run_cli
-from tests.fakehub import FakeHub, FakeRepo
-from tests.kernel_fixtures import ORG, X86_CPU, blob, variant_files
-from tests.test_stage import NO_NET, X86, stage_json, write_manifest
+from tests.support.cli import X86, run_cli, stage_json, write_manifest
+from tests.support.fakehub import FakeHub, FakeRepo
+from tests.support.kernel_fixtures import ORG, X86_CPU, blob, variant_files
+from tests.support.offline import NO_NET
+
+pytestmark = pytest.mark.hub1
 
 PUB = f"{ORG}/published"
 SO = "_published.abi3.so"  # above the LFS threshold: the upstream advertises its sha256

@@ -9,10 +9,9 @@ import sqlite3
 
 import pytest
 
-from tests.fakehub import FakeHub
-from tests.kernel_fixtures import ORG, demo_repos
-from tests.serve_helpers import raw_http, raw_request, serving
-from tests.test_pull_through import serve_env
+from tests.support.fakehub import FakeHub
+from tests.support.kernel_fixtures import ORG, demo_repos
+from tests.support.serve_helpers import raw_http, raw_request, serve_env, serving
 
 
 class Everyone:

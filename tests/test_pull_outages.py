@@ -1,5 +1,5 @@
 """Pull-through when the upstream is rate-limited or down, with unmodified clients in subprocesses
-(also in the huggingface_hub 1.33 venv: Makefile HUB1_TESTS).
+(also in the huggingface_hub 1.33 venv: marked hub1).
 
 - The fake Hub with the real Hub's fixed 429 windows, one window longer than --upstream-timeout: a cold
   `kernels.get_kernel(version=1)` still succeeds on first use (serve holds the API request while the
@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import time
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import ACTIVATION, RELU
-from tests.fakehub import FakeHub, RateLimits
-from tests.kernel_fixtures import ORG, demo_repos
-from tests.serve_helpers import free_port, raw_http, raw_request, run_client, serving
-from tests.test_pull_through import serve_env
+from tests.support.fakehub import FakeHub, RateLimits
+from tests.support.kernel_fixtures import ACTIVATION, ORG, RELU, demo_repos
+from tests.support.serve_helpers import free_port, raw_http, raw_request, run_client, serve_env, serving
+
+pytestmark = pytest.mark.hub1
 
 # A cold get_kernel of activation costs the mirror 13 API calls upstream (overview, refs, two histories,
 # nine listing pages): a quota of 8 puts one 429 in the middle of the refresh, its window 11 s, past the

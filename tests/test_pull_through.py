@@ -2,7 +2,7 @@
 keeps, and serves it from then on, also with the upstream gone. Unmodified clients (kernels'
 get_kernel, huggingface_hub's hf_hub_download / snapshot_download, transformers) in subprocesses; the
 upstream is the fake Hub with the real Hub's redirects to a CDN host. Also in the huggingface_hub 1.33
-venv (Makefile HUB1_TESTS)."""
+venv (marked hub1)."""
 
 from __future__ import annotations
 
@@ -15,23 +15,17 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import ACTIVATION, run_cli
-from tests.fakehub import FakeHub, FakeRepo
-from tests.kernel_fixtures import ORG, X86_CPU, build, demo_repos
-from tests.model_fixtures import TINY_MODEL, tiny_model_repo, write_tiny_model
-from tests.serve_helpers import raw_http, raw_request, run_client, serving
-from tests.test_serve import BIG, BIG_FILE, BIG_SIZE, X86, big_repo
-from tests.test_stage import load_offline
+from tests.support.cli import X86, run_cli
+from tests.support.fakehub import FakeHub, FakeRepo
+from tests.support.kernel_fixtures import ACTIVATION, ORG, X86_CPU, build, demo_repos
+from tests.support.model_fixtures import TINY_MODEL, tiny_model_repo, write_tiny_model
+from tests.support.offline import load_offline
+from tests.support.serve_helpers import raw_http, raw_request, run_client, serve_env, serving
+from tests.support.serve_home import BIG, BIG_FILE, BIG_SIZE, big_repo
+
+pytestmark = pytest.mark.hub1
 
 MODEL_ORG = TINY_MODEL.split("/")[0]
-FAST = {"FRT_RETRY_ATTEMPTS": "2", "FRT_RETRY_BASE_WAIT": "0.05"}
-
-
-def serve_env(**extra: str) -> dict:
-    import os
-
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("FRT_", "HF_", "LOCAL_KERNELS"))}
-    return {**base, "PYTHONWARNINGS": "ignore", **FAST, **extra}
 
 
 @pytest.fixture(scope="module")
@@ -453,7 +447,7 @@ def test_a_dataset_is_pulled_as_a_model_is(upstream, tmp_path):
 
 @needs_transformers
 def test_transformers_from_pretrained_through_pull_through(upstream, tmp_path):
-    from tests.test_models import LOAD
+    from tests.support.model_fixtures import LOAD
 
     with pulled(tmp_path / "home", upstream) as m:
         p, out = client(LOAD.format(repo=TINY_MODEL), m.url, tmp_path / "hf", timeout=300)

@@ -3,8 +3,8 @@ fetched as wheels from a package index, verified by the index's sha256, stored b
 carried in bundles, and handed to an offline cluster three ways.
 
 The upstream is `kernels-test/einsum` on the fake Hub (its builds name einops) and a local PEP 503
-index of wheels built here (tests/wheel_index.py): no network. kernels 0.17.2 refuses to load a variant
-whose python-depends it cannot import, so the proof is an unmodified `kernels.get_kernel` inside
+index of wheels built here (tests/support/wheel_index.py): no network. kernels 0.17.2 refuses to load a
+variant whose python-depends it cannot import, so the proof is an unmodified `kernels.get_kernel` inside
 `unshare -n` after `pip install` through each hand-off, and the same load failing without it.
 """
 
@@ -19,11 +19,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import cli_env, run_cli
-from tests.fakehub import FakeHub
-from tests.kernel_fixtures import ORG, X86_CPU, einsum_repo
-from tests.test_stage import NO_NET, write_manifest
-from tests.wheel_index import LocalIndex, make_wheel
+from tests.support.cli import cli_env, run_cli, write_manifest
+from tests.support.fakehub import FakeHub
+from tests.support.kernel_fixtures import ORG, X86_CPU, einsum_repo
+from tests.support.offline import NO_NET
+from tests.support.wheel_index import LocalIndex, make_wheel
+
+pytestmark = pytest.mark.hub1
 
 EINSUM = f"{ORG}/einsum"
 X86 = "torch2.13-cpu-x86_64-linux"

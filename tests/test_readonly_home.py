@@ -24,11 +24,11 @@ from types import SimpleNamespace
 import pytest
 
 from frt.resolver.ledger.schema import SCHEMA_VERSION
-from tests.conftest import ACTIVATION, RELU, cli_env, run_cli
-from tests.fakehub import FakeHub
-from tests.kernel_fixtures import ORG, X86_CPU, demo_repos
-from tests.serve_helpers import free_port
-from tests.test_stage import X86, stage_json, write_manifest
+from tests.support.cli import X86, cli_env, one_line, run_cli, stage_json, write_manifest
+from tests.support.fakehub import FakeHub
+from tests.support.kernel_fixtures import ACTIVATION, ORG, RELU, X86_CPU, demo_repos
+from tests.support.offline import read_only
+from tests.support.serve_helpers import free_port
 
 EXE = str(Path(sys.executable).with_name("frt-mirror"))
 
@@ -47,28 +47,10 @@ def staged(tmp_path_factory) -> SimpleNamespace:
     return SimpleNamespace(root=root, home=home, ro=ro, manifest=m)
 
 
-def read_only(src: Path, ro: Path, script: str, *, net: bool = False, env: dict | None = None,
-              popen: bool = False, **kw):
-    """Run the sh `script` with `ro` a read-only bind mount of `src`, in a mount namespace of its own
-    (and, unless `net`, a network namespace with no route)."""
-    mount = f"mount --bind {shlex.quote(str(src))} {shlex.quote(str(ro))} && " \
-            f"mount -o remount,bind,ro {shlex.quote(str(ro))} && "
-    cmd = ["unshare", "-m", *([] if net else ["-n"]), "sh", "-c", mount + script]
-    if popen:
-        return subprocess.Popen(cmd, env=env or cli_env(), **kw)
-    return subprocess.run(cmd, capture_output=True, text=True, env=env or cli_env(), timeout=120, **kw)
-
-
 def ro_cli(staged, *args: str, src: Path | None = None) -> subprocess.CompletedProcess:
     """`frt-mirror --home RO ARGS` on the read-only mount of the staged home (or of `src`)."""
     argv = [EXE, "--home", str(staged.ro), *args]
     return read_only(src or staged.home, staged.ro, "exec " + shlex.join(argv))
-
-
-def one_line(p: subprocess.CompletedProcess) -> str:
-    lines = p.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("frt-mirror: ") and "Traceback" not in p.stderr, p.stderr
-    return lines[0]
 
 
 def test_the_mount_is_really_read_only(staged):

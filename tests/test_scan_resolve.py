@@ -11,8 +11,9 @@ from frt.resolver.repo_ids import pin_variable
 from frt.resolver.resolve import resolve
 from frt.resolver.scan import scan
 from frt.resolver.targets import parse_target
-from tests.conftest import ACTIVATION, RELU
-from tests.kernel_fixtures import ARM_CU, X86_CPU
+from tests.support.kernel_fixtures import ACTIVATION, ARM_CU, RELU, X86_CPU
+
+pytestmark = pytest.mark.hub1
 
 ARM_CU_TARGET = parse_target("torch2.11-cu130-aarch64-linux")
 X86_CPU_TARGET = parse_target("torch2.13-cpu-x86_64-linux")
@@ -72,7 +73,7 @@ def test_rescan_is_incremental(hub, client, ledger):
     assert [path.split("?")[0] for _, path, _ in hub.requests] == [f"/api/kernels/{ACTIVATION}/refs"]
     # A new upstream commit: only its history page and its own build listing are fetched.
     repo = hub.repos[("kernel", ACTIVATION)]
-    from tests.kernel_fixtures import build
+    from tests.support.kernel_fixtures import build
     repo.commit(build("activation", [X86_CPU], version=2, note="v2.2"), title="v2: x86 only", branch="v2")
     hub.reset_log()
     report = scan(ACTIVATION, hub=client, ledger=ledger)
@@ -82,8 +83,8 @@ def test_rescan_is_incremental(hub, client, ledger):
 
 
 def test_identical_metadata_is_fetched_once(hub, client, ledger):
-    from tests.fakehub import FakeRepo
-    from tests.kernel_fixtures import build
+    from tests.support.fakehub import FakeRepo
+    from tests.support.kernel_fixtures import build
 
     # Three commits; the second changes only the README, so its build's metadata.json (whose digest
     # covers the build's files) is byte-identical to the first's: fetched once, by git oid.

@@ -1,6 +1,6 @@
 """Seats on a dense transformers Qwen3: attach staged kernels, generate, refuse with reasons, detach exactly.
 
-The kernels are the fixture repos of tests/seat_fixtures.py, staged once for this host with the real
+The kernels are the fixture repos of tests/support/seat_fixtures.py, staged once for this host with the real
 `frt-mirror stage` from a fake Hub that is gone by the time anything is attached.
 """
 
@@ -20,7 +20,16 @@ pytest.importorskip("transformers")
 from frt.manifests import EXAMPLES, Guards, KernelRef, SeatCatalog, SeatSpec, load_seat_catalog  # noqa: E402
 from frt.resolver.errors import KernelUnavailable
 from frt.seats import Seat, SeatsRefused, arch_problem, attach, rocm_arch_problem  # noqa: E402
-from tests.seat_fixtures import LINEAR, RMSNORM, WRONG, generate, logits, rel, staged_home, tiny_qwen3  # noqa: E402
+from tests.support.seat_fixtures import (  # noqa: E402
+    LINEAR,
+    RMSNORM,
+    WRONG,
+    generate,
+    logits,
+    rel,
+    staged_home,
+    tiny_qwen3,
+)
 
 EXAMPLE = load_seat_catalog(EXAMPLES / "seats-qwen3.toml")
 

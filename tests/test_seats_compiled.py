@@ -1,6 +1,6 @@
 """A compiled CPU arch variant: built with torch.utils.cpp_extension, cached, staged, resolved, seated.
 
-`seat-compiled` (tests/seat_fixtures_compiled.py) holds this host's arch variant (a real .so) and a
+`seat-compiled` (tests/support/seat_fixtures_compiled.py) holds this host's arch variant (a real .so) and a
 pure-torch torch-universal fallback. It is staged for this host with the real `frt-mirror stage` from a
 fake Hub; the resolver must prefer the arch variant, and the seats must run the staged .so in a tiny
 Qwen3 with parity, identical generation, and a bit-identical detach. The build cache must be hit on a
@@ -28,9 +28,9 @@ from frt.resolver.resolve import resolve
 from frt.resolver.targets import host_target
 from frt.resolver.variants import decide
 from frt.seats import Seat, attach  # noqa: E402
-from tests.conftest import ROOT  # noqa: E402
-from tests.seat_fixtures import generate, logits, rel, tiny_qwen3  # noqa: E402
-from tests.seat_fixtures_compiled import (  # noqa: E402
+from tests.support import ROOT  # noqa: E402
+from tests.support.seat_fixtures import generate, logits, rel, tiny_qwen3  # noqa: E402
+from tests.support.seat_fixtures_compiled import (  # noqa: E402
     COMPILED,
     BuildUnavailable,
     CompiledBuild,
@@ -200,7 +200,7 @@ def test_a_tampered_cached_library_is_rebuilt_not_used(compiled_build, tmp_path)
     code = textwrap.dedent(f"""
         import json, sys
         from pathlib import Path
-        from tests.seat_fixtures_compiled import build_compiled
+        from tests.support.seat_fixtures_compiled import build_compiled
         b = build_compiled(Path({str(root)!r}))
         print(json.dumps({{"hit": b.cache_hit, "because": b.rebuilt_because, "sha256": b.sha256,
                           "seconds": b.seconds}}))

@@ -3,7 +3,7 @@ CUDA graphs and a kernel library nobody here wrote (Liger-Kernel's RMSNorm and S
 
 The Triton fixtures (`seat-triton`, a noarch ``torch-cuda`` variant) are staged only where the host is
 a CUDA one; `seat-triton-sm80` declares archs ``["8.0"]`` so that the arch check has a build to refuse
-on a newer device. `liger-kernels` is Liger's own code from its wheel (tests/liger_fixture.py), staged
+on a newer device. `liger-kernels` is Liger's own code from its wheel (tests/support/liger_fixture.py), staged
 and resolved like any other kernel. Every test here needs a CUDA device and skips, saying so, where
 there is none (CI has no GPU: these ran on an H200, see the README's "GPU tests"); the Liger ones also
 skip, saying so, where no liger-kernel 0.8.5 wheel is at hand.
@@ -24,10 +24,21 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
 from frt.manifests import EXAMPLES, KernelRef, SeatCatalog, SeatSpec, load_seat_catalog  # noqa: E402
 from frt.resolver.errors import KernelUnavailable
 from frt.seats import MoeSeat, Seat, SeatsRefused, attach  # noqa: E402
-from tests.graph_decode import StaticDecoder, teacher_forced_logits  # noqa: E402
-from tests.liger_fixture import LIGER  # noqa: E402
-from tests.seat_fixtures import (  # noqa: E402
-    LINEAR, TRITON, TRITON_SM80, WRONG, generate, liger_problem, logits, rel, staged_home, tiny_qwen3, tiny_qwen3_moe)
+from tests.support.graph_decode import StaticDecoder, teacher_forced_logits  # noqa: E402
+from tests.support.liger_fixture import LIGER  # noqa: E402
+from tests.support.seat_fixtures import (  # noqa: E402
+    LINEAR,
+    TRITON,
+    TRITON_SM80,
+    WRONG,
+    generate,
+    liger_problem,
+    logits,
+    rel,
+    staged_home,
+    tiny_qwen3,
+    tiny_qwen3_moe,
+)
 
 EXAMPLE = load_seat_catalog(EXAMPLES / "seats-qwen3.toml")
 

@@ -17,7 +17,15 @@ from torch._dynamo.testing import CompileCounterWithBackend  # noqa: E402
 
 from frt.manifests import EXAMPLES, KernelRef, SeatCatalog, SeatSpec, SeatSpecError, load_seat_catalog  # noqa: E402
 from frt.seats import attach  # noqa: E402
-from tests.seat_fixtures import ACTIVATION, RMSNORM, generate, logits, rel, staged_home, tiny_qwen3  # noqa: E402
+from tests.support.seat_fixtures import (  # noqa: E402
+    ACTIVATION,
+    RMSNORM,
+    generate,
+    logits,
+    rel,
+    staged_home,
+    tiny_qwen3,
+)
 
 EXAMPLE = load_seat_catalog(EXAMPLES / "seats-qwen3.toml")
 NORM_ONLY = SeatCatalog((SeatSpec("norm", KernelRef(RMSNORM, version=1, layer="RMSNorm"), match=("model.norm",)),))
@@ -154,9 +162,9 @@ def test_an_mlp_seat_takes_the_whole_block(seats_home):
 
 
 def test_the_static_cache_decode_loop_is_a_decode(seats_home):
-    """tests/graph_decode.py's step, run eagerly here (the GPU tests replay it as a CUDA graph): with
+    """tests/support/graph_decode.py's step, run eagerly here (the GPU tests replay it as a CUDA graph): with
     seats attached, its tokens are generate's and its logits what one plain forward predicts."""
-    from tests.graph_decode import StaticDecoder, teacher_forced_logits
+    from tests.support.graph_decode import StaticDecoder, teacher_forced_logits
 
     model = tiny_qwen3()
     handle = attach(model, EXAMPLE, home=seats_home)

@@ -17,7 +17,14 @@ from torch._dynamo.testing import CompileCounterWithBackend  # noqa: E402
 from frt.manifests import EXAMPLES, KernelRef, SeatCatalog, SeatSpec, load_seat_catalog  # noqa: E402
 from frt.seats import MoeSeat, Seat, attach  # noqa: E402
 from frt.seats import band as band_module  # noqa: E402
-from tests.seat_fixtures import ACTIVATION, EXPERTS, rel, staged_home, tiny_qwen3, tiny_qwen3_moe  # noqa: E402
+from tests.support.seat_fixtures import (  # noqa: E402
+    ACTIVATION,
+    EXPERTS,
+    rel,
+    staged_home,
+    tiny_qwen3,
+    tiny_qwen3_moe,
+)
 
 EXAMPLE = load_seat_catalog(EXAMPLES / "seats-qwen3.toml")
 EXPERTS_ONLY = SeatCatalog((SeatSpec("moe_experts", KernelRef(EXPERTS, version=1, layer="ExpertBank"),

@@ -13,86 +13,16 @@ import http.client
 import json
 import shutil
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ACTIVATION, run_cli
-from tests.fakehub import FakeHub, FakeRepo
-from tests.kernel_fixtures import ORG, X86_CPU, demo_repos, variant_files
-from tests.serve_helpers import CuttingProxy, Tripwire, raw_http, raw_request, run_client, serving
-from tests.test_stage import write_manifest
+from tests.support.cli import run_cli
+from tests.support.kernel_fixtures import ACTIVATION, LAYERNORM, ORG, X86_CPU
+from tests.support.serve_helpers import CuttingProxy, raw_http, raw_request, run_client, serving
+from tests.support.serve_home import BIG, BIG_FILE, BIG_SIZE, SO, MiB10, stage
 
-LAYERNORM = f"{ORG}/layernorm"
-BIG = f"{ORG}/big"
-X86 = "torch2.13-cpu-x86_64-linux"
-SO = f"build/{X86_CPU}/_activation.abi3.so"
-BIG_FILE = "build/torch-universal/_weights.bin"
-BIG_SIZE = 24 << 20
-MiB10 = 10 << 20
-
-
-def big_repo() -> FakeRepo:
-    """Three v1 commits of a torch-universal kernel; the last two carry a 24 MiB LFS file (big enough
-    for huggingface_hub to resume a dropped download at 10 MiB). `release/v1` is the middle one."""
-    weights = hashlib.shake_128(b"frt-big-weights").digest(BIG_SIZE)
-    repo = FakeRepo(BIG)
-    def build(note, extra=None):
-        return variant_files("big", "torch-universal", version=1, note=note, extra=extra)
-
-    repo.commit(build("initial"), title="Initial build", branch="v1")
-    repo.commit(build("weights", {"_weights.bin": weights}), title="Add weights", branch="v1")
-    repo.branch("release/v1", "v1")
-    repo.commit(build("rebuild", {"_weights.bin": weights}), title="Rebuild", branch="v1")
-    return repo
-
-
-def manifest(path: Path, kernels: dict[str, dict]) -> Path:
-    return write_manifest(path, kernels, [X86], trust=[ORG])
-
-
-@dataclass
-class Staged:
-    home: Path
-    manifests: list[Path]
-    rows: list[dict]  # stage --json rows of every manifest, in order
-    repos: dict[str, FakeRepo]  # what upstream had (kept in memory after it stopped)
-    tripwire: Tripwire
-
-
-def stage(home: Path, manifests: list[Path], endpoint: str) -> list[dict]:
-    rows = []
-    for m in manifests:
-        p = run_cli("--endpoint", endpoint, "stage", str(m), "--json", home=home)
-        assert p.returncode == 0, p.stderr + p.stdout[-2000:]
-        rows += json.loads(p.stdout)["rows"]
-    return rows
-
-
-@pytest.fixture(scope="module")
-def staged(tmp_path_factory, ledger_backend):
-    """Staged once per ledger (SQLite; PostgreSQL for this module: see conftest.ledger_backend)."""
-    tmp = tmp_path_factory.mktemp("serve")
-    # Two manifests: the same repo is staged once by revision (a slash branch) and once by version.
-    manifests = [manifest(tmp / "a.toml", {LAYERNORM: {"version": 1}, ACTIVATION: {"version": 1},
-                                            BIG: {"revision": "release/v1"}}),
-                 manifest(tmp / "b.toml", {BIG: {"version": 1}})]
-    with FakeHub([*demo_repos(), big_repo()], trusted_orgs=[ORG], page_size=5) as hub:
-        rows = stage(tmp / "home", manifests, hub.url)
-        port = int(hub.url.rsplit(":", 1)[1])
-        repos = {rid: r for (_, rid), r in hub.repos.items()}
-    tripwire = Tripwire(port)  # the upstream is stopped; any call to it is recorded
-    try:
-        yield Staged(tmp / "home", manifests, rows, repos, tripwire)
-    finally:
-        tripwire.close()
-
-
-@pytest.fixture(scope="module")
-def mirror(staged):
-    with serving(staged.home) as served:
-        yield served
+pytestmark = pytest.mark.hub1
 
 
 def v1(staged, repo=ACTIVATION) -> str:
@@ -106,7 +36,7 @@ def data(staged, repo: str, sha: str, path: str) -> bytes:
 # -- kernels ---------------------------------------------------------------------------------------
 
 
-def test_get_kernel_loads_the_staged_commits(staged, mirror, tmp_path):
+def test_get_kernel_loads_the_staged_commits(serve_staged, serve_mirror, tmp_path):
     p, out = run_client(f"""
         import os, kernels
         ln = kernels.get_kernel({LAYERNORM!r}, version=1)   # kernel-depends: activation v2, from the mirror
@@ -114,11 +44,11 @@ def test_get_kernel_loads_the_staged_commits(staged, mirror, tmp_path):
         report({{"ln": [ln.VARIANT, ln.REVISION_NOTE, ln.add(2, 3)], "a1": [a1.VARIANT, a1.REVISION_NOTE],
                  "snapshots": sorted(os.listdir(os.path.join(
                      os.environ["HF_HOME"], "hub", "kernels--kernels-test--activation", "snapshots")))}})
-    """, mirror.url, tmp_path / "hf")
+    """, serve_mirror.url, tmp_path / "hf")
     assert out is not None, p.stderr
     assert out["ln"] == [X86_CPU, "initial", 5]
     assert out["a1"] == [X86_CPU, "cu-rebuild"]  # the v1 head, as staged
-    act = staged.repos[ACTIVATION]
+    act = serve_staged.repos[ACTIVATION]
     assert out["snapshots"] == sorted([act.branches["v1"], act.branches["v2"]])
     assert "trust_remote_code" not in p.stderr
 
@@ -126,7 +56,7 @@ def test_get_kernel_loads_the_staged_commits(staged, mirror, tmp_path):
 # -- huggingface_hub API ---------------------------------------------------------------------------
 
 
-def test_snapshot_refs_commits_tree_paths_info(staged, mirror, tmp_path):
+def test_snapshot_refs_commits_tree_paths_info(serve_staged, serve_mirror, tmp_path):
     p, out = run_client(f"""
         import os
         from huggingface_hub import HfApi, snapshot_download
@@ -156,9 +86,9 @@ def test_snapshot_refs_commits_tree_paths_info(staged, mirror, tmp_path):
                       e.lfs.sha256 if getattr(e, "lfs", None) else None] for e in info],
             "rel": [rel.id, rel.sha], "head": head.sha,
         }})
-    """, mirror.url, tmp_path / "hf")
+    """, serve_mirror.url, tmp_path / "hf")
     assert out is not None, p.stderr
-    act, big = staged.repos[ACTIVATION], staged.repos[BIG]
+    act, big = serve_staged.repos[ACTIVATION], serve_staged.repos[BIG]
     head = act.commits[act.branches["v1"]]
     prefix = f"build/{X86_CPU}/"
     staged_files = sorted(f for f in head.files if f.startswith(prefix))
@@ -181,7 +111,7 @@ def test_snapshot_refs_commits_tree_paths_info(staged, mirror, tmp_path):
     assert out["rel"] == [BIG, big.branches["release/v1"]] and out["head"] == head.sha
 
 
-def test_lfs_download_range_head_and_no_xet(staged, mirror, tmp_path):
+def test_lfs_download_range_head_and_no_xet(serve_staged, serve_mirror, tmp_path):
     p, out = run_client(f"""
         import hashlib, os
         from huggingface_hub import HfApi, get_session, hf_hub_download, hf_hub_url
@@ -194,7 +124,7 @@ def test_lfs_download_range_head_and_no_xet(staged, mirror, tmp_path):
         mid = s.get(url, headers={{"Range": "bytes=10-19"}})
         past = s.get(url, headers={{"Range": f"bytes={{len(full.content)}}-"}})
         seen = {{}}
-        api = "{mirror.url}/api/kernels/{ACTIVATION}"
+        api = "{serve_mirror.url}/api/kernels/{ACTIVATION}"
         for name, r in [("head", h), ("full", full), ("part", part), ("past", past),
                         ("refs", s.get(api + "/refs")), ("info", s.get(api + "/revision/v1")),
                         ("tree", s.get(api + "/tree/v1?recursive=true&expand=true")),
@@ -213,11 +143,11 @@ def test_lfs_download_range_head_and_no_xet(staged, mirror, tmp_path):
             "past": [past.status_code, dict(past.headers)],
             "seen": seen, "tree": s.get(api + "/tree/v1?recursive=true&expand=true").json(),
         }})
-    """, mirror.url, tmp_path / "hf")
+    """, serve_mirror.url, tmp_path / "hf")
     assert out is not None, p.stderr
-    act = staged.repos[ACTIVATION]
+    act = serve_staged.repos[ACTIVATION]
     sha = act.branches["v1"]
-    so, body = act.commits[sha].meta[SO], data(staged, ACTIVATION, sha, SO)
+    so, body = act.commits[sha].meta[SO], data(serve_staged, ACTIVATION, sha, SO)
     assert out["blob"] == so.sha256 == out["sha"]  # the cache blob is named by the sha256 (the LFS etag)
     status, headers, n = out["head"]
     assert status == 200 and n == 0
@@ -242,12 +172,12 @@ def test_lfs_download_range_head_and_no_xet(staged, mirror, tmp_path):
     assert "xetHash" not in json.dumps(out["tree"]) and any("lfs" in e for e in out["tree"])
 
 
-def test_dropped_download_resumes_with_range(staged, mirror, tmp_path):
-    big = staged.repos[BIG]
+def test_dropped_download_resumes_with_range(serve_staged, serve_mirror, tmp_path):
+    big = serve_staged.repos[BIG]
     sha = big.branches["v1"]
     expected = big.commits[sha].meta[BIG_FILE].sha256
     cut_path = f"/kernels/{BIG}/resolve/v1/{BIG_FILE}"  # hf_hub_download GETs the URL it HEADed
-    with CuttingProxy(mirror.port, cut_path, cut_after=16 << 20) as proxy:
+    with CuttingProxy(serve_mirror.port, cut_path, cut_after=16 << 20) as proxy:
         p, out = run_client(f"""
             import hashlib
             from huggingface_hub import hf_hub_download
@@ -272,10 +202,10 @@ def test_dropped_download_resumes_with_range(staged, mirror, tmp_path):
 # -- errors ----------------------------------------------------------------------------------------
 
 
-def test_errors_map_to_the_clients_exceptions(staged, mirror, tmp_path):
-    old = staged.repos[ACTIVATION].history(v1(staged))[-1].sha  # exists upstream, never staged
+def test_errors_map_to_the_clients_exceptions(serve_staged, serve_mirror, tmp_path):
+    old = serve_staged.repos[ACTIVATION].history(v1(serve_staged))[-1].sha  # exists upstream, never staged
     unstaged = "build/torch-cpu/__init__.py"  # a variant upstream has at the v1 head; not staged
-    assert unstaged in staged.repos[ACTIVATION].commits[v1(staged)].files
+    assert unstaged in serve_staged.repos[ACTIVATION].commits[v1(serve_staged)].files
     p, out = run_client(f"""
         import huggingface_hub as h
         from huggingface_hub import HfApi, hf_hub_download
@@ -306,7 +236,7 @@ def test_errors_map_to_the_clients_exceptions(staged, mirror, tmp_path):
                        api.file_exists({ACTIVATION!r}, {unstaged!r}, revision="v1", **K),
                        api.file_exists({ACTIVATION!r}, "README.md", revision="v1", **K)],
         }})
-    """, mirror.url, tmp_path / "hf")
+    """, serve_mirror.url, tmp_path / "hf")
     assert out is not None, p.stderr
     for key in ("repo_dl", "repo_info", "refs"):
         assert "RepositoryNotFoundError" in out[key][1], (key, out[key])
@@ -318,7 +248,7 @@ def test_errors_map_to_the_clients_exceptions(staged, mirror, tmp_path):
     assert out["exists"] == [True, False, False, True, True, True, False, False, True, False, False]
 
 
-def test_get_kernel_errors(staged, mirror, tmp_path):
+def test_get_kernel_errors(serve_staged, serve_mirror, tmp_path):
     p, out = run_client(f"""
         import kernels
         def err(fn):
@@ -330,7 +260,7 @@ def test_get_kernel_errors(staged, mirror, tmp_path):
         report([err(lambda: kernels.get_kernel("{ORG}/nope", version=1)),
                 err(lambda: kernels.get_kernel({ACTIVATION!r}, version=3)),
                 err(lambda: kernels.get_kernel("{ORG}/relu", version=1))])
-    """, mirror.url, tmp_path / "hf")
+    """, serve_mirror.url, tmp_path / "hf")
     assert out is not None, p.stderr
     missing, no_version, unstaged = out
     assert missing[0] == "RepositoryNotFoundError"
@@ -357,9 +287,9 @@ def _until(fn, want, timeout=5.0):
     return got
 
 
-def test_tokens(staged, mirror, tmp_path):
+def test_tokens(serve_staged, serve_mirror, tmp_path):
     home = tmp_path / "home"
-    shutil.copytree(staged.home, home, symlinks=True)
+    shutil.copytree(serve_staged.home, home, symlinks=True)
     p = run_cli("token", "add", "ci", home=home)
     assert p.returncode == 0, p.stderr
     ci = p.stdout.strip()
@@ -393,7 +323,7 @@ def test_tokens(staged, mirror, tmp_path):
         assert _until(lambda: _status(m.port)[0], 200) == 200  # no tokens left: open again
     # On PostgreSQL the copied home shares the module's ledger (the tokens were its rows too): the module's
     # mirror re-reads within its 2 s poll, later on a loaded box; the next tests ask it at once.
-    assert _until(lambda: _status(mirror.port)[0], 200, timeout=30) == 200
+    assert _until(lambda: _status(serve_mirror.port)[0], 200, timeout=30) == 200
 
 
 # -- hostile input ---------------------------------------------------------------------------------
@@ -429,15 +359,15 @@ HOSTILE = [
 ]
 
 
-def test_hostile_paths_are_4xx_and_leak_nothing(mirror):
+def test_hostile_paths_are_4xx_and_leak_nothing(serve_mirror):
     passwd = [ln.encode() for ln in Path("/etc/passwd").read_text().splitlines() if len(ln) > 8]
     for path in HOSTILE:
-        status, headers, body = raw_http(mirror.port, raw_request("GET", path))
+        status, headers, body = raw_http(serve_mirror.port, raw_request("GET", path))
         assert 400 <= status < 500, (path[:80], status, body[:200])
         assert "set-cookie" not in headers
         assert not any(ln in body for ln in passwd), path[:80]
     # http.client sends the path as given, too.
-    c = http.client.HTTPConnection("127.0.0.1", mirror.port, timeout=10)
+    c = http.client.HTTPConnection("127.0.0.1", serve_mirror.port, timeout=10)
     for path in HOSTILE[:10]:
         c.request("GET", path)
         r = c.getresponse()
@@ -445,39 +375,40 @@ def test_hostile_paths_are_4xx_and_leak_nothing(mirror):
         assert 400 <= r.status < 500 and not any(ln in body for ln in passwd), path
         if r.will_close:
             c.close()
-            c = http.client.HTTPConnection("127.0.0.1", mirror.port, timeout=10)
+            c = http.client.HTTPConnection("127.0.0.1", serve_mirror.port, timeout=10)
     c.close()
     # Bodies that are not what paths-info expects: a 400, not a 500.
     for body, ctype in [(b'{"paths": 5}', "application/json"), (b"[1, 2]", "application/json"),
                         (b"null", "application/json"), (b"{", "application/json")]:
         req = raw_request("POST", f"/api/kernels/{ACTIVATION}/paths-info/v1", f"Content-Type: {ctype}",
                           body=body)
-        assert raw_http(mirror.port, req)[0] == 400, body
+        assert raw_http(serve_mirror.port, req)[0] == 400, body
     # Odd methods and headers.
     url = f"/kernels/{ACTIVATION}/resolve/v1/{SO}"
     for req in [raw_request("DELETE", url), raw_request("POST", f"/api/kernels/{ACTIVATION}/refs"),
                 raw_request("GET", url, "Range: bytes=99999999999999999999-"),
                 raw_request("GET", url, "Range: bytes=" + "9" * 5000 + "-")]:
-        assert 400 <= raw_http(mirror.port, req)[0] < 500, req[:100]
-    assert mirror.proc.poll() is None
+        assert 400 <= raw_http(serve_mirror.port, req)[0] < 500, req[:100]
+    assert serve_mirror.proc.poll() is None
 
 
-def test_head_on_the_wire_has_no_body(staged, mirror):
-    so = staged.repos[ACTIVATION].commits[v1(staged)].meta[SO]
+def test_head_on_the_wire_has_no_body(serve_staged, serve_mirror):
+    so = serve_staged.repos[ACTIVATION].commits[v1(serve_staged)].meta[SO]
     url = f"/kernels/{ACTIVATION}/resolve/v1/{SO}"
-    status, headers, body = raw_http(mirror.port, raw_request("HEAD", url, "Accept-Encoding: gzip"))
+    status, headers, body = raw_http(serve_mirror.port, raw_request("HEAD", url, "Accept-Encoding: gzip"))
     assert status == 200 and body == b""
     assert headers["content-length"] == str(so.size) and "content-encoding" not in headers
-    assert headers["x-repo-commit"] == v1(staged)
-    status, headers, body = raw_http(mirror.port, raw_request("GET", url, "Accept-Encoding: gzip, deflate"))
+    assert headers["x-repo-commit"] == v1(serve_staged)
+    status, headers, body = raw_http(serve_mirror.port,
+                                     raw_request("GET", url, "Accept-Encoding: gzip, deflate"))
     assert status == 200 and "content-encoding" not in headers
     assert hashlib.sha256(body).hexdigest() == so.sha256
 
 
-def test_head_refs_answers_as_get_does(mirror):
+def test_head_refs_answers_as_get_does(serve_mirror):
     url = f"/api/kernels/{ACTIVATION}/refs"
-    get_status, get_headers, get_body = raw_http(mirror.port, raw_request("GET", url))
-    status, headers, body = raw_http(mirror.port, raw_request("HEAD", url))
+    get_status, get_headers, get_body = raw_http(serve_mirror.port, raw_request("GET", url))
+    status, headers, body = raw_http(serve_mirror.port, raw_request("HEAD", url))
     assert (get_status, status, body) == (200, 200, b"")  # it was a 404 where GET was a 200
     assert headers["content-length"] == get_headers["content-length"] == str(len(get_body))
     assert headers["content-type"] == get_headers["content-type"] == "application/json"
@@ -486,16 +417,16 @@ def test_head_refs_answers_as_get_does(mirror):
 # -- chaining: a site mirror fed by a regional one -------------------------------------------------
 
 
-def test_a_mirror_stages_from_a_mirror(staged, mirror, tmp_path, monkeypatch):
+def test_a_mirror_stages_from_a_mirror(serve_staged, serve_mirror, tmp_path, monkeypatch):
     monkeypatch.delenv("FRT_LEDGER_URL", raising=False)  # the site's own ledger, whatever the regional's
     site = tmp_path / "site"
-    rows = stage(site, staged.manifests, mirror.url)
+    rows = stage(site, serve_staged.manifests, serve_mirror.url)
 
     def key(r):
         return tuple(r[k] for k in ("repo", "requested", "target", "commit", "variant", "files", "bytes",
                                     "status"))
 
-    assert sorted(map(key, rows)) == sorted(map(key, staged.rows))
+    assert sorted(map(key, rows)) == sorted(map(key, serve_staged.rows))
     assert all(r["status"] == "staged" for r in rows)
     p = run_cli("verify", "--json", home=site)
     assert p.returncode == 0, p.stdout
@@ -525,6 +456,6 @@ def test_env_serve(tmp_path):
     assert run_cli("env", home=home).returncode == 2
 
 
-def test_nothing_reached_upstream(staged, mirror):
+def test_nothing_reached_upstream(serve_staged, serve_mirror):
     """Runs last in this module: every test above went to the mirror only, never to the upstream."""
-    assert staged.tripwire.hits == []
+    assert serve_staged.tripwire.hits == []

@@ -1,6 +1,6 @@
 """Real clients through `frt-mirror serve`: the `hf` and `kernels` command-line tools and the
 huggingface_hub calls users reach for, each in a subprocess with HF_ENDPOINT at the mirror and the
-upstream gone (a tripwire on its port). Also in the huggingface_hub 1.33 venv (Makefile HUB1_TESTS).
+upstream gone (a tripwire on its port). Also in the huggingface_hub 1.33 venv (marked hub1).
 
 Full ref names (`refs/heads/v1`, `refs/tags/v1.0.0`) are revisions the Hub takes on every route:
 `kernels versions` sends the `ref` that `/refs` lists, so a mirror must resolve them too, raw or
@@ -17,10 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ACTIVATION
-from tests.kernel_fixtures import X86_CPU
-from tests.serve_helpers import client_env, raw_http, raw_request, run_client
-from tests.test_serve import BIG, BIG_FILE, LAYERNORM, SO, mirror, staged  # noqa: F401 (fixtures)
+from tests.support.kernel_fixtures import ACTIVATION, LAYERNORM, X86_CPU
+from tests.support.serve_helpers import client_env, raw_http, raw_request, run_client
+from tests.support.serve_home import BIG, BIG_FILE, SO
+
+pytestmark = pytest.mark.hub1
 
 V1_FILES = sorted(f"build/{X86_CPU}/{n}" for n in ("__init__.py", "_activation.abi3.so", "metadata.json"))
 META = f"build/{X86_CPU}/metadata.json"
@@ -77,12 +78,12 @@ def ask(port: int, method: str, path: str, body: bytes):
     return raw_http(port, raw_request(method, path, *extra, body=body))
 
 
-def test_full_ref_names_on_every_route(staged, mirror):
-    sha = v1(staged)
-    meta = staged.repos[ACTIVATION].commits[sha].files[META]
+def test_full_ref_names_on_every_route(serve_staged, serve_mirror):
+    sha = v1(serve_staged)
+    meta = serve_staged.repos[ACTIVATION].commits[sha].files[META]
     for rev in V1_SPELLINGS:
         for method, path, body in routes(rev):
-            status, headers, out = ask(mirror.port, method, path, body)
+            status, headers, out = ask(serve_mirror.port, method, path, body)
             assert status == 200, (method, path, status, headers.get("x-error-message"))
             if "/revision/" in path:
                 assert json.loads(out)["sha"] == sha
@@ -96,58 +97,61 @@ def test_full_ref_names_on_every_route(staged, mirror):
                 assert headers["x-repo-commit"] == sha and out == (b"" if method == "HEAD" else meta)
 
 
-def test_other_refs_are_revision_not_found(mirror):
+def test_other_refs_are_revision_not_found(serve_mirror):
     for rev in MISSING:
         for method, path, body in routes(rev):
-            status, headers, _ = ask(mirror.port, method, path, body)
+            status, headers, _ = ask(serve_mirror.port, method, path, body)
             assert (status, headers.get("x-error-code")) == (404, "RevisionNotFound"), (method, path)
 
 
-def test_repo_info_without_revision_when_main_is_not_staged(staged, mirror):
+def test_repo_info_without_revision_when_main_is_not_staged(serve_staged, serve_mirror):
     """The Hub answers `/api/{t}s/{repo}` for any repo that exists; big's `main` is not staged (upstream
     has none), and a 404 there made `repo_exists` raise. It describes the newest staged commit."""
-    big = staged.repos[BIG]
+    big = serve_staged.repos[BIG]
     assert "main" not in big.branches
-    status, _, body = raw_http(mirror.port, raw_request("GET", f"/api/kernels/{BIG}"))
+    status, _, body = raw_http(serve_mirror.port, raw_request("GET", f"/api/kernels/{BIG}"))
     assert status == 200 and json.loads(body)["sha"] == big.branches["v1"]  # "Rebuild", the newest
-    status, headers, _ = raw_http(mirror.port, raw_request("GET", f"/api/kernels/{BIG}/revision/main"))
+    status, headers, _ = raw_http(serve_mirror.port, raw_request("GET", f"/api/kernels/{BIG}/revision/main"))
     assert (status, headers.get("x-error-code")) == (404, "RevisionNotFound")  # main itself stays unknown
-    status, _, body = raw_http(mirror.port, raw_request("GET", f"/api/kernels/{ACTIVATION}"))
-    assert json.loads(body)["sha"] == staged.repos[ACTIVATION].branches["main"]  # staged main: as before
+    status, _, body = raw_http(serve_mirror.port, raw_request("GET", f"/api/kernels/{ACTIVATION}"))
+    # staged main: as before
+    assert json.loads(body)["sha"] == serve_staged.repos[ACTIVATION].branches["main"]
 
 
 # -- the hf CLI ------------------------------------------------------------------------------------
 
 
-def test_hf_download(staged, mirror, tmp_path):
+def test_hf_download(serve_staged, serve_mirror, tmp_path):
     # --include into a --local-dir, at a slash branch.
     local = tmp_path / "act"
     p = tool("hf", "download", ACTIVATION, "--repo-type", "kernel", "--revision", "release/v1",
-             "--include", f"build/{X86_CPU}/*", "--local-dir", str(local), url=mirror.url, hf_home=tmp_path / "hf")
+             "--include", f"build/{X86_CPU}/*", "--local-dir", str(local), url=serve_mirror.url,
+             hf_home=tmp_path / "hf")
     assert p.returncode == 0, p.stderr[-3000:]
-    assert files_under(local) == upstream(staged, ACTIVATION, "v1", V1_FILES)
+    assert files_under(local) == upstream(serve_staged, ACTIVATION, "v1", V1_FILES)
     # A whole repo at a slash branch, its 24 MiB LFS file included.
     local = tmp_path / "big"
     p = tool("hf", "download", BIG, "--repo-type", "kernel", "--revision", "release/v1", "--local-dir",
-             str(local), url=mirror.url, hf_home=tmp_path / "hf")
+             str(local), url=serve_mirror.url, hf_home=tmp_path / "hf")
     assert p.returncode == 0, p.stderr[-3000:]
-    rel = staged.repos[BIG].commits[staged.repos[BIG].branches["release/v1"]]
-    assert files_under(local) == upstream(staged, BIG, "release/v1", sorted(rel.files))
+    rel = serve_staged.repos[BIG].commits[serve_staged.repos[BIG].branches["release/v1"]]
+    assert files_under(local) == upstream(serve_staged, BIG, "release/v1", sorted(rel.files))
     assert BIG_FILE in files_under(local)
     # One file into the cache, by full ref name.
     p = tool("hf", "download", ACTIVATION, META, "--repo-type", "kernel", "--revision", "refs/heads/v1",
-             url=mirror.url, hf_home=tmp_path / "hf2")
+             url=serve_mirror.url, hf_home=tmp_path / "hf2")
     assert p.returncode == 0, p.stderr[-3000:]
-    cached = tmp_path / "hf2" / "hub" / "kernels--kernels-test--activation" / "snapshots" / v1(staged) / META
-    assert cached.read_bytes() == staged.repos[ACTIVATION].commits[v1(staged)].files[META]
+    snapshots = tmp_path / "hf2" / "hub" / "kernels--kernels-test--activation" / "snapshots"
+    cached = snapshots / v1(serve_staged) / META
+    assert cached.read_bytes() == serve_staged.repos[ACTIVATION].commits[v1(serve_staged)].files[META]
 
 
 # -- the kernels CLI -------------------------------------------------------------------------------
 
 
-def test_kernels_versions(staged, mirror, tmp_path):
+def test_kernels_versions(serve_staged, serve_mirror, tmp_path):
     """`kernels versions` lists `build/` at each version's `ref`: `tree/refs%2Fheads%2Fv1/build`."""
-    p = tool("kernels", "versions", ACTIVATION, url=mirror.url, hf_home=tmp_path / "hf")
+    p = tool("kernels", "versions", ACTIVATION, url=serve_mirror.url, hf_home=tmp_path / "hf")
     assert p.returncode == 0, p.stderr[-3000:]
     blocks = p.stdout.split("Version ")[1:]
     assert [b.split(":")[0] for b in blocks] == ["1", "2"]  # the staged versions
@@ -155,21 +159,22 @@ def test_kernels_versions(staged, mirror, tmp_path):
         assert f"{X86_CPU} compatible" in block  # the one variant staged for this host's target
 
 
-def test_kernels_lock_then_download(staged, mirror, tmp_path):
+def test_kernels_lock_then_download(serve_staged, serve_mirror, tmp_path):
     project = tmp_path / "project"
     project.mkdir()
     (project / "pyproject.toml").write_text(
         '[project]\nname = "uses-kernels"\nversion = "0.1"\n\n'
         f'[tool.kernels.dependencies]\n"{LAYERNORM}" = 1\n"{ACTIVATION}" = 1\n')
-    p = tool("kernels", "lock", str(project), url=mirror.url, hf_home=tmp_path / "hf")
+    p = tool("kernels", "lock", str(project), url=serve_mirror.url, hf_home=tmp_path / "hf")
     assert p.returncode == 0, p.stderr[-3000:]
-    act = staged.repos[ACTIVATION]
+    act = serve_staged.repos[ACTIVATION]
     locks = {(e["dependency"]["repo-id"], e["dependency"]["version"]): e["lock"]["commit"]
              for e in json.loads((project / "kernels.lock").read_text())}
-    assert locks == {(LAYERNORM, 1): staged.repos[LAYERNORM].branches["v1"], (ACTIVATION, 1): act.branches["v1"],
+    assert locks == {(LAYERNORM, 1): serve_staged.repos[LAYERNORM].branches["v1"],
+                     (ACTIVATION, 1): act.branches["v1"],
                      (ACTIVATION, 2): act.branches["v2"]}  # v2: layernorm's kernel-depends
     hf_home = tmp_path / "hf-download"
-    p = tool("kernels", "download", str(project), url=mirror.url, hf_home=hf_home)
+    p = tool("kernels", "download", str(project), url=serve_mirror.url, hf_home=hf_home)
     assert p.returncode == 0, p.stderr[-3000:]
     hub = hf_home / "hub"
     for (repo, _), sha in locks.items():
@@ -180,7 +185,7 @@ def test_kernels_lock_then_download(staged, mirror, tmp_path):
 # -- huggingface_hub's API -------------------------------------------------------------------------
 
 
-def test_hub_api_with_full_refs_and_patterns(staged, mirror, tmp_path):
+def test_hub_api_with_full_refs_and_patterns(serve_staged, serve_mirror, tmp_path):
     p, out = run_client(f"""
         import os
         from huggingface_hub import HfApi, snapshot_download, hf_hub_download
@@ -215,9 +220,9 @@ def test_hub_api_with_full_refs_and_patterns(staged, mirror, tmp_path):
                          api.file_exists({BIG!r}, {BIG_FILE!r}, revision="v1", **K),
                          api.file_exists({BIG!r}, {BIG_FILE!r}, **K)],  # main: not staged, so False
         }})
-    """, mirror.url, tmp_path / "hf")
+    """, serve_mirror.url, tmp_path / "hf")
     assert out is not None, p.stderr[-3000:]
-    sha, big = v1(staged), staged.repos[BIG]
+    sha, big = v1(serve_staged), serve_staged.repos[BIG]
     assert out["files"] == {rev: V1_FILES for rev in out["files"]}
     assert out["info"] == [sha, sha]
     assert out["snap"] == [sha, [META]]
@@ -228,7 +233,7 @@ def test_hub_api_with_full_refs_and_patterns(staged, mirror, tmp_path):
     assert out["big_repo"] == [True, big.branches["v1"], big.branches["v1"], True, False]
 
 
-def test_hf_file_system(staged, mirror, tmp_path):
+def test_hf_file_system(serve_staged, serve_mirror, tmp_path):
     """HfFileSystem addresses kernel repos as `hf://kernels/ORG/NAME[@REV]/PATH` in 1.33 and 2.x alike."""
     p, out = run_client(f"""
         import hashlib
@@ -253,9 +258,9 @@ def test_hf_file_system(staged, mirror, tmp_path):
             "big_main": err(lambda: fs.ls("hf://kernels/{BIG}")),
             "big_v1": fs.ls("hf://kernels/{BIG}@v1/build", detail=False),
         }})
-    """, mirror.url, tmp_path / "hf")
+    """, serve_mirror.url, tmp_path / "hf")
     assert out is not None, p.stderr[-3000:]
-    act = staged.repos[ACTIVATION].commits[v1(staged)]
+    act = serve_staged.repos[ACTIVATION].commits[v1(serve_staged)]
     prefix = f"kernels/{ACTIVATION}@"
     assert out["ls"] == {rev: [f"{prefix}{rev}/build/{X86_CPU}"] for rev in out["ls"]}
     assert out["glob"] == [f"{prefix}v1/{META}"] and out["deep"] == [f"{prefix}v1/{SO}"]
@@ -270,12 +275,12 @@ def test_hf_file_system(staged, mirror, tmp_path):
     assert out["big_v1"] == [f"kernels/{BIG}@v1/build/torch-universal"]
 
 
-def test_nothing_reached_upstream(staged, mirror):
+def test_nothing_reached_upstream(serve_staged, serve_mirror):
     """Runs last in this module: every client above went to the mirror only."""
-    assert staged.tripwire.hits == []
+    assert serve_staged.tripwire.hits == []
 
 
 @pytest.fixture(autouse=True)
-def _serve_still_up(mirror):
+def _serve_still_up(serve_mirror):
     yield
-    assert mirror.proc.poll() is None, mirror.stderr()[-2000:]
+    assert serve_mirror.proc.poll() is None, serve_mirror.stderr()[-2000:]

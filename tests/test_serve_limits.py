@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakehub import FakeHub
-from tests.kernel_fixtures import ORG, demo_repos
-from tests.serve_helpers import raw_http, raw_request, serving
+from tests.support.fakehub import FakeHub
+from tests.support.kernel_fixtures import ORG, demo_repos
+from tests.support.serve_helpers import raw_http, raw_request, serving
 
 RELU = f"{ORG}/relu"
 REFS = f"/api/kernels/{RELU}/refs"

@@ -25,9 +25,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import cli_env
-from tests.fakehub import FakeHub
-from tests.kernel_fixtures import ORG, demo_repos
+from tests.support.cli import cli_env
+from tests.support.fakehub import FakeHub
+from tests.support.kernel_fixtures import ORG, demo_repos
 
 REPOS = [f"{ORG}/activation", f"{ORG}/relu", f"{ORG}/layernorm"]
 TARGETS = ["torch2.13-cpu-x86_64-linux", "torch2.11-cu130-x86_64-linux", "torch2.11-cu130-aarch64-linux"]

@@ -1,7 +1,7 @@
 """nginx in front of two `frt-mirror serve --accel-redirect` replicas over one home, as
 `frt-mirror nginx-conf` configures it: the real clients through it, its answers against serve's own,
-a replica killed under load, and `serve --workers`. Also in the huggingface_hub 1.33 venv (Makefile
-HUB1_TESTS).
+a replica killed under load, and `serve --workers`. Also in the huggingface_hub 1.33 venv (marked
+hub1).
 
 nginx is the real one (Debian's /usr/sbin/nginx; .ci/run installs it), run by the fixture in the
 foreground with its pid, logs and temp files in a temporary folder, and always stopped.
@@ -13,116 +13,40 @@ import asyncio
 import contextlib
 import hashlib
 import os
-import re
-import shutil
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-import tests.test_serve as base  # a module, so pytest does not collect its tests twice here
-from tests.conftest import ACTIVATION, cli_env, run_cli
-from tests.kernel_fixtures import X86_CPU
-from tests.serve_helpers import (
+from tests.support.cli import cli_env, run_cli
+from tests.support.kernel_fixtures import ACTIVATION, LAYERNORM, X86_CPU
+from tests.support.nginx import NGINX, PREFIX, Front, front_of, nginx_conf
+from tests.support.serve_helpers import (
+    LINE,
     CuttingProxy,
-    Served,
     free_port,
     raw_exchange,
     raw_http,
     raw_request,
     run_client,
-    serving,
 )
-from tests.test_serve import BIG, BIG_FILE, BIG_SIZE, LAYERNORM, SO, MiB10
-from tests.test_serve_ops import LINE
+from tests.support.serve_home import BIG, BIG_FILE, BIG_SIZE, SO, MiB10
 
-staged, mirror = base.staged, base.mirror  # test_serve's fixtures: its staged home, serve alone on it
-NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
-PREFIX = "/_frt_store"
+pytestmark = pytest.mark.hub1
+
 # Transport headers each server writes its own way: not what the mirror answers.
 TRANSPORT = {"date", "server", "connection", "keep-alive"}
 SMALL = f"build/{X86_CPU}/__init__.py"
 META = f"build/{X86_CPU}/metadata.json"
 
 
-@dataclass
-class Front:
-    url: str
-    port: int
-    proc: subprocess.Popen
-    run: Path  # nginx's pid, logs, temp files and its nginx.conf
-    replicas: list[Served]
-
-    def error_log(self) -> str:
-        path = self.run / "error.log"
-        return path.read_text(errors="replace") if path.exists() else ""
-
-
-def nginx_conf(home: Path, ports: list[int], listen: int, run: Path, *extra: str) -> str:
-    args = ["nginx-conf", "--listen", f"127.0.0.1:{listen}", "--run-dir", str(run), *extra]
-    for p in ports:
-        args += ["--upstream", f"127.0.0.1:{p}"]
-    if os.geteuid() == 0:  # nginx run by root hands its workers to `nobody`, who cannot enter pytest's tmp
-        args += ["--user", "root"]
-    p = run_cli(*args, home=home)
-    assert p.returncode == 0, p.stderr
-    return p.stdout
-
-
-@contextlib.contextmanager
-def nginx(conf: str, run: Path, replicas: list[Served], timeout: float = 30) -> Iterator[Front]:
-    """Start nginx on `conf` in the foreground; yield once it answers through to a replica."""
-    run.mkdir(parents=True, exist_ok=True)
-    (run / "nginx.conf").write_text(conf)
-    port = int(re.search(r"listen 127\.0\.0\.1:(\d+);", conf)[1])
-    with open(run / "stderr", "wb") as err:
-        proc = subprocess.Popen([NGINX, "-c", str(run / "nginx.conf"), "-e", str(run / "error.log"),
-                                 "-g", "daemon off;"], stdout=subprocess.DEVNULL, stderr=err)
-    front = Front(f"http://127.0.0.1:{port}", port, proc, run, replicas)
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"nginx exited {proc.returncode}: {(run / 'stderr').read_text()}"
-                                   f"{front.error_log()[-2000:]}")
-            with contextlib.suppress(OSError):
-                # A replica's answer (404; 401 on a home with tokens), not nginx's own 502.
-                if raw_http(port, raw_request("GET", "/api/agent-harnesses"), timeout=2)[0] in (401, 404):
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"nginx did not answer in time: {front.error_log()[-2000:]}")
-            time.sleep(0.1)
-        yield front
-    finally:
-        proc.terminate()  # SIGTERM: nginx's fast shutdown, workers included
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-@contextlib.contextmanager
-def front_of(home: Path, run: Path, n: int = 2, conf_args: tuple[str, ...] = ()) -> Iterator[Front]:
-    """n replicas of `serve --accel-redirect` on one home, each logging to a file, and nginx in front
-    (`nginx-conf ... CONF_ARGS`)."""
-    run.mkdir(parents=True, exist_ok=True)
-    with contextlib.ExitStack() as stack:
-        replicas = [stack.enter_context(serving(home, "--accel-redirect", PREFIX, "--access-log",
-                                                str(run / f"replica{i}.log")))
-                    for i in range(n)]
-        conf = nginx_conf(home, [r.port for r in replicas], free_port(), run, *conf_args)
-        yield stack.enter_context(nginx(conf, run, replicas))
-
-
 @pytest.fixture(scope="module")
-def front(staged, tmp_path_factory):
-    with front_of(staged.home, tmp_path_factory.mktemp("nginx")) as f:
+def front(serve_staged, tmp_path_factory):
+    with front_of(serve_staged.home, tmp_path_factory.mktemp("nginx")) as f:
         yield f
 
 
@@ -152,7 +76,7 @@ def v1(staged, repo=ACTIVATION) -> str:
 # -- nginx-conf ------------------------------------------------------------------------------------
 
 
-def test_nginx_conf_refuses_bad_input_in_one_line(staged, tmp_path):
+def test_nginx_conf_refuses_bad_input_in_one_line(serve_staged, tmp_path):
     cases = [(["--upstream", "nope"], "--upstream 'nope': expected HOST:PORT"),
              (["--upstream", "127.0.0.1:70000"], "--upstream '127.0.0.1:70000': expected HOST:PORT"),
              (["--listen", "a b:80"], "--listen 'a b:80': expected [HOST:]PORT"),
@@ -160,30 +84,30 @@ def test_nginx_conf_refuses_bad_input_in_one_line(staged, tmp_path):
              (["--run-dir", str(tmp_path / "$x")], "cannot be written in an nginx config"),
              (["--user", "a;b"], "--user 'a;b': expected a user name")]
     for args, said in cases:
-        p = run_cli("nginx-conf", *args, home=staged.home)
+        p = run_cli("nginx-conf", *args, home=serve_staged.home)
         assert (p.returncode, p.stdout) == (2, ""), args
         assert len(p.stderr.splitlines()) == 1 and said in p.stderr, (args, p.stderr)
     p = run_cli("nginx-conf", home=tmp_path / "elsewhere")
     assert p.returncode == 2 and p.stderr.splitlines() == [
         f"frt-mirror: no blob store at {tmp_path}/elsewhere/store/sha256: --home must be the replicas' home, "
         "as this host mounts it"]
-    p = run_cli("serve", "--port", str(free_port()), "--accel-redirect", "/a b", home=staged.home)
+    p = run_cli("serve", "--port", str(free_port()), "--accel-redirect", "/a b", home=serve_staged.home)
     assert p.returncode == 2 and len(p.stderr.splitlines()) == 1 and "--accel-redirect" in p.stderr
 
 
-def test_nginx_conf_defaults_and_nginx_accepts_it(staged, tmp_path):
+def test_nginx_conf_defaults_and_nginx_accepts_it(serve_staged, tmp_path):
     """With no options: one replica at serve's default address, port 80, the default run dir; the file
     names each replica's command, and nginx's own check (`nginx -t`) passes on it."""
-    p = run_cli("nginx-conf", home=staged.home)
+    p = run_cli("nginx-conf", home=serve_staged.home)
     assert p.returncode == 0, p.stderr
     conf = p.stdout
     assert "server 127.0.0.1:8470 max_fails=1 fail_timeout=5s;" in conf and "listen *:80;" in conf
     # On the PostgreSQL ledger (FRT_LEDGER_URL: conftest.ledger_backend) the commands name it too.
     ledger = f" --ledger {os.environ['FRT_LEDGER_URL']}" if os.environ.get("FRT_LEDGER_URL") else ""
-    assert (f"#   frt-mirror --home {staged.home}{ledger} serve --host 127.0.0.1 --port 8470 "
+    assert (f"#   frt-mirror --home {serve_staged.home}{ledger} serve --host 127.0.0.1 --port 8470 "
             f"--accel-redirect {PREFIX}") in conf
-    assert f'alias "{staged.home}/store/sha256/";' in conf and "/var/lib/frt-mirror-nginx/" in conf
-    conf = nginx_conf(staged.home, [free_port(), free_port()], free_port(), tmp_path / "run")
+    assert f'alias "{serve_staged.home}/store/sha256/";' in conf and "/var/lib/frt-mirror-nginx/" in conf
+    conf = nginx_conf(serve_staged.home, [free_port(), free_port()], free_port(), tmp_path / "run")
     (tmp_path / "nginx.conf").write_text(conf)
     (tmp_path / "run").mkdir()  # as the file's first comment says
     t = subprocess.run([NGINX, "-t", "-c", str(tmp_path / "nginx.conf"), "-e", str(tmp_path / "err.log")],
@@ -243,14 +167,15 @@ def answer(port: int, method: str, path: str, headers: list[str]):
     return status, [(k, v) for k, v in pairs if k not in TRANSPORT], data
 
 
-def test_answers_through_nginx_are_serves(staged, mirror, front):
+def test_answers_through_nginx_are_serves(serve_staged, serve_mirror, front):
     """Every answer nginx gives is, header for header and byte for byte, what serve alone gives; and
     the file bodies were sent by nginx, not by a replica (whose access log says how many it sent)."""
     cases = [(m, f"{p}{'&' if '?' in p else '?'}case={i}", h, who)  # a query routing ignores, to tell
-             for i, (m, p, h, who) in enumerate(exchanges(staged))]  # the replicas' lines apart
+             for i, (m, p, h, who) in enumerate(exchanges(serve_staged))]  # the replicas' lines apart
     sizes = {}
     for method, path, headers, _ in cases:
-        alone, behind = answer(mirror.port, method, path, headers), answer(front.port, method, path, headers)
+        alone = answer(serve_mirror.port, method, path, headers)
+        behind = answer(front.port, method, path, headers)
         assert behind[:2] == alone[:2], (method, path, headers)
         assert behind[2] == alone[2], (method, path, headers, len(behind[2]), len(alone[2]))
         assert "x-accel-redirect" not in dict(behind[1])
@@ -263,18 +188,18 @@ def test_answers_through_nginx_are_serves(staged, mirror, front):
     assert any(who == "nginx" and sizes[p] > 0 for _, p, _, who in cases)
 
 
-def test_the_store_is_not_reachable_from_outside(staged, front):
+def test_the_store_is_not_reachable_from_outside(serve_staged, front):
     """The internal location answers X-Accel-Redirect only; asked directly, it is not there."""
-    sha256 = staged.repos[ACTIVATION].commits[v1(staged)].meta[SO].sha256
+    sha256 = serve_staged.repos[ACTIVATION].commits[v1(serve_staged)].meta[SO].sha256
     for path in (f"{PREFIX}/{sha256[:2]}/{sha256}", f"{PREFIX}/", f"{PREFIX}/../store/sha256/{sha256[:2]}"):
         status, headers, _ = raw_http(front.port, raw_request("GET", path))
         assert status in (400, 404), (path, status)
         assert "x-repo-commit" not in headers
 
 
-def test_a_replica_asked_directly_sends_the_bytes(staged, front):
+def test_a_replica_asked_directly_sends_the_bytes(serve_staged, front):
     """`--accel-redirect` redirects only what nginx forwards: a client at the replica gets the file."""
-    body = staged.repos[ACTIVATION].commits[v1(staged)].files[SO]
+    body = serve_staged.repos[ACTIVATION].commits[v1(serve_staged)].files[SO]
     url = f"/kernels/{ACTIVATION}/resolve/v1/{SO}"
     for replica in front.replicas:
         status, headers, data = raw_http(replica.port, raw_request("GET", url))
@@ -284,23 +209,23 @@ def test_a_replica_asked_directly_sends_the_bytes(staged, front):
         assert headers["x-accel-redirect"] == f"{PREFIX}/{headers['etag'][1:3]}/{headers['etag'][1:-1]}"
 
 
-def test_head_cache_answers_repeated_heads_by_sha_as_serve(staged, mirror, tmp_path):
+def test_head_cache_answers_repeated_heads_by_sha_as_serve(serve_staged, serve_mirror, tmp_path):
     """`nginx-conf --head-cache`: a HEAD of a file by commit sha is answered by nginx from its cache the
     second time, header for header as serve answers it; a HEAD by branch, with a Range, a condition or a
     token, and every GET, still reaches a replica each time."""
-    sha = v1(staged)
-    meta = staged.repos[ACTIVATION].commits[sha].meta
+    sha = v1(serve_staged)
+    meta = serve_staged.repos[ACTIVATION].commits[sha].meta
     etag = f'"{meta[SO].sha256}"'
     by_sha = [f"/kernels/{ACTIVATION}/resolve/{sha}/{p}" for p in (SO, SMALL)]
     uncached = [("HEAD", f"/kernels/{ACTIVATION}/resolve/v1/{SO}", []),
                 ("HEAD", by_sha[0], ["Range: bytes=10-19"]), ("HEAD", by_sha[0], [f"If-None-Match: {etag}"]),
                 ("HEAD", by_sha[0], ["Authorization: Bearer x"]), ("GET", by_sha[0], [])]
-    with front_of(staged.home, tmp_path / "nginx", conf_args=("--head-cache", "60")) as front:
+    with front_of(serve_staged.home, tmp_path / "nginx", conf_args=("--head-cache", "60")) as front:
         for path in by_sha:
-            alone = answer(mirror.port, "HEAD", path, [])
+            alone = answer(serve_mirror.port, "HEAD", path, [])
             assert [answer(front.port, "HEAD", path, []) for _ in range(3)] == [alone] * 3, path
         for method, path, headers in uncached:
-            alone = answer(mirror.port, method, path, headers)
+            alone = answer(serve_mirror.port, method, path, headers)
             assert [answer(front.port, method, path, headers) for _ in range(2)] == [alone] * 2
         want = len(by_sha) + 2 * len(uncached)
         lines = wait_for_lines(front, lambda ln: "/resolve/" in ln["path"], want)
@@ -311,7 +236,7 @@ def test_head_cache_answers_repeated_heads_by_sha_as_serve(staged, mirror, tmp_p
 # -- real clients through nginx --------------------------------------------------------------------
 
 
-def test_get_kernel_through_nginx(staged, front, tmp_path):
+def test_get_kernel_through_nginx(serve_staged, front, tmp_path):
     p, out = run_client(f"""
         import os, kernels
         ln = kernels.get_kernel({LAYERNORM!r}, version=1)   # kernel-depends: activation v2
@@ -322,7 +247,7 @@ def test_get_kernel_through_nginx(staged, front, tmp_path):
     assert "trust_remote_code" not in p.stderr
 
 
-def test_snapshot_download_through_nginx(staged, front, tmp_path):
+def test_snapshot_download_through_nginx(serve_staged, front, tmp_path):
     p, out = run_client(f"""
         import hashlib, os
         from huggingface_hub import snapshot_download
@@ -335,7 +260,7 @@ def test_snapshot_download_through_nginx(staged, front, tmp_path):
     """, front.url, tmp_path / "hf")
     assert out is not None, p.stderr[-3000:]
     for key, repo, rev in (("act", ACTIVATION, "v1"), ("big", BIG, "release/v1")):
-        commit = staged.repos[repo].commits[staged.repos[repo].branches[rev]]
+        commit = serve_staged.repos[repo].commits[serve_staged.repos[repo].branches[rev]]
         sha, files = out[key]
         staged_files = {p for p in commit.files if key == "big" or p.startswith(f"build/{X86_CPU}/")}
         assert sha == commit.sha
@@ -343,9 +268,9 @@ def test_snapshot_download_through_nginx(staged, front, tmp_path):
     assert BIG_FILE in out["big"][1]
 
 
-def test_dropped_download_resumes_with_range_through_nginx(staged, front, tmp_path):
+def test_dropped_download_resumes_with_range_through_nginx(serve_staged, front, tmp_path):
     """A download cut mid-body is resumed with a Range GET that nginx answers (a 206 from the store)."""
-    big = staged.repos[BIG]
+    big = serve_staged.repos[BIG]
     cut_path = f"/kernels/{BIG}/resolve/v1/{BIG_FILE}"
     with CuttingProxy(front.port, cut_path, cut_after=16 << 20) as proxy:
         p, out = run_client(f"""
@@ -457,13 +382,13 @@ async def load(port: int, files: list[File], clients: int, rounds: int, kill) ->
     return {"failures": failures, "total": sum(c.done for c in pool), "after": total - state["at"]}
 
 
-def test_a_replica_killed_under_load_fails_no_request(staged, tmp_path):
+def test_a_replica_killed_under_load_fails_no_request(serve_staged, tmp_path):
     """64 clients over loopback, HEAD + GET of every staged file; one of the two replicas is killed
     (SIGKILL) halfway: no request fails and every body has the right bytes."""
-    files = [f for f in staged_files(staged) if f.size < BIG_SIZE]  # the 24 MiB file: once per client
-    big = [f for f in staged_files(staged) if f.size == BIG_SIZE]
+    files = [f for f in staged_files(serve_staged) if f.size < BIG_SIZE]  # the 24 MiB file: once per client
+    big = [f for f in staged_files(serve_staged) if f.size == BIG_SIZE]
     assert len(files) >= 8 and big
-    with front_of(staged.home, tmp_path / "nginx") as front:
+    with front_of(serve_staged.home, tmp_path / "nginx") as front:
         victim = front.replicas[0]
         out = asyncio.run(load(front.port, files + big[:1], clients=64, rounds=2, kill=victim.proc.kill))
         assert victim.proc.wait(timeout=30) == -signal.SIGKILL
@@ -521,14 +446,14 @@ def poll(cond, what: str, timeout: float = 60):
 
 
 @pytest.mark.parametrize("stop", ["SIGTERM", "Ctrl-C", "parent killed"])
-def test_serve_workers_share_the_port_and_stop_together(staged, tmp_path, stop):
+def test_serve_workers_share_the_port_and_stop_together(serve_staged, tmp_path, stop):
     port, log = free_port(), tmp_path / "access.log"
     exe = str(Path(sys.executable).with_name("frt-mirror"))
     with open(tmp_path / "stderr", "wb") as err:
         # Its own session, as a terminal's foreground job is: Ctrl-C is SIGINT to the whole group.
-        proc = subprocess.Popen([exe, "--home", str(staged.home), "serve", "--port", str(port), "--workers", "2",
-                                 "--access-log", str(log)], stdout=subprocess.DEVNULL, stderr=err,
-                                env=cli_env(), start_new_session=True)
+        proc = subprocess.Popen([exe, "--home", str(serve_staged.home), "serve", "--port", str(port),
+                                 "--workers", "2", "--access-log", str(log)], stdout=subprocess.DEVNULL,
+                                stderr=err, env=cli_env(), start_new_session=True)
     try:
         inode = poll(lambda: listening_inode(port), "the socket")
         workers = poll(lambda: workers_on(proc.pid, inode), "two workers on the socket")
@@ -552,8 +477,8 @@ def test_serve_workers_share_the_port_and_stop_together(staged, tmp_path, stop):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     stderr = (tmp_path / "stderr").read_text()
-    assert stderr.splitlines()[0].startswith(f"frt-mirror: serving {staged.home} on http://127.0.0.1:{port}, "
-                                             "2 workers"), stderr
+    assert stderr.splitlines()[0].startswith(
+        f"frt-mirror: serving {serve_staged.home} on http://127.0.0.1:{port}, 2 workers"), stderr
     assert f"frt-mirror: worker {workers[0]} was killed by SIGKILL; starting another" in stderr.splitlines()
     assert "Traceback" not in stderr
     heads = [ln for ln in log.read_text().splitlines() if (m := LINE.fullmatch(ln)) and m["method"] == "HEAD"]

@@ -13,13 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ACTIVATION, cli_env
-from tests.serve_helpers import free_port, raw_http, raw_request, serving
-from tests.test_serve import SO, staged  # noqa: F401 (fixture)
+from tests.support.cli import cli_env
+from tests.support.kernel_fixtures import ACTIVATION
+from tests.support.serve_helpers import LINE, free_port, raw_http, raw_request, serving
+from tests.support.serve_home import SO
 
-LINE = re.compile(r'(?P<client>\S+) - - \[(?P<time>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)\] '
-                  r'"(?P<method>[A-Z]+) (?P<path>\S+) HTTP/1\.1" (?P<status>\d{3}) (?P<bytes>\d+) '
-                  r'(?P<ms>\d+\.\d{3})ms')
 SERVE = str(Path(sys.executable).with_name("frt-mirror"))
 
 
@@ -44,12 +42,13 @@ def access_lines(read, n: int, timeout: float = 10) -> list[dict]:
         time.sleep(0.05)
 
 
-def test_access_log_to_a_file(staged, tmp_path):
+def test_access_log_to_a_file(serve_staged, tmp_path):
     log = tmp_path / "logs" / "access.log"
     log.parent.mkdir()
     log.write_text("an earlier line\n")  # appended to, never truncated
     so = f"/kernels/{ACTIVATION}/resolve/refs%2Fheads%2Fv1/{SO}"
-    size = len(staged.repos[ACTIVATION].commits[staged.repos[ACTIVATION].branches["v1"]].files[SO])
+    act = serve_staged.repos[ACTIVATION]
+    size = len(act.commits[act.branches["v1"]].files[SO])
     requests = [  # (method, raw path, extra headers, status, body bytes; None: whatever the body was)
         ("HEAD", so, [], 200, 0),
         ("HEAD", so, [], 200, 0),  # the second one is answered by the hot path: logged the same
@@ -61,7 +60,7 @@ def test_access_log_to_a_file(staged, tmp_path):
         ("GET", '/api/kernels/a"b/c\\d', [], 404, None),  # a quote or backslash cannot break a field
         ("DELETE", "/kernels/x/y/resolve/main/f", [], 404, None),
     ]
-    with serving(staged.home, "--access-log", str(log)) as m:
+    with serving(serve_staged.home, "--access-log", str(log)) as m:
         bodies = []
         for method, path, headers, _, _ in requests:
             bodies.append(raw_http(m.port, raw_request(method, path, *headers))[2])
@@ -77,27 +76,28 @@ def test_access_log_to_a_file(staged, tmp_path):
     assert not LINE.search(stderr)  # with a file, nothing of it on stderr
 
 
-def test_access_log_default_is_stderr_and_dash_is_stdout(staged):
+def test_access_log_default_is_stderr_and_dash_is_stdout(serve_staged):
     path = f"/api/kernels/{ACTIVATION}/refs"
-    with serving(staged.home) as m:
+    with serving(serve_staged.home) as m:
         raw_http(m.port, raw_request("GET", path))
         assert [ln["path"] for ln in access_lines(m.stderr, 1)] == [path]
         assert m.stderr().splitlines()[0].startswith("frt-mirror: serving ")
         assert m.stdout() == ""
-    with serving(staged.home, "--access-log", "-") as m:
+    with serving(serve_staged.home, "--access-log", "-") as m:
         raw_http(m.port, raw_request("GET", path))
         assert [ln["path"] for ln in access_lines(m.stdout, 1)] == [path]
         assert not LINE.search(m.stderr())
 
 
-def test_access_log_that_cannot_be_opened(staged, tmp_path):
-    p = run_serve(staged.home, free_port(), "--access-log", str(tmp_path / "no" / "such" / "dir" / "a.log"))
+def test_access_log_that_cannot_be_opened(serve_staged, tmp_path):
+    p = run_serve(serve_staged.home, free_port(), "--access-log",
+                  str(tmp_path / "no" / "such" / "dir" / "a.log"))
     assert p.returncode == 2 and p.stdout == ""
     assert p.stderr.splitlines() == [f"frt-mirror: cannot open the access log {tmp_path}/no/such/dir/a.log: "
                                      "No such file or directory"]
 
 
-def test_empty_home_warns_once(staged, tmp_path):
+def test_empty_home_warns_once(serve_staged, tmp_path):
     with serving(tmp_path / "empty") as m:
         status, headers, _ = raw_http(m.port, raw_request("GET", f"/api/kernels/{ACTIVATION}/refs"))
         first, second = m.stderr().splitlines()[:2]
@@ -105,7 +105,7 @@ def test_empty_home_warns_once(staged, tmp_path):
     assert first == (f"frt-mirror: warning: nothing is staged in {tmp_path / 'empty'}: every repo will be "
                      "answered RepoNotFound (stage first: frt-mirror stage MANIFEST)")
     assert second.startswith("frt-mirror: serving ")
-    with serving(staged.home) as m:
+    with serving(serve_staged.home) as m:
         assert "warning" not in m.stderr()
 
 
@@ -114,9 +114,9 @@ def run_serve(home: Path, port: int, *args: str) -> subprocess.CompletedProcess:
                           text=True, env=cli_env(), timeout=60)
 
 
-def test_busy_port_is_one_line_and_exit_2(staged, tmp_path):
-    with serving(staged.home) as m:  # another serve holds the port
-        p = run_serve(staged.home, m.port)
+def test_busy_port_is_one_line_and_exit_2(serve_staged, tmp_path):
+    with serving(serve_staged.home) as m:  # another serve holds the port
+        p = run_serve(serve_staged.home, m.port)
         assert m.proc.poll() is None  # and keeps it
     assert p.returncode == 2 and p.stdout == ""
     assert p.stderr.splitlines() == [f"frt-mirror: port {m.port} on 127.0.0.1 is in use (another frt-mirror "
@@ -127,11 +127,11 @@ def test_busy_port_is_one_line_and_exit_2(staged, tmp_path):
         port = other.getsockname()[1]
         p = run_serve(tmp_path / "empty", port)  # the busy port wins over the empty home's warning
     assert p.returncode == 2 and len(p.stderr.splitlines()) == 1 and "is in use" in p.stderr
-    p = run_serve(staged.home, free_port(), "--host", "no-such-host.invalid")
+    p = run_serve(serve_staged.home, free_port(), "--host", "no-such-host.invalid")
     assert p.returncode == 2 and len(p.stderr.splitlines()) == 1 and "cannot listen on no-such-host" in p.stderr
 
 
-def test_an_idle_keep_alive_connection_is_kept_as_long_as_a_client_may_leave_it(staged):
+def test_an_idle_keep_alive_connection_is_kept_as_long_as_a_client_may_leave_it(serve_staged):
     """A client's pool reuses a connection it left idle between a HEAD and a GET; 64 clients on a busy
     box leave it for seconds. uvicorn's default closes it after 5 s idle, and a GET sent as it closed
     failed in bench/pull_through.py: httpx's RemoteProtocolError('Server disconnected without sending a
@@ -153,7 +153,7 @@ def test_an_idle_keep_alive_connection_is_kept_as_long_as_a_client_may_leave_it(
             body += chunk
         return head
 
-    with serving(staged.home) as m, socket.create_connection(("127.0.0.1", m.port), timeout=30) as s:
+    with serving(serve_staged.home) as m, socket.create_connection(("127.0.0.1", m.port), timeout=30) as s:
         assert exchange(s).startswith(b"HTTP/1.1 200")
         time.sleep(6.5)  # past uvicorn's default keep-alive timeout (5 s)
         assert exchange(s).startswith(b"HTTP/1.1 200"), "serve closed an idle keep-alive connection after 6.5 s"

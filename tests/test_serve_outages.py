@@ -29,13 +29,12 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import ACTIVATION, RELU, cli_env, run_cli
-from tests.fakehub import FakeHub
-from tests.kernel_fixtures import ORG, demo_repos
-from tests.pgserver import PgServer
-from tests.serve_helpers import client_env, free_port, raw_http, raw_request, serving
-from tests.test_serve_nginx import PREFIX, nginx, nginx_conf
-from tests.test_stage import write_manifest
+from tests.support.cli import cli_env, run_cli, write_manifest
+from tests.support.fakehub import FakeHub
+from tests.support.kernel_fixtures import ACTIVATION, ORG, RELU, demo_repos
+from tests.support.nginx import PREFIX, nginx, nginx_conf
+from tests.support.pgserver import PgServer
+from tests.support.serve_helpers import client_env, free_port, raw_http, raw_request, serving
 
 X86 = "torch2.13-cpu-x86_64-linux"
 LAYERNORM = f"{ORG}/layernorm"

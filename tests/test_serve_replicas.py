@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from tests.conftest import ACTIVATION, RELU, run_cli
-from tests.serve_helpers import raw_http, raw_request, serving
-from tests.test_stage import X86, write_manifest
+from tests.support.cli import X86, run_cli, write_manifest
+from tests.support.kernel_fixtures import ACTIVATION, RELU
+from tests.support.serve_helpers import raw_http, raw_request, serving
 
 
 def wait_for(check, timeout: float = 20.0) -> float:

@@ -7,51 +7,21 @@ subprocess inside `unshare -n` (no route anywhere) with HF_HUB_OFFLINE=1.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-import textwrap
-from pathlib import Path
 
 import pytest
 
-from tests.conftest import ACTIVATION, RELU, cli_env, run_cli
-from tests.kernel_fixtures import ARM_CPU, ORG, X86_CPU
+from tests.support.cli import ARM_CU, X86, cli_env, run_cli, stage_json, write_manifest
+from tests.support.kernel_fixtures import ACTIVATION, ARM_CPU, LAYERNORM, RELU, X86_CPU
+from tests.support.offline import load_offline
 
-LAYERNORM = f"{ORG}/layernorm"
-X86 = "torch2.13-cpu-x86_64-linux"  # this machine, so the staged kernels can be loaded here
-ARM_CU = "torch2.11-cu130-aarch64-linux"
-NO_NET = ["unshare", "-n"]
-
+pytestmark = pytest.mark.hub1
 
 
 @pytest.fixture(autouse=True)
 def _ledger(ledger_each):
     """Every stage test on SQLite in the home and on PostgreSQL (FRT_LEDGER_URL)."""
-
-def write_manifest(path: Path, kernels: dict[str, dict], targets: list[str], trust: list[str] | None = None) -> Path:
-    lines = [f'[[targets]]\ntarget = "{t}"\n' for t in targets]
-    lines.append("[kernels]")
-    for repo, spec in kernels.items():
-        inner = ", ".join(f"{k} = {json.dumps(v)}" for k, v in spec.items())
-        lines.append(f'"{repo}" = {{ {inner} }}')
-    if trust is not None:
-        lines.append(f"\n[trust]\npublishers = {json.dumps(trust)}")
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-def stage_json(home, manifest, hub, *extra, env=None):
-    p = run_cli("--endpoint", hub.url, "stage", str(manifest), "--json", *extra, home=home, env=env)
-    assert p.stdout, p.stderr
-    return p, json.loads(p.stdout)
-
-
-def load_offline(code: str, env: dict) -> subprocess.CompletedProcess:
-    """Run `code` with no network at all and HF_HUB_OFFLINE=1: any request would fail, not pass."""
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "LOCAL_KERNELS", "FRT_"))}
-    return subprocess.run([*NO_NET, sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          env={**base, "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore", **env}, timeout=120)
 
 
 def resolve_gets(hub) -> list[str]:

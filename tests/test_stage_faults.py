@@ -14,36 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import cli_env, run_cli
-from tests.fakehub import FakeRepo
-from tests.kernel_fixtures import ORG, X86_CPU, blob, build, variant_files
-from tests.test_stage import X86, write_manifest
-
-ARM_CU = "torch211-cxx11-cu130-aarch64-linux"
-BIG = f"{ORG}/big"
-
-
-def big_repo() -> FakeRepo:
-    """Several MB per variant, in files above the LFS threshold, so a kill lands mid-file."""
-    repo = FakeRepo(BIG)
-    files = build("big", [], version=1)
-    for v in (X86_CPU, ARM_CU, "torch-cuda"):
-        extra = {f"_big_{i}.abi3.so": blob(f"big-{v}-{i}", 1_500_000 + 100_000 * i) for i in range(4)}
-        files.update(variant_files("big", v, version=1, extra=extra))
-    repo.commit(files, title="big", branch="v1")
-    return repo
-
-
-@pytest.fixture
-def big_hub(hub):
-    hub.add_repo(big_repo())
-    return hub
-
-
-@pytest.fixture
-def manifest(tmp_path):
-    return write_manifest(tmp_path / "m.toml", {BIG: {"version": 1}, f"{ORG}/relu": {"version": 1}},
-                          [X86, "torch2.11-cu130-aarch64-linux"])
+from tests.support.big_kernel import BIG
+from tests.support.cli import X86, cli_env, run_cli
+from tests.support.kernel_fixtures import ORG, X86_CPU
 
 
 def stage_cli(home, manifest, hub, **env):
@@ -65,12 +38,12 @@ def assert_views_only_link_verified_blobs(home: Path) -> None:
                        if b.stat().st_ino == p.stat().st_ino), p
 
 
-def test_flaky_upstream_503_bursts_and_dropped_connections(big_hub, home, manifest):
+def test_flaky_upstream_503_bursts_and_dropped_connections(big_hub, home, big_manifest):
     big_hub.faults.fail_next(6, status=503, match="/resolve/")
     big_hub.faults.fail_next(2, status=502, match="/tree/")
     big_hub.faults.drop_after("_big_2", nbytes=300_000, times=2)
     big_hub.faults.drop_after("_big_0", nbytes=10, times=1)
-    p = stage_cli(home, manifest, big_hub)
+    p = stage_cli(home, big_manifest, big_hub)
     assert p.returncode == 0, p.stderr
     statuses = [s for _, path, s in big_hub.requests if "/resolve/" in path]
     assert statuses.count(503) == 6
@@ -78,10 +51,10 @@ def test_flaky_upstream_503_bursts_and_dropped_connections(big_hub, home, manife
     assert_views_only_link_verified_blobs(home)
 
 
-def test_upstream_dying_mid_stage_is_one_line_and_keeps_what_is_stored(big_hub, home, manifest):
+def test_upstream_dying_mid_stage_is_one_line_and_keeps_what_is_stored(big_hub, home, big_manifest):
     big_hub.faults.throttle("/resolve/", 4e6)
     exe = str(Path(sys.executable).with_name("frt-mirror"))
-    proc = subprocess.Popen([exe, "--home", str(home), "--endpoint", big_hub.url, "stage", str(manifest)],
+    proc = subprocess.Popen([exe, "--home", str(home), "--endpoint", big_hub.url, "stage", str(big_manifest)],
                             env=cli_env(FRT_RETRY_ATTEMPTS="2"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     # Kill the upstream while bodies are arriving on several connections (not after a fixed sleep,
@@ -100,14 +73,14 @@ def test_upstream_dying_mid_stage_is_one_line_and_keeps_what_is_stored(big_hub, 
     assert v.returncode == 0, v.stdout
 
 
-def test_tampered_upstream_file_is_refused_recorded_and_not_stored(big_hub, home, manifest):
+def test_tampered_upstream_file_is_refused_recorded_and_not_stored(big_hub, home, big_manifest):
     repo = big_hub.repos[("kernel", BIG)]
     head = repo.branches["v1"]
     path = f"build/{X86_CPU}/_big_1.abi3.so"
     evil = bytearray(repo.commits[head].files[path])
     evil[1000] ^= 0xFF
     repo.set_file_bytes(head, path, bytes(evil))
-    p = stage_cli(home, manifest, big_hub)
+    p = stage_cli(home, big_manifest, big_hub)
     assert p.returncode == 1
     rows = json.loads(p.stdout)["rows"]
     bad = [r for r in rows if r["status"] != "staged"]
@@ -125,12 +98,12 @@ def test_tampered_upstream_file_is_refused_recorded_and_not_stored(big_hub, home
     assert run_cli("verify", home=home).returncode == 0
 
 
-def test_kill_9_at_random_moments_then_rerun_completes(big_hub, home, manifest):
+def test_kill_9_at_random_moments_then_rerun_completes(big_hub, home, big_manifest):
     # ~13 MB over up to 8 connections at 200 kB/s each: ~8 s of downloading in all, so the ten killed
     # runs do not finish the stage between them (at 1 MB/s a loaded machine saw it done by run 4).
     big_hub.faults.throttle("/resolve/", 2e5)
     exe = str(Path(sys.executable).with_name("frt-mirror"))
-    cmd = [exe, "--home", str(home), "--endpoint", big_hub.url, "stage", str(manifest), "--json"]
+    cmd = [exe, "--home", str(home), "--endpoint", big_hub.url, "stage", str(big_manifest), "--json"]
     rng = random.Random(7)
     killed_mid_file = 0
 
@@ -162,7 +135,7 @@ def test_kill_9_at_random_moments_then_rerun_completes(big_hub, home, manifest):
         assert_views_only_link_verified_blobs(home)
     assert killed_mid_file >= 3, "the kills should land inside downloads, not only before or after"
     big_hub.faults.clear()
-    p = stage_cli(home, manifest, big_hub)
+    p = stage_cli(home, big_manifest, big_hub)
     assert p.returncode == 0, p.stderr
     v = run_cli("verify", "--json", home=home)
     assert v.returncode == 0, v.stdout
@@ -183,11 +156,11 @@ def assert_bundle_round_trips(home: Path, tmp: Path) -> None:
     assert run_cli("verify", home=tmp / "imported").returncode == 0
 
 
-def test_three_stagers_on_one_home_at_once(big_hub, home, manifest):
+def test_three_stagers_on_one_home_at_once(big_hub, home, big_manifest):
     """Started together on a fresh home: they race to create the same ledger rows and blobs."""
     big_hub.faults.throttle("/resolve/", 20e6)
     exe = str(Path(sys.executable).with_name("frt-mirror"))
-    cmd = [exe, "--home", str(home), "--endpoint", big_hub.url, "stage", str(manifest), "--json"]
+    cmd = [exe, "--home", str(home), "--endpoint", big_hub.url, "stage", str(big_manifest), "--json"]
     procs = [subprocess.Popen(cmd, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(3)]
     outs = [p.communicate(timeout=180) for p in procs]
@@ -202,8 +175,8 @@ def test_three_stagers_on_one_home_at_once(big_hub, home, manifest):
     assert_bundle_round_trips(home, home.parent)
 
 
-def test_verify_finds_a_corrupt_blob_and_a_broken_view(big_hub, home, manifest):
-    assert stage_cli(home, manifest, big_hub).returncode == 0
+def test_verify_finds_a_corrupt_blob_and_a_broken_view(big_hub, home, big_manifest):
+    assert stage_cli(home, big_manifest, big_hub).returncode == 0
     blobs = sorted((home / "store" / "sha256").glob("??/*"), key=lambda p: p.stat().st_size)
     victim = blobs[-1]
     os.chmod(victim, 0o644)
@@ -221,13 +194,13 @@ def test_verify_finds_a_corrupt_blob_and_a_broken_view(big_hub, home, manifest):
     assert human.returncode == 1 and "problem(s)" in human.stdout
 
 
-def test_blobs_stored_but_not_recorded_are_recorded_with_their_own_git_oid(big_hub, home, manifest):
+def test_blobs_stored_but_not_recorded_are_recorded_with_their_own_git_oid(big_hub, home, big_manifest):
     """A run killed between storing a blob and recording it: the rerun finds the blob in the store and
     must record the content's git oid, not the LFS pointer's oid from the listing."""
     import sqlite3
 
-    assert stage_cli(home, manifest, big_hub).returncode == 0
+    assert stage_cli(home, big_manifest, big_hub).returncode == 0
     with sqlite3.connect(home / "ledger.sqlite") as db:
         db.execute("DELETE FROM blobs")
-    assert stage_cli(home, manifest, big_hub).returncode == 0
+    assert stage_cli(home, big_manifest, big_hub).returncode == 0
     assert_bundle_round_trips(home, home.parent)

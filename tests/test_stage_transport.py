@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import RELU, cli_env, run_cli
-from tests.fakehub import FakeHub, FakeRepo
-from tests.fakehub.ratelimit import RateLimits
-from tests.kernel_fixtures import ORG, X86_CPU, blob, build, demo_repos
-from tests.test_stage import LAYERNORM, X86, stage_json, write_manifest
+from tests.support.cli import X86, cli_env, run_cli, stage_json, write_manifest
+from tests.support.fakehub import FakeHub, FakeRepo
+from tests.support.fakehub.ratelimit import RateLimits
+from tests.support.kernel_fixtures import LAYERNORM, ORG, RELU, X86_CPU, blob, build, demo_repos
+
+pytestmark = pytest.mark.hub1
 
 BIG = f"{ORG}/big-lfs"
 

@@ -3,7 +3,7 @@
 contract exit code and, when it fails, one line — never a traceback — and what it did stage verifies; a
 pull-through `serve` answers no 500 and logs no traceback.
 
-The answers are the fake Hub's own, changed on their way through tests/hostile.py's proxy: a mutation
+The answers are the fake Hub's own, changed on their way through tests/support/hostile.py's proxy: a mutation
 plan (where, what) is drawn by hypothesis and applied to whatever JSON the route answers, so examples stay
 close enough to a real answer to get past the first check and reach the code behind it. test_hostile_
 upstream.py holds the named cases (endless bodies, paging, redirects); this is the search for the ones
@@ -25,12 +25,13 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from frt.cli import cli
-from tests import hostile as h
-from tests.conftest import RELU
-from tests.fakehub import FakeHub
-from tests.kernel_fixtures import ORG, X86_CPU, demo_repos
-from tests.serve_helpers import raw_http, raw_request, serving
-from tests.test_stage import X86, write_manifest
+from tests.support import hostile as h
+from tests.support.cli import X86, write_manifest
+from tests.support.fakehub import FakeHub
+from tests.support.kernel_fixtures import ORG, RELU, X86_CPU, demo_repos
+from tests.support.serve_helpers import raw_http, raw_request, serving
+
+pytestmark = pytest.mark.hub1
 
 API = f"/api/kernels/{RELU}"
 # route -> the proxy rule's match (a substring of the request path)

@@ -73,9 +73,9 @@ class Prepared:
 
 
 def prepare(root: Path, engine: str, repos: tuple[str, ...], catalog: Path) -> Prepared:
-    from tests.fakehub import FakeHub
-    from tests.kernel_fixtures import ORG
-    from tests.seat_fixtures import seat_repos, write_stage_manifest
+    from tests.support.fakehub import FakeHub
+    from tests.support.kernel_fixtures import ORG
+    from tests.support.seat_fixtures import seat_repos, write_stage_manifest
 
     src = source_tree(root / "src")
     p = subprocess.run([sys.executable, "-c", "from frt.resolver.targets import host_target; print(host_target())"],

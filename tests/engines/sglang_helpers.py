@@ -34,9 +34,9 @@ class SGLangJob:
 
     def env(self, **overrides: str | None) -> dict[str, str]:
         """The job's environment: `frt-mirror env` output, offline, plus the test fixtures (the probes
-        import tests.seat_fixtures) after frt's directory; None removes a key. The fixtures come through
-        a folder holding only a link to tests/: the checkout's root would also bring its egg-info, a
-        second declaration of the same entry point."""
+        import tests.support.seat_fixtures) after frt's directory; None removes a key. The fixtures come
+        through a folder holding only a link to tests/: the checkout's root would also bring its egg-info,
+        a second declaration of the same entry point."""
         env = self.prepared.env(overrides, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
         if "PYTHONPATH" not in overrides:
             env["PYTHONPATH"] = f"{self.env_doc['env']['PYTHONPATH']}:{self.root / 'fixtures-path'}"
@@ -46,7 +46,7 @@ class SGLangJob:
 def prepare(root: Path) -> SGLangJob:
     """The fixture kernels the Qwen3 catalog names, staged for this venv's host target (its torch
     decides it), and `frt-mirror env --engine sglang`."""
-    from tests.seat_fixtures import ACTIVATION, EXPERTS, LINEAR, RMSNORM
+    from tests.support.seat_fixtures import ACTIVATION, EXPERTS, LINEAR, RMSNORM
 
     (root / "fixtures-path").mkdir()
     (root / "fixtures-path" / "tests").symlink_to(ROOT / "tests", target_is_directory=True)

@@ -53,7 +53,7 @@ def main() -> None:
                                    "dir": str(ep.dist.locate_file(""))}
                                   for ep in entry_points(group=plugins.GENERAL_PLUGINS_GROUP)]}
 
-    from tests.seat_fixtures import tiny_qwen3
+    from tests.support.seat_fixtures import tiny_qwen3
 
     def load_model(self):  # the stand-in (see the docstring)
         self.model = tiny_qwen3()

@@ -55,7 +55,7 @@ def child(out: str) -> None:
     if doc["active"]:
         from frt.adapters import sglang_engine
 
-        from tests.seat_fixtures import tiny_qwen3
+        from tests.support.seat_fixtures import tiny_qwen3
 
         def load_model(self):  # the stand-in: what the real one does to the runner
             self.model = tiny_qwen3()

@@ -26,7 +26,7 @@ def write_tiny_llama(path: Path) -> Path:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from tests.seat_fixtures import randomize
+    from tests.support.seat_fixtures import randomize
 
     cfg = LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                       num_attention_heads=2, num_key_value_heads=1, head_dim=64,  # vLLM CPU: head_dim 64
@@ -43,7 +43,7 @@ class Engine:
     (two at a time: most of a run is single-threaded imports)."""
 
     def __init__(self, root: Path):
-        from tests.seat_fixtures import ACTIVATION, RMSNORM
+        from tests.support.seat_fixtures import ACTIVATION, RMSNORM
 
         self.root = root
         self.catalog = ROOT / "manifests" / "examples" / "seats-vllm.toml"

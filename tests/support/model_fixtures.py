@@ -10,9 +10,9 @@ import json
 import subprocess
 from pathlib import Path
 
-from tests.fakehub import FakeRepo
+from tests.support import ROOT
+from tests.support.fakehub import FakeRepo
 
-ROOT = Path(__file__).resolve().parent.parent
 TINY_MODEL = "acme/tiny-qwen"
 INCLUDE = ["*.safetensors", "*.json"]
 EXCLUDE = ["vocab.json"]
@@ -30,6 +30,19 @@ model.save_pretrained(sys.argv[1], safe_serialization=True)
 with torch.no_grad():
     logits = model(torch.tensor([[1, 2, 3, 4]])).logits
 print(json.dumps({"logits_sum": float(logits.sum()), "params": sum(p.numel() for p in model.parameters())}))
+"""
+
+
+# The tiny model through transformers (run_client code: `report` is run_client's; .format(repo=...)).
+LOAD = """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+    cfg = AutoConfig.from_pretrained({repo!r})
+    model = AutoModelForCausalLM.from_pretrained({repo!r}).eval()
+    with torch.no_grad():
+        logits = model(torch.tensor([[1, 2, 3, 4]])).logits
+    report({{"type": cfg.model_type, "layers": cfg.num_hidden_layers, "logits_sum": float(logits.sum()),
+             "params": sum(p.numel() for p in model.parameters())}})
 """
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
-from tests.fakehub import git_blob_oid
+from tests.support.fakehub import git_blob_oid
 
 _HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "proxy-connection"}
 

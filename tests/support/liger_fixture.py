@@ -35,13 +35,13 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.fakehub import FakeRepo
-from tests.kernel_fixtures import ORG, publisher_digest
+from tests.support import ROOT
+from tests.support.fakehub import FakeRepo
+from tests.support.kernel_fixtures import ORG, publisher_digest
 
 LIGER_VERSION = "0.8.5"
 LIGER = f"{ORG}/liger-kernels"
 PACKAGE = "liger_kernels"  # metadata name liger-kernels, as kernels names the module
-ROOT = Path(__file__).resolve().parents[1]
 
 # Liger's files in its wheel -> where they sit in the kernel package (the wheel's own tree, under _liger/).
 FILES = {
@@ -54,7 +54,7 @@ FILES = {
 
 _INIT = '''"""Liger-Kernel {version}'s Triton RMSNorm and SwiGLU as a Hub kernel (BSD-2-Clause: LICENSE beside this).
 
-Packaged by frt-mirror's tests (tests/liger_fixture.py). Everything under _liger/ is Liger's own, from
+Packaged by frt-mirror's tests (tests/support/liger_fixture.py). Everything under _liger/ is Liger's own, from
 its wheel, imports made relative (PROVENANCE.json); this file and layers.py are the glue.
 """
 

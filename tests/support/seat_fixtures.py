@@ -22,10 +22,10 @@ the seat kinds' conventions (``linear(x, weight, bias)``, ``rms_norm(x, weight, 
   cubin list): on a Hopper device the seat must refuse it, as `kernels` itself would.
 
 - ``liger-kernels``: Liger-Kernel's own Triton RMSNorm and SwiGLU from its wheel, in a ``torch-cuda``
-  variant (tests/liger_fixture.py), staged where the host is a CUDA one and the wheel is at hand.
+  variant (tests/support/liger_fixture.py), staged where the host is a CUDA one and the wheel is at hand.
 
 The compiled CPU arch variant (C++, ``torch.utils.cpp_extension``, cached between runs) lives apart,
-in tests/seat_fixtures_compiled.py: staging it here would make every seat test wait for a compiler.
+in tests/support/seat_fixtures_compiled.py: staging it here would make every seat test wait for a compiler.
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.fakehub import FakeRepo
-from tests.kernel_fixtures import ORG
-from tests.liger_fixture import LIGER
+from tests.support.fakehub import FakeRepo
+from tests.support.kernel_fixtures import ORG
+from tests.support.liger_fixture import LIGER
 
 RMSNORM, ACTIVATION, LINEAR = f"{ORG}/seat-rmsnorm", f"{ORG}/seat-activation", f"{ORG}/seat-linear"
 EXPERTS, WRONG = f"{ORG}/seat-experts", f"{ORG}/seat-wrong"
@@ -310,7 +310,7 @@ _LIGER: dict[str, object] = {}
 
 def liger_problem() -> str | None:
     """Why the Liger kernel cannot be packaged here (no liger-kernel 0.8.5 found), or None."""
-    from tests.liger_fixture import LigerUnavailable, liger_source
+    from tests.support.liger_fixture import LigerUnavailable, liger_source
 
     if "source" not in _LIGER:
         try:
@@ -321,7 +321,7 @@ def liger_problem() -> str | None:
 
 
 def seat_repos() -> list[FakeRepo]:
-    from tests.liger_fixture import liger_repo
+    from tests.support.liger_fixture import liger_repo
 
     extra = [] if liger_problem() else [liger_repo(_LIGER["source"])]
     return extra + [
@@ -353,8 +353,8 @@ def staged_home(root: Path) -> Path:
     from a fake Hub that is stopped afterwards: attach then has nothing to reach but the home."""
     if "home" not in _STAGED:
         from frt.resolver.targets import host_target
-        from tests.conftest import run_cli
-        from tests.fakehub import FakeHub
+        from tests.support.cli import run_cli
+        from tests.support.fakehub import FakeHub
 
         home = root / "home"
         with FakeHub(seat_repos(), trusted_orgs=[ORG]) as hub:

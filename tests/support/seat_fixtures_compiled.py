@@ -33,8 +33,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.fakehub import FakeRepo
-from tests.kernel_fixtures import ORG
+from tests.support.fakehub import FakeRepo
+from tests.support.kernel_fixtures import ORG
 
 COMPILED = f"{ORG}/seat-compiled"
 FLAGS = ("-O2",)
@@ -373,9 +373,9 @@ def staged_compiled_home(root: Path, build: CompiledBuild) -> Path:
     """Stage ``seat-compiled`` v1 for this host with the real ``frt-mirror stage``, from a fake Hub that
     is stopped before this returns."""
     from frt.resolver.targets import host_target
-    from tests.conftest import run_cli
-    from tests.fakehub import FakeHub
-    from tests.seat_fixtures import write_stage_manifest
+    from tests.support.cli import run_cli
+    from tests.support.fakehub import FakeHub
+    from tests.support.seat_fixtures import write_stage_manifest
 
     home = root / "home"
     with FakeHub([compiled_repo(build)], trusted_orgs=[ORG]) as hub:

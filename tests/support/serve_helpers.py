@@ -1,11 +1,13 @@
-"""Helpers for the serve tests: `frt-mirror serve` as a subprocess, real clients in subprocesses,
-a TCP proxy that can drop a download mid-body, a tripwire on the stopped upstream's port, raw HTTP."""
+"""Helpers for the serve tests: `frt-mirror serve` as a subprocess (its access log's lines, a pull-through's
+environment), real clients in subprocesses, a TCP proxy that can drop a download mid-body, a tripwire on
+the stopped upstream's port, raw HTTP."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -19,6 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 RESULT = "RESULT "
+# One line of serve's access log (--access-log FILE|-, default stderr).
+LINE = re.compile(r'(?P<client>\S+) - - \[(?P<time>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)\] '
+                  r'"(?P<method>[A-Z]+) (?P<path>\S+) HTTP/1\.1" (?P<status>\d{3}) (?P<bytes>\d+) '
+                  r'(?P<ms>\d+\.\d{3})ms')
 
 
 def free_port() -> int:
@@ -82,6 +88,15 @@ def _base_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items()
             if not k.startswith(("FRT_", "HF_", "LOCAL_KERNELS")) or k == "FRT_LEDGER_URL"} | {
         "PYTHONWARNINGS": "ignore"}
+
+
+FAST = {"FRT_RETRY_ATTEMPTS": "2", "FRT_RETRY_BASE_WAIT": "0.05"}  # a pull-through's retries, brief
+
+
+def serve_env(**extra: str) -> dict:
+    """A pull-through serve's environment: nothing of ours or the Hub's from the caller's, FAST retries."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("FRT_", "HF_", "LOCAL_KERNELS"))}
+    return {**base, "PYTHONWARNINGS": "ignore", **FAST, **extra}
 
 
 def client_env(url: str, hf_home: Path, **extra: str) -> dict[str, str]:

@@ -16,13 +16,17 @@ import base64
 import hashlib
 import json
 
-from tests.fakehub import FakeRepo
+from tests.support.fakehub import FakeRepo
 
 ORG = "kernels-test"
 X86_CPU = "torch213-cxx11-cpu-x86_64-linux"
 X86_CU = "torch211-cxx11-cu130-x86_64-linux"
 ARM_CPU = "torch213-cxx11-cpu-aarch64-linux"
 ARM_CU = "torch211-cxx11-cu130-aarch64-linux"
+# the repos of demo_repos()
+ACTIVATION = f"{ORG}/activation"
+RELU = f"{ORG}/relu"
+LAYERNORM = f"{ORG}/layernorm"
 
 _INIT = '''"""Fixture kernel {name} ({variant}), built by frt-mirror's tests."""
 
