@@ -78,6 +78,7 @@ def test_wheel_carries_the_engine_plugins_and_their_data(tmp_path):
         top = "frt" if rel.parts[0] == "frt" else f"frt/{rel.parts[0]}"
         assert "/".join([top, *rel.parts[1:]]) in names, rel
     assert "frt/adapters/sglang_site/sitecustomize.py" in names
+    assert "frt/py.typed" in names and any(n.endswith(".dist-info/licenses/LICENSE") for n in names), names
     assert {"frt/manifests/examples/seats-vllm.toml", "frt/manifests/examples/seats-qwen3.toml"} <= set(names)
     (ep,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
     text = zipfile.ZipFile(wheel).read(ep).decode()

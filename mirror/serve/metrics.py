@@ -4,9 +4,9 @@ What is counted (the README's "Metrics" lists every series):
 
 - every request, by route (one of ROUTES: a fixed set of names, never the raw path, so a client asking
   a million distinct URLs adds no series), method and status, and the body bytes sent per route;
-- resolve, stage and pull-through work done inside serve (pull-through on a miss), as counts and
-  duration histograms: the pull-through code calls `observe_pull` (and `observe_resolve`,
-  `observe_stage`), module functions that do nothing in a process that is not serving;
+- pull-through's fetches from the upstream (serve --upstream, on a miss), as counts, bytes and duration
+  histograms: the pull-through code calls `observe_pull`, a module function that does nothing in a
+  process that is not serving;
 - the home, read from the ledger when scraped (never per Hub request): store bytes and blobs, staged
   variants per target, and the time, files and bytes of the last stage, import, bundle and gc (a stage
   or import run by the CLI shows up there, not in the counters of a serve that did not do it).
@@ -98,12 +98,6 @@ class Metrics:
                                 ["route", "method", "status"], registry=reg)
         self.sent = Counter("frt_mirror_response_bytes", "Response body bytes sent, by route", ["route"],
                             registry=reg)
-        self.resolve_seconds = Histogram("frt_mirror_resolve_seconds", "Resolves done by serve, by outcome",
-                                         ["outcome"], buckets=WORK_BUCKETS, registry=reg)
-        self.stage_seconds = Histogram("frt_mirror_stage_seconds", "Stages done by serve, by outcome",
-                                       ["outcome"], buckets=WORK_BUCKETS, registry=reg)
-        self.stage_bytes = Counter("frt_mirror_stage_bytes", "Bytes stored by stages done by serve",
-                                   ["outcome"], registry=reg)
         self.pull_seconds = Histogram("frt_mirror_pull_seconds", "Pull-through fetches from upstream, by kind "
                                       "and outcome", ["kind", "outcome"], buckets=WORK_BUCKETS, registry=reg)
         self.pull_bytes = Counter("frt_mirror_pull_bytes", "Bytes pulled through from upstream, by kind",
@@ -162,21 +156,6 @@ def observe_pull(kind: str, seconds: float, nbytes: int, outcome: str) -> None:
     the bytes fetched. Nothing happens in a process that is not serving."""
     if _process is not None:
         _process.pull(kind, seconds, nbytes, outcome)
-
-
-def observe_resolve(seconds: float, outcome: str) -> None:
-    """One resolve done by serve (pull-through): `outcome` "resolved" or "refused" (or another word)."""
-    if _process is not None:
-        _process.resolve_seconds.labels(_word(outcome)).observe(seconds)
-
-
-def observe_stage(seconds: float, nbytes: int, outcome: str) -> None:
-    """One stage done by serve (pull-through): the bytes it stored; `outcome` "staged", "refused", ..."""
-    if _process is not None:
-        outcome = _word(outcome)
-        _process.stage_seconds.labels(outcome).observe(seconds)
-        if nbytes:
-            _process.stage_bytes.labels(outcome).inc(nbytes)
 
 
 class HomeCollector:
