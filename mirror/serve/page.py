@@ -32,7 +32,7 @@ from sqlalchemy import func, select
 from ..events import EventRow, last_events
 from ..home import Home
 from ..records import PULLED, StagedRow
-from ..render import human_bytes
+from ..progress import human_bytes
 from ..schema import Blob
 from .name_picks import NamePick, name_picks
 
