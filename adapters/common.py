@@ -30,10 +30,10 @@ from frt.resolver.fs import atomic_write
 
 if TYPE_CHECKING:
     import torch
+
     from frt.seats import Handle
 
-SEATS_VAR, STRICT_VAR, MARKER_VAR, HOME_VAR = "FRT_SEATS", "FRT_SEATS_STRICT", "FRT_SEATS_MARKER_DIR", \
-    "FRT_MIRROR_HOME"
+SEATS_VAR, STRICT_VAR, MARKER_VAR, HOME_VAR = "FRT_SEATS", "FRT_SEATS_STRICT", "FRT_SEATS_MARKER_DIR", "FRT_MIRROR_HOME"
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
 
 # The handles attached in this process, per engine, in order. Workers live as long as the engine,
@@ -41,8 +41,7 @@ _TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
 _HANDLES: dict[str, list[Handle]] = {}
 
 
-def attach_from_env(model: torch.nn.Module, engine: str, *,
-                    environ: Mapping[str, str] | None = None) -> Handle | None:
+def attach_from_env(model: torch.nn.Module, engine: str, *, environ: Mapping[str, str] | None = None) -> Handle | None:
     """Attach the catalog named by ``FRT_SEATS`` to ``model``; None when ``FRT_SEATS`` is unset.
 
     Refusals are outcomes (logged, in the handle and the marker), unless ``FRT_SEATS_STRICT`` is on:
@@ -109,8 +108,10 @@ def marker_record(engine: str, handle: Handle, catalog: str) -> dict:
         "engine": engine,
         "pid": os.getpid(),
         "catalog": str(catalog),
-        "seats": [{"site": r.site, "kind": r.kind, "kernel": r.kernel, "commit": r.commit, "variant": r.variant}
-                  for r in handle.records],
+        "seats": [
+            {"site": r.site, "kind": r.kind, "kernel": r.kernel, "commit": r.commit, "variant": r.variant}
+            for r in handle.records
+        ],
         "refused": [list(pair) for pair in handle.notes["refused"]],
         "unmatched": list(handle.notes["unmatched"]),
     }
@@ -118,8 +119,9 @@ def marker_record(engine: str, handle: Handle, catalog: str) -> dict:
 
 def write_marker(directory: Path, engine: str, handle: Handle, catalog: str) -> Path:
     """``<directory>/<engine>-<pid>.json``, written atomically: a reader never sees half a file."""
-    return atomic_write(directory / f"{engine}-{os.getpid()}.json",
-                        json.dumps(marker_record(engine, handle, catalog), indent=1))
+    return atomic_write(
+        directory / f"{engine}-{os.getpid()}.json", json.dumps(marker_record(engine, handle, catalog), indent=1)
+    )
 
 
 def ensure_log_handler() -> None:

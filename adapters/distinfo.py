@@ -51,8 +51,10 @@ def write_dist_info(directory: Path) -> Path:
     v = version()
     info = directory / f"{DIST_NAME}-{v}.dist-info"
     info.mkdir(parents=True, exist_ok=True)
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: frt-mirror-adapters\nVersion: {v}\n"
-                                   "Summary: frt-mirror's engine plugins (vLLM, SGLang), from PYTHONPATH\n")
+    (info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: frt-mirror-adapters\nVersion: {v}\n"
+        "Summary: frt-mirror's engine plugins (vLLM, SGLang), from PYTHONPATH\n"
+    )
     (info / "entry_points.txt").write_text(entry_points_text())
     (info / "top_level.txt").write_text("frt\n")
     return info

@@ -55,6 +55,7 @@ _seated: weakref.WeakSet = weakref.WeakSet()
 
 # --- the plugin door ---------------------------------------------------------------------------------
 
+
 def register() -> None:
     """The ``sglang.srt.plugins`` entry point. Idempotent: a process may run ``load_plugins()`` more
     than once (SGLang guards it per process, but tests and embedders reset that guard)."""
@@ -91,8 +92,10 @@ def attach_to_runner(runner: Any) -> Handle | None:
     # only after graph capture: parity would judge placeholders, and capture would freeze the
     # originals. Refuse loudly rather than seat something unverified.
     if getattr(runner, "startup_weight_load", None) is not None:
-        return _not_attached("weights load in the background (startup weight-load overlap) and are "
-                             "committed after graph capture; start SGLang without that overlap")
+        return _not_attached(
+            "weights load in the background (startup weight-load overlap) and are "
+            "committed after graph capture; start SGLang without that overlap"
+        )
     handle = common.attach_from_env(model, ENGINE)
     if handle is not None:
         _seated.add(model)
@@ -121,6 +124,7 @@ def attached() -> list[Handle]:
 
 
 # --- the sitecustomize door --------------------------------------------------------------------------
+
 
 def wrap_load_model(cls: type) -> bool:
     """Wrap ``cls.load_model`` with `after_load_model`; False when a wrapper of ours is already on it

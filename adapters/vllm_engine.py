@@ -71,8 +71,12 @@ def __getattr__(name: str):
 class _Explicit:
     """What `install_load_hook` asked for; it takes precedence over ``FRT_SEATS`` in this process."""
 
-    def __init__(self, seats: str | Path | SeatCatalog, strict: bool,
-                 on_attached: Callable[[Handle, torch.nn.Module], None] | None):
+    def __init__(
+        self,
+        seats: str | Path | SeatCatalog,
+        strict: bool,
+        on_attached: Callable[[Handle, torch.nn.Module], None] | None,
+    ):
         self.seats, self.strict, self.on_attached = seats, strict, on_attached
 
 
@@ -89,9 +93,13 @@ def register() -> None:
     _wrap_loader()
 
 
-def install_load_hook(seats: str | Path | SeatCatalog, *, strict: bool = False,
-                      on_attached: Callable[[Handle, torch.nn.Module], None] | None = None,
-                      allow_spawn: bool = False) -> None:
+def install_load_hook(
+    seats: str | Path | SeatCatalog,
+    *,
+    strict: bool = False,
+    on_attached: Callable[[Handle, torch.nn.Module], None] | None = None,
+    allow_spawn: bool = False,
+) -> None:
     """Attach ``seats`` (a catalog path or `SeatCatalog`) to every model vLLM loads in this process.
 
     ``on_attached(handle, model)`` runs after each attach. Raises `SpawnTrap` when vLLM will start its
@@ -107,15 +115,17 @@ def install_load_hook(seats: str | Path | SeatCatalog, *, strict: bool = False,
                 f"install_load_hook: vLLM will spawn its workers here ({'; '.join(reasons)}), and a spawned "
                 "worker never sees a patch made in this process: use the 'frt' plugin with FRT_SEATS=<catalog> "
                 "instead, or pass allow_spawn=True if the model loads in this process "
-                "(VLLM_ENABLE_V1_MULTIPROCESSING=0)")
+                "(VLLM_ENABLE_V1_MULTIPROCESSING=0)"
+            )
     if not isinstance(seats, (str, Path)):
         from frt.manifests import SeatCatalog
 
         if not isinstance(seats, SeatCatalog):
             from frt.resolver.errors import BadInput
 
-            raise BadInput(f"install_load_hook: seats must be a catalog path or a SeatCatalog, "
-                           f"not {type(seats).__name__}")
+            raise BadInput(
+                f"install_load_hook: seats must be a catalog path or a SeatCatalog, not {type(seats).__name__}"
+            )
     _explicit = _Explicit(seats, strict, on_attached)
     _disable_compile_cache(os.environ)
     _wrap_loader()
@@ -191,8 +201,12 @@ def _disable_compile_cache(environ: dict | os._Environ) -> None:
     if value is None:
         environ[COMPILE_CACHE_VAR] = "1"
     elif value.strip() not in ("1", "true", "True"):
-        log.warning("[frt.vllm] %s=%s: a compiled artifact cached without these seats would be reused "
-                    "and bypass them; set it to 1 while seats are attached", COMPILE_CACHE_VAR, value)
+        log.warning(
+            "[frt.vllm] %s=%s: a compiled artifact cached without these seats would be reused "
+            "and bypass them; set it to 1 while seats are attached",
+            COMPILE_CACHE_VAR,
+            value,
+        )
 
 
 def _in_ray_actor() -> bool:

@@ -26,7 +26,20 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.stage import ARM, CPU, CU11, CU12, QUICK_REPOS, QUICK_SCALE, REPOS, TARGETS, MiB, hub_env, make_repos, payload
+from bench.stage import (
+    ARM,
+    CPU,
+    CU11,
+    CU12,
+    QUICK_REPOS,
+    QUICK_SCALE,
+    REPOS,
+    TARGETS,
+    MiB,
+    hub_env,
+    make_repos,
+    payload,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 NEW = {CU11: ("act3-cu", 24), CU12: ("act3-cu", 24), ARM: ("act3-arm", 20), CPU: ("act3-cpu", 6)}
@@ -39,8 +52,11 @@ def publish_v3(repo, scale: float) -> int:
 
     change: dict = {"README.md": b"# activation\n", "build/": None}
     for variant, (seed, mib) in NEW.items():
-        change.update(variant_files("activation", variant, version=3,
-                                    extra={"_ops.abi3.so": payload(seed, int(mib * scale * MiB))}))
+        change.update(
+            variant_files(
+                "activation", variant, version=3, extra={"_ops.abi3.so": payload(seed, int(mib * scale * MiB))}
+            )
+        )
     repo.commit(change, title="v3 build 0", branch="v3")
     repo.branch("main", "v3")
     return sum(int(mib * scale * MiB) for mib in dict(NEW.values()).values())  # one blob per seed
@@ -52,8 +68,14 @@ def stage_all(home, hub_url: str, pairs) -> None:
     from frt.resolver.resolve import make_request
     from frt.resolver.targets import parse_target
 
-    report = stage([make_request(r, version=v) for r, v in pairs], [parse_target(t) for t in TARGETS],
-                   home=home, hub=HubClient(hub_url), jobs=8, progress=False)
+    report = stage(
+        [make_request(r, version=v) for r, v in pairs],
+        [parse_target(t) for t in TARGETS],
+        home=home,
+        hub=HubClient(hub_url),
+        jobs=8,
+        progress=False,
+    )
     if report.downloaded_bytes == 0:
         sys.exit("bench.bundle: the stage downloaded nothing")
 
@@ -94,8 +116,13 @@ def import_vs_tar(full: Path, tmp: Path) -> dict[str, float]:
         out.mkdir()
         runs["tar"].append(timed(["tar", "-xf", str(full), "-C", str(out)], env)[0])
         runs["cli"].append(timed([exe, "--home", str(cli_home), "import", str(full), "--quiet"], env)[0])
-        runs["api"].append(float(timed([sys.executable, "-m", "bench.bundle", "--child-import", str(full),
-                                        str(api_home)], env)[1].split()[-1]))
+        runs["api"].append(
+            float(
+                timed([sys.executable, "-m", "bench.bundle", "--child-import", str(full), str(api_home)], env)[
+                    1
+                ].split()[-1]
+            )
+        )
         blobs = sum(1 for p in (cli_home / "store" / "sha256").rglob("*") if p.is_file())
         for d in (out, cli_home, api_home):
             shutil.rmtree(d)
@@ -131,31 +158,45 @@ def main() -> None:
         size = {k: (tmp / f"{k}.tar").stat().st_size for k in ("a", "b", "full")}
         t = import_vs_tar(tmp / "full.tar", tmp)
 
-    print(f"bundle: {len(repos)} repos, {len(pairs)} requests x {len(TARGETS)} targets staged, then one new "
-          f"kernel version,\n  bench-org/activation v3 ({len(NEW)} variants, {new_bytes / MiB:.2f} MiB of new "
-          "payload), staged again")
+    print(
+        f"bundle: {len(repos)} repos, {len(pairs)} requests x {len(TARGETS)} targets staged, then one new "
+        f"kernel version,\n  bench-org/activation v3 ({len(NEW)} variants, {new_bytes / MiB:.2f} MiB of new "
+        "payload), staged again"
+    )
     print(f"\n{'':34} {'file MiB':>9} {'blobs':>6} {'blob MiB':>9}")
-    for label, rep, key in (("A: full, before v3", a, "a"), ("incremental --since A", b, "b"),
-                            ("full bundle, after v3", full, "full")):
+    for label, rep, key in (
+        ("A: full, before v3", a, "a"),
+        ("incremental --since A", b, "b"),
+        ("full bundle, after v3", full, "full"),
+    ):
         print(f"{label:34} {size[key] / MiB:>9.2f} {rep.blobs:>6} {rep.bytes / MiB:>9.2f}")
-    print(f"\nbytes ratio incremental/full = {size['b'] / size['full']:.3f} (v3's new payload alone: "
-          f"{new_bytes / size['full']:.3f} of the full bundle; the rest of the incremental is v3's small files,\n"
-          f"  records and the base's state: {(size['b'] - new_bytes) / 1024:.1f} KiB)")
+    print(
+        f"\nbytes ratio incremental/full = {size['b'] / size['full']:.3f} (v3's new payload alone: "
+        f"{new_bytes / size['full']:.3f} of the full bundle; the rest of the incremental is v3's small files,\n"
+        f"  records and the base's state: {(size['b'] - new_bytes) / 1024:.1f} KiB)"
+    )
     if b.base != a.id:
         print("WARNING: the incremental does not name A as its base")
     mib = size["full"] / MiB
-    print(f"\nimport vs tar -x of the full bundle ({mib:.2f} MiB, page cache warm, each a child process, "
-          f"median of {RUNS})")
+    print(
+        f"\nimport vs tar -x of the full bundle ({mib:.2f} MiB, page cache warm, each a child process, "
+        f"median of {RUNS})"
+    )
     print(f"{'':44} {'wall s':>7} {'MiB/s':>8}")
-    for label, key in (("tar -xf", "tar"), ("frt-mirror import --quiet (the whole command)", "cli"),
-                       ("import_bundle() (Python start-up not timed)", "api")):
+    for label, key in (
+        ("tar -xf", "tar"),
+        ("frt-mirror import --quiet (the whole command)", "cli"),
+        ("import_bundle() (Python start-up not timed)", "api"),
+    ):
         print(f"{label:44} {t[key]:>7.2f} {mib / t[key]:>8.1f}")
     if t["blobs"] != full.blobs:
         print(f"WARNING: the import stored {t['blobs']} blobs, the bundle lists {full.blobs}")
-    print(f"\nthroughput ratio import/tar -x = {t['tar'] / t['api']:.2f} (import_bundle; the whole command: "
-          f"{t['tar'] / t['cli']:.2f}, of which {t['cli'] - t['api']:.2f} s start-up and ledger creation)\n"
-          "  import hashes every member twice (sha256, git sha1), fsyncs each blob, writes the ledger and the "
-          "views; tar -x only copies bytes")
+    print(
+        f"\nthroughput ratio import/tar -x = {t['tar'] / t['api']:.2f} (import_bundle; the whole command: "
+        f"{t['tar'] / t['cli']:.2f}, of which {t['cli'] - t['api']:.2f} s start-up and ledger creation)\n"
+        "  import hashes every member twice (sha256, git sha1), fsyncs each blob, writes the ledger and the "
+        "views; tar -x only copies bytes"
+    )
 
 
 if __name__ == "__main__":

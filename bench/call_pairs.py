@@ -57,6 +57,7 @@ def per_call_steps(fns: dict, x, steps: int, sync=lambda: None) -> dict[str, lis
 class Paired:
     """a's cost over b, call by call: ns (median over steps of a - b, and its 95% interval); b's median
     us per call; the ratio a/b that cost makes of it."""
+
     ns: float
     low: float
     high: float
@@ -73,7 +74,7 @@ class Paired:
 
 
 def paired(per_step: dict[str, list[int]], a: str, b: str) -> Paired:
-    d = sorted(x - y for x, y in zip(per_step[a], per_step[b]))
+    d = sorted(x - y for x, y in zip(per_step[a], per_step[b], strict=False))
     n = len(d)
     half = 1.96 * math.sqrt(n) / 2
     lo, hi = max(0, math.floor(n / 2 - half)), min(n - 1, math.ceil(n / 2 + half))

@@ -18,9 +18,9 @@ import argparse
 import hashlib
 import json
 import os
+import statistics
 import subprocess
 import sys
-import statistics
 import tempfile
 import time
 import urllib.error
@@ -46,8 +46,9 @@ def child_clients(endpoint: str, caches: str, n: int) -> dict:
 
     def one(i: int) -> None:
         try:
-            path = hf_hub_download(REPO, FILE, repo_type="kernel", revision="v1", cache_dir=f"{caches}/c{i}",
-                                   endpoint=endpoint)
+            path = hf_hub_download(
+                REPO, FILE, repo_type="kernel", revision="v1", cache_dir=f"{caches}/c{i}", endpoint=endpoint
+            )
             with open(path, "rb") as f:
                 shas.append(hashlib.file_digest(f, "sha256").hexdigest())
         except Exception as e:  # reported, and the run fails
@@ -66,10 +67,20 @@ def clients(endpoint: str, tmp: Path, name: str) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
     # Throughput is measured here, not client timeouts: a cold HEAD waits for the upstream's listing,
     # which on a loaded 2-core CI box once took longer than huggingface_hub's 10 s HEAD timeout.
-    env.update(HF_HUB_DISABLE_XET="1", HF_HUB_DISABLE_PROGRESS_BARS="1", HF_HUB_DOWNLOAD_TIMEOUT="120",
-               HF_HUB_ETAG_TIMEOUT="120")
-    out = subprocess.run([sys.executable, "-m", "bench.pull_through", "--child", endpoint, str(tmp / name),
-                          str(CLIENTS)], capture_output=True, text=True, timeout=900, cwd=ROOT, env=env)
+    env.update(
+        HF_HUB_DISABLE_XET="1",
+        HF_HUB_DISABLE_PROGRESS_BARS="1",
+        HF_HUB_DOWNLOAD_TIMEOUT="120",
+        HF_HUB_ETAG_TIMEOUT="120",
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.pull_through", "--child", endpoint, str(tmp / name), str(CLIENTS)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
+        env=env,
+    )
     if out.returncode:
         sys.exit(f"clients {name} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -80,8 +91,12 @@ def serve(home: Path, tmp: Path, *args: str) -> tuple[subprocess.Popen, str]:
     exe = str(Path(sys.executable).with_name("frt-mirror"))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "FRT_"))}
     with open(tmp / f"serve-{port}.log", "wb") as log:
-        proc = subprocess.Popen([exe, "--home", str(home), "serve", "--port", str(port), *args], stdout=log,
-                                stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(
+            [exe, "--home", str(home), "serve", "--port", str(port), *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
     wait_listening(port, proc, "frt-mirror serve")
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
@@ -118,8 +133,10 @@ def main() -> None:
     repo.commit(variant_files("pull", VARIANT, version=1, extra={"_weights.bin": payload}), title="w", branch="v1")
     want = hashlib.sha256(payload).hexdigest()
     rows, procs = {}, []
-    with tempfile.TemporaryDirectory(prefix="frt-bench-pull-") as t, FakeHub([repo], redirects=True,
-                                                                            trusted_orgs=["bench-org"]) as hub:
+    with (
+        tempfile.TemporaryDirectory(prefix="frt-bench-pull-") as t,
+        FakeHub([repo], redirects=True, trusted_orgs=["bench-org"]) as hub,
+    ):
         tmp = Path(t)
 
         def run(name: str, endpoint: str) -> None:
@@ -136,8 +153,13 @@ def main() -> None:
             procs.append(p)
             run("cold", mirror)
             home = Home(tmp / "staged")
-            report = stage([make_request(REPO, version=1)], [parse_target("torch2.13-cpu-x86_64-linux")], home=home,
-                           hub=HubClient(hub.url), progress=False)
+            report = stage(
+                [make_request(REPO, version=1)],
+                [parse_target("torch2.13-cpu-x86_64-linux")],
+                home=home,
+                hub=HubClient(hub.url),
+                progress=False,
+            )
             home.close()
             if not report.ok:
                 sys.exit(f"staging failed: {report.rows}")
@@ -155,18 +177,28 @@ def main() -> None:
 
 def report_rows(rows: dict, size: int) -> None:
     mb = CLIENTS * size / 1e6
-    print(f"pull-through: {CLIENTS} concurrent cold hf_hub_download of one {size // MiB} MiB LFS file "
-          f"(fake Hub, redirects to its CDN host)")
+    print(
+        f"pull-through: {CLIENTS} concurrent cold hf_hub_download of one {size // MiB} MiB LFS file "
+        f"(fake Hub, redirects to its CDN host)"
+    )
     print(f"{'':34}{'upstream bytes / file size':>28}{'wall s':>9}{'client MB/s':>13}")
-    labels = {"direct": "straight to the upstream", "cold": "through serve --upstream (cold)",
-              "warm": "through serve --upstream (warm)", "staged": "staged serve (no upstream)"}
-    rows = {name: {"upstream": max(r["upstream"] for r in runs), "wall": statistics.median(r["wall"] for r in runs)}
-            for name, runs in rows.items()}
+    labels = {
+        "direct": "straight to the upstream",
+        "cold": "through serve --upstream (cold)",
+        "warm": "through serve --upstream (warm)",
+        "staged": "staged serve (no upstream)",
+    }
+    rows = {
+        name: {"upstream": max(r["upstream"] for r in runs), "wall": statistics.median(r["wall"] for r in runs)}
+        for name, runs in rows.items()
+    }
     for name, label in labels.items():
         r = rows[name]
         print(f"{label:34}{r['upstream']:>28.2f}{r['wall']:>9.2f}{mb / r['wall']:>13.1f}")
-    print(f"upstream bytes / file size through the mirror = {rows['cold']['upstream']:.2f} (target 1.0; "
-          f"straight: {rows['direct']['upstream']:.2f})")
+    print(
+        f"upstream bytes / file size through the mirror = {rows['cold']['upstream']:.2f} (target 1.0; "
+        f"straight: {rows['direct']['upstream']:.2f})"
+    )
     print(f"cold wall-time ratio mirror/straight = {rows['cold']['wall'] / rows['direct']['wall']:.2f}")
     print(f"warm-hit throughput ratio pull-through/staged serve = {rows['staged']['wall'] / rows['warm']['wall']:.2f}")
 

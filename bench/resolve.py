@@ -28,15 +28,32 @@ from pathlib import Path
 
 # Variant names a repo draws 6-8 of (plus torch-universal in every third repo): wide enough that
 # about a quarter of (repo, version, target) requests find no variant and are refused.
-ARCH = ["torch211-cxx11-cu130-x86_64-linux", "torch212-cxx11-cu130-x86_64-linux",
-        "torch212-cxx11-cu128-x86_64-linux", "torch210-cxx11-cu126-x86_64-linux",
-        "torch213-cxx11-cpu-x86_64-linux", "torch212-cxx11-cpu-x86_64-linux",
-        "torch211-cxx11-cu130-aarch64-linux", "torch211-cxx11-cu128-aarch64-linux",
-        "torch213-cxx11-cpu-aarch64-linux", "torch-stable-abi211-cu130-x86_64-linux",
-        "torch211-cxx11-rocm71-x86_64-linux", "torch210-cxx11-xpu20253-x86_64-linux",
-        "tvm-ffi01-cu130-x86_64-linux", "torch-metal", "torch-cpu", "torch-cuda"]
-TARGETS = ["torch2.11-cu130-x86_64-linux", "torch2.12-cu130-x86_64-linux", "torch2.13-cpu-x86_64-linux",
-           "torch2.11-cu130-aarch64-linux", "torch2.13-cpu-aarch64-linux", "torch2.11-rocm71-x86_64-linux"]
+ARCH = [
+    "torch211-cxx11-cu130-x86_64-linux",
+    "torch212-cxx11-cu130-x86_64-linux",
+    "torch212-cxx11-cu128-x86_64-linux",
+    "torch210-cxx11-cu126-x86_64-linux",
+    "torch213-cxx11-cpu-x86_64-linux",
+    "torch212-cxx11-cpu-x86_64-linux",
+    "torch211-cxx11-cu130-aarch64-linux",
+    "torch211-cxx11-cu128-aarch64-linux",
+    "torch213-cxx11-cpu-aarch64-linux",
+    "torch-stable-abi211-cu130-x86_64-linux",
+    "torch211-cxx11-rocm71-x86_64-linux",
+    "torch210-cxx11-xpu20253-x86_64-linux",
+    "tvm-ffi01-cu130-x86_64-linux",
+    "torch-metal",
+    "torch-cpu",
+    "torch-cuda",
+]
+TARGETS = [
+    "torch2.11-cu130-x86_64-linux",
+    "torch2.12-cu130-x86_64-linux",
+    "torch2.13-cpu-x86_64-linux",
+    "torch2.11-cu130-aarch64-linux",
+    "torch2.13-cpu-aarch64-linux",
+    "torch2.11-rocm71-x86_64-linux",
+]
 SEED = 20260101
 COMMITS = ((1, 3), (2, 2))  # (version, commits on branch v<version>)
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,8 +72,11 @@ def make_repos(n: int) -> list:
             arch = rng.sample(ARCH, rng.randint(6, 8))
             for c in range(commits):  # older commits differ by one build: refusals walk real history
                 names = arch if c == commits - 1 else arch[1:] + rng.sample(sorted(set(ARCH) - set(arch)), 1)
-                repo.commit(build(name, sorted(names + universal), version=version, note=f"c{c}"),
-                            title=f"v{version} build {c}", branch=f"v{version}")
+                repo.commit(
+                    build(name, sorted(names + universal), version=version, note=f"c{c}"),
+                    title=f"v{version} build {c}",
+                    branch=f"v{version}",
+                )
         repo.branch("main", "v2")
         repos.append(repo)
     return repos
@@ -121,8 +141,7 @@ def live_child(client: str, url: str, work: list, warmup: int, home: str) -> Non
         hub = HubClient(url)
 
         def one(repo, target, version):
-            resolve(repo, target=parse_target(target), ledger=fresh.pop(), version=version, hub=hub,
-                    offline=False)
+            resolve(repo, target=parse_target(target), ledger=fresh.pop(), version=version, hub=hub, offline=False)
 
         # Fresh ledgers are opened (schema created) before timing: the resolve is what is measured.
         fresh = [Ledger(Path(home) / f"fresh-{i}.db") for i in range(warmup + len(work))]
@@ -133,8 +152,15 @@ def live_child(client: str, url: str, work: list, warmup: int, home: str) -> Non
 def run_live(client: str, hub, work: list, warmup: int, home: str) -> tuple[list[int], list[bool], float]:
     hub.reset_log()
     cmd = [sys.executable, "-m", "bench.resolve", "--live-child", client, hub.url]
-    out = subprocess.run(cmd, input=json.dumps({"work": work, "warmup": warmup, "home": home}),
-                         capture_output=True, text=True, check=False, timeout=300, cwd=ROOT)
+    out = subprocess.run(
+        cmd,
+        input=json.dumps({"work": work, "warmup": warmup, "home": home}),
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+        cwd=ROOT,
+    )
     if out.returncode:
         sys.exit(f"live child ({client}) failed:\n{out.stderr}")
     res = json.loads(out.stdout)
@@ -221,18 +247,24 @@ def main() -> None:
 
     n_ok = sum(led_ok)
     n_commits = sum(c for _, c in COMMITS)
-    print(f"resolve latency: {n_repos} repos x {len(TARGETS)} targets, {n_commits} commits and 6-9 variants"
-          f" each; ledger scanned in {scan_s:.2f} s; {refusals} refusals recorded (with warm-up)")
+    print(
+        f"resolve latency: {n_repos} repos x {len(TARGETS)} targets, {n_commits} commits and 6-9 variants"
+        f" each; ledger scanned in {scan_s:.2f} s; {refusals} refusals recorded (with warm-up)"
+    )
     print(f"warm-up: each of the {len(first_t)} distinct requests once (row 'first call'); then {len(led_t)} calls")
-    print(f"ledger: {len(led_t)} calls, {n_ok} resolved, {len(led_t) - n_ok} refused (KernelUnavailable); "
-          f"live (ours) resolved {sum(ours_ok)}/{len(ours_ok)}")
-    rows = [("ledger (offline)", led_t, None),
-            ("  of which resolved", [t for t, ok in zip(led_t, led_ok) if ok], None),
-            ("  of which refused", [t for t, ok in zip(led_t, led_ok) if not ok], None),
-            ("ledger, first call per request", first_t, None),
-            *server_rows,
-            ("live (ours, fresh ledger)", ours_t, ours_req),
-            ("live (kernels.get_kernel_variants)", kern_t, kern_req)]
+    print(
+        f"ledger: {len(led_t)} calls, {n_ok} resolved, {len(led_t) - n_ok} refused (KernelUnavailable); "
+        f"live (ours) resolved {sum(ours_ok)}/{len(ours_ok)}"
+    )
+    rows = [
+        ("ledger (offline)", led_t, None),
+        ("  of which resolved", [t for t, ok in zip(led_t, led_ok, strict=False) if ok], None),
+        ("  of which refused", [t for t, ok in zip(led_t, led_ok, strict=False) if not ok], None),
+        ("ledger, first call per request", first_t, None),
+        *server_rows,
+        ("live (ours, fresh ledger)", ours_t, ours_req),
+        ("live (kernels.get_kernel_variants)", kern_t, kern_req),
+    ]
     base = stats(led_t)[0]
     print(f"{'':36} {'calls':>6} {'p50 ms':>9} {'p99 ms':>9} {'mean ms':>9} {'HTTP/call':>9}  vs ledger p50")
     for label, ts, req in rows:

@@ -36,12 +36,15 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 _FAST = "    if args or kwargs or x is UNSET:\n        return None\n"
-_HOOKS = ("    if (hot.compiled or fwd or fwd_pre or bwd or bwd_pre or G1 or G2 or G3 or G4):\n"
-          "        return None\n")
-_COUNT = ("    if U[0] and cuda and capture.stream_capturing():\n        stats.captured += 1\n"
-          "    else:\n        stats.calls += 1\n")
-_GUARD = ("    try:\n        ok = hot.fast(x)\n    except (AttributeError, IndexError):\n        ok = False\n"
-          "    if not ok:\n        return None\n")
+_HOOKS = "    if (hot.compiled or fwd or fwd_pre or bwd or bwd_pre or G1 or G2 or G3 or G4):\n        return None\n"
+_COUNT = (
+    "    if U[0] and cuda and capture.stream_capturing():\n        stats.captured += 1\n"
+    "    else:\n        stats.calls += 1\n"
+)
+_GUARD = (
+    "    try:\n        ok = hot.fast(x)\n    except (AttributeError, IndexError):\n        ok = False\n"
+    "    if not ok:\n        return None\n"
+)
 _SIG = "def __call__(self, x=UNSET, *args, **kwargs):\n"
 _DYN = "    if _dynamo():\n        return None\n"
 _KERNEL = "    return call(original, x)\n"
@@ -58,23 +61,47 @@ STEPS = {  # each one the step before plus the next part of seats.hot.hot_call, 
 def chain(seat) -> dict:
     """name -> a callable object per step, over this seat's state; counting into stats of its own."""
     import torch
-    from torch.nn.modules.module import (_global_backward_hooks, _global_backward_pre_hooks,
-                                         _global_forward_hooks, _global_forward_pre_hooks)
+    from torch.nn.modules.module import (
+        _global_backward_hooks,
+        _global_backward_pre_hooks,
+        _global_forward_hooks,
+        _global_forward_pre_hooks,
+    )
 
     from frt.seats import capture
     from frt.seats.hot import UNSET, SeatStats
 
     hot = seat._hot
-    scope = {"call": hot.call, "original": hot.original, "UNSET": UNSET, "hot": hot, "fwd": hot.fwd,
-             "fwd_pre": hot.fwd_pre, "bwd": hot.bwd, "bwd_pre": hot.bwd_pre, "G1": _global_forward_hooks,
-             "G2": _global_forward_pre_hooks, "G3": _global_backward_hooks, "G4": _global_backward_pre_hooks,
-             "U": capture.UNDERWAY, "cuda": hot.cuda, "capture": capture, "stats": SeatStats(),
-             "_dynamo": torch.compiler.is_dynamo_compiling}
+    scope = {
+        "call": hot.call,
+        "original": hot.original,
+        "UNSET": UNSET,
+        "hot": hot,
+        "fwd": hot.fwd,
+        "fwd_pre": hot.fwd_pre,
+        "bwd": hot.bwd,
+        "bwd_pre": hot.bwd_pre,
+        "G1": _global_forward_hooks,
+        "G2": _global_forward_pre_hooks,
+        "G3": _global_backward_hooks,
+        "G4": _global_backward_pre_hooks,
+        "U": capture.UNDERWAY,
+        "cuda": hot.cuda,
+        "capture": capture,
+        "stats": SeatStats(),
+        "_dynamo": torch.compiler.is_dynamo_compiling,
+    }
     out = {}
     for name, body in STEPS.items():
         ns = dict(scope)
-        exec(compile("class Step:\n" + "".join("    " + line + "\n" for line in body.splitlines()),
-                     f"<bench.seat_cost {name}>", "exec"), ns)
+        exec(
+            compile(
+                "class Step:\n" + "".join("    " + line + "\n" for line in body.splitlines()),
+                f"<bench.seat_cost {name}>",
+                "exec",
+            ),
+            ns,
+        )
         out[name] = ns["Step"]()
     return out
 
@@ -105,7 +132,9 @@ def decompose(seat, module, x, budget: float, sync) -> list[tuple[str, float, fl
 
 def render(label: str, rows) -> list[str]:
     *steps, (_, direct_ns, _, _) = rows
-    out = [f"{label}: direct {direct_ns / 1e3:.2f} us per call; ns over direct (95% interval), +step over the step before"]
+    out = [
+        f"{label}: direct {direct_ns / 1e3:.2f} us per call; ns over direct (95% interval), +step over the step before"
+    ]
     prev = 0.0
     for name, ns, lo, hi in steps:
         inc = "" if name == "seat" else f"  +step {ns - prev:+5.0f}"

@@ -9,10 +9,11 @@ layer (144, flash-rt's count for Qwen3-8B) and the LM head as 5 row slabs. The k
 fixtures (pure torch), staged for this host by the real `frt-mirror stage` from a fake Hub before
 anything is timed; attach resolves them from the ledger and loads them from the staged views.
 
-Rows, all in one run: building the model from its config (the plain load a user runs anyway), one
-forward, decode tokens/s base and seated, attach (first in the process, then warm), attach without
-parity, detach (base and seated rows alternate in rounds, each keeps its best). Then per-call: the module as it was, its kernel called directly (exactly the call
-the seat makes), and the seat (guard + counters + that call); the ratio seat/direct is the overhead.
+Rows, all in one run: building the model from its config (the plain load a user runs anyway), one forward,
+decode tokens/s base and seated, attach (first in the process, then warm), attach without parity, detach (base
+and seated rows alternate in rounds, each keeps its best). Then per-call: the module as it was, its kernel
+called directly (exactly the call the seat makes), and the seat (guard + counters + that call); the ratio
+seat/direct is the overhead.
 
 --device cuda (bench/seats_gpu.py): a Qwen3-0.6B-shaped model in bf16, the Triton fixtures and
 Liger-Kernel's own RMSNorm and SwiGLU, decode tok/s base / kernelized / seated at batch 1 and 16,
@@ -82,7 +83,7 @@ def medians(per_round: dict[str, list[float]]) -> dict[str, float]:
 def paired(per_round: dict[str, list[float]], a: str, b: str) -> tuple[float, float]:
     """(median of a/b, median of a-b in us), each taken round by round: the two ran side by side in a
     round, so what slowed that round slowed both, and the ratio of their medians would not cancel it."""
-    pairs = list(zip(per_round[a], per_round[b]))
+    pairs = list(zip(per_round[a], per_round[b], strict=False))
     return statistics.median(x / y for x, y in pairs), statistics.median(x - y for x, y in pairs)
 
 
@@ -104,12 +105,15 @@ def own_cost_line(device: str = "cpu") -> str:
     module = Qwen3RMSNorm(1024)
     seat = Seat(module, kernel, Guard((torch.bfloat16,), (device,), 1024, None), "site", "norm")
     x = torch.zeros(16, 1, 1024, dtype=torch.bfloat16, device=device)
-    rs = per_call_us({"direct": lambda x, m=module, f=kernel: f(m, x), "seat": seat, "python call": nothing},
-                     x, 20000, 21)
+    rs = per_call_us(
+        {"direct": lambda x, m=module, f=kernel: f(m, x), "seat": seat, "python call": nothing}, x, 20000, 21
+    )
     t, (_, cost) = medians(rs), paired(rs, "seat", "direct")
-    return (f"the seat's own cost on this host ({device} tensor, a kernel that returns its input): "
-            f"{cost * 1e3:.0f} ns per call (seat {t['seat'] * 1e3:.0f} ns, direct {t['direct'] * 1e3:.0f} ns; "
-            f"a bare Python call here: {t['python call'] * 1e3:.0f} ns)")
+    return (
+        f"the seat's own cost on this host ({device} tensor, a kernel that returns its input): "
+        f"{cost * 1e3:.0f} ns per call (seat {t['seat'] * 1e3:.0f} ns, direct {t['direct'] * 1e3:.0f} ns; "
+        f"a bare Python call here: {t['python call'] * 1e3:.0f} ns)"
+    )
 
 
 def bench_attach(home: Path, quick: bool) -> None:
@@ -121,10 +125,19 @@ def bench_attach(home: Path, quick: bool) -> None:
     from tests.support.seat_fixtures import LINEAR
 
     hidden = 64 if quick else 256
-    cfg = Qwen3Config(vocab_size=151936, hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=36,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4, tie_word_embeddings=False)
-    proj = SeatSpec("linear", KernelRef(LINEAR, version=1, layer="Linear"),
-                    match=("q_proj", "o_proj", "gate_proj", "down_proj"))
+    cfg = Qwen3Config(
+        vocab_size=151936,
+        hidden_size=hidden,
+        intermediate_size=3 * hidden,
+        num_hidden_layers=36,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=hidden // 4,
+        tie_word_embeddings=False,
+    )
+    proj = SeatSpec(
+        "linear", KernelRef(LINEAR, version=1, layer="Linear"), match=("q_proj", "o_proj", "gate_proj", "down_proj")
+    )
     head = SeatSpec("lm_head", KernelRef(LINEAR, version=1, function="linear"), match=("lm_head",))
     catalog = SeatCatalog((proj, head))
     no_parity = SeatCatalog(tuple(SeatSpec(s.kind, s.kernel, match=s.match, parity=False) for s in catalog.seats))
@@ -174,54 +187,73 @@ def bench_attach(home: Path, quick: bool) -> None:
         cycle(catalog, warm)
         cycle(no_parity, bare)
 
-    print(f"model: transformers Qwen3, 36 layers, hidden {hidden}, vocab 151936, fp32, random weights; "
-          f"CPU, {torch.get_num_threads()} thread(s)")
+    print(
+        f"model: transformers Qwen3, 36 layers, hidden {hidden}, vocab 151936, fp32, random weights; "
+        f"CPU, {torch.get_num_threads()} thread(s)"
+    )
     print(f"seats: {line}")
     print(f"{'':44} {'seconds':>10}  vs plain load")
-    for label, s in (("plain load (Qwen3ForCausalLM(config))", load_s),
-                     ("plain forward (1 x 8 tokens)", fwd_s),
-                     ("seated forward (1 x 8 tokens)", seated_fwd_s),
-                     ("attach, first in process (imports kernels)", cold_s),
-                     (f"attach, warm (median of {reps})", statistics.median(warm)),
-                     ("attach, warm, parity off", statistics.median(bare)),
-                     ("detach", statistics.median(detach_times))):
+    for label, s in (
+        ("plain load (Qwen3ForCausalLM(config))", load_s),
+        ("plain forward (1 x 8 tokens)", fwd_s),
+        ("seated forward (1 x 8 tokens)", seated_fwd_s),
+        ("attach, first in process (imports kernels)", cold_s),
+        (f"attach, warm (median of {reps})", statistics.median(warm)),
+        ("attach, warm, parity off", statistics.median(bare)),
+        ("detach", statistics.median(detach_times)),
+    ):
         print(f"{label:44} {s:>10.4f}  {s / load_s:>6.3f}x")
-    print(f"decode tokens/s, batch 1, {new} new tokens: base {base_tps:.1f}, seated {seated_tps:.1f} "
-          f"(ratio {seated_tps / base_tps:.3f})")
+    print(
+        f"decode tokens/s, batch 1, {new} new tokens: base {base_tps:.1f}, seated {seated_tps:.1f} "
+        f"(ratio {seated_tps / base_tps:.3f})"
+    )
     warm_s = statistics.median(warm)
-    print(f"target: attach of >= 144 seats < 0.5 s: {'PASS' if warm_s < 0.5 else 'FAIL'} "
-          f"(warm {warm_s:.3f} s; first {cold_s:.3f} s)")
+    print(
+        f"target: attach of >= 144 seats < 0.5 s: {'PASS' if warm_s < 0.5 else 'FAIL'} "
+        f"(warm {warm_s:.3f} s; first {cold_s:.3f} s)"
+    )
 
 
 def bench_overhead(home: Path, quick: bool) -> None:
     import torch
-
-    from . import call_pairs
     from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
     from frt.manifests import KernelRef, SeatCatalog, SeatSpec
     from frt.seats import attach
     from tests.support.seat_fixtures import LINEAR, RMSNORM
 
-    cases = [("linear", 1, torch.nn.Linear(1024, 3072, bias=False)),
-             ("linear", 16, torch.nn.Linear(1024, 3072, bias=False)),
-             ("linear", 1, torch.nn.Linear(64, 64, bias=False)),
-             ("norm", 1, Qwen3RMSNorm(1024))]
+    from . import call_pairs
+
+    cases = [
+        ("linear", 1, torch.nn.Linear(1024, 3072, bias=False)),
+        ("linear", 16, torch.nn.Linear(1024, 3072, bias=False)),
+        ("linear", 1, torch.nn.Linear(64, 64, bias=False)),
+        ("norm", 1, Qwen3RMSNorm(1024)),
+    ]
     budget, rounds = (0.005, 9) if quick else (0.02, 31)
-    print(f"\nper-call cost, CPU fp32, us per call (median of {rounds} rounds of ~{budget:g} s loops, the functions "
-          "interleaved; ratios and seat-direct: medians of the rounds' own).\n"
-          "module: the original; direct: the kernel's forward called as the seat calls it; kernelized: the module "
-          "with that forward bound in place, as kernels.kernelize does; seat: guard + counters + the same call")
-    print("call by call (bench/call_pairs.py): each function once per step, each call timed alone; the median over "
-          "steps of the seat's call less the direct call of the same step, in ns, its 95% interval, and the ratio")
-    print(f"{'site':26} {'module':>9} {'direct':>9} {'kernelized':>11} {'seat':>9} {'seat-direct':>12} "
-          f"{'seat/direct':>12} {'seat/kernelized':>16} {'calls: seat-direct ns':>24} {'seat/direct':>12}")
+    print(
+        f"\nper-call cost, CPU fp32, us per call (median of {rounds} rounds of ~{budget:g} s loops, the functions "
+        "interleaved; ratios and seat-direct: medians of the rounds' own).\n"
+        "module: the original; direct: the kernel's forward called as the seat calls it; kernelized: the module "
+        "with that forward bound in place, as kernels.kernelize does; seat: guard + counters + the same call"
+    )
+    print(
+        "call by call (bench/call_pairs.py): each function once per step, each call timed alone; the median over "
+        "steps of the seat's call less the direct call of the same step, in ns, its 95% interval, and the ratio"
+    )
+    print(
+        f"{'site':26} {'module':>9} {'direct':>9} {'kernelized':>11} {'seat':>9} {'seat-direct':>12} "
+        f"{'seat/direct':>12} {'seat/kernelized':>16} {'calls: seat-direct ns':>24} {'seat/direct':>12}"
+    )
     for kind, rows, module in cases:
         host = torch.nn.Sequential()
         host.add_module("site", module)
         host.eval()
-        ref = KernelRef(LINEAR, version=1, layer="Linear") if kind == "linear" else \
-            KernelRef(RMSNORM, version=1, layer="RMSNorm")
+        ref = (
+            KernelRef(LINEAR, version=1, layer="Linear")
+            if kind == "linear"
+            else KernelRef(RMSNORM, version=1, layer="RMSNorm")
+        )
         handle = attach(host, SeatCatalog((SeatSpec(kind, ref, match=("site",)),)), home=home, strict=True)
         seat = host.site
         direct = seat._call  # the kernel's forward, called with the original module as self
@@ -233,26 +265,37 @@ def bench_overhead(home: Path, quick: bool) -> None:
         kernelized.forward = MethodType(direct, kernelized)
         x = torch.randn(rows, module.weight.shape[-1])
         with torch.no_grad():
-            calls = max(10, min(2000, int(budget / (median_s(lambda: module(x), 5) or 1e-6))))
+            calls = max(10, min(2000, int(budget / (median_s(lambda m=module, x=x: m(x), 5) or 1e-6))))
             fns = {"module": module, "direct": run_direct, "kernelized": kernelized, "seat": seat}
             rs = per_call_us(fns, x, calls, rounds)
-            pc = call_pairs.paired(call_pairs.per_call_steps(fns, x, call_pairs.steps_for(fns, x, budget * 10)),
-                                   "seat", "direct")
+            pc = call_pairs.paired(
+                call_pairs.per_call_steps(fns, x, call_pairs.steps_for(fns, x, budget * 10)), "seat", "direct"
+            )
         handle.detach()
-        t, (vs_direct, cost), (vs_kernelized, _) = medians(rs), paired(rs, "seat", "direct"), paired(rs, "seat", "kernelized")
+        t, (vs_direct, cost), (vs_kernelized, _) = (
+            medians(rs),
+            paired(rs, "seat", "direct"),
+            paired(rs, "seat", "kernelized"),
+        )
         shape = f"{rows}x{x.shape[1]}" + (f"->{module.weight.shape[0]}" if kind == "linear" else "")
         ci = f"{pc.ns:+.0f} [{pc.low:+.0f}, {pc.high:+.0f}]"
-        print(f"{kind + ' ' + shape:26} {t['module']:>9.2f} {t['direct']:>9.2f} {t['kernelized']:>11.2f} "
-              f"{t['seat']:>9.2f} {cost:>12.2f} {vs_direct:>11.3f}x {vs_kernelized:>15.3f}x {ci:>24} {pc.ratio:>11.3f}x")
+        print(
+            f"{kind + ' ' + shape:26} {t['module']:>9.2f} {t['direct']:>9.2f} {t['kernelized']:>11.2f} "
+            f"{t['seat']:>9.2f} {cost:>12.2f} {vs_direct:>11.3f}x {vs_kernelized:>15.3f}x {ci:>24} {pc.ratio:>11.3f}x"
+        )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(prog="python -m bench.seats", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a narrower model and fewer repeats (smoke test)")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1; see the docstring)")
-    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                    help="cuda: decode tok/s eager and under CUDA graphs, per-call cost, with the Triton fixtures "
-                         "and Liger's kernels (needs a GPU); see bench/seats_gpu.py")
+    ap.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="cuda: decode tok/s eager and under CUDA graphs, per-call cost, with the Triton fixtures "
+        "and Liger's kernels (needs a GPU); see bench/seats_gpu.py",
+    )
     ap.add_argument("--json", metavar="PATH", help="--device cuda: also write the figures to PATH as JSON")
     args = ap.parse_args()
     import torch

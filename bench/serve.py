@@ -120,16 +120,29 @@ def stage_big_file(tmp: Path, size: int, shard: int) -> dict:
     home = tmp / "home"
     with FakeHub([repo], page_size=1000) as hub:
         mirror_home = Home(home)
-        report = stage([make_request(REPO, version=1)], [parse_target(TARGET)], home=mirror_home,
-                       hub=HubClient(hub.url), progress=False)
+        report = stage(
+            [make_request(REPO, version=1)],
+            [parse_target(TARGET)],
+            home=mirror_home,
+            hub=HubClient(hub.url),
+            progress=False,
+        )
         mirror_home.close()
     if not report.ok:
         sys.exit(f"staging the bench file failed: {report.rows}")
     blob = home / "store" / "sha256" / meta.sha256[:2] / meta.sha256
-    return {"home": home, "sha": sha, "sha256": meta.sha256, "size": size, "blob": blob,
-            "url": f"/kernels/{REPO}/resolve/{sha}/{FILENAME}", "shard": shard, "shard_sha256": shard_meta.sha256,
-            "shard_url": f"/kernels/{REPO}/resolve/{sha}/{SHARD}",
-            "shard_blob": home / "store" / "sha256" / shard_meta.sha256[:2] / shard_meta.sha256}
+    return {
+        "home": home,
+        "sha": sha,
+        "sha256": meta.sha256,
+        "size": size,
+        "blob": blob,
+        "url": f"/kernels/{REPO}/resolve/{sha}/{FILENAME}",
+        "shard": shard,
+        "shard_sha256": shard_meta.sha256,
+        "shard_url": f"/kernels/{REPO}/resolve/{sha}/{SHARD}",
+        "shard_blob": home / "store" / "sha256" / shard_meta.sha256[:2] / shard_meta.sha256,
+    }
 
 
 def start_serve(f: dict, tmp: Path, source: Path | None = None) -> tuple[subprocess.Popen, str]:
@@ -140,8 +153,12 @@ def start_serve(f: dict, tmp: Path, source: Path | None = None) -> tuple[subproc
         cmd = [sys.executable, "-c", "import sys; from frt.cli import main; sys.exit(main())"]
         env = {**os.environ, "PYTHONPATH": str(source)}
     with open(tmp / f"serve{'-before' if source else ''}.log", "wb") as log:
-        proc = subprocess.Popen([*cmd, "--home", str(f["home"]), "serve", "--port", str(port)], stdout=log,
-                                stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(
+            [*cmd, "--home", str(f["home"]), "serve", "--port", str(port)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
     wait_listening(port, proc, "frt-mirror serve")
     return proc, f"http://127.0.0.1:{port}"
 
@@ -173,8 +190,11 @@ def start_nginx(f: dict, tmp: Path) -> tuple[subprocess.Popen, str]:
     # As root, nginx drops to `nobody`, who cannot enter the private temp dir: stay root there.
     user = "user root;" if os.geteuid() == 0 else ""
     conf.write_text(NGINX_CONF.format(user=user, tmp=tmp, port=port, **f))
-    proc = subprocess.Popen(["nginx", "-p", str(tmp), "-c", str(conf), "-e", str(tmp / "nginx-error.log")],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        ["nginx", "-p", str(tmp), "-c", str(conf), "-e", str(tmp / "nginx-error.log")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     wait_listening(port, proc, "nginx")
     return proc, f"http://127.0.0.1:{port}"
 
@@ -192,9 +212,24 @@ def start_replicas(f: dict, tmp: Path, n: int = 2) -> tuple[list[subprocess.Pope
     for i in range(n):
         port = free_port()
         with open(tmp / f"replica{i}.out", "wb") as out:
-            procs.append(subprocess.Popen([exe, "--home", str(f["home"]), "serve", "--port", str(port),
-                                           "--accel-redirect", "/_frt_store", "--access-log",
-                                           str(tmp / f"replica{i}.log")], stdout=out, stderr=subprocess.STDOUT))
+            procs.append(
+                subprocess.Popen(
+                    [
+                        exe,
+                        "--home",
+                        str(f["home"]),
+                        "serve",
+                        "--port",
+                        str(port),
+                        "--accel-redirect",
+                        "/_frt_store",
+                        "--access-log",
+                        str(tmp / f"replica{i}.log"),
+                    ],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                )
+            )
         wait_listening(port, procs[-1], "frt-mirror serve --accel-redirect")
         ports.append(port)
     return procs, ports
@@ -205,12 +240,25 @@ def start_front(f: dict, run: Path, ports: list[int], *conf_args: str) -> tuple[
     need_nginx()
     port, exe = free_port(), str(Path(sys.executable).with_name("frt-mirror"))
     run.mkdir()
-    args = [exe, "--home", str(f["home"]), "nginx-conf", "--listen", f"127.0.0.1:{port}", "--run-dir", str(run),
-            *conf_args, *(a for p in ports for a in ("--upstream", f"127.0.0.1:{p}"))]
+    args = [
+        exe,
+        "--home",
+        str(f["home"]),
+        "nginx-conf",
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--run-dir",
+        str(run),
+        *conf_args,
+        *(a for p in ports for a in ("--upstream", f"127.0.0.1:{p}")),
+    ]
     args += ["--user", "root"] if os.geteuid() == 0 else []
     (run / "nginx.conf").write_text(subprocess.run(args, capture_output=True, text=True, check=True).stdout)
-    proc = subprocess.Popen(["nginx", "-c", str(run / "nginx.conf"), "-e", str(run / "error.log"),
-                             "-g", "daemon off;"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        ["nginx", "-c", str(run / "nginx.conf"), "-e", str(run / "error.log"), "-g", "daemon off;"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     wait_listening(port, proc, "nginx in front of the replicas")
     return proc, f"http://127.0.0.1:{port}"
 
@@ -220,15 +268,16 @@ def child_download(endpoint: str, sha: str, cache: str) -> dict:
     from huggingface_hub import hf_hub_download
 
     t0 = time.perf_counter()
-    path = hf_hub_download(REPO, FILENAME, repo_type="kernel", revision=sha, cache_dir=cache,
-                           endpoint=endpoint)
+    path = hf_hub_download(REPO, FILENAME, repo_type="kernel", revision=sha, cache_dir=cache, endpoint=endpoint)
     return {"wall": time.perf_counter() - t0, "size": os.path.getsize(path)}
 
 
 def child_heads(port: int, path: str, total: int) -> dict:
     """In a child process: CLIENTS keep-alive connections issuing HEADs back to back; latencies in s."""
-    request = (f"HEAD {path} HTTP/1.1\r\nHost: bench\r\nUser-Agent: huggingface_hub/2.4.0; python/3.11\r\n"
-               "Accept-Encoding: identity\r\nX-HF-Download-Counter: 1\r\n\r\n").encode()
+    request = (
+        f"HEAD {path} HTTP/1.1\r\nHost: bench\r\nUser-Agent: huggingface_hub/2.4.0; python/3.11\r\n"
+        "Accept-Encoding: identity\r\nX-HF-Download-Counter: 1\r\n\r\n"
+    ).encode()
     latencies: list[float] = []
 
     async def one_client(n: int) -> None:
@@ -261,8 +310,9 @@ def child_heads(port: int, path: str, total: int) -> dict:
 def child_fetch(port: int, path: str, size: int, rounds: int) -> dict:
     """In a child process: CLIENTS keep-alive connections, each doing HEAD then GET of `path` `rounds`
     times, bodies counted and dropped (recv_into one buffer: the client's copy is the least it can do)."""
-    head_req, get_req = (f"{m} {path} HTTP/1.1\r\nHost: bench\r\nAccept-Encoding: identity\r\n\r\n".encode()
-                         for m in ("HEAD", "GET"))
+    head_req, get_req = (
+        f"{m} {path} HTTP/1.1\r\nHost: bench\r\nAccept-Encoding: identity\r\n\r\n".encode() for m in ("HEAD", "GET")
+    )
 
     async def one_client() -> int:
         loop = asyncio.get_running_loop()
@@ -317,14 +367,20 @@ def emit(doc: dict) -> None:
     pipe the parent was slow to drain stopped at the first partial write (64 KiB) and still exited 0."""
     data = (json.dumps(doc) + "\n").encode()
     while data:
-        data = data[os.write(1, data):]
+        data = data[os.write(1, data) :]
 
 
 def run_child(*args: str) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
     env.update(HF_HUB_DISABLE_XET="1", HF_HUB_DISABLE_PROGRESS_BARS="1")
-    out = subprocess.run([sys.executable, "-m", "bench.serve", "--child", *args], capture_output=True,
-                         text=True, timeout=600, cwd=ROOT, env=env)
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.serve", "--child", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+        env=env,
+    )
     if out.returncode:
         sys.exit(f"child {args[0]} failed:\n{out.stderr}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -335,8 +391,9 @@ def curl_seconds(url: str, size: int) -> float | None:
     if not shutil.which("curl"):
         return None
     t0 = time.perf_counter()
-    out = subprocess.run(["curl", "-sS", "-o", "/dev/null", "-w", "%{size_download}", url],
-                         capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        ["curl", "-sS", "-o", "/dev/null", "-w", "%{size_download}", url], capture_output=True, text=True, timeout=600
+    )
     wall = time.perf_counter() - t0
     if out.returncode or int(out.stdout or 0) != size:
         sys.exit(f"curl {url}: exit {out.returncode}, {out.stdout} bytes: {out.stderr}")
@@ -351,9 +408,13 @@ def pct(values: list[float], q: float) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(prog="python -m bench.serve", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a 64 MiB file and 1,280 HEADs per server (< 30 s)")
-    ap.add_argument("--before", metavar="REV", default=None,
-                    help=f"also serve with the code at REV, as the baseline (default {BEFORE_INTEGRITY}, before "
-                         "integrity on read; --quick: none); 'none' to leave it out")
+    ap.add_argument(
+        "--before",
+        metavar="REV",
+        default=None,
+        help=f"also serve with the code at REV, as the baseline (default {BEFORE_INTEGRITY}, before "
+        "integrity on read; --quick: none); 'none' to leave it out",
+    )
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
     before = args.before or ("none" if args.quick else BEFORE_INTEGRITY)
@@ -365,8 +426,9 @@ def main() -> None:
             return emit(child_fetch(int(rest[0]), rest[1], int(rest[2]), int(rest[3])))
         return emit(child_heads(int(rest[0]), rest[1], int(rest[2])))
 
-    size, shard, rounds, heads = ((64 * MiB, 2 * MiB, 1, 20 * CLIENTS) if args.quick
-                                  else (1024 * MiB, 16 * MiB, 2, 100 * CLIENTS))
+    size, shard, rounds, heads = (
+        (64 * MiB, 2 * MiB, 1, 20 * CLIENTS) if args.quick else (1024 * MiB, 16 * MiB, 2, 100 * CLIENTS)
+    )
     with tempfile.TemporaryDirectory(prefix="frt-bench-serve-") as tmp_name:
         tmp = Path(tmp_name)
         t0 = time.perf_counter()
@@ -409,8 +471,10 @@ def measure(servers: dict, f: dict, rounds: int, heads: int) -> dict:
             walls[name].append(res["wall"])
             shutil.rmtree(cache)
     raw = {name: [curl_seconds(url + f["url"], f["size"]) for _ in range(RUNS)] for name, url in servers.items()}
-    fetch = {name: run_child("fetch", url.rsplit(":", 1)[1], f["shard_url"], str(f["shard"]), str(rounds))
-             for name, url in servers.items()}
+    fetch = {
+        name: run_child("fetch", url.rsplit(":", 1)[1], f["shard_url"], str(f["shard"]), str(rounds))
+        for name, url in servers.items()
+    }
     lat = {name: run_child("heads", url.rsplit(":", 1)[1], f["url"], str(heads)) for name, url in servers.items()}
     return {"walls": walls, "raw": raw, "fetch": fetch, "lat": lat, "sha_mbps": sha_mbps(f["blob"])}
 
@@ -428,12 +492,16 @@ def report(results: dict, f: dict, stage_s: float, rounds: int, heads: int) -> N
     walls, raw, fetch, lat = results["walls"], results["raw"], results["fetch"], results["lat"]
     size = f["size"]
     mbps = {name: size / 1e6 / statistics.median(w) for name, w in walls.items()}
-    print(f"serve: one {size // MiB} MiB LFS file of {REPO}, staged in {stage_s:.1f} s; the same store blob "
-          f"served by each, loopback")
-    print(f"  frt-mirror serve: uvicorn, 1 process;  nginx {nginx_version()}: 1 process, sendfile on;  "
-          f"{FRONT}: nginx-conf's nginx ({os.cpu_count()} workers, sendfile) over 2 x serve --accel-redirect; "
-          f"{CACHED.strip()}: the same replicas, nginx-conf --head-cache 1"
-          + (f";  {BEFORE}: serve as it was at {results['before']} (the baseline)" if results.get("before") else ""))
+    print(
+        f"serve: one {size // MiB} MiB LFS file of {REPO}, staged in {stage_s:.1f} s; the same store blob "
+        f"served by each, loopback"
+    )
+    print(
+        f"  frt-mirror serve: uvicorn, 1 process;  nginx {nginx_version()}: 1 process, sendfile on;  "
+        f"{FRONT}: nginx-conf's nginx ({os.cpu_count()} workers, sendfile) over 2 x serve --accel-redirect; "
+        f"{CACHED.strip()}: the same replicas, nginx-conf --head-cache 1"
+        + (f";  {BEFORE}: serve as it was at {results['before']} (the baseline)" if results.get("before") else "")
+    )
     print(f"\nhf_hub_download into a fresh cache, {RUNS} runs each (interleaved), median:")
     print(f"{'':20} {'MB/s':>8} {'runs (s)':>24}")
     for name in walls:
@@ -442,15 +510,21 @@ def report(results: dict, f: dict, stage_s: float, rounds: int, heads: int) -> N
     print(f"throughput ratio serve/nginx = {ratio:.3f} (target >= 0.8): {'PASS' if ratio >= 0.8 else 'FAIL'}")
     if all(None not in w for w in raw.values()):
         curl = {name: size / 1e6 / statistics.median(w) for name, w in raw.items()}
-        print(f"  for scale, each server's own ceiling (curl -o /dev/null, median of {RUNS}): "
-              + ", ".join(f"{name} {v:.0f} MB/s" for name, v in curl.items())
-              + f" = {curl['serve'] / curl['nginx']:.2f}x (serve/nginx)")
+        print(
+            f"  for scale, each server's own ceiling (curl -o /dev/null, median of {RUNS}): "
+            + ", ".join(f"{name} {v:.0f} MB/s" for name, v in curl.items())
+            + f" = {curl['serve'] / curl['nginx']:.2f}x (serve/nginx)"
+        )
     if BEFORE in mbps:
-        print(f"integrity on read, serve/serve before (one client) = {mbps['serve'] / mbps[BEFORE]:.3f} "
-              f"(target >= 0.9): {'PASS' if mbps['serve'] >= 0.9 * mbps[BEFORE] else 'FAIL'}")
-    print(f"  integrity on read: each serve process hashes a blob as it first sends it (or before a Range or an "
-          f"nginx hand-off; sha256 at {results['sha_mbps']:.0f} MB/s on one core here), then checks its key per "
-          f"answer and hashes again when it moves or after FRT_SERVE_VERIFY_TTL (mirror/serve/integrity.py)")
+        print(
+            f"integrity on read, serve/serve before (one client) = {mbps['serve'] / mbps[BEFORE]:.3f} "
+            f"(target >= 0.9): {'PASS' if mbps['serve'] >= 0.9 * mbps[BEFORE] else 'FAIL'}"
+        )
+    print(
+        f"  integrity on read: each serve process hashes a blob as it first sends it (or before a Range or an "
+        f"nginx hand-off; sha256 at {results['sha_mbps']:.0f} MB/s on one core here), then checks its key per "
+        f"answer and hashes again when it moves or after FRT_SERVE_VERIFY_TTL (mirror/serve/integrity.py)"
+    )
     print(f"\n{CLIENTS} concurrent keep-alive clients, each HEAD + GET of a {f['shard'] // MiB} MiB file x {rounds}:")
     print(f"{'':20} {'MB/s':>8} {'/ nginx':>8} {'wall s':>8}")
     agg = {name: r["bytes"] / 1e6 / r["wall"] for name, r in fetch.items()}
@@ -458,12 +532,16 @@ def report(results: dict, f: dict, stage_s: float, rounds: int, heads: int) -> N
         print(f"{name:20} {agg[name]:>8.0f} {agg[name] / agg['nginx']:>8.3f} {r['wall']:>8.2f}")
     if BEFORE in agg:
         ratio = agg["serve"] / agg[BEFORE]
-        print(f"integrity on read, serve/serve before at {CLIENTS} clients = {ratio:.3f} (target >= 0.9): "
-              f"{'PASS' if ratio >= 0.9 else 'FAIL'}")
+        print(
+            f"integrity on read, serve/serve before at {CLIENTS} clients = {ratio:.3f} (target >= 0.9): "
+            f"{'PASS' if ratio >= 0.9 else 'FAIL'}"
+        )
     for name in (FRONT, CACHED):
         ratio = agg[name] / agg["nginx"]
-        print(f"throughput ratio {name.strip()}/nginx static at {CLIENTS} clients = {ratio:.3f} (target >= 0.95): "
-              f"{'PASS' if ratio >= 0.95 else 'FAIL'}")
+        print(
+            f"throughput ratio {name.strip()}/nginx static at {CLIENTS} clients = {ratio:.3f} (target >= 0.95): "
+            f"{'PASS' if ratio >= 0.95 else 'FAIL'}"
+        )
     print(f"\nHEAD latency, {CLIENTS} concurrent keep-alive clients, {heads} HEADs per server:")
     print(f"{'':20} {'p50 ms':>8} {'p99 ms':>8} {'HEAD/s':>8}")
     for name, res in lat.items():
@@ -474,8 +552,9 @@ def report(results: dict, f: dict, stage_s: float, rounds: int, heads: int) -> N
     print(f"serve HEAD p99 = {p99:.2f} ms (target < 10 ms): {'PASS' if p99 < 10 else 'FAIL'}")
     for name in (FRONT, CACHED):
         p99 = pct(lat[name]["latencies"], 0.99) * 1e3
-        print(f"HEAD p99 through nginx ({name.strip()}) = {p99:.2f} ms (target < 5 ms): "
-              f"{'PASS' if p99 < 5 else 'FAIL'}")
+        print(
+            f"HEAD p99 through nginx ({name.strip()}) = {p99:.2f} ms (target < 5 ms): {'PASS' if p99 < 5 else 'FAIL'}"
+        )
 
 
 def nginx_version() -> str:

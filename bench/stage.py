@@ -33,16 +33,24 @@ MiB = 1 << 20
 CU11, CU12 = "torch211-cxx11-cu130-x86_64-linux", "torch212-cxx11-cu130-x86_64-linux"
 ARM, CPU = "torch211-cxx11-cu130-aarch64-linux", "torch213-cxx11-cpu-x86_64-linux"
 SA_X86, SA_ARM = "torch-stable-abi211-cu130-x86_64-linux", "torch-stable-abi211-cu130-aarch64-linux"
-TARGETS = ["torch2.11-cu130-x86_64-linux", "torch2.12-cu130-x86_64-linux", "torch2.11-cu130-aarch64-linux",
-           "torch2.13-cpu-x86_64-linux"]
+TARGETS = [
+    "torch2.11-cu130-x86_64-linux",
+    "torch2.12-cu130-x86_64-linux",
+    "torch2.11-cu130-aarch64-linux",
+    "torch2.13-cpu-x86_64-linux",
+]
 # repo -> version -> commits on branch v<version>, oldest first; a commit maps variant -> (payload seed, MiB)
 # or None (pure Python: __init__.py + metadata.json only). One seed is one content, as on the real Hub:
 # an abi3 .so identical in two torch variants, carried over unchanged by a rebuild or a new version.
 ACT_ARM_CPU = {ARM: ("act-arm", 20), CPU: ("act-cpu", 6)}
 REPOS = {
-    "activation": {1: [{CU11: ("act-cu", 24), CU12: ("act-cu", 24), **ACT_ARM_CPU},
-                       {CU11: ("act-cu.2", 24), CU12: ("act-cu.2", 24), **ACT_ARM_CPU}],  # a CUDA rebuild
-                   2: [{CU11: ("act2-cu", 24), CU12: ("act2-cu", 24), **ACT_ARM_CPU}]},
+    "activation": {
+        1: [
+            {CU11: ("act-cu", 24), CU12: ("act-cu", 24), **ACT_ARM_CPU},
+            {CU11: ("act-cu.2", 24), CU12: ("act-cu.2", 24), **ACT_ARM_CPU},
+        ],  # a CUDA rebuild
+        2: [{CU11: ("act2-cu", 24), CU12: ("act2-cu", 24), **ACT_ARM_CPU}],
+    },
     "rmsnorm": {1: [{SA_X86: ("rms-x86", 32), SA_ARM: ("rms-arm", 28), CPU: ("rms-cpu", 8)}]},  # stable ABI
     "attention": {1: [{CU11: ("attn-11", 40), CU12: ("attn-12", 40), ARM: ("attn-arm", 36)}]},  # no CPU build
     "moe": {1: [{CU11: ("moe-11", 16), CU12: ("moe-12", 16), ARM: ("moe-arm", 16), "torch-universal": None}]},
@@ -53,7 +61,7 @@ QUICK_REPOS, QUICK_SCALE = ("activation", "rmsnorm", "triton-ops", "quant"), 1 /
 DELAY_S, RATE = 0.02, 50e6
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def payload(seed: str, nbytes: int) -> bytes:
     """Deterministic incompressible bytes, like kernel_fixtures.blob but ~30x faster at these sizes."""
     return hashlib.shake_128(seed.encode()).digest(nbytes)
@@ -81,8 +89,9 @@ def make_repos(names, scale: float) -> list:
 
 def hub_env(url: str, hf_home: str) -> None:
     """Point huggingface_hub (read at import time) at the fake Hub; call before importing it."""
-    os.environ.update(HF_ENDPOINT=url, HF_HOME=hf_home, HF_HUB_DISABLE_XET="1",
-                      HF_HUB_DISABLE_PROGRESS_BARS="1")  # off on both sides: ours runs with progress=False
+    os.environ.update(
+        HF_ENDPOINT=url, HF_HOME=hf_home, HF_HUB_DISABLE_XET="1", HF_HUB_DISABLE_PROGRESS_BARS="1"
+    )  # off on both sides: ours runs with progress=False
     for var in ("HF_TOKEN", "HF_HUB_OFFLINE", "HF_HUB_DISABLE_TELEMETRY"):
         os.environ.pop(var, None)
 
@@ -95,8 +104,13 @@ def child(kind: str, url: str, job: dict) -> dict:
 
         t0 = time.perf_counter()
         for target, repo, commit, variant in job["plan"]:
-            snapshot_download(repo, repo_type="kernel", revision=commit,
-                              allow_patterns=[f"build/{variant}/*"], cache_dir=Path(job["caches"]) / target)
+            snapshot_download(
+                repo,
+                repo_type="kernel",
+                revision=commit,
+                allow_patterns=[f"build/{variant}/*"],
+                cache_dir=Path(job["caches"]) / target,
+            )
         return {"wall": time.perf_counter() - t0}
     from frt.mirror.home import Home
     from frt.mirror.stage import stage
@@ -109,14 +123,24 @@ def child(kind: str, url: str, job: dict) -> dict:
     targets = [parse_target(t) for t in job["targets"]]
     t0 = time.perf_counter()
     report = stage(requests, targets, home=home, hub=hub, jobs=8, progress=False)
-    return {"wall": time.perf_counter() - t0, "downloaded": report.downloaded_bytes, "waited": hub.pacer.waited,
-            "staged": [[r.target, r.repo, r.commit, r.variant] for r in report.rows if r.status == "staged"]}
+    return {
+        "wall": time.perf_counter() - t0,
+        "downloaded": report.downloaded_bytes,
+        "waited": hub.pacer.waited,
+        "staged": [[r.target, r.repo, r.commit, r.variant] for r in report.rows if r.status == "staged"],
+    }
 
 
 def run_child(kind: str, hub, repos: dict, job: dict) -> tuple[dict, dict]:
     hub.reset_log()
-    out = subprocess.run([sys.executable, "-m", "bench.stage", "--child", kind, hub.url],
-                         input=json.dumps(job), capture_output=True, text=True, timeout=600, cwd=ROOT)
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.stage", "--child", kind, hub.url],
+        input=json.dumps(job),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
     if out.returncode:
         sys.exit(f"{kind} child failed:\n{out.stderr}")
     return json.loads(out.stdout.strip().splitlines()[-1]), traffic(hub.requests, repos)
@@ -127,8 +151,13 @@ def traffic(log: list, repos: dict) -> dict:
     each 200's length is the served file's, looked up by where the body came from — `/resolve/` (the
     plain upstream), `/api/resolve-cache/` (a small file after the Hub's 307) or `/cdn/<sha256>` (an
     LFS file after the 302). Redirects and refusals carry no file body."""
-    by_sha = {hashlib.sha256(d).hexdigest(): len(d) for r in repos.values() for c in r.commits.values()
-              for d in c.files.values() if d is not None}
+    by_sha = {
+        hashlib.sha256(d).hexdigest(): len(d)
+        for r in repos.values()
+        for c in r.commits.values()
+        for d in c.files.values()
+        if d is not None
+    }
     served = limited = 0
     for method, raw, status in log:
         limited += status == 429
@@ -145,8 +174,7 @@ def traffic(log: list, repos: dict) -> dict:
         elif len(s) > 4 and s[3] == "resolve":  # kernels/org/name/resolve/rev/path
             repo = repos[f"{s[1]}/{s[2]}"]
             served += len(repo.commits[repo.resolve_ref(s[4])].files["/".join(s[5:])])
-    return {"requests": len(log), "heads": sum(m == "HEAD" for m, _, _ in log), "bytes": served,
-            "limited": limited}
+    return {"requests": len(log), "heads": sum(m == "HEAD" for m, _, _ in log), "bytes": served, "limited": limited}
 
 
 def real_transport_hub(repos: dict, quick: bool):
@@ -206,8 +234,12 @@ def main() -> None:
         for repo_id in repos:
             scan(repo_id, hub=HubClient(hub.url), ledger=ledger)
         scan_s = time.perf_counter() - t0
-        outcomes = refresh_and_decide([make_request(r, version=v) for r, v in req_pairs],
-                                      targets=[parse_target(t) for t in TARGETS], ledger=ledger, offline=True)
+        outcomes = refresh_and_decide(
+            [make_request(r, version=v) for r, v in req_pairs],
+            targets=[parse_target(t) for t in TARGETS],
+            ledger=ledger,
+            offline=True,
+        )
         ledger.close()
         resolved = [o for o in outcomes if isinstance(o, Resolution)]
         plan = sorted([str(o.target), o.repo, o.commit, o.variant] for o in resolved)  # target by target
@@ -217,8 +249,9 @@ def main() -> None:
 
         hub.faults.delay("", DELAY_S)  # every request, both sides: a round trip to a far Hub
         hub.faults.throttle("/resolve/", RATE)  # per connection: parallel downloads do add up
-        base, base_net = run_child("baseline", hub, repos,
-                                   {"plan": plan, "caches": str(tmp / "caches"), "hf_home": hf_home})
+        base, base_net = run_child(
+            "baseline", hub, repos, {"plan": plan, "caches": str(tmp / "caches"), "hf_home": hf_home}
+        )
         job = {"requests": req_pairs, "targets": TARGETS, "home": str(tmp / "home"), "hf_home": hf_home}
         ours, ours_net = run_child("ours", hub, repos, job)
         again, again_net = run_child("ours", hub, repos, job)
@@ -230,47 +263,69 @@ def main() -> None:
 
         # Dedup: what each staged (target, repo) view references, against the distinct blobs in the store.
         home = tmp / "home"
-        views = [home / "views" / "local" / repo_folder(repo) / commit / "build" / variant
-                 for _, repo, commit, variant in ours["staged"]]
+        views = [
+            home / "views" / "local" / repo_folder(repo) / commit / "build" / variant
+            for _, repo, commit, variant in ours["staged"]
+        ]
         referenced = sum(p.stat().st_size for v in views for p in v.rglob("*") if p.is_file())
         stored = file_bytes(home / "store" / "sha256")
         base_disk = file_bytes(tmp / "caches", under=f"{os.sep}blobs")
 
     n_pairs = len(req_pairs) * len(TARGETS)
-    print(f"stage: {len(repos)} repos, {len(req_pairs)} requests x {len(TARGETS)} targets = {n_pairs} pairs: "
-          f"{len(plan)} resolve, {n_pairs - len(plan)} refused (no variant; neither side downloads them)")
-    print(f"simulated WAN: {DELAY_S * 1000:.0f} ms before every answer, {RATE / 1e6:.0f} MB/s per connection "
-          f"for file bodies; {len(needed)} distinct files needed, {needed_bytes / MiB:.2f} MiB")
-    print("baseline: snapshot_download per (target, repo), sequential, one fresh cache per target, given our "
-          f"resolver's\n  (commit, variant) from a ledger scanned beforehand ({scan_s:.2f} s): resolution "
-          "NOT timed")
+    print(
+        f"stage: {len(repos)} repos, {len(req_pairs)} requests x {len(TARGETS)} targets = {n_pairs} pairs: "
+        f"{len(plan)} resolve, {n_pairs - len(plan)} refused (no variant; neither side downloads them)"
+    )
+    print(
+        f"simulated WAN: {DELAY_S * 1000:.0f} ms before every answer, {RATE / 1e6:.0f} MB/s per connection "
+        f"for file bodies; {len(needed)} distinct files needed, {needed_bytes / MiB:.2f} MiB"
+    )
+    print(
+        "baseline: snapshot_download per (target, repo), sequential, one fresh cache per target, given our "
+        f"resolver's\n  (commit, variant) from a ledger scanned beforehand ({scan_s:.2f} s): resolution "
+        "NOT timed"
+    )
     print("ours: stage(jobs=8) on a fresh home, timed in full (scan + resolve + download + verify + views)")
     if sorted(ours["staged"]) != plan:
         print("WARNING: ours staged other (target, repo, commit, variant) than the baseline's plan")
-    print(f"\n{'':30} {'wall s':>7} {'fetched MiB':>12} {'needed MiB':>11} {'fetched/needed':>15} "
-          f"{'HTTP req':>9} {'of which HEAD':>14}")
-    rows = [("baseline (snapshot_download)", base, base_net), ("ours (8 jobs, fresh home)", ours, ours_net),
-            ("ours rerun (same home)", again, again_net),
-            ("ours, real-Hub transport", ours_real, real_net)]
+    print(
+        f"\n{'':30} {'wall s':>7} {'fetched MiB':>12} {'needed MiB':>11} {'fetched/needed':>15} "
+        f"{'HTTP req':>9} {'of which HEAD':>14}"
+    )
+    rows = [
+        ("baseline (snapshot_download)", base, base_net),
+        ("ours (8 jobs, fresh home)", ours, ours_net),
+        ("ours rerun (same home)", again, again_net),
+        ("ours, real-Hub transport", ours_real, real_net),
+    ]
     for label, res, net in rows:
-        print(f"{label:30} {res['wall']:>7.2f} {net['bytes'] / MiB:>12.2f} {needed_bytes / MiB:>11.2f} "
-              f"{net['bytes'] / needed_bytes:>15.2f} {net['requests']:>9} {net['heads']:>14}")
-    print(f"  real-Hub transport: 307 to the resolve cache, 302 to a CDN host (signed URLs), rate limits "
-          f"api {limits.api} / resolvers {limits.resolvers} per {limits.window} s: {real_net['limited']} "
-          f"answers were 429,\n  waited out ({ours_real['waited']:.1f} s of pauses, all threads together); fetched/needed "
-          f"{real_net['bytes'] / needed_bytes:.2f}; wall {ours_real['wall'] / ours['wall']:.2f}x the plain upstream's")
+        print(
+            f"{label:30} {res['wall']:>7.2f} {net['bytes'] / MiB:>12.2f} {needed_bytes / MiB:>11.2f} "
+            f"{net['bytes'] / needed_bytes:>15.2f} {net['requests']:>9} {net['heads']:>14}"
+        )
+    print(
+        f"  real-Hub transport: 307 to the resolve cache, 302 to a CDN host (signed URLs), rate limits "
+        f"api {limits.api} / resolvers {limits.resolvers} per {limits.window} s: {real_net['limited']} "
+        f"answers were 429,\n  waited out ({ours_real['waited']:.1f} s of pauses, all threads together); "
+        f"fetched/needed {real_net['bytes'] / needed_bytes:.2f}; "
+        f"wall {ours_real['wall'] / ours['wall']:.2f}x the plain upstream's"
+    )
     if sorted(ours_real["staged"]) != sorted(ours["staged"]):
         print("WARNING: the real-transport stage staged other (target, repo, commit, variant) than the plain one")
     ratio = ours["wall"] / base["wall"]
     verdict = "PASS" if ratio <= 0.5 else "FAIL"
     print(f"\nwall-time ratio ours/baseline = {ratio:.2f} (target <= 0.5): {verdict}")
-    print(f"bytes fetched / needed = {ours_net['bytes'] / needed_bytes:.2f} (target 1.00; baseline "
-          f"{base_net['bytes'] / needed_bytes:.2f}); ours {ours_net['bytes'] - needed_bytes:+d} B: the scan "
-          f"reads each distinct metadata.json once\n  (stage's own count: {ours['downloaded']} B downloaded, "
-          f"rerun {again['downloaded']} B)")
-    print(f"store dedup ratio = {referenced / MiB:.2f} MiB referenced by {len(views)} staged target views / "
-          f"{stored / MiB:.2f} MiB in store/sha256 = {referenced / stored:.2f}x\n  (baseline's per-target "
-          f"caches hold {base_disk / MiB:.2f} MiB of blobs)")
+    print(
+        f"bytes fetched / needed = {ours_net['bytes'] / needed_bytes:.2f} (target 1.00; baseline "
+        f"{base_net['bytes'] / needed_bytes:.2f}); ours {ours_net['bytes'] - needed_bytes:+d} B: the scan "
+        f"reads each distinct metadata.json once\n  (stage's own count: {ours['downloaded']} B downloaded, "
+        f"rerun {again['downloaded']} B)"
+    )
+    print(
+        f"store dedup ratio = {referenced / MiB:.2f} MiB referenced by {len(views)} staged target views / "
+        f"{stored / MiB:.2f} MiB in store/sha256 = {referenced / stored:.2f}x\n  (baseline's per-target "
+        f"caches hold {base_disk / MiB:.2f} MiB of blobs)"
+    )
 
 
 if __name__ == "__main__":

@@ -16,12 +16,38 @@ from pathlib import Path
 
 from .load import DIR_ORDER, load_manifest
 from .model import KernelSpec, Manifest, ManifestError, ModelSpec, TargetSpec, Trust
-from .seats import (DEFAULT_BAND, KINDS, Guards, KernelRef, SeatCatalog, SeatSpec, SeatSpecError, load_seat_catalog,
-                    parse_seat_catalog)
+from .seats import (
+    DEFAULT_BAND,
+    KINDS,
+    Guards,
+    KernelRef,
+    SeatCatalog,
+    SeatSpec,
+    SeatSpecError,
+    load_seat_catalog,
+    parse_seat_catalog,
+)
 
 #: The shipped, commented example manifests (cluster.toml, pyproject-example.toml, kernels.lock).
 EXAMPLES = Path(__file__).resolve().parent / "examples"
 
-__all__ = ["DEFAULT_BAND", "DIR_ORDER", "EXAMPLES", "KINDS", "Guards", "KernelRef", "KernelSpec", "Manifest", "ModelSpec",
-           "ManifestError", "SeatCatalog", "SeatSpec", "SeatSpecError", "TargetSpec", "Trust", "load_manifest",
-           "load_seat_catalog", "parse_seat_catalog"]
+__all__ = [
+    "DEFAULT_BAND",
+    "DIR_ORDER",
+    "EXAMPLES",
+    "KINDS",
+    "Guards",
+    "KernelRef",
+    "KernelSpec",
+    "Manifest",
+    "ModelSpec",
+    "ManifestError",
+    "SeatCatalog",
+    "SeatSpec",
+    "SeatSpecError",
+    "TargetSpec",
+    "Trust",
+    "load_manifest",
+    "load_seat_catalog",
+    "parse_seat_catalog",
+]

@@ -13,9 +13,11 @@ from .source import Source
 
 TARGET_FIELDS = ("torch", "backend", "cpu", "os")
 _TARGET_KEYS = ("name", "target", *TARGET_FIELDS, "archs", "python")
-_TARGET_HINT = ('a target is target = "torch2.11-cu130-x86_64-linux", '
-                'or torch, backend, cpu and os (+ optional name, archs = ["8.0", "9.0"] for its GPUs, '
-                'and python = "3.12" for binary wheels)')
+_TARGET_HINT = (
+    'a target is target = "torch2.11-cu130-x86_64-linux", '
+    'or torch, backend, cpu and os (+ optional name, archs = ["8.0", "9.0"] for its GPUs, '
+    'and python = "3.12" for binary wheels)'
+)
 
 # Hub repo id rules (huggingface_hub.utils.validate_repo_id): each part is word characters, '-'
 # and '.', starting and ending with a word character, no "--" or "..", at most 96 characters.
@@ -52,8 +54,7 @@ def check_version(src: Source, value: object, path: tuple) -> int:
     if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_INT:
         return value
     if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) < 10:
-        raise src.error(path, f"must be an integer, not the string {value!r}: "
-                              f"write {int(value)} without quotes")
+        raise src.error(path, f"must be an integer, not the string {value!r}: write {int(value)} without quotes")
     raise src.error(path, f"must be a non-negative integer up to {MAX_INT} (the N of branch vN), got {short(value)}")
 
 
@@ -90,8 +91,9 @@ def _parse_target(src: Source, t: dict, path: tuple) -> TargetSpec:
             raise src.error(path + (both[0],), "give either target or torch/backend/cpu/os, not both")
         text = t["target"]
         if not isinstance(text, str) or not text.strip():
-            raise src.error(path + ("target",),
-                            f'must be a target string like "torch2.11-cu130-x86_64-linux", got {text!r}')
+            raise src.error(
+                path + ("target",), f'must be a target string like "torch2.11-cu130-x86_64-linux", got {text!r}'
+            )
         archs = _archs(src, t, path)
         if archs and "@" in text:
             raise src.error(path + ("archs",), "the target string already names archs after '@': give them once")
@@ -102,10 +104,17 @@ def _parse_target(src: Source, t: dict, path: tuple) -> TargetSpec:
     _check_torch(src, t["torch"], path + ("torch",))
     for f in TARGET_FIELDS[1:]:
         if not isinstance(t[f], str) or not _WORD_RE.fullmatch(t[f]):
-            raise src.error(path + (f,),
-                            f"must be a string of letters, digits, '_' or '.' (no '-'), got {t[f]!r}")
-    return TargetSpec(name=name, torch=t["torch"], backend=t["backend"], cpu=t["cpu"], os=t["os"],
-                      source=src.at(path), archs=_archs(src, t, path), python=_python(src, t, path))
+            raise src.error(path + (f,), f"must be a string of letters, digits, '_' or '.' (no '-'), got {t[f]!r}")
+    return TargetSpec(
+        name=name,
+        torch=t["torch"],
+        backend=t["backend"],
+        cpu=t["cpu"],
+        os=t["os"],
+        source=src.at(path),
+        archs=_archs(src, t, path),
+        python=_python(src, t, path),
+    )
 
 
 def _python(src: Source, t: dict, path: tuple) -> str | None:
@@ -124,10 +133,15 @@ def _archs(src: Source, t: dict, path: tuple) -> tuple[str, ...] | None:
     if "archs" not in t:
         return None
     value = t["archs"]
-    if (not isinstance(value, list) or not value
-            or not all(isinstance(a, str) and a and re.fullmatch(r"[A-Za-z0-9_.:+-]+", a) for a in value)):
-        raise src.error(path + ("archs",), 'must be a non-empty array of quoted arch names like ["8.0", "9.0"] '
-                                           f'or ["gfx942"], got {value!r}')
+    if (
+        not isinstance(value, list)
+        or not value
+        or not all(isinstance(a, str) and a and re.fullmatch(r"[A-Za-z0-9_.:+-]+", a) for a in value)
+    ):
+        raise src.error(
+            path + ("archs",),
+            f'must be a non-empty array of quoted arch names like ["8.0", "9.0"] or ["gfx942"], got {value!r}',
+        )
     return tuple(value)
 
 
@@ -135,8 +149,11 @@ def _check_torch(src: Source, value: object, path: tuple) -> None:
     # torch = 2.10 in TOML is the float 2.1: the minor version is gone before we see it. Refuse
     # numbers outright rather than guess, and say how to write it.
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        raise src.error(path, f'must be a quoted string like "2.11", not the number {value!r} '
-                              '(a TOML number drops trailing zeros: 2.10 reads as 2.1)')
+        raise src.error(
+            path,
+            f'must be a quoted string like "2.11", not the number {value!r} '
+            "(a TOML number drops trailing zeros: 2.10 reads as 2.1)",
+        )
     if not isinstance(value, str) or not re.fullmatch(r"\d+\.\d+", value):
         raise src.error(path, f'must be "<major>.<minor>" like "2.11", got {value!r}')
 
@@ -155,17 +172,17 @@ def _parse_kernel(src: Source, repo: str, entry: object, path: tuple) -> KernelS
     if problem:
         raise src.error(path, problem)
     if not isinstance(entry, dict):
-        raise src.error(path, 'must be an inline table: { version = 1 } or { revision = "<commit>" }, '
-                              f"got {entry!r}")
+        raise src.error(
+            path, f'must be an inline table: {{ version = 1 }} or {{ revision = "<commit>" }}, got {entry!r}'
+        )
     for key in entry:
         if key not in ("version", "revision"):
             raise src.error(path + (key,), "unknown key; expected version or revision")
     if ("version" in entry) == ("revision" in entry):
         what = "not both" if entry else "none given"
-        raise src.error(path, f"needs exactly one of version = N or revision = \"...\" ({what})")
+        raise src.error(path, f'needs exactly one of version = N or revision = "..." ({what})')
     if "version" in entry:
-        return KernelSpec(repo, version=check_version(src, entry["version"], path + ("version",)),
-                          source=src.at(path))
+        return KernelSpec(repo, version=check_version(src, entry["version"], path + ("version",)), source=src.at(path))
     rev = entry["revision"]
     if not isinstance(rev, str) or not rev or rev != rev.strip() or any(c.isspace() for c in rev):
         raise src.error(path + ("revision",), f"must be a non-empty commit, branch or tag name, got {rev!r}")
@@ -180,8 +197,7 @@ def parse_trust(src: Source, table: object, path: tuple) -> Trust:
             raise src.error(path + (key,), "unknown key; expected publishers")
     pubs = table.get("publishers", [])
     if not isinstance(pubs, list):
-        raise src.error(path + ("publishers",),
-                        f'must be a list of org names like ["kernels-community"], got {pubs!r}')
+        raise src.error(path + ("publishers",), f'must be a list of org names like ["kernels-community"], got {pubs!r}')
     for org in pubs:
         if problem := org_problem(org):
             raise src.error(path + ("publishers",), problem)
@@ -202,8 +218,9 @@ def _parse_model(src: Source, repo: str, entry: object, path: tuple) -> ModelSpe
     if problem := repo_id_problem(repo):
         raise src.error(path, problem)
     if not isinstance(entry, dict):
-        raise src.error(path, f'must be an inline table: {{ revision = "main", include = ["*.safetensors"] }}, '
-                              f"got {entry!r}")
+        raise src.error(
+            path, f'must be an inline table: {{ revision = "main", include = ["*.safetensors"] }}, got {entry!r}'
+        )
     for key in entry:
         if key not in _MODEL_KEYS:
             raise src.error(path + (key,), f"unknown key; expected {', '.join(_MODEL_KEYS)}")

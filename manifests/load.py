@@ -75,8 +75,12 @@ def _parse_toml(path: Path, text: str) -> dict:
     try:
         return tomllib.loads(text)
     except RecursionError:  # tomllib recurses per nesting level: `a = [[[[…` 100k deep
-        raise ManifestError(path, None, "syntax", "arrays or tables nested too deeply (past Python's "
-                                                  "recursion limit; a manifest nests three or four levels)") from None
+        raise ManifestError(
+            path,
+            None,
+            "syntax",
+            "arrays or tables nested too deeply (past Python's recursion limit; a manifest nests three or four levels)",
+        ) from None
     except tomllib.TOMLDecodeError as e:
         # tomllib puts the position in the message: "Invalid value (at line 3, column 9)", or
         # "(at end of document)". Move it to the file:line prefix the contract asks for.

@@ -30,15 +30,18 @@ def parse_lock(path: Path, text: str) -> Manifest:
         what = f"{e.msg} (column {e.colno}); kernels.lock is JSON"
         raise ManifestError(path, e.lineno, "syntax", what) from None
     except RecursionError:  # json recurses per nesting level: `[[[[…` 100k deep
-        raise ManifestError(path, None, "syntax", "arrays or objects nested too deeply (past Python's "
-                                                  "recursion limit; kernels.lock nests three levels)") from None
+        raise ManifestError(
+            path,
+            None,
+            "syntax",
+            "arrays or objects nested too deeply (past Python's recursion limit; kernels.lock nests three levels)",
+        ) from None
     except ValueError as e:  # an integer of over 4300 digits (int()'s own limit)
         raise ManifestError(path, None, "syntax", str(e).splitlines()[0]) from None
     spans = _entry_spans(text) if isinstance(data, list) else []
     src = Source(path, text, lambda p: _line_of(text, spans, p))
     if not isinstance(data, list):
-        raise src.error((), "must be a JSON array of {dependency, lock} entries, as `kernels lock` writes",
-                        line=1)
+        raise src.error((), "must be a JSON array of {dependency, lock} entries, as `kernels lock` writes", line=1)
     if not data:
         raise src.error((), "is empty: nothing to stage", line=1)
     kernels, seen = [], set()
@@ -56,13 +59,15 @@ def _entry(src: Source, entry: object, path: tuple) -> tuple[KernelSpec, tuple]:
         raise src.error(path, "must be an object with dependency and lock")
     old = [k for k in _OLD_KEYS if k in entry]
     if old:
-        raise src.error(path + (old[0],), "this is the pre-0.17 kernels.lock format (repo_id/sha/variants); "
-                                          "re-run `kernels lock` with kernels >= 0.17")
+        raise src.error(
+            path + (old[0],),
+            "this is the pre-0.17 kernels.lock format (repo_id/sha/variants); "
+            "re-run `kernels lock` with kernels >= 0.17",
+        )
     _known_keys(src, entry, path, ("dependency", "lock"))
     dep, lock = entry["dependency"], entry["lock"]
     if not isinstance(dep, dict):
-        raise src.error(path + ("dependency",),
-                        'must be an object like {"repo-id": "org/name", "version": 1}')
+        raise src.error(path + ("dependency",), 'must be an object like {"repo-id": "org/name", "version": 1}')
     _known_keys(src, dep, path + ("dependency",), ("repo-id",), optional=("version", "revision"))
     repo = dep["repo-id"]
     problem = repo_id_problem(repo)
@@ -78,8 +83,7 @@ def _entry(src: Source, entry: object, path: tuple) -> tuple[KernelSpec, tuple]:
     _known_keys(src, lock, path + ("lock",), ("commit",))
     commit = lock["commit"]
     if not isinstance(commit, str) or not _COMMIT.fullmatch(commit):
-        raise src.error(path + ("lock", "commit"),
-                        f"must be a full commit id (40 or 64 hex digits), got {commit!r}")
+        raise src.error(path + ("lock", "commit"), f"must be a full commit id (40 or 64 hex digits), got {commit!r}")
     # kernels stores commits lowercased; do the same so the same lock compares equal either way.
     spec = KernelSpec(repo, revision=commit.lower(), locked_version=version, source=src.at(path))
     kind = "version" if "version" in dep else "revision"

@@ -38,8 +38,7 @@ DEFAULT_BAND = 16  # FRT_MOE_BAND_T when unset: flash-rt's decode band
 # A path pattern is dotted components, each an identifier, an index, or '*' (any one component).
 _COMPONENT = re.compile(r"\*|[A-Za-z_][A-Za-z0-9_]*|\d+")
 _CLASS = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_SEAT_KEYS = ("name", "match", "match_class", "kind", "kernel", "guards", "parity", "tolerance", "band",
-              "slab_rows")
+_SEAT_KEYS = ("name", "match", "match_class", "kind", "kernel", "guards", "parity", "tolerance", "band", "slab_rows")
 _KERNEL_KEYS = ("repo", "version", "revision", "layer", "function")
 _GUARD_KEYS = ("dtypes", "devices", "width", "max_rows")
 _LIST_KEYS = ("match", "match_class", "dtypes", "devices")
@@ -85,20 +84,23 @@ class KernelRef:
             raise SeatSpecError("repo", problem)
         if (self.version is None) == (self.revision is None):
             raise SeatSpecError("version", 'needs exactly one of version = N or revision = "..."')
-        if self.version is not None and (not isinstance(self.version, int) or isinstance(self.version, bool)
-                                         or not 0 <= self.version <= MAX_INT):
-            raise SeatSpecError("version", f"must be a non-negative integer up to {MAX_INT} (branch vN), "
-                                           f"got {short(self.version)}")
-        if self.revision is not None and (not isinstance(self.revision, str) or not self.revision.strip()
-                                          or any(c.isspace() for c in self.revision)):
+        if self.version is not None and (
+            not isinstance(self.version, int) or isinstance(self.version, bool) or not 0 <= self.version <= MAX_INT
+        ):
+            raise SeatSpecError(
+                "version", f"must be a non-negative integer up to {MAX_INT} (branch vN), got {short(self.version)}"
+            )
+        if self.revision is not None and (
+            not isinstance(self.revision, str) or not self.revision.strip() or any(c.isspace() for c in self.revision)
+        ):
             raise SeatSpecError("revision", f"must be a commit, branch or tag name, got {self.revision!r}")
         if (self.layer is None) == (self.function is None):
-            raise SeatSpecError("layer", "needs exactly one of layer = \"<class in layers>\" or "
-                                         "function = \"<name>\"")
+            raise SeatSpecError("layer", 'needs exactly one of layer = "<class in layers>" or function = "<name>"')
         name = self.layer if self.layer is not None else self.function
         if not isinstance(name, str) or not _CLASS.fullmatch(name):
-            raise SeatSpecError("layer" if self.layer is not None else "function",
-                                f"must be a Python identifier, got {name!r}")
+            raise SeatSpecError(
+                "layer" if self.layer is not None else "function", f"must be a Python identifier, got {name!r}"
+            )
 
     @property
     def entry(self) -> str:
@@ -162,13 +164,15 @@ class SeatSpec:
         if self.name is not None and (not isinstance(self.name, str) or not self.name.strip()):
             raise SeatSpecError("name", f"must be a non-empty string, got {self.name!r}")
         if not self.match and not self.match_class:
-            raise SeatSpecError("match", "needs at least one path pattern (match) or class name "
-                                         "(match_class)")
+            raise SeatSpecError("match", "needs at least one path pattern (match) or class name (match_class)")
         if not isinstance(self.parity, bool):
             raise SeatSpecError("parity", f"must be true or false, got {self.parity!r}")
-        if self.tolerance is not None and (not isinstance(self.tolerance, (int, float))
-                                           or isinstance(self.tolerance, bool)
-                                           or not 0 < self.tolerance < 1 or math.isnan(self.tolerance)):
+        if self.tolerance is not None and (
+            not isinstance(self.tolerance, (int, float))
+            or isinstance(self.tolerance, bool)
+            or not 0 < self.tolerance < 1
+            or math.isnan(self.tolerance)
+        ):
             raise SeatSpecError("tolerance", f"must be a number in (0, 1), got {self.tolerance!r}")
         _positive_int(self.band, "band")
         _positive_int(self.slab_rows, "slab_rows")
@@ -179,16 +183,24 @@ class SeatSpec:
         if self.kind == "moe_experts" and self.kernel.layer is None:
             # The bank's weight layout (fused gate/up, transposed or not) is the module's business;
             # a kernels-style layer reads it from self, a bare function would have to guess it.
-            raise SeatSpecError("kernel.layer", "a moe_experts seat needs a layer (forward(self, "
-                                                "hidden_states, top_k_index, top_k_weights)), not a function")
+            raise SeatSpecError(
+                "kernel.layer",
+                "a moe_experts seat needs a layer (forward(self, "
+                "hidden_states, top_k_index, top_k_weights)), not a function",
+            )
         if self.kind == "mlp" and self.kernel.layer is None:
             # Which projections the block holds, and how they are fused, is the module's business.
-            raise SeatSpecError("kernel.layer", "an mlp seat needs a layer (forward(self, x), reading the "
-                                                "block's own projections), not a function")
+            raise SeatSpecError(
+                "kernel.layer",
+                "an mlp seat needs a layer (forward(self, x), reading the block's own projections), not a function",
+            )
         if self.kind == "lm_head" and self.kernel.function is None:
             # Each slab is a view of the weight's rows; a layer would read the whole module's weight.
-            raise SeatSpecError("kernel.function", "an lm_head seat calls a function f(x, weight, bias) "
-                                                   "once per row slab; give function = \"...\", not a layer")
+            raise SeatSpecError(
+                "kernel.function",
+                "an lm_head seat calls a function f(x, weight, bias) "
+                'once per row slab; give function = "...", not a layer',
+            )
 
     @property
     def label(self) -> str:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from .model import ManifestError
 
@@ -38,8 +38,7 @@ class Source:
         n = self.line(path)
         return str(self.path) if n is None else f"{self.path}:{n}"
 
-    def error(self, path: tuple, what: str, *, missing: str | None = None, line: int | None = -1
-              ) -> ManifestError:
+    def error(self, path: tuple, what: str, *, missing: str | None = None, line: int | None = -1) -> ManifestError:
         """An error about the value at ``path``.
 
         ``missing``: the key ``missing`` is absent from the table at ``path``; the error names

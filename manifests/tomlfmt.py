@@ -34,8 +34,12 @@ def parse_pyproject(src: Source, data: dict) -> Manifest:
         # Point at [tool.kernels] when it exists; otherwise there is no line to point at (the
         # nearest-match search would land on an unrelated [tool.x] header).
         line = src.line(("tool", "kernels")) if isinstance(kern, dict) else None
-        raise src.error(("tool", "kernels"), 'missing: add [tool.kernels.dependencies] with "org/name" = 1',
-                        missing="dependencies", line=line)
+        raise src.error(
+            ("tool", "kernels"),
+            'missing: add [tool.kernels.dependencies] with "org/name" = 1',
+            missing="dependencies",
+            line=line,
+        )
     deps_path = ("tool", "kernels", "dependencies")
     deps = kern["dependencies"]
     if not isinstance(deps, dict):
@@ -52,8 +56,10 @@ def parse_pyproject(src: Source, data: dict) -> Manifest:
             raise src.error(path, "must be a table with targets and trust")
         for key in frt:
             if key not in _TOOL_KEYS:
-                raise src.error(path + (key,), f"unknown key; expected {', '.join(_TOOL_KEYS)} "
-                                               "(kernels go in [tool.kernels.dependencies])")
+                raise src.error(
+                    path + (key,),
+                    f"unknown key; expected {', '.join(_TOOL_KEYS)} (kernels go in [tool.kernels.dependencies])",
+                )
         if "targets" in frt:
             targets = parse_targets(src, frt["targets"], path + ("targets",))
         if "trust" in frt:
@@ -68,6 +74,9 @@ def _dependency(src: Source, repo: str, value: object, path: tuple) -> KernelSpe
     # kernels' own `kernels lock` takes only int versions here (KernelVersion.Version(value)), so
     # the frt inline-table form would work with us but break `kernels lock`: refuse it.
     if isinstance(value, dict):
-        raise src.error(path, f'must be an integer version, as `kernels lock` expects: "{repo}" = 1 '
-                              "(revisions go in an frt manifest or kernels.lock)")
+        raise src.error(
+            path,
+            f'must be an integer version, as `kernels lock` expects: "{repo}" = 1 '
+            "(revisions go in an frt manifest or kernels.lock)",
+        )
     return KernelSpec(repo, version=check_version(src, value, path), source=src.at(path))

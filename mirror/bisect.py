@@ -17,12 +17,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from frt.resolver.core import judge
+from frt.resolver.errors import BadInput
 from frt.resolver.hub import HubClient
 from frt.resolver.ledger import Ledger
 from frt.resolver.scan import scan
 from frt.resolver.targets import Target
-from frt.resolver.core import judge
-from frt.resolver.errors import BadInput
 
 from .home import Home
 from .pin import pin_env
@@ -53,9 +53,12 @@ class BisectResult:
     undecided: list[str] = field(default_factory=list)  # when skips leave several suspects
 
     def to_json(self) -> dict:
-        return {**{k: v for k, v in self.__dict__.items() if k not in ("steps", "skipped")},
-                "skipped": [{"commit": c, "reason": r} for c, r in self.skipped],
-                "steps": [s.__dict__ for s in self.steps], "runs": len(self.steps)}
+        return {
+            **{k: v for k, v in self.__dict__.items() if k not in ("steps", "skipped")},
+            "skipped": [{"commit": c, "reason": r} for c, r in self.skipped],
+            "steps": [s.__dict__ for s in self.steps],
+            "runs": len(self.steps),
+        }
 
 
 @dataclass
@@ -88,16 +91,19 @@ def commit_range(ledger: Ledger, repo: str, good: str, bad: str) -> tuple[str, s
         history, before = v.history(repo, b), v.history(repo, g)
     if history is None or before is None:
         missing = bad if history is None else good
-        raise BadInput(f"{repo}: the upstream's history of {missing} is not recorded: bisect it online once "
-                       "(without --offline), which asks the upstream for it")
+        raise BadInput(
+            f"{repo}: the upstream's history of {missing} is not recorded: bisect it online once "
+            "(without --offline), which asks the upstream for it"
+        )
     if g not in history:
         raise BadInput(f"{repo}: --good {good} is not an ancestor of --bad {bad}")
     reached = set(before)
     return g, b, [sha for sha in reversed(history) if sha not in reached]
 
 
-def plan(repo: str, *, good: str, bad: str, target: Target, home: Home, hub: HubClient | None,
-         refresh: bool = False) -> Range:
+def plan(
+    repo: str, *, good: str, bad: str, target: Target, home: Home, hub: HubClient | None, refresh: bool = False
+) -> Range:
     """The range to search, scanning the upstream first when the ledger lacks either end's history."""
     ledger = home.ledger
     if hub is not None:
@@ -140,9 +146,19 @@ def search(n: int, probe: Callable[[int], str]) -> tuple[int | None, list[int]]:
     return (None, suspects + [hi]) if suspects else (hi, [])
 
 
-def bisect(repo: str, *, good: str, bad: str, target: Target, cmd: list[str], home: Home,
-           hub: HubClient | None, timeout: float | None = None, refresh: bool = False,
-           on_step: Callable[[Step], None] = lambda s: None) -> BisectResult:
+def bisect(
+    repo: str,
+    *,
+    good: str,
+    bad: str,
+    target: Target,
+    cmd: list[str],
+    home: Home,
+    hub: HubClient | None,
+    timeout: float | None = None,
+    refresh: bool = False,
+    on_step: Callable[[Step], None] = lambda s: None,
+) -> BisectResult:
     rng = plan(repo, good=good, bad=bad, target=target, home=home, hub=hub, refresh=refresh)
     result = BisectResult(repo, str(target), rng.good, rng.bad, candidates=rng.candidates, skipped=rng.skipped)
     ends = [*rng.candidates, rng.bad]
@@ -178,8 +194,13 @@ def run_command(cmd: list[str], env: dict[str, str], timeout: float | None, capt
         # Its own process group, so a timeout kills the command's children too, not just a shell.
         # Its output goes to stderr: stdout carries only the result (a table or --json); captured, it is
         # relayed there after the run.
-        proc = subprocess.Popen(cmd, env={**os.environ, **env}, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE if capture else sys.stderr.fileno(), start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            env={**os.environ, **env},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE if capture else sys.stderr.fileno(),
+            start_new_session=True,
+        )
     except OSError as e:
         raise BadInput(f"cannot run {cmd[0]!r}: {e.strerror}") from None
     try:

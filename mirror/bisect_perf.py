@@ -121,25 +121,36 @@ class PerfResult:
     undecided: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
-        return {**{k: v for k, v in self.__dict__.items() if k not in ("steps", "skipped")},
-                "skipped": [{"commit": c, "reason": r} for c, r in self.skipped],
-                "steps": [s.__dict__ for s in self.steps], "runs": sum(len(s.runs) + len(s.baseline_runs)
-                                                                       for s in self.steps)}
+        return {
+            **{k: v for k, v in self.__dict__.items() if k not in ("steps", "skipped")},
+            "skipped": [{"commit": c, "reason": r} for c, r in self.skipped],
+            "steps": [s.__dict__ for s in self.steps],
+            "runs": sum(len(s.runs) + len(s.baseline_runs) for s in self.steps),
+        }
 
 
 class _Probe:
     """Runs the command against pinned commits, each pin staged once, and reads each run's figure."""
 
-    def __init__(self, repo: str, target: Target, cmd: list[str], metric: Metric, home: Home,
-                 hub: HubClient | None, timeout: float | None):
+    def __init__(
+        self,
+        repo: str,
+        target: Target,
+        cmd: list[str],
+        metric: Metric,
+        home: Home,
+        hub: HubClient | None,
+        timeout: float | None,
+    ):
         self.repo, self.target, self.cmd, self.metric = repo, target, cmd, metric
         self.home, self.hub, self.timeout = home, hub, timeout
         self._pins: dict[str, PinnedEnv] = {}
 
     def pinned(self, sha: str) -> PinnedEnv:
         if sha not in self._pins:
-            self._pins[sha] = pin_env(self.repo, sha, self.target, home=self.home, hub=self.hub,
-                                      offline=self.hub is None)
+            self._pins[sha] = pin_env(
+                self.repo, sha, self.target, home=self.home, hub=self.hub, offline=self.hub is None
+            )
         return self._pins[sha]
 
     def once(self, sha: str) -> float | str:
@@ -158,8 +169,11 @@ class _Probe:
         each commit's runs come together. A commit's first failed run ends every sample: runs taken
         alongside one another are compared as a set."""
         n = self.metric.repeat
-        order = [i for _ in range(n) for i in range(len(shas))] if self.metric.interleave else \
-            [i for i in range(len(shas)) for _ in range(n)]
+        order = (
+            [i for _ in range(n) for i in range(len(shas))]
+            if self.metric.interleave
+            else [i for i in range(len(shas)) for _ in range(n)]
+        )
         runs: list[list[float]] = [[] for _ in shas]
         for i in order:
             if isinstance(got := self.once(shas[i]), str):
@@ -175,27 +189,74 @@ def judge(metric: Metric, sample: Sample, base: Sample, *, alongside: bool) -> t
         return "skip", sample.failure or f"{whose}: {base.failure}", None
     for who, s in (("its runs", sample), (whose, base)):
         if s.spread > metric.threshold:
-            return "skip", (f"{who} spread {s.spread:.1f}% (MAD) > the {metric.threshold:g}% threshold: "
-                            "too noisy to show the effect (more --repeat, or a quieter machine)"), None
+            return (
+                "skip",
+                (
+                    f"{who} spread {s.spread:.1f}% (MAD) > the {metric.threshold:g}% threshold: "
+                    "too noisy to show the effect (more --repeat, or a quieter machine)"
+                ),
+                None,
+            )
     change = metric.worse_by(sample.median, base.median)
     if change > metric.threshold:
         return "bad", f"{change:.1f}% worse than the good median {base.median:g}", change
     return "good", f"{change:+.1f}% against the good median {base.median:g}: within {metric.threshold:g}%", change
 
 
-def _step(sha: str, variant: str, role: str, sample: Sample, verdict: str, reason: str,
-          base: Sample | None = None, change: float | None = None, alongside: bool = False) -> PerfStep:
-    return PerfStep(sha, variant, role, list(sample.runs), sample.median, sample.spread, verdict, reason,
-                    base.median if base else None, change, list(base.runs) if base and alongside else [])
+def _step(
+    sha: str,
+    variant: str,
+    role: str,
+    sample: Sample,
+    verdict: str,
+    reason: str,
+    base: Sample | None = None,
+    change: float | None = None,
+    alongside: bool = False,
+) -> PerfStep:
+    return PerfStep(
+        sha,
+        variant,
+        role,
+        list(sample.runs),
+        sample.median,
+        sample.spread,
+        verdict,
+        reason,
+        base.median if base else None,
+        change,
+        list(base.runs) if base and alongside else [],
+    )
 
 
-def bisect_metric(repo: str, *, good: str, bad: str, target: Target, cmd: list[str], metric: Metric,
-                  home: Home, hub: HubClient | None, timeout: float | None = None, refresh: bool = False,
-                  on_step: Callable[[PerfStep], None] = lambda s: None) -> PerfResult:
+def bisect_metric(
+    repo: str,
+    *,
+    good: str,
+    bad: str,
+    target: Target,
+    cmd: list[str],
+    metric: Metric,
+    home: Home,
+    hub: HubClient | None,
+    timeout: float | None = None,
+    refresh: bool = False,
+    on_step: Callable[[PerfStep], None] = lambda s: None,
+) -> PerfResult:
     rng = plan(repo, good=good, bad=bad, target=target, home=home, hub=hub, refresh=refresh)
-    result = PerfResult(repo, str(target), rng.good, rng.bad, metric.pattern.pattern, metric.direction,
-                        metric.threshold, metric.repeat, metric.interleave, candidates=rng.candidates,
-                        skipped=rng.skipped)
+    result = PerfResult(
+        repo,
+        str(target),
+        rng.good,
+        rng.bad,
+        metric.pattern.pattern,
+        metric.direction,
+        metric.threshold,
+        metric.repeat,
+        metric.interleave,
+        candidates=rng.candidates,
+        skipped=rng.skipped,
+    )
     probe = _Probe(repo, target, cmd, metric, home, hub, timeout)
 
     def record(step: PerfStep) -> PerfStep:
@@ -211,8 +272,9 @@ def bisect_metric(repo: str, *, good: str, bad: str, target: Target, cmd: list[s
         sha = rng.candidates[i]
         sample, base = probe.measure(sha, rng.good) if metric.interleave else (probe.measure(sha)[0], good_sample)
         verdict, reason, change = judge(metric, sample, base, alongside=metric.interleave)
-        return record(_step(sha, probe.pinned(sha).variant, "probe", sample, verdict, reason, base, change,
-                            metric.interleave)).verdict
+        return record(
+            _step(sha, probe.pinned(sha).variant, "probe", sample, verdict, reason, base, change, metric.interleave)
+        ).verdict
 
     ends = [*rng.candidates, rng.bad]
     first, suspects = search(len(rng.candidates), judged)
@@ -225,16 +287,20 @@ def bisect_metric(repo: str, *, good: str, bad: str, target: Target, cmd: list[s
 
 
 def _ends(result: PerfResult, rng: Range, probe: _Probe, record) -> Sample:
-    """Measure both ends first (alternating, with interleave; else the good end first); set `result.stopped` when they cannot be
-    measured or show no drift to find. Returns the good end's sample, the baseline."""
+    """Measure both ends first (alternating, with interleave; else the good end first); set `result.stopped`
+    when they cannot be measured or show no drift to find. Returns the good end's sample, the baseline."""
     metric = probe.metric
     g, b = probe.measure(rng.good, rng.bad) if metric.interleave else (probe.measure(rng.good)[0], None)
-    why = g.failure or (f"its runs spread {g.spread:.1f}% (MAD) > the {metric.threshold:g}% threshold "
-                        "(more --repeat, a larger --threshold, or a quieter machine)"
-                        if g.spread > metric.threshold else "")
+    why = g.failure or (
+        f"its runs spread {g.spread:.1f}% (MAD) > the {metric.threshold:g}% threshold "
+        "(more --repeat, a larger --threshold, or a quieter machine)"
+        if g.spread > metric.threshold
+        else ""
+    )
     result.good_median = g.median
-    record(_step(rng.good, probe.pinned(rng.good).variant, "good end", g, "skip" if why else "good",
-                 why or "the baseline"))
+    record(
+        _step(rng.good, probe.pinned(rng.good).variant, "good end", g, "skip" if why else "good", why or "the baseline")
+    )
     if why:  # the bad end is not measured: nothing could be compared with it
         result.stopped = f"cannot measure the good end {rng.good[:12]}: {why}"
         return g

@@ -6,9 +6,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from frt.resolver.targets import Target
 from frt.resolver.errors import BadInput
 from frt.resolver.repo_ids import pin_variable, pinned_revision
+from frt.resolver.targets import Target
 
 from .home import Home
 from .records import StagedRow
@@ -34,8 +34,9 @@ class EnvSet:
     warnings: list[str]
 
 
-def choose_staged(rows: list[StagedRow], environ: Mapping[str, str] | None = None,
-                  versions: Mapping[str, int] | None = None) -> tuple[dict[str, StagedRow], list[str]]:
+def choose_staged(
+    rows: list[StagedRow], environ: Mapping[str, str] | None = None, versions: Mapping[str, int] | None = None
+) -> tuple[dict[str, StagedRow], list[str]]:
     """Per repo, the staged row a cluster should load, and a warning for every repo where that was a
     guess. LOCAL_KERNELS carries one path per repo and `kernels` does no version check on it, so
     with v1 and v2 staged, `get_kernel(version=1)` would load whichever path is given.
@@ -56,8 +57,9 @@ def choose_staged(rows: list[StagedRow], environ: Mapping[str, str] | None = Non
         if pin:
             match = [r for r in candidates if r.commit.startswith(pin.lower()) or r.revision == pin]
             if not match:
-                raise BadInput(f"{pin_variable(repo)}={pin} is not staged for this target: "
-                               f"run 'frt-mirror stage' with the pin set")
+                raise BadInput(
+                    f"{pin_variable(repo)}={pin} is not staged for this target: run 'frt-mirror stage' with the pin set"
+                )
             chosen[repo] = match[0]
             continue
         if repo in versions:
@@ -75,12 +77,14 @@ def choose_staged(rows: list[StagedRow], environ: Mapping[str, str] | None = Non
                 f"{repo}: {len(candidates)} staged requests ({chosen[repo].requested}, {others}) and LOCAL_KERNELS "
                 f"carries one: chose {chosen[repo].requested} ({chosen[repo].commit[:12]}), which get_kernel loads "
                 f"whatever version it asks for; choose with --version {repo}=N or {pin_variable(repo)}=<commit>, "
-                "or hand off with export-cache or serve, which keep every version")
+                "or hand off with export-cache or serve, which keep every version"
+            )
     return chosen, warnings
 
 
-def local_kernels(home: Home, target: Target, environ: Mapping[str, str] | None = None,
-                  versions: Mapping[str, int] | None = None) -> EnvSet:
+def local_kernels(
+    home: Home, target: Target, environ: Mapping[str, str] | None = None, versions: Mapping[str, int] | None = None
+) -> EnvSet:
     rows = home.staged(str(target))
     if not rows:
         raise BadInput(f"nothing is staged for {target}: run 'frt-mirror stage --target {target}' first")
@@ -91,8 +95,17 @@ def local_kernels(home: Home, target: Target, environ: Mapping[str, str] | None 
         path = views.variant_dir(repo, row.commit, row.variant)
         if ":" in str(path) or "=" in str(path):
             raise BadInput(f"home path {home.root} contains ':' or '=', which LOCAL_KERNELS cannot carry")
-        out.append(EnvEntry(repo, row.requested, row.commit, row.variant, path, row.wheels,
-                            wheels_dir(home.root) if row.wheels else None))
+        out.append(
+            EnvEntry(
+                repo,
+                row.requested,
+                row.commit,
+                row.variant,
+                path,
+                row.wheels,
+                wheels_dir(home.root) if row.wheels else None,
+            )
+        )
     return EnvSet(out, warnings)
 
 
@@ -122,8 +135,10 @@ def pip_line(wheels, find_links: Path | None = None) -> str | None:
     return f"pip install --no-index{where} {' '.join(projects)}"
 
 
-TELEMETRY_WARNING = ("do not set HF_HUB_DISABLE_TELEMETRY=1: with kernels 0.17 it breaks every online "
-                     "kernels call (a malformed User-Agent)")
+TELEMETRY_WARNING = (
+    "do not set HF_HUB_DISABLE_TELEMETRY=1: with kernels 0.17 it breaks every online "
+    "kernels call (a malformed User-Agent)"
+)
 
 
 def endpoint_vars(url: str) -> dict[str, str]:

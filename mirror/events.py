@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+from sqlalchemy import func, select
+
 from frt.resolver.ledger import Ledger
 from frt.resolver.ledger.retry import retried
-from sqlalchemy import func, select
 
 from .schema import Event
 
@@ -26,8 +27,16 @@ class EventRow:
 
 
 @retried
-def record_event(ledger: Ledger, kind: str, *, ref: str | None = None, base: str | None = None,
-                 files: int = 0, nbytes: int = 0, detail: str = "") -> None:
+def record_event(
+    ledger: Ledger,
+    kind: str,
+    *,
+    ref: str | None = None,
+    base: str | None = None,
+    files: int = 0,
+    nbytes: int = 0,
+    detail: str = "",
+) -> None:
     with ledger.session(write=True) as s:
         s.add(Event(kind=kind, ref=ref, base=base, files=files, nbytes=nbytes, detail=detail))
 

@@ -45,12 +45,21 @@ def matches(entry: FileEntry, d: Digest) -> bool:
     return d.sha256 == entry.sha256 if entry.sha256 else d.git_oid == entry.git_oid
 
 
-def fetch_file(transport: Transport, store: BlobStore, repo_id: str, commit: str, entry: FileEntry, *,
-               known_sha256: str | None = None, publisher: set[str] | None = None,
-               recorded: Mapping[str, Digest] | None = None,
-               on_bytes: Callable[[int], None] = lambda n: None, repo_type: str = "kernel",
-               stored_by_oid: Callable[[str], str | None] = lambda oid: None,
-               on_stored: Callable[[Digest], None] = lambda d: None) -> Fetched:
+def fetch_file(
+    transport: Transport,
+    store: BlobStore,
+    repo_id: str,
+    commit: str,
+    entry: FileEntry,
+    *,
+    known_sha256: str | None = None,
+    publisher: set[str] | None = None,
+    recorded: Mapping[str, Digest] | None = None,
+    on_bytes: Callable[[int], None] = lambda n: None,
+    repo_type: str = "kernel",
+    stored_by_oid: Callable[[str], str | None] = lambda oid: None,
+    on_stored: Callable[[Digest], None] = lambda d: None,
+) -> Fetched:
     """Make sure `entry`'s verified bytes are in the store; download only what is missing.
 
     `publisher`: the sha256 values publishers' digests expect of these bytes (None: no digest
@@ -61,9 +70,14 @@ def fetch_file(transport: Transport, store: BlobStore, repo_id: str, commit: str
     where = f"{repo_id}/{entry.path}@{commit[:12]}"
     sha = entry.sha256 or known_sha256
     if sha and publisher and sha not in publisher:
-        raise IntegrityError(f"{where}: the upstream advertises sha256 {sha}; the publisher's digest (metadata.json) "
-                             f"says {' or '.join(sorted(publisher))}", repo=repo_id, path=entry.path, commit=commit,
-                             error="PublisherDigestMismatch")
+        raise IntegrityError(
+            f"{where}: the upstream advertises sha256 {sha}; the publisher's digest (metadata.json) "
+            f"says {' or '.join(sorted(publisher))}",
+            repo=repo_id,
+            path=entry.path,
+            commit=commit,
+            error="PublisherDigestMismatch",
+        )
     if sha and store.has(sha):
         return Fetched(entry, _stored_digest(store, entry, sha, recorded), 0)
     key = expected_key(entry)
@@ -101,21 +115,28 @@ def _download_verified(transport, store, repo_id, commit, entry, key, on_bytes, 
     for clean_retry in (False, True):
         had = part.exists() and part.stat().st_size > 0
         try:
-            transport.fetch(repo_id, entry.path, commit, part, size=entry.size, on_bytes=count,
-                            repo_type=repo_type, running=running)
+            transport.fetch(
+                repo_id, entry.path, commit, part, size=entry.size, on_bytes=count, repo_type=repo_type, running=running
+            )
         except ContentTooLarge as e:
             part.unlink(missing_ok=True)
             raise IntegrityError(str(e), repo=repo_id, path=entry.path, commit=commit) from None
         except ListedFileMissing as e:  # the upstream's listing and its answer disagree: refused, as a bad hash is
-            raise IntegrityError(str(e), repo=repo_id, path=entry.path, commit=commit,
-                                 error="ListedFileMissing") from None
+            raise IntegrityError(
+                str(e), repo=repo_id, path=entry.path, commit=commit, error="ListedFileMissing"
+            ) from None
         digest = running.digest(part) or digest_file(part)
         if matches(entry, digest) and publisher and digest.sha256 not in publisher:
             part.unlink()
-            raise IntegrityError(f"{where}: served bytes match the upstream's git oid {entry.git_oid} but hash to "
-                                 f"sha256 {digest.sha256}; the publisher's digest (metadata.json) says "
-                                 f"{' or '.join(sorted(publisher))}", repo=repo_id, path=entry.path, commit=commit,
-                                 error="PublisherDigestMismatch")
+            raise IntegrityError(
+                f"{where}: served bytes match the upstream's git oid {entry.git_oid} but hash to "
+                f"sha256 {digest.sha256}; the publisher's digest (metadata.json) says "
+                f"{' or '.join(sorted(publisher))}",
+                repo=repo_id,
+                path=entry.path,
+                commit=commit,
+                error="PublisherDigestMismatch",
+            )
         if matches(entry, digest):
             store.commit(part, digest)
             return Fetched(entry, digest, downloaded)
@@ -124,6 +145,10 @@ def _download_verified(transport, store, repo_id, commit, entry, key, on_bytes, 
             continue
         want = f"sha256 {entry.sha256}" if entry.sha256 else f"git oid {entry.git_oid}"
         got = f"sha256 {digest.sha256}" if entry.sha256 else f"git oid {digest.git_oid}"
-        raise IntegrityError(f"{where}: upstream advertised {want}, {entry.size} bytes; served {got}, "
-                             f"{digest.size} bytes", repo=repo_id, path=entry.path, commit=commit)
+        raise IntegrityError(
+            f"{where}: upstream advertised {want}, {entry.size} bytes; served {got}, {digest.size} bytes",
+            repo=repo_id,
+            path=entry.path,
+            commit=commit,
+        )
     raise AssertionError("unreachable")

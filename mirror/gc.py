@@ -1,8 +1,8 @@
 """gc: remove the blobs nothing references, their ledger rows, and partial downloads nobody will resume.
 
-A blob is referenced when a staged row's files name it (kernels and models alike, through the
-ledger's record of each staged variant) or its wheels do (python-depends), or when a file under the views is a hard link to it (by
-inode: a view a stager is still assembling, or one whose staged row was replaced, keeps its blobs).
+A blob is referenced when a staged row's files name it (kernels and models alike, through the ledger's record
+of each staged variant) or its wheels do (python-depends), or when a file under the views is a hard link to it
+(by inode: a view a stager is still assembling, or one whose staged row was replaced, keeps its blobs).
 Everything else in the store is garbage: what `unstage` dropped, what a stage left unreferenced
 when it moved a branch to a new commit, blobs an interrupted run stored but never recorded.
 
@@ -27,8 +27,8 @@ from frt.resolver.resolution import FileEntry
 from .events import record_event
 from .home import Home
 from .records import all_blobs, blob_for, delete_blob_records, staged_rows, wheel_rows
-from .storelock import store_collector
 from .store import Digest, digest_file
+from .storelock import store_collector
 from .views import Views, wheels_dir
 
 # As BlobStore.sweep_parts and Views.sweep_tmp: older than any live writer's (a download in flight
@@ -69,12 +69,18 @@ class GcReport:
         return sum(p.size for p in self.parts)
 
     def to_json(self) -> dict:
-        return {"dry_run": self.dry_run, "removed_blobs": len(self.removed), "removed_bytes": self.removed_bytes,
-                "blobs": [{"sha256": d.sha256, "size": d.size} for d in self.removed],
-                "removed_parts": len(self.parts), "part_bytes": self.part_bytes,
-                "parts": [{"name": p.name, "size": p.size} for p in self.parts],
-                "dropped_records": self.dropped_records,
-                "kept_blobs": self.kept_blobs, "kept_bytes": self.kept_bytes}
+        return {
+            "dry_run": self.dry_run,
+            "removed_blobs": len(self.removed),
+            "removed_bytes": self.removed_bytes,
+            "blobs": [{"sha256": d.sha256, "size": d.size} for d in self.removed],
+            "removed_parts": len(self.parts),
+            "part_bytes": self.part_bytes,
+            "parts": [{"name": p.name, "size": p.size} for p in self.parts],
+            "dropped_records": self.dropped_records,
+            "kept_blobs": self.kept_blobs,
+            "kept_bytes": self.kept_bytes,
+        }
 
 
 def collect(home: Home, *, dry_run: bool = False, on_wait: Callable[[str], None] = lambda what: None) -> GcReport:
@@ -83,8 +89,14 @@ def collect(home: Home, *, dry_run: bool = False, on_wait: Callable[[str], None]
         if not dry_run:
             home.views.sweep_tmp(SWEEP_AGE_S)  # dead stagers' scratch: plan ignores it already
         p = plan(home)
-        report = GcReport(dry_run, p.garbage, [_part(x) for x in p.parts], len(p.kept), sum(d.size for d in p.kept),
-                          len(p.stale_records))
+        report = GcReport(
+            dry_run,
+            p.garbage,
+            [_part(x) for x in p.parts],
+            len(p.kept),
+            sum(d.size for d in p.kept),
+            len(p.stale_records),
+        )
         if not dry_run:
             for link in p.wheel_links:  # first: pip on a shared home never finds a wheel whose blob is gone
                 link.unlink(missing_ok=True)
@@ -93,8 +105,13 @@ def collect(home: Home, *, dry_run: bool = False, on_wait: Callable[[str], None]
                 home.store.remove(d.sha256, *([d.git_oid] if d.git_oid else []))
             for part in p.parts:
                 _remove_part(home, part)
-            record_event(home.ledger, "gc", files=len(report.removed), nbytes=report.removed_bytes,
-                         detail=f"{len(report.parts)} partial download(s), {report.part_bytes} bytes")
+            record_event(
+                home.ledger,
+                "gc",
+                files=len(report.removed),
+                nbytes=report.removed_bytes,
+                detail=f"{len(report.parts)} partial download(s), {report.part_bytes} bytes",
+            )
     return report
 
 

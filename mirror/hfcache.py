@@ -18,11 +18,10 @@ import os
 import uuid
 from pathlib import Path
 
-from frt.resolver.targets import Target
 from frt.resolver.errors import BadInput, VerificationFailed
-from frt.resolver.gate import check_commit, check_git_oid, check_path, check_ref, check_repo_id, check_sha256
-
 from frt.resolver.fs import atomic_write
+from frt.resolver.gate import check_commit, check_git_oid, check_path, check_ref, check_repo_id, check_sha256
+from frt.resolver.targets import Target
 
 from .home import Home
 from .records import MODEL_TARGET, blob_for, repo_types
@@ -49,7 +48,11 @@ def export_cache(out: Path, home: Home, target: Target, wheels_to: Path | None =
             files, _ = v.variant(row.repo, row.commit, row.variant)
             # Staged by its commit (pulled through, or pinned): the refs the ledger knows at that commit
             # too, so an offline client asking for `main` (as it asked the mirror) finds it.
-            at = [name for _kind, name, sha in v.refs(row.repo) if sha == row.commit] if row.revision == row.commit else []
+            at = (
+                [name for _kind, name, sha in v.refs(row.repo) if sha == row.commit]
+                if row.revision == row.commit
+                else []
+            )
         plan.append((row, _checked(row, files, at)))
     sources = _sources(home, plan)
     blobs = _check_sources(home, plan, sources)
@@ -63,8 +66,7 @@ def export_cache(out: Path, home: Home, target: Target, wheels_to: Path | None =
         for entry in files:
             src = sources[(row.repo, row.commit, entry.path)]
             # huggingface_hub names a blob by the ETag the Hub sends: sha256 for LFS files, git oid otherwise.
-            _place(repo_dir, row.commit, entry.path, src, etag=entry.sha256 or entry.git_oid,
-                   sha256=blobs[entry])
+            _place(repo_dir, row.commit, entry.path, src, etag=entry.sha256 or entry.git_oid, sha256=blobs[entry])
         (repo_dir / "trees" / f"{row.commit}.json").unlink(missing_ok=True)
         for ref in refs:
             atomic_write(repo_dir / "refs" / ref, row.commit)
@@ -93,11 +95,15 @@ def _check_wheels(home: Home, rows) -> list[tuple[str, Path, str]]:
         sha = recorded.get(name, (None, None, None, None))[2]
         src = home.store.path(sha) if sha else None
         if src is None or not src.is_file():
-            raise BadInput(f"wheel {name} is recorded as staged but missing from the store: run 'frt-mirror verify', "
-                           "then 'frt-mirror stage' again")
+            raise BadInput(
+                f"wheel {name} is recorded as staged but missing from the store: run 'frt-mirror verify', "
+                "then 'frt-mirror stage' again"
+            )
         if (got := digest_file(src).sha256) != sha:
-            raise VerificationFailed(f"wheel {name}: {src} hashes to {got}, not to its recorded blob {sha}: nothing "
-                                     "was written: run 'frt-mirror verify'")
+            raise VerificationFailed(
+                f"wheel {name}: {src} hashes to {got}, not to its recorded blob {sha}: nothing "
+                "was written: run 'frt-mirror verify'"
+            )
         out.append((name, src, sha))
     return out
 
@@ -126,12 +132,16 @@ def _check_sources(home: Home, plan, sources) -> dict:
             src, sha = sources[(row.repo, row.commit, entry.path)], blobs[entry]
             where = f"{row.repo}@{row.commit[:12]}: {entry.path}"
             if src is None or not src.is_file() or sha is None:
-                raise BadInput(f"{where} is recorded as staged but missing from the "
-                               f"{'store' if row.is_model else 'view'}: run 'frt-mirror verify', then "
-                               "'frt-mirror stage' again")
+                raise BadInput(
+                    f"{where} is recorded as staged but missing from the "
+                    f"{'store' if row.is_model else 'view'}: run 'frt-mirror verify', then "
+                    "'frt-mirror stage' again"
+                )
             if (got := digest_file(src).sha256) != sha:
-                raise VerificationFailed(f"{where}: {src} hashes to {got}, not to its recorded blob {sha}: its "
-                                         "bytes changed on disk; nothing was written: run 'frt-mirror verify'")
+                raise VerificationFailed(
+                    f"{where}: {src} hashes to {got}, not to its recorded blob {sha}: its "
+                    "bytes changed on disk; nothing was written: run 'frt-mirror verify'"
+                )
     return blobs
 
 

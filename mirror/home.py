@@ -30,8 +30,14 @@ class Home:
     hosts share, beside a home on a shared filesystem), else the home's SQLite file; opened on first
     use (read-only where the home cannot be written, or when `readonly=True`)."""
 
-    def __init__(self, root: Path | str, *, ledger: Ledger | None = None, readonly: bool | None = None,
-                 ledger_url: str | None = None):
+    def __init__(
+        self,
+        root: Path | str,
+        *,
+        ledger: Ledger | None = None,
+        readonly: bool | None = None,
+        ledger_url: str | None = None,
+    ):
         self.root = Path(root)
         self._ledger, self._readonly = ledger, readonly
         self.ledger_url = ledger_url or default_ledger_url()

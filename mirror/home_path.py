@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
-
 from dataclasses import dataclass
+from pathlib import Path
 
 from frt.resolver.errors import BadInput, HomeReadOnly, LedgerCorrupt
 
@@ -77,8 +76,7 @@ def check_writable(home: Path, what: str) -> None:
     ledger = ledger_path(home)
     writable = os.access(home, os.W_OK) and (not ledger.exists() or os.access(ledger, os.W_OK))
     if home.is_dir() and not writable:
-        raise HomeReadOnly(f"home {home} is read-only here, and {what}: run it where the home is mounted "
-                           "read-write")
+        raise HomeReadOnly(f"home {home} is read-only here, and {what}: run it where the home is mounted read-write")
 
 
 def default_ledger_url() -> str | None:
@@ -95,8 +93,9 @@ def check_ledger_text(text: str, *, where: str) -> str:
     needs SQLAlchemy; this needs nothing."""
     scheme, sep, _ = text.partition("://")
     if not sep or not scheme:
-        raise BadInput(f"{where} {text!r} is not a ledger URL: expected postgresql://USER@HOST:PORT/DB or "
-                       "sqlite:///PATH")
+        raise BadInput(
+            f"{where} {text!r} is not a ledger URL: expected postgresql://USER@HOST:PORT/DB or sqlite:///PATH"
+        )
     return text
 
 
@@ -111,7 +110,9 @@ def check_not_forgotten(home: Path, blobs: Path) -> None:
     except OSError:  # no ledger (a new home, or its ledger removed on purpose), or no home: said on open
         return
     if empty and any(p.is_file() for p in blobs.glob("??/*")):
-        raise LedgerCorrupt(f"ledger {ledger} is empty (0 bytes) but the store {blobs} holds blobs: the record "
-                            "of what was staged is gone. Restore it from a backup; or remove the empty file to "
-                            "start a new ledger over these blobs (frt-mirror verify then adopts them; stage or "
-                            "import again to record what is staged: blobs already here are not fetched again)")
+        raise LedgerCorrupt(
+            f"ledger {ledger} is empty (0 bytes) but the store {blobs} holds blobs: the record "
+            "of what was staged is gone. Restore it from a backup; or remove the empty file to "
+            "start a new ledger over these blobs (frt-mirror verify then adopts them; stage or "
+            "import again to record what is staged: blobs already here are not fetched again)"
+        )

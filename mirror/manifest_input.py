@@ -6,11 +6,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from frt.manifests import Manifest, ManifestError, ModelSpec, load_manifest
+from frt.resolver.errors import BadInput
 from frt.resolver.resolution import Request
 from frt.resolver.resolve import make_request
-from frt.resolver.targets import make_target, parse_target, Target
-from frt.resolver.errors import BadInput
-from frt.resolver.targets import with_archs
+from frt.resolver.targets import Target, make_target, parse_target, with_archs
 
 
 @dataclass(frozen=True)
@@ -48,8 +47,7 @@ def _manifest_targets(manifest: Manifest) -> list[Target]:
                 target = parse_target(t.text, name=t.name)
                 target = with_archs(target, t.archs) if t.archs else target
             else:
-                target = make_target(torch=t.torch, backend=t.backend, cpu=t.cpu, os=t.os, name=t.name,
-                                     archs=t.archs)
+                target = make_target(torch=t.torch, backend=t.backend, cpu=t.cpu, os=t.os, name=t.name, archs=t.archs)
             out.append(replace(target, python=t.python) if t.python else target)
         except BadInput as e:
             raise BadInput(f"{t.source}: {e}") from None

@@ -23,27 +23,41 @@ from concurrent.futures import ThreadPoolExecutor
 from huggingface_hub.utils import filter_repo_objects
 
 from frt.manifests import ModelSpec
-from frt.resolver.hub import HubClient
-from frt.resolver.resolve import make_request
 from frt.resolver.errors import FrtError, UpstreamUnavailable
+from frt.resolver.hub import HubClient
 from frt.resolver.resolution import FileEntry, VariantInfo
+from frt.resolver.resolve import make_request
 
 from .fetch import Fetched, IntegrityError, fetch_file
 from .home import Home
-from .records import (MODEL_SELECTION, MODEL_TARGET, StagedRow, record_blobs, record_staged_rows, recorded_blobs,
-                      sha256_by_git_oid)
+from .records import (
+    MODEL_SELECTION,
+    MODEL_TARGET,
+    StagedRow,
+    record_blobs,
+    record_staged_rows,
+    recorded_blobs,
+    sha256_by_git_oid,
+)
 from .stage import StageReport, StageRow
 from .transport import Transport
 
 
 def select_files(files: list[FileEntry], spec: ModelSpec) -> list[FileEntry]:
     """The files snapshot_download(allow_patterns=include, ignore_patterns=exclude) would fetch."""
-    return list(filter_repo_objects(files, allow_patterns=list(spec.include) or None,
-                                    ignore_patterns=list(spec.exclude) or None, key=lambda f: f.path))
+    return list(
+        filter_repo_objects(
+            files,
+            allow_patterns=list(spec.include) or None,
+            ignore_patterns=list(spec.exclude) or None,
+            key=lambda f: f.path,
+        )
+    )
 
 
-def stage_models(specs: tuple[ModelSpec, ...], *, home: Home, hub: HubClient, jobs: int = 8,
-                 report: StageReport) -> None:
+def stage_models(
+    specs: tuple[ModelSpec, ...], *, home: Home, hub: HubClient, jobs: int = 8, report: StageReport
+) -> None:
     """Stage each model selection, one row each into `report`. An unreachable upstream is raised
     after what completed is recorded, as for kernels."""
     rows, dead = report.rows, None
@@ -62,9 +76,17 @@ def stage_models(specs: tuple[ModelSpec, ...], *, home: Home, hub: HubClient, jo
 
 
 def _row(spec: ModelSpec, commit: str | None, files: list[FileEntry], status: str, detail: str = "") -> StageRow:
-    return StageRow(spec.repo, f"revision {spec.revision}", MODEL_TARGET, commit,
-                    MODEL_SELECTION if status == "staged" else None, len(files), sum(f.size for f in files), status,
-                    detail)
+    return StageRow(
+        spec.repo,
+        f"revision {spec.revision}",
+        MODEL_TARGET,
+        commit,
+        MODEL_SELECTION if status == "staged" else None,
+        len(files),
+        sum(f.size for f in files),
+        status,
+        detail,
+    )
 
 
 def _stage_one(spec: ModelSpec, *, home: Home, hub: HubClient, jobs: int, report: StageReport) -> StageRow:
@@ -77,21 +99,27 @@ def _stage_one(spec: ModelSpec, *, home: Home, hub: HubClient, jobs: int, report
     ledger.record_history(spec.repo, commit, hub.history(spec.repo, commit, repo_type="model"))
     files = select_files(hub.repo_listing(spec.repo, commit, repo_type="model"), spec)
     if not files:
-        return _row(spec, commit, [], "refused", f"{spec.source}: {spec.repo}@{commit[:12]}: no file matches "
-                                                 f"include {list(spec.include)} / exclude {list(spec.exclude)}")
+        return _row(
+            spec,
+            commit,
+            [],
+            "refused",
+            f"{spec.source}: {spec.repo}@{commit[:12]}: no file matches "
+            f"include {list(spec.include)} / exclude {list(spec.exclude)}",
+        )
     fetched = _fetch(spec.repo, commit, files, home=home, hub=hub, jobs=jobs)
     record_blobs(ledger, (x.digest for x in fetched))
     report.needed_bytes += sum(f.size for f in files)
     report.downloaded_bytes += sum(x.downloaded for x in fetched)
     ledger.record_builds(spec.repo, {commit: [VariantInfo(MODEL_SELECTION, tuple(files))]})
     request = make_request(spec.repo, revision=spec.revision)
-    record_staged_rows(ledger, [StagedRow(spec.repo, request.label, None, spec.revision, MODEL_TARGET, commit,
-                                          MODEL_SELECTION)])
+    record_staged_rows(
+        ledger, [StagedRow(spec.repo, request.label, None, spec.revision, MODEL_TARGET, commit, MODEL_SELECTION)]
+    )
     return _row(spec, commit, files, "staged")
 
 
-def _fetch(repo: str, commit: str, files: list[FileEntry], *, home: Home, hub: HubClient,
-           jobs: int) -> list[Fetched]:
+def _fetch(repo: str, commit: str, files: list[FileEntry], *, home: Home, hub: HubClient, jobs: int) -> list[Fetched]:
     """Through the kernels' path (fetch_file): resumable, locked per blob, verified against the
     listing's LFS sha256 or git oid before the blob is stored."""
     ledger, transport = home.ledger, Transport(hub)
@@ -99,10 +127,18 @@ def _fetch(repo: str, commit: str, files: list[FileEntry], *, home: Home, hub: H
     recorded = recorded_blobs(ledger, [f.sha256 for f in files if f.sha256])
 
     def one(f: FileEntry) -> Fetched:
-        return fetch_file(transport, home.store, repo, commit, f, known_sha256=known.get(f.git_oid),
-                          recorded=recorded, repo_type="model",
-                          stored_by_oid=lambda oid: sha256_by_git_oid(ledger, [oid]).get(oid),
-                          on_stored=lambda d: record_blobs(ledger, [d]))
+        return fetch_file(
+            transport,
+            home.store,
+            repo,
+            commit,
+            f,
+            known_sha256=known.get(f.git_oid),
+            recorded=recorded,
+            repo_type="model",
+            stored_by_oid=lambda oid: sha256_by_git_oid(ledger, [oid]).get(oid),
+            on_stored=lambda d: record_blobs(ledger, [d]),
+        )
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         return list(pool.map(one, files))

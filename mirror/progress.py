@@ -20,9 +20,18 @@ class Progress:
         self.enabled = _isatty(stream)
         # Downloads report from several threads; tqdm's update is not atomic, so ours serializes them.
         self._lock = threading.Lock()
-        self._bar = tqdm(total=total_bytes, desc=label, file=stream, disable=not self.enabled, unit="B",
-                         unit_scale=True, unit_divisor=1024, dynamic_ncols=True, leave=True,
-                         postfix=self._files())
+        self._bar = tqdm(
+            total=total_bytes,
+            desc=label,
+            file=stream,
+            disable=not self.enabled,
+            unit="B",
+            unit_scale=True,
+            unit_divisor=1024,
+            dynamic_ncols=True,
+            leave=True,
+            postfix=self._files(),
+        )
 
     def _files(self) -> str:
         return f"{self.files}/{self.total_files} files"

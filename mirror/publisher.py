@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from frt.resolver.resolution import Refusal, Resolution
 from frt.resolver.kernel_metadata import (
     KernelMetadata,
     MetadataInvalid,
@@ -19,6 +18,7 @@ from frt.resolver.kernel_metadata import (
     parse_metadata,
     validate_variant,
 )
+from frt.resolver.resolution import Refusal, Resolution
 
 from .fetch import expected_key
 
@@ -27,8 +27,10 @@ def variant_metadata(r: Resolution) -> KernelMetadata:
     """The resolution's metadata, parsed by `kernels`; a metadata.json it cannot read is refused."""
     has_file = any(f.path == f"build/{r.variant}/metadata.json" for f in r.files)
     if has_file and not r.metadata:
-        raise MetadataInvalid("metadata.json as served is not the file its git oid names, or not a JSON object: "
-                              "kernels would not load this variant from it")
+        raise MetadataInvalid(
+            "metadata.json as served is not the file its git oid names, or not a JSON object: "
+            "kernels would not load this variant from it"
+        )
     return parse_metadata(r.metadata or None)
 
 
@@ -38,7 +40,7 @@ def metadata_refusal(r: Resolution, e: MetadataInvalid) -> Refusal:
 
 
 def _in_variant(r: Resolution, path: str) -> str:
-    return path[len(f"build/{r.variant}/"):]
+    return path[len(f"build/{r.variant}/") :]
 
 
 def publisher_expectations(pairs: Iterable[tuple[Resolution, KernelMetadata]]) -> dict[str, set[str]]:
@@ -59,8 +61,10 @@ def digest_mismatch(r: Resolution, meta: KernelMetadata, sha256_of: Callable[[ob
         rel = _in_variant(r, f.path)
         want = None if digest_exempt(rel) else meta.expected_sha256(rel)
         if want and sha256_of(f) != want:
-            return (f"{r.repo}/{f.path}@{r.commit[:12]}: the publisher's digest (metadata.json) says sha256 "
-                    f"{want}; the bytes served hash to {sha256_of(f)}")
+            return (
+                f"{r.repo}/{f.path}@{r.commit[:12]}: the publisher's digest (metadata.json) says sha256 "
+                f"{want}; the bytes served hash to {sha256_of(f)}"
+            )
     return None
 
 

@@ -5,19 +5,18 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from frt.resolver.ledger import Ledger
-from frt.resolver.resolution import Resolution
-from frt.resolver.ledger.dialect import insert_for
-from frt.resolver.ledger.retry import retried
-from frt.resolver.ledger.migrations import utcnow
-from frt.resolver.resolution import FileEntry
-from frt.resolver.ledger.schema import Repo
 from sqlalchemy import delete, select, tuple_
 from sqlalchemy.orm import Session
 
+from frt.resolver.ledger import Ledger
+from frt.resolver.ledger.dialect import insert_for
+from frt.resolver.ledger.migrations import utcnow
+from frt.resolver.ledger.retry import retried
+from frt.resolver.ledger.schema import Repo
+from frt.resolver.resolution import FileEntry, Resolution
+
 from .schema import Blob, Change, Staged, StagedWheel, Wheel
 from .store import Digest
-
 
 # A staged model selection is target-less: its row carries this in place of a target (never a target
 # string, which always starts with "torch"), and its files are the Variant row MODEL_SELECTION (see
@@ -70,7 +69,7 @@ class StagedRow:
 
     @property
     def repo_type(self) -> str:
-        """"model" for every target-less row, datasets too (bundles record it so): where a dataset must
+        """ "model" for every target-less row, datasets too (bundles record it so): where a dataset must
         be told apart (serving it, a cache folder), see repo_types."""
         return "model" if self.is_model else "kernel"
 
@@ -101,7 +100,7 @@ def sha256_by_git_oid(ledger: Ledger, oids: Iterable[str]) -> dict[str, str]:
     out: dict[str, str] = {}
     with ledger.session(write=False) as s:
         for i in range(0, len(oids), 500):
-            out.update(s.execute(select(Blob.git_oid, Blob.sha256).where(Blob.git_oid.in_(oids[i:i + 500]))).all())
+            out.update(s.execute(select(Blob.git_oid, Blob.sha256).where(Blob.git_oid.in_(oids[i : i + 500]))).all())
     return out
 
 
@@ -121,45 +120,84 @@ def recorded_blobs(ledger: Ledger, shas: Iterable[str]) -> dict[str, Digest]:
     out: dict[str, Digest] = {}
     with ledger.session(write=False) as s:
         for i in range(0, len(shas), 500):
-            out.update((sha, Digest(sha, oid, size)) for sha, oid, size in s.execute(
-                select(Blob.sha256, Blob.git_oid, Blob.size).where(Blob.sha256.in_(shas[i:i + 500]))))
+            out.update(
+                (sha, Digest(sha, oid, size))
+                for sha, oid, size in s.execute(
+                    select(Blob.sha256, Blob.git_oid, Blob.size).where(Blob.sha256.in_(shas[i : i + 500]))
+                )
+            )
     return out
 
 
 @retried
 def all_blobs(ledger: Ledger) -> list[Digest]:
     with ledger.session(write=False) as s:
-        return [Digest(sha, oid, size) for sha, oid, size in
-                s.execute(select(Blob.sha256, Blob.git_oid, Blob.size).order_by(Blob.sha256))]
+        return [
+            Digest(sha, oid, size)
+            for sha, oid, size in s.execute(select(Blob.sha256, Blob.git_oid, Blob.size).order_by(Blob.sha256))
+        ]
 
 
-def record_staged(ledger: Ledger, resolutions: Iterable[Resolution],
-                  wheels: dict[tuple, tuple[str, ...]] | None = None) -> None:
+def record_staged(
+    ledger: Ledger, resolutions: Iterable[Resolution], wheels: dict[tuple, tuple[str, ...]] | None = None
+) -> None:
     """`wheels`: per resolution's (repo, commit, variant, target) the filenames of its wheels."""
     wheels = wheels or {}
-    record_staged_rows(ledger, [StagedRow(r.repo, r.request.label, r.request.version, r.request.revision,
-                                          str(r.target), r.commit, r.variant,
-                                          wheels.get((r.repo, r.commit, r.variant, str(r.target)), ()))
-                                for r in resolutions])
+    record_staged_rows(
+        ledger,
+        [
+            StagedRow(
+                r.repo,
+                r.request.label,
+                r.request.version,
+                r.request.revision,
+                str(r.target),
+                r.commit,
+                r.variant,
+                wheels.get((r.repo, r.commit, r.variant, str(r.target)), ()),
+            )
+            for r in resolutions
+        ],
+    )
 
 
 @retried
 def record_staged_rows(ledger: Ledger, staged: Iterable[StagedRow]) -> None:
     staged = list(staged)
-    rows = [{"repo_id": r.repo, "requested": r.requested, "version": r.version, "revision": r.revision,
-             "target": r.target, "commit_sha": r.commit, "variant": r.variant, "staged_at": utcnow()}
-            for r in staged]
+    rows = [
+        {
+            "repo_id": r.repo,
+            "requested": r.requested,
+            "version": r.version,
+            "revision": r.revision,
+            "target": r.target,
+            "commit_sha": r.commit,
+            "variant": r.variant,
+            "staged_at": utcnow(),
+        }
+        for r in staged
+    ]
     if not rows:
         return
     with ledger.session() as s:
         stmt = insert_for(s)(Staged)
-        s.execute(stmt.on_conflict_do_update(
-            index_elements=["repo_id", "requested", "target"],
-            set_={"commit_sha": stmt.excluded.commit_sha, "variant": stmt.excluded.variant,
-                  "staged_at": stmt.excluded.staged_at}), rows)
+        s.execute(
+            stmt.on_conflict_do_update(
+                index_elements=["repo_id", "requested", "target"],
+                set_={
+                    "commit_sha": stmt.excluded.commit_sha,
+                    "variant": stmt.excluded.variant,
+                    "staged_at": stmt.excluded.staged_at,
+                },
+            ),
+            rows,
+        )
         _delete_wheel_links(s, [r.key for r in staged])
-        links = [{"repo_id": r.repo, "requested": r.requested, "target": r.target, "filename": w}
-                 for r in staged for w in r.wheels]
+        links = [
+            {"repo_id": r.repo, "requested": r.requested, "target": r.target, "filename": w}
+            for r in staged
+            for w in r.wheels
+        ]
         if links:
             s.execute(insert_for(s)(StagedWheel).on_conflict_do_nothing(), links)
         bump_serial(s)
@@ -186,24 +224,42 @@ def staged_rows(ledger: Ledger, target: str | None = None) -> list[StagedRow]:
     with ledger.session(write=False) as s:
         wheels: dict[tuple, list[str]] = {}
         for repo, requested, tgt, filename in s.execute(
-                select(StagedWheel.repo_id, StagedWheel.requested, StagedWheel.target, StagedWheel.filename)
-                .order_by(StagedWheel.filename)):
+            select(StagedWheel.repo_id, StagedWheel.requested, StagedWheel.target, StagedWheel.filename).order_by(
+                StagedWheel.filename
+            )
+        ):
             wheels.setdefault((repo, requested, tgt), []).append(filename)
-        return [StagedRow(r.repo_id, r.requested, r.version, r.revision, r.target, r.commit_sha, r.variant,
-                          tuple(wheels.get((r.repo_id, r.requested, r.target), ()))) for r in s.scalars(q)]
+        return [
+            StagedRow(
+                r.repo_id,
+                r.requested,
+                r.version,
+                r.revision,
+                r.target,
+                r.commit_sha,
+                r.variant,
+                tuple(wheels.get((r.repo_id, r.requested, r.target), ())),
+            )
+            for r in s.scalars(q)
+        ]
 
 
 def _delete_wheel_links(s: Session, keys: list[tuple[str, str, str]]) -> None:
     for i in range(0, len(keys), 300):
-        s.execute(delete(StagedWheel).where(
-            tuple_(StagedWheel.repo_id, StagedWheel.requested, StagedWheel.target).in_(keys[i:i + 300])))
+        s.execute(
+            delete(StagedWheel).where(
+                tuple_(StagedWheel.repo_id, StagedWheel.requested, StagedWheel.target).in_(keys[i : i + 300])
+            )
+        )
 
 
 @retried
 def record_wheels(ledger: Ledger, wheels: Iterable[WheelRecord]) -> None:
     """Wheels now in the store."""
-    rows = [{"filename": w.filename, "project": w.project, "version": w.version, "sha256": w.sha256,
-             "size": w.size} for w in wheels]
+    rows = [
+        {"filename": w.filename, "project": w.project, "version": w.version, "sha256": w.sha256, "size": w.size}
+        for w in wheels
+    ]
     if rows:
         with ledger.session() as s:
             s.execute(insert_for(s)(Wheel).on_conflict_do_nothing(), rows)
@@ -225,8 +281,11 @@ def repo_types(ledger: Ledger, rows: Iterable[StagedRow]) -> dict[StagedRow, str
     recorded of its repo (a model, or a dataset pulled through)."""
     rows = list(rows)
     with ledger.session(write=False) as s:
-        recorded = dict(s.execute(select(Repo.repo_id, Repo.repo_type).where(
-            Repo.repo_id.in_({r.repo for r in rows if r.is_model}))).all())
+        recorded = dict(
+            s.execute(
+                select(Repo.repo_id, Repo.repo_type).where(Repo.repo_id.in_({r.repo for r in rows if r.is_model}))
+            ).all()
+        )
 
     def kind(r: StagedRow) -> str:
         if not r.is_model:
@@ -273,7 +332,7 @@ def delete_blob_records(ledger: Ledger, shas: Iterable[str]) -> None:
     if shas:
         with ledger.session() as s:
             for i in range(0, len(shas), 500):
-                s.execute(delete(Blob).where(Blob.sha256.in_(shas[i:i + 500])))
+                s.execute(delete(Blob).where(Blob.sha256.in_(shas[i : i + 500])))
 
 
 @retried
@@ -283,7 +342,8 @@ def delete_staged(ledger: Ledger, rows: Iterable[StagedRow]) -> None:
     if keys:
         with ledger.session() as s:
             for i in range(0, len(keys), 300):
-                s.execute(delete(Staged).where(
-                    tuple_(Staged.repo_id, Staged.requested, Staged.target).in_(keys[i:i + 300])))
+                s.execute(
+                    delete(Staged).where(tuple_(Staged.repo_id, Staged.requested, Staged.target).in_(keys[i : i + 300]))
+                )
             _delete_wheel_links(s, keys)
             bump_serial(s)

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from frt.resolver.ledger.migrations import SchemaTrack, utcnow
 from sqlalchemy import Connection, String, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from frt.resolver.ledger.migrations import SchemaTrack, utcnow
 
 
 class Base(DeclarativeBase):
@@ -116,5 +117,6 @@ def _v4_wheels(conn: Connection) -> None:
 # Version 1 is blobs, staged and tokens as the resolver's track created them up to its version 3: a
 # ledger from then keeps its rows (create_all skips tables that exist) and is stamped.
 MIRROR_VERSION = 4
-MIRROR_TRACK = SchemaTrack.of("mirror", Base.metadata, MIRROR_VERSION, "mirror_schema_migrations",
-                              {2: _v2_changes, 3: _v3_events, 4: _v4_wheels})
+MIRROR_TRACK = SchemaTrack.of(
+    "mirror", Base.metadata, MIRROR_VERSION, "mirror_schema_migrations", {2: _v2_changes, 3: _v3_events, 4: _v4_wheels}
+)

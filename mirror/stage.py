@@ -11,20 +11,20 @@ import threading
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 
+from frt.resolver.errors import FrtError, UpstreamUnavailable
 from frt.resolver.hub import HubClient
+from frt.resolver.kernel_metadata import MetadataInvalid, dependency_request
 from frt.resolver.ledger import Ledger
+from frt.resolver.python_depends import UnsupportedDependency
 from frt.resolver.resolution import Refusal, Request, Resolution
 from frt.resolver.resolve import refresh_and_decide
 from frt.resolver.targets import Target
-from frt.resolver.errors import FrtError, UpstreamUnavailable
-from frt.resolver.kernel_metadata import MetadataInvalid, dependency_request
-from frt.resolver.python_depends import UnsupportedDependency
 
+from .events import record_event
 from .fetch import Fetched, IntegrityError, expected_key, fetch_file
 from .home import Home
 from .progress import Progress
 from .publisher import digest_mismatch, metadata_refusal, publisher_expectations, variant_metadata, view_check
-from .events import record_event
 from .records import record_blobs, record_staged, record_wheels, recorded_blobs, sha256_by_git_oid
 from .transport import Transport
 from .views import Views, link_wheels
@@ -64,9 +64,17 @@ class Interrupted(FrtError):
     pass
 
 
-def stage(requests: list[Request], targets: list[Target], *, home: Home, hub: HubClient,
-          jobs: int = 8, publishers: tuple[str, ...] | None = None, progress: bool = True,
-          wheel_index: str | None = None) -> StageReport:
+def stage(
+    requests: list[Request],
+    targets: list[Target],
+    *,
+    home: Home,
+    hub: HubClient,
+    jobs: int = 8,
+    publishers: tuple[str, ...] | None = None,
+    progress: bool = True,
+    wheel_index: str | None = None,
+) -> StageReport:
     ledger, store, views = home.ledger, home.store, home.views
     views.sweep_tmp()
     outcomes = _resolve_closure(requests, targets, ledger=ledger, hub=hub, publishers=publishers)
@@ -75,8 +83,9 @@ def stage(requests: list[Request], targets: list[Target], *, home: Home, hub: Hu
     report = StageReport()
     for o in outcomes:
         if isinstance(o, Refusal):
-            report.rows.append(StageRow(o.repo, o.request.label, str(o.target), o.commit, None, 0, 0, "refused",
-                                        o.message))
+            report.rows.append(
+                StageRow(o.repo, o.request.label, str(o.target), o.commit, None, 0, 0, "refused", o.message)
+            )
 
     # One download per distinct content, whichever repos, commits and targets share it.
     unique: dict[str, tuple[Resolution, object]] = {}
@@ -87,8 +96,17 @@ def stage(requests: list[Request], targets: list[Target], *, home: Home, hub: Hu
     recorded = recorded_blobs(ledger, [f.sha256 for _, f in unique.values() if f.sha256])
     expect = publisher_expectations((r, metas[_key(r)]) for r in resolutions)
     report.needed_bytes = sum(f.size for _, f in unique.values())
-    fetched, failures = _fetch_all(unique, known, expect, recorded, ledger=ledger, transport=Transport(hub),
-                                   store=store, jobs=jobs, progress=progress)
+    fetched, failures = _fetch_all(
+        unique,
+        known,
+        expect,
+        recorded,
+        ledger=ledger,
+        transport=Transport(hub),
+        store=store,
+        jobs=jobs,
+        progress=progress,
+    )
     report.downloaded_bytes = sum(x.downloaded for x in fetched.values())
     record_blobs(ledger, (x.digest for x in fetched.values()))
 
@@ -102,20 +120,38 @@ def stage(requests: list[Request], targets: list[Target], *, home: Home, hub: Hu
             status = "failed" if isinstance(failed, UpstreamUnavailable) else "refused"
             if status == "refused":
                 error = getattr(failed, "error", type(failed).__name__)
-                ledger.record_refusal(Refusal(r.request, r.target, error, str(failed), detail=str(failed),
-                                              commit=r.commit))
-            report.rows.append(StageRow(r.repo, r.request.label, str(r.target), r.commit, r.variant, 0, 0, status,
-                                        str(failed)))
+                ledger.record_refusal(
+                    Refusal(r.request, r.target, error, str(failed), detail=str(failed), commit=r.commit)
+                )
+            report.rows.append(
+                StageRow(r.repo, r.request.label, str(r.target), r.commit, r.variant, 0, 0, status, str(failed))
+            )
             continue
         good.append(r)
-        report.rows.append(StageRow(r.repo, r.request.label, str(r.target), r.commit, r.variant, len(r.files),
-                                    sum(f.size for f in r.files), "staged", publisher_digest=meta.has_digest,
-                                    wheels=wheels.of.get((r.repo, r.commit, r.variant, str(r.target)), ())))
+        report.rows.append(
+            StageRow(
+                r.repo,
+                r.request.label,
+                str(r.target),
+                r.commit,
+                r.variant,
+                len(r.files),
+                sum(f.size for f in r.files),
+                "staged",
+                publisher_digest=meta.has_digest,
+                wheels=wheels.of.get((r.repo, r.commit, r.variant, str(r.target)), ()),
+            )
+        )
     report.downloaded_bytes += wheels.downloaded
     record_staged(ledger, good, wheels.of)
     if good:
-        record_event(ledger, "stage", files=sum(len(r.files) for r in good),
-                     nbytes=report.downloaded_bytes, detail=f"{len(good)} staged, {len(report.rows) - len(good)} not")
+        record_event(
+            ledger,
+            "stage",
+            files=sum(len(r.files) for r in good),
+            nbytes=report.downloaded_bytes,
+            detail=f"{len(good)} staged, {len(report.rows) - len(good)} not",
+        )
     report.rows.sort(key=lambda row: (row.repo, row.requested, row.target))
     dead = next((e for e in failures.values() if isinstance(e, UpstreamUnavailable)), None)
     if dead is not None:  # what completed is kept and recorded; the cause is one line, not a row per file
@@ -123,8 +159,9 @@ def stage(requests: list[Request], targets: list[Target], *, home: Home, hub: Hu
     return report
 
 
-def _link_checked(r: Resolution, meta, fetched: dict[str, Fetched], failures: dict[str, Exception],
-                  views: Views) -> None:
+def _link_checked(
+    r: Resolution, meta, fetched: dict[str, Fetched], failures: dict[str, Exception], views: Views
+) -> None:
     """Lay out a variant's view from its verified blobs, if its publisher's digest holds for them."""
     failed = next((failures[expected_key(f)] for f in r.files if expected_key(f) in failures), None)
     if failed is not None:
@@ -136,8 +173,13 @@ def _link_checked(r: Resolution, meta, fetched: dict[str, Fetched], failures: di
     problems = views.link(r.repo, r.commit, r.variant, pairs, check=view_check(meta))
     if problems:
         text = "; ".join(problems)
-        raise IntegrityError(f"{r.repo}@{r.commit[:12]} {r.variant}: the publisher's digest does not hold: {text}",
-                             repo=r.repo, path="", commit=r.commit, error="PublisherDigestMismatch")
+        raise IntegrityError(
+            f"{r.repo}@{r.commit[:12]} {r.variant}: the publisher's digest does not hold: {text}",
+            repo=r.repo,
+            path="",
+            commit=r.commit,
+            error="PublisherDigestMismatch",
+        )
 
 
 class _Wheels:
@@ -228,8 +270,9 @@ def _untrusted(request: Request, target: Target, publishers: tuple[str, ...], le
     return refusal
 
 
-def _fetch_all(unique, known, expect, recorded, *, ledger, transport, store, jobs,
-               progress) -> tuple[dict[str, Fetched], dict[str, Exception]]:
+def _fetch_all(
+    unique, known, expect, recorded, *, ledger, transport, store, jobs, progress
+) -> tuple[dict[str, Fetched], dict[str, Exception]]:
     meter = Progress(sum(f.size for _, f in unique.values()), len(unique)) if progress else None
     stop = threading.Event()
 
@@ -241,10 +284,19 @@ def _fetch_all(unique, known, expect, recorded, *, ledger, transport, store, job
 
     def one(key: str) -> Fetched:
         r, f = unique[key]
-        out = fetch_file(transport, store, r.repo, r.commit, f, known_sha256=known.get(f.git_oid),
-                         publisher=expect.get(key), recorded=recorded, on_bytes=on_bytes,
-                         stored_by_oid=lambda oid: sha256_by_git_oid(ledger, [oid]).get(oid),
-                         on_stored=lambda d: record_blobs(ledger, [d]))
+        out = fetch_file(
+            transport,
+            store,
+            r.repo,
+            r.commit,
+            f,
+            known_sha256=known.get(f.git_oid),
+            publisher=expect.get(key),
+            recorded=recorded,
+            on_bytes=on_bytes,
+            stored_by_oid=lambda oid: sha256_by_git_oid(ledger, [oid]).get(oid),
+            on_stored=lambda d: record_blobs(ledger, [d]),
+        )
         if meter:
             meter.file_done()
         return out

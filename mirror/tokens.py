@@ -7,9 +7,10 @@ import hmac
 import secrets
 from collections.abc import Callable
 
-from frt.resolver.ledger import Ledger
-from frt.resolver.errors import BadInput
 from sqlalchemy import delete, select
+
+from frt.resolver.errors import BadInput
+from frt.resolver.ledger import Ledger
 
 from .records import bump_serial
 from .schema import Token

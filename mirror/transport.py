@@ -27,11 +27,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from huggingface_hub import get_session
+from huggingface_hub.utils import build_hf_headers
+
 from frt.resolver import wire
 from frt.resolver.errors import FrtError, LocalDiskError, UpstreamUnavailable, first_line
 from frt.resolver.hub import AGAIN, HubClient, redirect_refusal
-from huggingface_hub import get_session
-from huggingface_hub.utils import build_hf_headers
 
 from .store import RunningDigest
 
@@ -59,9 +60,18 @@ class Transport:
     def __init__(self, hub: HubClient):
         self.hub = hub
 
-    def fetch(self, repo_id: str, path: str, commit: str, part: Path, *, size: int,
-              on_bytes: Callable[[int], None] = lambda n: None, repo_type: str = "kernel",
-              running: RunningDigest | None = None) -> None:
+    def fetch(
+        self,
+        repo_id: str,
+        path: str,
+        commit: str,
+        part: Path,
+        *,
+        size: int,
+        on_bytes: Callable[[int], None] = lambda n: None,
+        repo_type: str = "kernel",
+        running: RunningDigest | None = None,
+    ) -> None:
         """Make `part` hold the file's `size` bytes as served (resuming what it has), or raise.
         `running` is fed every byte the part ends up with, in order (see store.RunningDigest).
         Each attempt resumes from what the part holds; the loop is the Hub client's (HubClient.attempts)."""
@@ -75,8 +85,17 @@ class Transport:
                 have = 0
             if have == size and part.exists():
                 return
-            self._get(repo_id, path, commit, part, offset=have, limit=size, on_bytes=on_bytes,
-                      repo_type=repo_type, running=running)
+            self._get(
+                repo_id,
+                path,
+                commit,
+                part,
+                offset=have,
+                limit=size,
+                on_bytes=on_bytes,
+                repo_type=repo_type,
+                running=running,
+            )
 
         def transport_errors(e: Exception):
             nonlocal resigns
@@ -86,8 +105,10 @@ class Transport:
                     return UpstreamUnavailable(f"{where}: the CDN refused {resigns} freshly signed URLs")
                 return AGAIN  # the Hub signs a new URL on the next request
             if redirect_refusal(e) is None and getattr(getattr(e, "response", None), "status_code", None) in (404, 410):
-                return ListedFileMissing(f"{where}: the upstream lists this file ({size} bytes) but answers "
-                                         f"{e.response.status_code} for it: {first_line(e)}")
+                return ListedFileMissing(
+                    f"{where}: the upstream lists this file ({size} bytes) but answers "
+                    f"{e.response.status_code} for it: {first_line(e)}"
+                )
             return None
 
         self.hub.attempts(one, bucket="resolvers", where=where, classify=transport_errors, prefix=f"{where}: ")
@@ -100,8 +121,7 @@ class Transport:
         url = self.hub.file_url(repo_id, path, commit, repo_type)
         where = f"{repo_id}/{path}@{commit[:12]}"
         deadline = self.hub.limits.deadline(limit - offset)
-        with get_session().stream("GET", url, headers=headers, follow_redirects=True,
-                                  timeout=deadline.timeout()) as r:
+        with get_session().stream("GET", url, headers=headers, follow_redirects=True, timeout=deadline.timeout()) as r:
             if r.status_code == 403 and _left_host(r, self.hub.endpoint):
                 raise _SignatureExpired()  # its body unread: the connection is closed with the answer
             if r.status_code == 416:

@@ -37,9 +37,13 @@ class UnstageReport:
         return sum(d.size for d in self.reclaimable)
 
     def to_json(self) -> dict:
-        return {"rows": [dict(r.__dict__) for r in self.rows], "views": [str(p) for p in self.views],
-                "view_files": self.view_files, "reclaimable_blobs": len(self.reclaimable),
-                "reclaimable_bytes": self.reclaimable_bytes}
+        return {
+            "rows": [dict(r.__dict__) for r in self.rows],
+            "views": [str(p) for p in self.views],
+            "view_files": self.view_files,
+            "reclaimable_blobs": len(self.reclaimable),
+            "reclaimable_bytes": self.reclaimable_bytes,
+        }
 
 
 def parse_spec(spec: str) -> tuple[str, str | None]:
@@ -47,13 +51,19 @@ def parse_spec(spec: str) -> tuple[str, str | None]:
     repo, sep, rev = spec.partition("@")
     check_repo_id(repo, where="unstage")
     if sep and (not rev or ref_problem(rev)):
-        raise BadInput(f"unstage {spec!r}: expected REPO or REPO@REV (a version such as v1, a branch, a tag or "
-                       "a commit)")
+        raise BadInput(
+            f"unstage {spec!r}: expected REPO or REPO@REV (a version such as v1, a branch, a tag or a commit)"
+        )
     return repo, rev or None
 
 
-def unstage(home: Home, repo: str, rev: str | None = None, target: str | None = None,
-            on_wait: Callable[[str], None] = lambda what: None) -> UnstageReport:
+def unstage(
+    home: Home,
+    repo: str,
+    rev: str | None = None,
+    target: str | None = None,
+    on_wait: Callable[[str], None] = lambda what: None,
+) -> UnstageReport:
     """Drop every staged row of `repo` that `rev` and `target` (None: any) match; BadInput if none."""
     with store_collector(home, on_wait):  # no stager is linking the views this removes
         ledger = home.ledger

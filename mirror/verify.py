@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from frt.resolver.ledger import Ledger
 from frt.resolver.kernel_metadata import MetadataInvalid, parse_metadata, validate_variant
+from frt.resolver.ledger import Ledger
 
 from .events import QUARANTINE, events_of
 from .home import Home
@@ -83,8 +83,7 @@ def _quarantined(e) -> str:
     """A blob's problem line's end, when serve found it bad on read (serve/integrity.py) and said so."""
     if e is None:
         return ""
-    return (f": serve quarantined it at {e.at:%Y-%m-%d %H:%M:%S} UTC ({e.detail}); 'frt-mirror stage' "
-            "fetches it again")
+    return f": serve quarantined it at {e.at:%Y-%m-%d %H:%M:%S} UTC ({e.detail}); 'frt-mirror stage' fetches it again"
 
 
 def _check_publisher_digests(ledger: Ledger, views: Views, report: VerifyReport) -> None:
@@ -108,8 +107,11 @@ def _check_models(ledger: Ledger, store: BlobStore, report: VerifyReport) -> Non
     """A model file is sound when its listed hash names a recorded blob that is in the store: the
     blob itself was re-hashed above."""
     with ledger.view() as v:
-        entries = [(r.repo, r.commit, f) for r in staged_rows(ledger, MODEL_TARGET)
-                   for f in v.variant(r.repo, r.commit, r.variant)[0]]
+        entries = [
+            (r.repo, r.commit, f)
+            for r in staged_rows(ledger, MODEL_TARGET)
+            for f in v.variant(r.repo, r.commit, r.variant)[0]
+        ]
     blobs = blob_for(ledger, (f for _, _, f in entries))
     for repo, commit, f in entries:
         report.model_files += 1

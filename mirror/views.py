@@ -51,8 +51,14 @@ class Views:
         except OSError:
             return False
 
-    def link(self, repo_id: str, commit: str, variant: str, files: list[tuple[FileEntry, str]],
-             check: Callable[[Path], list[str]] | None = None) -> list[str]:
+    def link(
+        self,
+        repo_id: str,
+        commit: str,
+        variant: str,
+        files: list[tuple[FileEntry, str]],
+        check: Callable[[Path], list[str]] | None = None,
+    ) -> list[str]:
         """Hard-link a variant's verified blobs into its view. `check` judges the laid-out variant dir
         before it becomes visible; its problems are returned and nothing is put in place."""
         final = self.variant_dir(repo_id, commit, variant)
@@ -62,7 +68,7 @@ class Views:
         scratch = self.tmp / uuid.uuid4().hex
         prefix = f"build/{variant}/"
         for f, sha in files:
-            dest = scratch / f.path[len(prefix):] if f.path.startswith(prefix) else scratch / f.path
+            dest = scratch / f.path[len(prefix) :] if f.path.startswith(prefix) else scratch / f.path
             dest.parent.mkdir(parents=True, exist_ok=True)
             os.link(self.store.path(sha), dest)
         if check is not None and (problems := check(scratch)):

@@ -20,11 +20,11 @@ from huggingface_hub import get_session
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from frt.resolver.hub import HubClient
-from frt.resolver.resolution import Resolution
 from frt.resolver import wire
 from frt.resolver.errors import BadInput, FrtError, UpstreamMalformed
+from frt.resolver.hub import HubClient
 from frt.resolver.python_depends import packages_for
+from frt.resolver.resolution import Resolution
 from frt.resolver.settings import env_number
 from frt.resolver.wheel_index import PYPI_SIMPLE, IndexFile, read_project
 from frt.resolver.wheel_pick import pick, requires
@@ -91,8 +91,11 @@ class WheelStager:
         with self._lock:
             if project in self._pages:
                 return self._pages[project]
-        files = self.hub.ask(lambda: read_project(self.index, project, self.hub.limits), host=self.index,
-                             where=f"index {self.index} project {project}")
+        files = self.hub.ask(
+            lambda: read_project(self.index, project, self.hub.limits),
+            host=self.index,
+            where=f"index {self.index} project {project}",
+        )
         with self._lock:
             self._pages[project] = files
         return files
@@ -117,13 +120,13 @@ class WheelStager:
     def _download(self, f: IndexFile) -> Digest:
         cap = f.size if f.size is not None else env_number(MAX_WHEEL_ENV, MAX_WHEEL, int)
         part = self.store.part_path(f.sha256)
-        self.hub.ask(lambda: _get_to(f.url, part, cap, self.hub.limits), host=self.index,
-                     where=f"wheel {f.filename}")
+        self.hub.ask(lambda: _get_to(f.url, part, cap, self.hub.limits), host=self.index, where=f"wheel {f.filename}")
         got = digest_file(part)
         if got.sha256 != f.sha256:
             part.unlink(missing_ok=True)
-            raise UpstreamMalformed(f"wheel {f.filename}: its sha256 is {got.sha256}, the index says {f.sha256}; "
-                                    "not stored")
+            raise UpstreamMalformed(
+                f"wheel {f.filename}: its sha256 is {got.sha256}, the index says {f.sha256}; not stored"
+            )
         self.store.commit(part, got)
         self.downloaded += got.size
         return got
@@ -151,8 +154,9 @@ def wheel_metadata(path: Path, filename: str) -> bytes:
     name, version, _, _ = parse_wheel_filename(filename)
     try:
         with zipfile.ZipFile(path) as z:
-            infos = [i for i in z.infolist() if i.filename.endswith(".dist-info/METADATA")
-                     and i.filename.count("/") == 1]
+            infos = [
+                i for i in z.infolist() if i.filename.endswith(".dist-info/METADATA") and i.filename.count("/") == 1
+            ]
             if len(infos) != 1 or infos[0].file_size > 16 << 20:
                 raise UpstreamMalformed(f"wheel {filename}: no single .dist-info/METADATA in it")
             return z.read(infos[0])
@@ -162,8 +166,10 @@ def wheel_metadata(path: Path, filename: str) -> bytes:
 
 def _no_wheel_line(r: Resolution, req: Requirement, index: str, wanted_by: str | None) -> str:
     t = r.target
-    kinds = ("py3-none-any only: name the cluster's Python (python = \"3.12\" in the manifest's target) for "
-             "binary wheels") if t.python is None else f"Python {t.python}, {t.os} {t.cpu}"
+    kinds = (
+        ("py3-none-any only: name the cluster's Python (python = \"3.12\" in the manifest's target) for binary wheels")
+        if t.python is None
+        else f"Python {t.python}, {t.os} {t.cpu}"
+    )
     of = f" (required by {wanted_by})" if wanted_by else ""
-    return (f"{r.repo}@{r.commit[:12]} {r.variant}: python-depends: no wheel of {req}{of} on {index} "
-            f"fits {t} ({kinds})")
+    return f"{r.repo}@{r.commit[:12]} {r.variant}: python-depends: no wheel of {req}{of} on {index} fits {t} ({kinds})"

@@ -94,8 +94,9 @@ def reason(device: str | None, missing: tuple[str, ...], declared: Declared) -> 
     """Why a build is rejected for a target's archs, in kernels' own words (its RuntimeError's)."""
     one, many = _CHECKS[declared.backend or ""].what
     head, verb = (one, "is") if len(missing) == 1 else (many, "are")
-    return f"{head} {', '.join(missing)} {verb} not supported by the architectures of the build: " + \
-        ", ".join(declared.archs or ())
+    return f"{head} {', '.join(missing)} {verb} not supported by the architectures of the build: " + ", ".join(
+        declared.archs or ()
+    )
 
 
 def normalize(backend: str, archs: list[str] | tuple[str, ...]) -> tuple[str, ...]:
@@ -103,8 +104,10 @@ def normalize(backend: str, archs: list[str] | tuple[str, ...]) -> tuple[str, ..
     says what is wrong."""
     device = device_of(backend)
     if device is None:
-        raise ValueError(f"backend {backend!r} has no GPU archs kernels checks: archs go with a CUDA "
-                         "(cu<MM><m>, @8.0,9.0) or ROCm (rocm<M><m>, @gfx942) target")
+        raise ValueError(
+            f"backend {backend!r} has no GPU archs kernels checks: archs go with a CUDA "
+            "(cu<MM><m>, @8.0,9.0) or ROCm (rocm<M><m>, @gfx942) target"
+        )
     out = set()
     for a in archs:
         a = a.strip()
@@ -116,8 +119,10 @@ def normalize(backend: str, archs: list[str] | tuple[str, ...]) -> tuple[str, ..
         else:
             m = _CUDA_ARCH.fullmatch(a)
             if not m:
-                raise ValueError(f"bad CUDA arch {a!r}: expected a device's compute capability like 8.0 or 9.0 "
-                                 "(a/f/+PTX describe builds, not devices)")
+                raise ValueError(
+                    f"bad CUDA arch {a!r}: expected a device's compute capability like 8.0 or 9.0 "
+                    "(a/f/+PTX describe builds, not devices)"
+                )
             out.add((int(m[1]), int(m[2])))
     if not out:
         raise ValueError("no archs after '@': name at least one, e.g. @8.0,9.0")

@@ -25,8 +25,9 @@ class Availability(Protocol):
     def declared(self, repo_id: str, sha: str) -> dict[str, Declared]: ...
 
 
-def judge(avail: Availability, repo: str, sha: str, target: Target,
-          names: tuple[str, ...] | None = None) -> tuple[VariantDecision, ...]:
+def judge(
+    avail: Availability, repo: str, sha: str, target: Target, names: tuple[str, ...] | None = None
+) -> tuple[VariantDecision, ...]:
     """The variants at a commit judged for `target`; what its builds declare (their archs) is read only
     where the target names archs."""
     names = (avail.variant_names(repo, sha) or ()) if names is None else names
@@ -91,10 +92,18 @@ def _no_variant(avail, request, target, commit, names, decisions, versions) -> R
     detail = "\n".join(f"{d.name}: {d.reason}" for d in decisions)
     # An arch target's refusal where a build matches by name: kernels would pick it, then raise at load.
     for_archs = bool(target.archs) and by_name_best(target, names) is not None
-    return Refusal(request, target, "NoVariantForArchs" if for_archs else "NoVariant", "; ".join(parts),
-                   detail=detail, commit=commit, available=tuple(names), newest_with_target=newest,
-                   versions_with_target=with_target,
-                   declared={n: list(declared.get(n, NOARCH).archs or ()) for n in names} if declared else {})
+    return Refusal(
+        request,
+        target,
+        "NoVariantForArchs" if for_archs else "NoVariant",
+        "; ".join(parts),
+        detail=detail,
+        commit=commit,
+        available=tuple(names),
+        newest_with_target=newest,
+        versions_with_target=with_target,
+        declared={n: list(declared.get(n, NOARCH).archs or ()) for n in names} if declared else {},
+    )
 
 
 def _what_it_has(request: Request, commit: str, names: tuple[str, ...], declared: dict | None) -> str:

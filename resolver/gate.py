@@ -176,8 +176,9 @@ def check_ref(name: object, *, where: str, what: str = "ref name") -> str:
 def check_repo_id(repo_id: object, *, where: str | None = None) -> str:
     """Return `repo_id` if it is a well-formed ``org/name`` (the Hub's rule), else raise `BadRepoId`."""
     if repo_id_problem(repo_id):
-        raise BadRepoId(_say(where, f"malformed repo id {repo_id!r}: expected <org>/<name>, "
-                                    "e.g. kernels-community/activation"))
+        raise BadRepoId(
+            _say(where, f"malformed repo id {repo_id!r}: expected <org>/<name>, e.g. kernels-community/activation")
+        )
     return repo_id
 
 
@@ -192,8 +193,9 @@ def check_org(org: object, *, where: str) -> str:
 def check_variant(name: object, *, where: str) -> str:
     """A variant is one directory under build/: the name LOCAL_KERNELS and every view path carry."""
     if not (isinstance(name, str) and _VARIANT_RE.fullmatch(name)) or ".." in name:
-        raise BadVariantName(_say(where, f"variant name {name!r} is not one plain directory name "
-                                         "(letters, digits, '.', '_', '-')"))
+        raise BadVariantName(
+            _say(where, f"variant name {name!r} is not one plain directory name (letters, digits, '.', '_', '-')")
+        )
     return name
 
 
@@ -238,8 +240,9 @@ SHAPES: dict[str, dict[str, Rule]] = {
     "entry": {"type": (lambda v: v in ("file", "directory"), "is not 'file' or 'directory'"), "path": _STR},
     "file": {"oid": _STR, "size": _SIZE},
     "lfs": {"oid": _STR, "size": _SIZE},
-    "overview": {"trustedKernelPublisher": (lambda v: v is _ABSENT or v is None or isinstance(v, bool),
-                                            "is not true or false")},
+    "overview": {
+        "trustedKernelPublisher": (lambda v: v is _ABSENT or v is None or isinstance(v, bool), "is not true or false")
+    },
 }
 
 
@@ -295,6 +298,8 @@ def endpoint_problem(url: str) -> str | None:
 def check_endpoint(url: str, *, where: str) -> str:
     """An upstream URL a user gave, or BadInput in one line naming `where` (an option, HF_ENDPOINT)."""
     if endpoint_problem(url.rstrip("/")):
-        raise BadInput(f"{where} {url!r} is not an upstream URL: expected http(s)://host[:port], "
-                       "e.g. https://huggingface.co or http://mirror:8470")
+        raise BadInput(
+            f"{where} {url!r} is not an upstream URL: expected http(s)://host[:port], "
+            "e.g. https://huggingface.co or http://mirror:8470"
+        )
     return url

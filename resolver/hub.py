@@ -34,11 +34,21 @@ from huggingface_hub.utils import build_hf_headers
 
 from . import wire
 from .errors import BadInput, FrtError, UpstreamMalformed, UpstreamUnavailable, first_line
-from .gate import (check_commit, check_entry, check_git_oid, check_path, check_ref, check_sha256, check_shape,
-                   check_variant, endpoint_problem, hub_date)
+from .gate import (
+    check_commit,
+    check_entry,
+    check_git_oid,
+    check_path,
+    check_ref,
+    check_sha256,
+    check_shape,
+    check_variant,
+    endpoint_problem,
+    hub_date,
+)
 from .pacing import Pacer
-from .settings import env_number
 from .resolution import CommitInfo, FileEntry
+from .settings import env_number
 
 try:  # huggingface_hub 2.x speaks httpx2, 1.x httpx; both name their transport errors alike.
     import httpx2 as _httpx
@@ -77,8 +87,11 @@ class RetryPolicy:
     @classmethod
     def from_env(cls, refused: bool = True) -> RetryPolicy:
         """FRT_RETRY_ATTEMPTS / FRT_RETRY_BASE_WAIT let tests and impatient users shorten it."""
-        return cls(attempts=max(1, int(env_number("FRT_RETRY_ATTEMPTS", cls.attempts, int))),
-                   base_wait=env_number("FRT_RETRY_BASE_WAIT", cls.base_wait, float), refused=refused)
+        return cls(
+            attempts=max(1, int(env_number("FRT_RETRY_ATTEMPTS", cls.attempts, int))),
+            base_wait=env_number("FRT_RETRY_BASE_WAIT", cls.base_wait, float),
+            refused=refused,
+        )
 
 
 def resolve_endpoint(endpoint: str | None, option: str = "--endpoint") -> str:
@@ -87,8 +100,10 @@ def resolve_endpoint(endpoint: str | None, option: str = "--endpoint") -> str:
     url = (endpoint or os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
     if endpoint_problem(url):  # gate.py: an unclosed IPv6 bracket or a bad port was a ValueError traceback
         where = option if endpoint else "HF_ENDPOINT"
-        raise BadInput(f"{where} {url!r} is not an upstream URL: expected http(s)://host[:port], "
-                       "e.g. https://huggingface.co or http://mirror:8470")
+        raise BadInput(
+            f"{where} {url!r} is not an upstream URL: expected http(s)://host[:port], "
+            "e.g. https://huggingface.co or http://mirror:8470"
+        )
     return url
 
 
@@ -110,8 +125,15 @@ def ask_only_our_endpoint() -> None:
 
 
 class HubClient:
-    def __init__(self, endpoint: str | None = None, *, token: str | None = None, retry: RetryPolicy | None = None,
-                 pacer: Pacer | None = None, limits: wire.Limits | None = None):
+    def __init__(
+        self,
+        endpoint: str | None = None,
+        *,
+        token: str | None = None,
+        retry: RetryPolicy | None = None,
+        pacer: Pacer | None = None,
+        limits: wire.Limits | None = None,
+    ):
         ask_only_our_endpoint()
         self.endpoint = resolve_endpoint(endpoint)
         self.token = token
@@ -122,8 +144,11 @@ class HubClient:
 
     def refs(self, repo_id: str, repo_type: str = "kernel") -> dict[tuple[str, str], str]:
         where = f"upstream refs of {repo_id}"
-        doc = check_shape(self._call(lambda: self._json(f"{self._api(repo_type, repo_id)}/refs", where), repo_id,
-                                     where=where), "refs", where=where)
+        doc = check_shape(
+            self._call(lambda: self._json(f"{self._api(repo_type, repo_id)}/refs", where), repo_id, where=where),
+            "refs",
+            where=where,
+        )
         out = {}
         # A name becomes refs/<name> in an exported cache, a commit a folder of views and snapshots.
         for kind, key in (("branch", "branches"), ("tag", "tags")):
@@ -193,8 +218,9 @@ class HubClient:
         entries, where = self._tree(repo_id, sha, repo_type)
         return [_file_entry(e, where) for e in entries if e["type"] == "file" and check_path(e["path"], where=where)]
 
-    def fetch_small_file(self, repo_id: str, path: str, revision: str, repo_type: str = "kernel",
-                         size: int | None = None) -> bytes:
+    def fetch_small_file(
+        self, repo_id: str, path: str, revision: str, repo_type: str = "kernel", size: int | None = None
+    ) -> bytes:
         """GET a small file (metadata.json) into memory, never more than its listed `size` nor
         FRT_MAX_METADATA_BYTES (wire.TooLarge past either); never touches a Hub cache."""
         where = f"upstream file {repo_id}/{path}@{revision[:12]}"
@@ -202,9 +228,21 @@ class HubClient:
         if size is not None and size > cap:
             raise wire.TooLarge(f"{where}: listed at {size} bytes, over the {cap}-byte limit (FRT_MAX_METADATA_BYTES)")
         url = self.file_url(repo_id, path, revision, repo_type)
-        return self._call(lambda: wire.get(url, headers=self._headers(), deadline=self.limits.deadline(cap),
-                                           cap=cap, what=where, limit_name="its listed size").body,
-                          repo_id, bucket="resolvers", where=where)
+        return self._call(
+            lambda: (
+                wire.get(
+                    url,
+                    headers=self._headers(),
+                    deadline=self.limits.deadline(cap),
+                    cap=cap,
+                    what=where,
+                    limit_name="its listed size",
+                ).body
+            ),
+            repo_id,
+            bucket="resolvers",
+            where=where,
+        )
 
     def file_url(self, repo_id: str, path: str, revision: str, repo_type: str = "kernel") -> str:
         return hf_hub_url(repo_id, path, repo_type=repo_type, revision=revision, endpoint=self.endpoint)
@@ -228,9 +266,12 @@ class HubClient:
     def _tree(self, repo_id: str, sha: str, repo_type: str, path: str = "") -> tuple[list[dict], str]:
         """A recursive tree listing, each entry's shape checked, no path twice; and its `where`."""
         where = f"upstream listing of {repo_id}@{sha[:12]}"
-        url = f"{self._api(repo_type, repo_id)}/tree/{quote(sha, safe='')}" + (f"/{quote(path, safe='')}" if path else "")
-        entries = self._call(lambda: self._pages(url, where, params={"recursive": True, "expand": False}), repo_id,
-                             where=where)
+        url = f"{self._api(repo_type, repo_id)}/tree/{quote(sha, safe='')}" + (
+            f"/{quote(path, safe='')}" if path else ""
+        )
+        entries = self._call(
+            lambda: self._pages(url, where, params={"recursive": True, "expand": False}), repo_id, where=where
+        )
         seen: set = set()
         for i, e in enumerate(entries):
             check_entry(e, where=where, what=f"entry {i}")
@@ -246,6 +287,7 @@ class HubClient:
 
     def _call(self, fn: Callable[[], T], repo_id: str, bucket: str = "api", where: str | None = None) -> T:
         """One Hub API call: `attempts`, with the Hub's own errors mapped to ours."""
+
         def hub_errors(e: Exception) -> Exception | None:
             if isinstance(e, RepositoryNotFoundError):
                 return RepoNotFound(f"{repo_id}: repository not found at {self.endpoint} ({first_line(e)})")
@@ -257,8 +299,16 @@ class HubClient:
 
         return self.attempts(fn, bucket=bucket, where=where or f"upstream {self.endpoint}", classify=hub_errors)
 
-    def attempts(self, fn: Callable[[], T], *, bucket: str, where: str, host: str | None = None,
-                 classify: Callable[[Exception], Exception | object | None] | None = None, prefix: str = "") -> T:
+    def attempts(
+        self,
+        fn: Callable[[], T],
+        *,
+        bucket: str,
+        where: str,
+        host: str | None = None,
+        classify: Callable[[Exception], Exception | object | None] | None = None,
+        prefix: str = "",
+    ) -> T:
         """The one loop every upstream request runs in (API calls here, file bodies in mirror.transport):
         paced per bucket, a 429 waited out (not an attempt), a transient failure retried with backoff up
         to the policy's attempts, a redirect loop or a hop off http(s) refused at once, and every failure
@@ -281,10 +331,12 @@ class HubClient:
                 if isinstance(word, BaseException):
                     raise word from None
                 if isinstance(e, OfflineModeIsEnabled):
-                    raise UpstreamUnavailable("HF_HUB_OFFLINE is set, so upstream cannot be asked; use --offline to "
-                                              "answer from the ledger") from None
-                if not isinstance(e, (HfHubHTTPError, _httpx.TransportError, _httpx.TooManyRedirects, ConnectionError,
-                                      TimeoutError)):
+                    raise UpstreamUnavailable(
+                        "HF_HUB_OFFLINE is set, so upstream cannot be asked; use --offline to answer from the ledger"
+                    ) from None
+                if not isinstance(
+                    e, (HfHubHTTPError, _httpx.TransportError, _httpx.TooManyRedirects, ConnectionError, TimeoutError)
+                ):
                     if isinstance(e, _httpx.HTTPError):  # an answer broken below JSON (a bad gzip stream, header)
                         raise UpstreamMalformed(f"{where}: {first_line(e)}") from None
                     raise
@@ -298,7 +350,8 @@ class HubClient:
                     raise UpstreamUnavailable(f"{prefix}upstream {host} refused: {first_line(e)}") from None
                 if attempt >= self.retry.attempts:
                     raise UpstreamUnavailable(
-                        f"{prefix}upstream {host} unreachable after {attempt} attempts: {first_line(e)}") from None
+                        f"{prefix}upstream {host} unreachable after {attempt} attempts: {first_line(e)}"
+                    ) from None
                 self.retry.sleep(attempt)
 
 

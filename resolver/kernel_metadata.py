@@ -107,5 +107,9 @@ def dependency_request(dep: Dependency, environ=None):
     from .resolve import make_request
 
     # make_request, so a publisher's repo id and revision pass the gate as a user's do.
-    return make_request(check_repo_id(dep.repo, where="a kernel-depends entry"), version=dep.version,
-                        revision=dep.revision, environ=environ)
+    return make_request(
+        check_repo_id(dep.repo, where="a kernel-depends entry"),
+        version=dep.version,
+        revision=dep.revision,
+        environ=environ,
+    )

@@ -43,11 +43,17 @@ class Matrix:
             "targets": [str(t) for t in self.targets],
             "target_archs": {str(t): list(t.archs) for t in self.targets},
             "revisions": [
-                {"commit": r.commit, "date": r.date.isoformat() if r.date else None, "title": r.title,
-                 "refs": list(r.refs), "variants": sorted(r.variants), "serves": r.serves,
-                 "no_digest": sorted(r.no_digest),
-                 "archs": {v: list(a) if a else None for v, a in sorted(r.archs.items())},
-                 "by_name": r.by_name}
+                {
+                    "commit": r.commit,
+                    "date": r.date.isoformat() if r.date else None,
+                    "title": r.title,
+                    "refs": list(r.refs),
+                    "variants": sorted(r.variants),
+                    "serves": r.serves,
+                    "no_digest": sorted(r.no_digest),
+                    "archs": {v: list(a) if a else None for v, a in sorted(r.archs.items())},
+                    "by_name": r.by_name,
+                }
                 for r in self.rows
             ],
         }
@@ -81,6 +87,17 @@ def build_matrix(view: LedgerView, repo_id: str, targets: list[Target] | None = 
             if pick is not None and pick != serves[str(t)]:
                 by_name[str(t)] = pick
         archs = {name: d.archs for name, d in view.declared(repo_id, c.sha).items()}
-        rows.append(MatrixRow(c.sha, c.date, c.title, tuple(sorted(refs.get(c.sha, []))), frozenset(present), serves,
-                              frozenset(c.no_digest), archs, by_name))
+        rows.append(
+            MatrixRow(
+                c.sha,
+                c.date,
+                c.title,
+                tuple(sorted(refs.get(c.sha, []))),
+                frozenset(present),
+                serves,
+                frozenset(c.no_digest),
+                archs,
+                by_name,
+            )
+        )
     return Matrix(repo_id, tuple(names), tuple(targets), tuple(rows))

@@ -64,7 +64,8 @@ class Pacer:
             if self.waited + pause > self.max_wait:
                 raise UpstreamUnavailable(
                     f"{where}: rate-limited by the upstream for more than {self.max_wait:.0f} s in all "
-                    f"(bucket {bucket!r}); try again later, or raise FRT_RATE_LIMIT_MAX_WAIT")
+                    f"(bucket {bucket!r}); try again later, or raise FRT_RATE_LIMIT_MAX_WAIT"
+                )
             self.waited += pause
             self._until[bucket] = max(self._until.get(bucket, 0.0), time.monotonic() + pause)
         self.wait(bucket)

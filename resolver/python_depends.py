@@ -35,8 +35,10 @@ def packages_for(depends: tuple[str, ...] | list[str], backend: str) -> tuple[Py
     for dep in depends:
         info = data.general.get(dep) or data.backends.get(backend, {}).get(dep)
         if info is None:
-            raise UnsupportedDependency(f"uses unsupported kernel dependency: {dep} (kernels' python_depends.json "
-                                        f"has no such name for backend {backend!r})")
+            raise UnsupportedDependency(
+                f"uses unsupported kernel dependency: {dep} (kernels' python_depends.json "
+                f"has no such name for backend {backend!r})"
+            )
         for p in info.python:
             name = canonicalize_name(p.pkg)
             out.setdefault(name, PythonPackage(name, p.import_name))

@@ -17,8 +17,9 @@ from .scan import scan
 from .targets import Target
 
 
-def make_request(repo_id: str, *, version: int | None = None, revision: str | None = None,
-                 environ: Mapping[str, str] | None = None) -> Request:
+def make_request(
+    repo_id: str, *, version: int | None = None, revision: str | None = None, environ: Mapping[str, str] | None = None
+) -> Request:
     """The request a user means: FRT_KERNEL_REV_<ID> overrides version and revision."""
     check_repo_id(repo_id)
     pin = pinned_revision(repo_id, environ)
@@ -34,16 +35,25 @@ def make_request(repo_id: str, *, version: int | None = None, revision: str | No
     return Request(repo_id, version=version, revision=revision)
 
 
-def resolve(repo_id: str, *, target: Target, ledger: Ledger, version: int | None = None,
-            revision: str | None = None, hub: HubClient | None = None, offline: bool = False,
-            environ: Mapping[str, str] | None = None) -> Resolution:
+def resolve(
+    repo_id: str,
+    *,
+    target: Target,
+    ledger: Ledger,
+    version: int | None = None,
+    revision: str | None = None,
+    hub: HubClient | None = None,
+    offline: bool = False,
+    environ: Mapping[str, str] | None = None,
+) -> Resolution:
     """Resolve `repo_id` for `target`, or raise `KernelUnavailable` (after recording it)."""
     request = make_request(repo_id, version=version, revision=revision, environ=environ)
     return resolve_requests([request], target=target, ledger=ledger, hub=hub, offline=offline)[0]
 
 
-def resolve_requests(requests: list[Request], *, target: Target, ledger: Ledger, hub: HubClient | None = None,
-                     offline: bool = False) -> list[Resolution]:
+def resolve_requests(
+    requests: list[Request], *, target: Target, ledger: Ledger, hub: HubClient | None = None, offline: bool = False
+) -> list[Resolution]:
     outcomes = refresh_and_decide(requests, targets=[target], ledger=ledger, hub=hub, offline=offline)
     for outcome in outcomes:
         if isinstance(outcome, Refusal):
@@ -51,9 +61,15 @@ def resolve_requests(requests: list[Request], *, target: Target, ledger: Ledger,
     return outcomes  # type: ignore[return-value]
 
 
-def refresh_and_decide(requests: list[Request], *, targets: list[Target], ledger: Ledger,
-                       hub: HubClient | None = None, offline: bool = False,
-                       refreshed: set[str] | None = None) -> list[Resolution | Refusal]:
+def refresh_and_decide(
+    requests: list[Request],
+    *,
+    targets: list[Target],
+    ledger: Ledger,
+    hub: HubClient | None = None,
+    offline: bool = False,
+    refreshed: set[str] | None = None,
+) -> list[Resolution | Refusal]:
     """Every request × target, as outcomes; every refusal is recorded in the ledger.
 
     `refreshed` names repos already scanned in this run (a stage resolving kernel-depends
@@ -85,8 +101,9 @@ def refresh_and_decide(requests: list[Request], *, targets: list[Target], ledger
 
 
 @retried
-def _decide(ledger: Ledger, requests: list[Request], targets: list[Target],
-            upstream_refusals: dict[str, tuple[str, str]]) -> list[Resolution | Refusal]:
+def _decide(
+    ledger: Ledger, requests: list[Request], targets: list[Target], upstream_refusals: dict[str, tuple[str, str]]
+) -> list[Resolution | Refusal]:
     outcomes: list[Resolution | Refusal] = []
     with ledger.view() as view:
         for request in requests:

@@ -16,14 +16,13 @@ from dataclasses import dataclass
 
 from sqlalchemy import select
 
+from .gate import check_repo_id
 from .hub import HubClient
 from .ledger import Ledger
 from .ledger.retry import retried
-from .gate import check_repo_id
-from .resolution import FileEntry, VariantInfo
 from .ledger.schema import Listing, Repo
+from .resolution import FileEntry, VariantInfo
 from .wire import TooLarge
-
 
 # Listing rows per ledger write: a few seconds on a slow disk, far inside the busy timeout (30 s).
 ROWS_PER_WRITE = 5_000
@@ -38,9 +37,17 @@ class ScanReport:
     variants: int
 
 
-def scan(repo_id: str, *, hub: HubClient, ledger: Ledger, jobs: int = 8, repo_type: str = "kernel",
-         extra_revisions: tuple[str, ...] = (), progress: Callable[[str], None] | None = None,
-         heads_only: bool = False) -> ScanReport:
+def scan(
+    repo_id: str,
+    *,
+    hub: HubClient,
+    ledger: Ledger,
+    jobs: int = 8,
+    repo_type: str = "kernel",
+    extra_revisions: tuple[str, ...] = (),
+    progress: Callable[[str], None] | None = None,
+    heads_only: bool = False,
+) -> ScanReport:
     """`heads_only`: list build/ of the refs' heads (and `extra_revisions`) only, not of every commit in
     their history: what a pull-through mirror needs to answer a client now, one listing per new head."""
     check_repo_id(repo_id)
@@ -60,10 +67,12 @@ def scan(repo_id: str, *, hub: HubClient, ledger: Ledger, jobs: int = 8, repo_ty
     if progress and todo:
         progress(f"{repo_id}: listing build/ of {len(todo)} commit(s)")
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        listings = dict(zip(todo, pool.map(lambda sha: hub.build_listing(repo_id, sha, repo_type), todo)))
+        listings = dict(zip(todo, pool.map(lambda sha: hub.build_listing(repo_id, sha, repo_type), todo), strict=False))
         metadata = _fetch_metadata(repo_id, listings, hub=hub, ledger=ledger, pool=pool, repo_type=repo_type)
-        builds = {sha: [_variant_info(name, files, metadata) for name, files in sorted(listing.items())]
-                  for sha, listing in listings.items()}
+        builds = {
+            sha: [_variant_info(name, files, metadata) for name, files in sorted(listing.items())]
+            for sha, listing in listings.items()
+        }
     _record_builds(ledger, repo_id, builds)
     variants_found = sum(len(v) for v in builds.values())
     return ScanReport(repo_id, len(refs), _commit_count(ledger, repo_id), len(todo), variants_found)
@@ -106,8 +115,11 @@ def heads_without_history(ledger: Ledger, repo_id: str, heads: list[str]) -> lis
     """Heads whose listing is not recorded. A commit's history never changes, so a listing once
     recorded is kept; a new head (a push) is asked for its own."""
     with ledger.session(write=False) as s:
-        listed = set(s.scalars(select(Listing.head).join(Repo)
-                               .where(Repo.repo_id == repo_id, Listing.head.in_(heads)).distinct()))
+        listed = set(
+            s.scalars(
+                select(Listing.head).join(Repo).where(Repo.repo_id == repo_id, Listing.head.in_(heads)).distinct()
+            )
+        )
     return [h for h in dict.fromkeys(heads) if h not in listed]
 
 
@@ -140,7 +152,7 @@ def _fetch_metadata(repo_id, listings, *, hub, ledger, pool, repo_type) -> dict[
             return None  # recorded as variant without metadata; resolve still sees the variant
         return doc if isinstance(doc, dict) else None
 
-    known.update(zip(missing, pool.map(fetch, missing)))
+    known.update(zip(missing, pool.map(fetch, missing), strict=False))
     return known
 
 

@@ -19,7 +19,9 @@ from packaging.version import Version
 from . import archs as _archs
 from .errors import BadInput
 
-_TARGET_RE = re.compile(r"torch(?P<major>\d+)\.(?P<minor>\d+)-(?P<backend>[a-z0-9]+)-(?P<cpu>[a-z0-9_]+)-(?P<os>[a-z]+)")
+_TARGET_RE = re.compile(
+    r"torch(?P<major>\d+)\.(?P<minor>\d+)-(?P<backend>[a-z0-9]+)-(?P<cpu>[a-z0-9_]+)-(?P<os>[a-z]+)"
+)
 
 # What build variants name and kernels normalizes a system to (kernels.variants: arm64 -> aarch64 on
 # darwin, AMD64 -> x86_64 on windows); kernel-builder builds for no other.
@@ -92,8 +94,14 @@ def parse_target(text: str, *, name: str | None = None) -> Target:
             f"unknown target {text!r}: expected torch<M>.<m>-<backend>-<cpu>-<os>[@ARCH,...] "
             "(e.g. torch2.11-cu130-x86_64-linux, torch2.11-cu130-x86_64-linux@8.0,9.0) or 'host'"
         )
-    return make_target(torch=f"{m['major']}.{m['minor']}", backend=m["backend"], cpu=m["cpu"], os=m["os"],
-                       name=name, archs=archs.split(",") if at else None)
+    return make_target(
+        torch=f"{m['major']}.{m['minor']}",
+        backend=m["backend"],
+        cpu=m["cpu"],
+        os=m["os"],
+        name=name,
+        archs=archs.split(",") if at else None,
+    )
 
 
 def with_archs(target: Target, archs: list[str] | tuple[str, ...]) -> Target:
@@ -104,8 +112,15 @@ def with_archs(target: Target, archs: list[str] | tuple[str, ...]) -> Target:
         raise BadInput(f"target {target.by_name}: {e}") from None
 
 
-def make_target(*, torch: str | None, backend: str, cpu: str, os: str, name: str | None = None,
-                archs: list[str] | tuple[str, ...] | None = None) -> Target:
+def make_target(
+    *,
+    torch: str | None,
+    backend: str,
+    cpu: str,
+    os: str,
+    name: str | None = None,
+    archs: list[str] | tuple[str, ...] | None = None,
+) -> Target:
     """Build a target from its fields (a manifest's ``[[targets]]`` table), validating each."""
     from kernels.backends import parse_backend
 
@@ -126,10 +141,13 @@ def make_target(*, torch: str | None, backend: str, cpu: str, os: str, name: str
             raise BadInput(f"bad torch version {torch!r} in target: expected <major>.<minor>, e.g. 2.11")
         version = Version(str(torch))
     if cpu not in CPUS or os not in OSES:
-        raise BadInput(f"unknown cpu/os {cpu!r}/{os!r} in target: expected a cpu of {', '.join(CPUS)} and an "
-                       f"os of {', '.join(OSES)}")
-    target = Target(torch=version, backend=backend, cpu=cpu, os=os, name=name,
-                    macos=_MACOS_FOR_TARGETS if os == "darwin" else None)
+        raise BadInput(
+            f"unknown cpu/os {cpu!r}/{os!r} in target: expected a cpu of {', '.join(CPUS)} and an "
+            f"os of {', '.join(OSES)}"
+        )
+    target = Target(
+        torch=version, backend=backend, cpu=cpu, os=os, name=name, macos=_MACOS_FOR_TARGETS if os == "darwin" else None
+    )
     return with_archs(target, archs) if archs is not None else target
 
 
@@ -142,8 +160,10 @@ def _host_as_named_target() -> Target:
     """
     target = host_target()
     if target.torch is None:
-        raise BadInput("--target host needs torch on this box, and it has none (a stager need not be the "
-                       "target): name the cluster's target instead, e.g. --target torch2.11-cu130-x86_64-linux")
+        raise BadInput(
+            "--target host needs torch on this box, and it has none (a stager need not be the "
+            "target): name the cluster's target instead, e.g. --target torch2.11-cu130-x86_64-linux"
+        )
     return target
 
 
@@ -170,9 +190,17 @@ def host_target() -> Target:
         v = Version(torch.__version__)
         torch_version = Version(f"{v.major}.{v.minor}")
         abi = torch.compiled_with_cxx11_abi() if os == "linux" else None
-    return Target(torch=torch_version, backend=_backend().variant_str, cpu=cpu, os=os, name="host", abi=abi,
-                  macos=_host_macos() if os == "darwin" else None, tvm_ffi=_host_tvm_ffi(),
-                  python=f"{sys.version_info.major}.{sys.version_info.minor}")
+    return Target(
+        torch=torch_version,
+        backend=_backend().variant_str,
+        cpu=cpu,
+        os=os,
+        name="host",
+        abi=abi,
+        macos=_host_macos() if os == "darwin" else None,
+        tvm_ffi=_host_tvm_ffi(),
+        python=f"{sys.version_info.major}.{sys.version_info.minor}",
+    )
 
 
 def _host_macos() -> Version | None:

@@ -64,8 +64,9 @@ def parse_fields(name: str) -> VariantFields | None:
     return VariantFields(kind, version, cxx11, v.arch.backend.variant_str, v.arch.platform, v.arch.os)
 
 
-def decide(target: Target, names: list[str] | tuple[str, ...],
-           declared: Mapping[str, Declared] | None = None) -> tuple[VariantDecision, ...]:
+def decide(
+    target: Target, names: list[str] | tuple[str, ...], declared: Mapping[str, Declared] | None = None
+) -> tuple[VariantDecision, ...]:
     """Every variant name judged for `target`: accepted first, in the library's preference order.
 
     Names the library cannot parse are rejected (it skips them too), last. For a target with archs,
@@ -112,15 +113,13 @@ def _decide(target: Target, names: tuple[str, ...]) -> tuple[VariantDecision, ..
         tvm_ffi_version=target.tvm_ffi,
         macos_version=target.macos,
     )
-    out = [
-        VariantDecision(parsed[d.variant], isinstance(d, VariantAccepted), getattr(d, "reason", ""))
-        for d in trace
-    ]
+    out = [VariantDecision(parsed[d.variant], isinstance(d, VariantAccepted), getattr(d, "reason", "")) for d in trace]
     out += [VariantDecision(n, False, "not a build variant name kernels can parse") for n in unparseable]
     return tuple(out)
 
 
-def accepted(target: Target, names: list[str] | tuple[str, ...],
-             declared: Mapping[str, Declared] | None = None) -> list[str]:
+def accepted(
+    target: Target, names: list[str] | tuple[str, ...], declared: Mapping[str, Declared] | None = None
+) -> list[str]:
     """The variant names `target` accepts, best first."""
     return [d.name for d in decide(target, names, declared) if d.accepted]

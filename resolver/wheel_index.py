@@ -1,10 +1,10 @@
 """A Python package index's project page (the simple API: PEP 503 HTML, PEP 691 JSON), read bounded.
 
 What the mirror needs of an index is one page per project: its files, each with the sha256 the index
-vouches for (the URL's `#sha256=` fragment, PEP 691's `hashes`), its Requires-Python and whether it is
-yanked. A file the index gives no sha256 for is dropped here: the mirror stores nothing it cannot
-verify; so is one whose name could not be a file name in the home. The page is read through `wire.get` (a byte cap, a deadline, bounded redirects) like every
-upstream answer, and a page that is neither format is one line naming it.
+vouches for (the URL's `#sha256=` fragment, PEP 691's `hashes`), its Requires-Python and whether it is yanked.
+A file the index gives no sha256 for is dropped here: the mirror stores nothing it cannot verify; so is one
+whose name could not be a file name in the home. The page is read through `wire.get` (a byte cap, a deadline,
+bounded redirects) like every upstream answer, and a page that is neither format is one line naming it.
 """
 
 from __future__ import annotations
@@ -72,9 +72,16 @@ def _from_json(doc, url: str, what: str) -> list[IndexFile]:
         if not isinstance(sha, str) or not _SHA256.fullmatch(sha) or not _FILENAME.fullmatch(f["filename"]):
             continue
         rp, size = f.get("requires-python"), f.get("size")
-        out.append(IndexFile(f["filename"], urldefrag(urljoin(url, f["url"]))[0], sha,
-                             rp if isinstance(rp, str) and rp else None, bool(f.get("yanked")),
-                             size if isinstance(size, int) and size >= 0 else None))
+        out.append(
+            IndexFile(
+                f["filename"],
+                urldefrag(urljoin(url, f["url"]))[0],
+                sha,
+                rp if isinstance(rp, str) and rp else None,
+                bool(f.get("yanked")),
+                size if isinstance(size, int) and size >= 0 else None,
+            )
+        )
     return out
 
 
@@ -118,6 +125,5 @@ def _from_html(body: bytes, url: str, what: str) -> list[IndexFile]:
         filename = label or link.rsplit("/", 1)[-1]
         if not _FILENAME.fullmatch(filename):
             continue
-        out.append(IndexFile(filename, link, digest, attrs.get("data-requires-python") or None,
-                             "data-yanked" in attrs))
+        out.append(IndexFile(filename, link, digest, attrs.get("data-requires-python") or None, "data-yanked" in attrs))
     return out

@@ -38,10 +38,19 @@ PROVIDED = frozenset({"torch"})  # the target's own framework: never fetched as 
 _PY_GUESSES = tuple(f"3.{m}" for m in range(9, 15))
 _MANYLINUX = range(28, 16, -1)  # glibc 2.28 .. 2.17, newest first (pip's order)
 _MACOS = range(15, 10, -1)
-_MACHINE = {("linux", "x86_64"): "x86_64", ("linux", "aarch64"): "aarch64", ("darwin", "aarch64"): "arm64",
-            ("darwin", "x86_64"): "x86_64", ("windows", "x86_64"): "AMD64", ("windows", "aarch64"): "ARM64"}
-_SYS = {"linux": ("Linux", "linux", "posix"), "darwin": ("Darwin", "darwin", "posix"),
-        "windows": ("Windows", "win32", "nt")}
+_MACHINE = {
+    ("linux", "x86_64"): "x86_64",
+    ("linux", "aarch64"): "aarch64",
+    ("darwin", "aarch64"): "arm64",
+    ("darwin", "x86_64"): "x86_64",
+    ("windows", "x86_64"): "AMD64",
+    ("windows", "aarch64"): "ARM64",
+}
+_SYS = {
+    "linux": ("Linux", "linux", "posix"),
+    "darwin": ("Darwin", "darwin", "posix"),
+    "windows": ("Windows", "win32", "nt"),
+}
 
 
 @dataclass(frozen=True)
@@ -123,10 +132,16 @@ def _marker_holds(req: Requirement, target: Target) -> bool:
     if req.marker is None:
         return True
     system, sys_platform, os_name = _SYS[target.os]
-    base = {"platform_system": system, "sys_platform": sys_platform, "os_name": os_name,
-            "platform_machine": _MACHINE.get((target.os, target.cpu), target.cpu),
-            "implementation_name": "cpython", "platform_python_implementation": "CPython", "extra": ""}
-    for py in ((target.python,) if target.python else _PY_GUESSES):
+    base = {
+        "platform_system": system,
+        "sys_platform": sys_platform,
+        "os_name": os_name,
+        "platform_machine": _MACHINE.get((target.os, target.cpu), target.cpu),
+        "implementation_name": "cpython",
+        "platform_python_implementation": "CPython",
+        "extra": "",
+    }
+    for py in (target.python,) if target.python else _PY_GUESSES:
         try:
             if req.marker.evaluate({**base, "python_version": py, "python_full_version": f"{py}.0"}):
                 return True

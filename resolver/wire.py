@@ -60,12 +60,14 @@ class Limits:
 
     @classmethod
     def from_env(cls) -> Limits:
-        return cls(api_bytes=env_number("FRT_MAX_API_BYTES", cls.api_bytes, int),
-                   metadata_bytes=env_number("FRT_MAX_METADATA_BYTES", cls.metadata_bytes, int),
-                   pages=env_number("FRT_MAX_PAGES", cls.pages, int),
-                   entries=env_number("FRT_MAX_LISTING_ENTRIES", cls.entries, int),
-                   deadline_s=env_number("FRT_UPSTREAM_DEADLINE_S", cls.deadline_s, float),
-                   min_rate=max(1.0, env_number("FRT_UPSTREAM_MIN_RATE", cls.min_rate, float)))
+        return cls(
+            api_bytes=env_number("FRT_MAX_API_BYTES", cls.api_bytes, int),
+            metadata_bytes=env_number("FRT_MAX_METADATA_BYTES", cls.metadata_bytes, int),
+            pages=env_number("FRT_MAX_PAGES", cls.pages, int),
+            entries=env_number("FRT_MAX_LISTING_ENTRIES", cls.entries, int),
+            deadline_s=env_number("FRT_UPSTREAM_DEADLINE_S", cls.deadline_s, float),
+            min_rate=max(1.0, env_number("FRT_UPSTREAM_MIN_RATE", cls.min_rate, float)),
+        )
 
     def deadline(self, size: int = 0) -> Deadline:
         """The deadline of one call starting now; `size`: the bytes of a file body it carries."""
@@ -86,8 +88,9 @@ class Deadline:
 
     def check(self, what: str) -> None:
         if self.left() <= 0:
-            raise DeadlinePassed(f"{what}: no complete answer within the {self.seconds:g} s deadline "
-                                 "(FRT_UPSTREAM_DEADLINE_S)")
+            raise DeadlinePassed(
+                f"{what}: no complete answer within the {self.seconds:g} s deadline (FRT_UPSTREAM_DEADLINE_S)"
+            )
 
     def timeout(self):
         """httpx's timeouts for a request under this deadline: no phase may wait past it."""
@@ -142,13 +145,22 @@ def raise_for_status(r, deadline: Deadline) -> None:
     raise UpstreamMalformed(f"{r.request.url.path}: answered {r.status_code}")  # pragma: no cover
 
 
-def get(url: str, *, headers: dict, deadline: Deadline, cap: int, what: str, params=None,
-        limit_name: str = "FRT_MAX_API_BYTES") -> Got:
+def get(
+    url: str,
+    *,
+    headers: dict,
+    deadline: Deadline,
+    cap: int,
+    what: str,
+    params=None,
+    limit_name: str = "FRT_MAX_API_BYTES",
+) -> Got:
     """GET `url` through huggingface_hub's session, redirects followed, its body read to at most `cap`
     bytes before `deadline`; an error answer raised as huggingface_hub raises it."""
     deadline.check(what)
-    with get_session().stream("GET", url, params=params, headers=headers, follow_redirects=True,
-                              timeout=deadline.timeout()) as r:
+    with get_session().stream(
+        "GET", url, params=params, headers=headers, follow_redirects=True, timeout=deadline.timeout()
+    ) as r:
         raise_for_status(r, deadline)
         nxt = r.links.get("next", {}).get("url")
         body = read_body(r, cap, deadline, what, limit_name)
@@ -165,10 +177,10 @@ def parse_json(body: bytes, what: str):
         raise UpstreamMalformed(f"{what}: the answer is not JSON ({e}; it starts {body[:40]!r})") from None
 
 
-def get_json(url: str, *, headers: dict, limits: Limits, what: str, params=None,
-             deadline: Deadline | None = None):
-    got = get(url, headers=headers, deadline=deadline or limits.deadline(), cap=limits.api_bytes, what=what,
-              params=params)
+def get_json(url: str, *, headers: dict, limits: Limits, what: str, params=None, deadline: Deadline | None = None):
+    got = get(
+        url, headers=headers, deadline=deadline or limits.deadline(), cap=limits.api_bytes, what=what, params=params
+    )
     return parse_json(got.body, what)
 
 
@@ -182,13 +194,15 @@ def pages(url: str, *, headers: dict, limits: Limits, what: str, params=None) ->
             raise UpstreamMalformed(f"{what}: the listing runs past {limits.pages} pages (FRT_MAX_PAGES); stopped")
         if urlsplit(url).scheme not in ("http", "https"):
             raise UpstreamMalformed(f"{what}: page {n} is at {url!r}, not an http(s) URL")
-        got = get(url, headers=headers, deadline=deadline, cap=limits.api_bytes, what=what,
-                  params=params if n == 1 else None)  # a next URL carries its own query
+        got = get(
+            url, headers=headers, deadline=deadline, cap=limits.api_bytes, what=what, params=params if n == 1 else None
+        )  # a next URL carries its own query
         page, url = parse_json(got.body, what), got.next_url
         if not isinstance(page, list):
             raise UpstreamMalformed(f"{what}: page {n} is {json_kind(page)}, not a list")
         entries += len(page)
         if entries > limits.entries:
-            raise UpstreamMalformed(f"{what}: the listing runs past {limits.entries} entries "
-                                    "(FRT_MAX_LISTING_ENTRIES); stopped")
+            raise UpstreamMalformed(
+                f"{what}: the listing runs past {limits.entries} entries (FRT_MAX_LISTING_ENTRIES); stopped"
+            )
         yield page

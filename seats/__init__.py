@@ -30,6 +30,20 @@ from .handle import Handle, SeatRecord
 from .parity import DEFAULT_TOLERANCE
 from .seat import Seat
 
-__all__ = ["DEFAULT_TOLERANCE", "Guard", "Guards", "Handle", "KernelRef", "MoeSeat", "Seat", "SeatCatalog",
-           "SeatRecord", "SeatSpec", "SeatsRefused", "arch_problem", "attach", "load_seat_catalog",
-           "rocm_arch_problem"]
+__all__ = [
+    "DEFAULT_TOLERANCE",
+    "Guard",
+    "Guards",
+    "Handle",
+    "KernelRef",
+    "MoeSeat",
+    "Seat",
+    "SeatCatalog",
+    "SeatRecord",
+    "SeatSpec",
+    "SeatsRefused",
+    "arch_problem",
+    "attach",
+    "load_seat_catalog",
+    "rocm_arch_problem",
+]

@@ -19,8 +19,8 @@ import torch
 
 from frt.manifests import DEFAULT_BAND, SeatCatalog
 from frt.mirror.home_path import default_home
-from frt.resolver.ledger import Ledger
 from frt.resolver.errors import BadInput
+from frt.resolver.ledger import Ledger
 
 from .band import MoeSeat
 from .calls import kernel_call, slab_bounds
@@ -45,9 +45,15 @@ class _Plan:
     slabs: int
 
 
-def attach(model: torch.nn.Module, catalog: SeatCatalog, *, strict: bool = False,
-           home: str | Path | None = None, ledger: Ledger | None = None,
-           environ: Mapping[str, str] | None = None) -> Handle:
+def attach(
+    model: torch.nn.Module,
+    catalog: SeatCatalog,
+    *,
+    strict: bool = False,
+    home: str | Path | None = None,
+    ledger: Ledger | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Handle:
     """Seat the catalog's kernels into ``model``; return a `Handle` (``detach()`` undoes it).
 
     ``home``: the mirror home whose staged views hold the kernels (default: ``ledger``'s directory,
@@ -56,11 +62,12 @@ def attach(model: torch.nn.Module, catalog: SeatCatalog, *, strict: bool = False
     ``strict``: raise `SeatsRefused` (a `KernelUnavailable`) if any site is refused, attaching nothing.
     """
     if model.training:
-        raise BadInput("attach: the model is in training mode; seats are forward-only: "
-                       "call model.eval() first")
+        raise BadInput("attach: the model is in training mode; seats are forward-only: call model.eval() first")
     environ = os.environ if environ is None else environ
     band = _default_band(environ)
-    home = Path(home) if home is not None else ledger.path.parent if ledger is not None and ledger.path else default_home()
+    home = (
+        Path(home) if home is not None else ledger.path.parent if ledger is not None and ledger.path else default_home()
+    )
     led = open_ledger(home) if ledger is None else ledger
     own = ledger is None and led is not None
     try:
@@ -98,8 +105,10 @@ def _plan(site: Site, model: torch.nn.Module, source: KernelSource, default_band
     band = spec.band or default_band
     parity = None
     if spec.parity:
-        checks = [check_parity(call, module, args, dtype, spec.tolerance)
-                  for args in probe_calls(spec.kind, module, guard.width, dtype, device, band)]
+        checks = [
+            check_parity(call, module, args, dtype, spec.tolerance)
+            for args in probe_calls(spec.kind, module, guard.width, dtype, device, band)
+        ]
         parity = max(checks, key=lambda c: c.error)
     if spec.kind == "moe_experts":
         seat: Seat = MoeSeat(module, call, guard, site.path, band)
@@ -115,8 +124,21 @@ def _commit(model: torch.nn.Module, plans: list[_Plan]) -> list[SeatRecord]:
             parent = model.get_submodule(p.site.parent_path)
             setattr(parent, p.site.attr, p.seat)
             res, spec = p.kernel.resolution, p.site.spec
-            done.append(SeatRecord(p.site.path, spec.kind, spec.kernel.label, res.commit, res.variant, parent,
-                                   p.site.attr, p.site.module, p.seat, p.parity, p.slabs))
+            done.append(
+                SeatRecord(
+                    p.site.path,
+                    spec.kind,
+                    spec.kernel.label,
+                    res.commit,
+                    res.variant,
+                    parent,
+                    p.site.attr,
+                    p.site.module,
+                    p.seat,
+                    p.parity,
+                    p.slabs,
+                )
+            )
             if isinstance(p.seat, MoeSeat):
                 p.seat.register()
     except BaseException:

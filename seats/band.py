@@ -27,8 +27,7 @@ _KEYS = itertools.count(1)
 
 
 @torch.library.custom_op("frt_seats::moe_band", mutates_args=())
-def moe_band(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
-             key: int) -> torch.Tensor:
+def moe_band(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor, key: int) -> torch.Tensor:
     return _SEATS[key].run_band(hidden, top_k_index, top_k_weights)
 
 

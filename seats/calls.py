@@ -29,8 +29,9 @@ Call = Callable[..., torch.Tensor]
 EPS_NAMES = ("variance_epsilon", "eps", "epsilon")
 
 
-def kernel_call(spec: SeatSpec, module: torch.nn.Module, kernel: ModuleType,
-                slabs: list[tuple[int, int]] | None = None) -> Call:
+def kernel_call(
+    spec: SeatSpec, module: torch.nn.Module, kernel: ModuleType, slabs: list[tuple[int, int]] | None = None
+) -> Call:
     ref = spec.kernel
     if ref.layer is not None:
         return _layer_forward(ref.layer, module, kernel)
@@ -44,6 +45,7 @@ def kernel_call(spec: SeatSpec, module: torch.nn.Module, kernel: ModuleType,
         if eps is None:
             raise SiteRefused(f"{type(module).__name__} has no float {'/'.join(EPS_NAMES)} to pass as eps")
         if takes_residual(module):
+
             def fused_add(m: torch.nn.Module, x: torch.Tensor, residual: torch.Tensor | None = None):
                 if residual is None:
                     return fn(x, m.weight, getattr(m, eps))
@@ -83,12 +85,16 @@ def _layer_forward(name: str, module: torch.nn.Module, kernel: ModuleType) -> Ca
     if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
         raise SiteRefused(f"layers.{name} is not an nn.Module subclass")
     if "__init__" in vars(cls):
-        raise SiteRefused(f"layers.{name} defines __init__; a kernels layer is forward-only and reads "
-                          "the replaced module's attributes")
+        raise SiteRefused(
+            f"layers.{name} defines __init__; a kernels layer is forward-only and reads "
+            "the replaced module's attributes"
+        )
     mine, theirs = _params(cls.forward), _params(module_forward(module))
     if [p.kind for p in mine] != [p.kind for p in theirs]:
-        raise SiteRefused(f"layers.{name}.forward({', '.join(p.name for p in mine)}) does not match "
-                          f"{type(module).__name__}.forward({', '.join(p.name for p in theirs)})")
+        raise SiteRefused(
+            f"layers.{name}.forward({', '.join(p.name for p in mine)}) does not match "
+            f"{type(module).__name__}.forward({', '.join(p.name for p in theirs)})"
+        )
     return cls.forward
 
 

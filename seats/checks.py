@@ -8,8 +8,7 @@ from .errors import SiteRefused
 from .source import LoadedKernel
 
 # metadata.json backend.type a variant may declare, by the torch device type it can serve.
-_BACKENDS_FOR = {"cpu": ("cpu",), "cuda": ("cuda", "rocm"), "xpu": ("xpu",), "mps": ("metal",),
-                 "npu": ("cann",)}
+_BACKENDS_FOR = {"cpu": ("cpu",), "cuda": ("cuda", "rocm"), "xpu": ("xpu",), "mps": ("metal",), "npu": ("cann",)}
 
 
 def module_problem(kind: str, module: torch.nn.Module) -> str | None:
@@ -42,8 +41,10 @@ def arch_problem(archs: tuple[str, ...] | list[str], capability: tuple[int, int]
 
     if not archs or _supports_cuda_capability(list(archs), capability):
         return None
-    return (f"CUDA capability {capability[0]}.{capability[1]} of the module's device is not among the "
-            f"variant's declared archs ({', '.join(archs)})")
+    return (
+        f"CUDA capability {capability[0]}.{capability[1]} of the module's device is not among the "
+        f"variant's declared archs ({', '.join(archs)})"
+    )
 
 
 def rocm_arch_problem(archs: tuple[str, ...] | list[str], gcn_arch_name: str) -> str | None:

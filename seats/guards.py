@@ -68,8 +68,14 @@ def _specialised(g: Guard):
         shape.append("x.shape[-1] == WIDTH")
     if g.max_rows is not None:
         shape.append("x.numel() <= MAX_ROWS * max(1, x.shape[-1])")
-    scope = {"Tensor": torch.Tensor, "DTYPE": g.dtypes[0] if g.dtypes else None, "DTYPES": g.dtypes,
-             "DEVICES": g.devices, "WIDTH": g.width, "MAX_ROWS": g.max_rows}
+    scope = {
+        "Tensor": torch.Tensor,
+        "DTYPE": g.dtypes[0] if g.dtypes else None,
+        "DTYPES": g.dtypes,
+        "DEVICES": g.devices,
+        "WIDTH": g.width,
+        "MAX_ROWS": g.max_rows,
+    }
     safe = ["isinstance(x, Tensor)", *tests, *(["x.ndim > 0"] if shape else []), *shape]
     name = f"<frt.seats guard {g.describe()}>"
     return tuple(eval(compile(f"lambda x: {' and '.join(t)}", name, "eval"), scope) for t in (safe, tests + shape))
@@ -110,8 +116,13 @@ def _probe() -> bool:
 
             ex = torch.zeros(2, 1, 8)
             check = TensorGuards(ex, dynamic_dims_sizes=[[None, None, 8]], dynamic_dims_strides=[[None] * 3]).check
-            if (check(torch.zeros(5, 3, 8)) is True and not check(torch.zeros(2, 1, 4))
-                    and not check(ex.double()) and not check(torch.zeros(2, 8)) and not check("x")):
+            if (
+                check(torch.zeros(5, 3, 8)) is True
+                and not check(torch.zeros(2, 1, 4))
+                and not check(ex.double())
+                and not check(torch.zeros(2, 8))
+                and not check("x")
+            ):
                 found = TensorGuards
         except Exception:  # absent or changed in this torch: every seat keeps its Python check
             found = None
@@ -138,21 +149,18 @@ def module_width(kind: str, module: torch.nn.Module) -> int | None:
     return None  # activation: elementwise, any width
 
 
-def build_guard(spec: Guards, kind: str, module: torch.nn.Module, dtype: torch.dtype,
-                device: torch.device) -> Guard:
+def build_guard(spec: Guards, kind: str, module: torch.nn.Module, dtype: torch.dtype, device: torch.device) -> Guard:
     """The guard of one site. A catalog guard that the module itself fails is a refusal at attach:
     the seat would fall back on every call, so it is not installed."""
     dtype_name = str(dtype).removeprefix("torch.")
     if spec.dtypes and dtype_name not in spec.dtypes:
-        raise SiteRefused(f"guard mismatch: the module is {dtype_name}, the seat admits "
-                          f"{', '.join(spec.dtypes)}")
+        raise SiteRefused(f"guard mismatch: the module is {dtype_name}, the seat admits {', '.join(spec.dtypes)}")
     if spec.devices and device.type not in spec.devices:
-        raise SiteRefused(f"guard mismatch: the module is on {device.type}, the seat admits "
-                          f"{', '.join(spec.devices)}")
+        raise SiteRefused(f"guard mismatch: the module is on {device.type}, the seat admits {', '.join(spec.devices)}")
     width = module_width(kind, module)
     if spec.width is not None and width is not None and spec.width != width:
-        raise SiteRefused(f"guard mismatch: the module takes width {width}, the seat admits "
-                          f"width {spec.width}")
+        raise SiteRefused(f"guard mismatch: the module takes width {width}, the seat admits width {spec.width}")
     dtypes = tuple(getattr(torch, d) for d in spec.dtypes) if spec.dtypes else (dtype,)
-    return Guard(dtypes=dtypes, devices=spec.devices or (device.type,), width=spec.width or width,
-                 max_rows=spec.max_rows)
+    return Guard(
+        dtypes=dtypes, devices=spec.devices or (device.type,), width=spec.width or width, max_rows=spec.max_rows
+    )

@@ -40,8 +40,10 @@ class Handle:
         return sum(r.slabs for r in self.records)
 
     def line(self) -> str:
-        return (f"[frt.seats] {len(self.records)} seats ({self.head_slabs} head slabs), "
-                f"{len(self.notes['refused'])} refused")
+        return (
+            f"[frt.seats] {len(self.records)} seats ({self.head_slabs} head slabs), "
+            f"{len(self.notes['refused'])} refused"
+        )
 
     def summary(self) -> dict:
         """Counters since attach, by how the calls ran. ``guarded_calls`` and ``fallbacks`` (a guard
@@ -62,8 +64,9 @@ class Handle:
             "compiled_traces": sum(s.traced for s in stats),
             "fallbacks": fallbacks,
             "seats_fell_back": sum(1 for s in stats if s.fallbacks),
-            "seats_never_called": sum(1 for s in stats
-                                      if not s.calls + s.captured + s.traced + s.band_kernel + s.band_original),
+            "seats_never_called": sum(
+                1 for s in stats if not s.calls + s.captured + s.traced + s.band_kernel + s.band_original
+            ),
             "band_kernel": sum(s.band_kernel for s in stats),
             "band_original": sum(s.band_original for s in stats),
             "attached": self.attached,

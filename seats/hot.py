@@ -18,8 +18,12 @@ from __future__ import annotations
 import copy
 
 import torch
-from torch.nn.modules.module import (_global_backward_hooks, _global_backward_pre_hooks, _global_forward_hooks,
-                                     _global_forward_pre_hooks)
+from torch.nn.modules.module import (
+    _global_backward_hooks,
+    _global_backward_pre_hooks,
+    _global_forward_hooks,
+    _global_forward_pre_hooks,
+)
 
 from . import capture
 from .calls import Call
@@ -42,11 +46,24 @@ class Hot:
     """What a seat's hot path reads, in slots. The hook dicts are the module's own objects (hooks are
     added to them in place), so reading them here sees every registration."""
 
-    __slots__ = ("call", "guard", "fast", "rematches", "admits", "original", "stats", "fwd", "fwd_pre", "bwd",
-                 "bwd_pre", "compiled", "cuda", "on_trace")
+    __slots__ = (
+        "call",
+        "guard",
+        "fast",
+        "rematches",
+        "admits",
+        "original",
+        "stats",
+        "fwd",
+        "fwd_pre",
+        "bwd",
+        "bwd_pre",
+        "compiled",
+        "cuda",
+        "on_trace",
+    )
 
-    def __init__(self, seat: torch.nn.Module, original: torch.nn.Module, call: Call, guard: Guard,
-                 stats: SeatStats):
+    def __init__(self, seat: torch.nn.Module, original: torch.nn.Module, call: Call, guard: Guard, stats: SeatStats):
         self.call, self.guard, self.admits, self.original, self.stats = call, guard, guard.admits, original, stats
         # The first test of every eager call, set by `admit` from the first admitted tensor: a match
         # specialised on it (guards.tensor_match), else the guard's own check. What it misses, `admit` decides.
@@ -83,8 +100,18 @@ def hot_call(hot: Hot):
     fwd, fwd_pre, bwd, bwd_pre = hot.fwd, hot.fwd_pre, hot.bwd, hot.bwd_pre
 
     def __call__(self, x=UNSET, *args, **kwargs):
-        if (_dynamo() or hot.compiled or fwd or fwd_pre or bwd or bwd_pre or _global_forward_hooks
-                or _global_forward_pre_hooks or _global_backward_hooks or _global_backward_pre_hooks):
+        if (
+            _dynamo()
+            or hot.compiled
+            or fwd
+            or fwd_pre
+            or bwd
+            or bwd_pre
+            or _global_forward_hooks
+            or _global_forward_pre_hooks
+            or _global_backward_hooks
+            or _global_backward_pre_hooks
+        ):
             return torch.nn.Module.__call__(self, *join(x, args), **kwargs)
         if args or kwargs or x is UNSET:
             return self.forward(*join(x, args), **kwargs)
@@ -126,6 +153,7 @@ def _unmatched(x) -> bool:
 
 def _trace_counter(stats: SeatStats):
     """A plain function for Dynamo's comptime: it runs it at trace time, and only then."""
+
     def on_trace(ctx) -> None:
         stats.traced += 1
 

@@ -28,8 +28,9 @@ class Parity:
     bound: float
 
 
-def probe_args(kind: str, module: torch.nn.Module, width: int | None, dtype: torch.dtype,
-               device: torch.device, band: int | None) -> tuple[torch.Tensor, ...]:
+def probe_args(
+    kind: str, module: torch.nn.Module, width: int | None, dtype: torch.dtype, device: torch.device, band: int | None
+) -> tuple[torch.Tensor, ...]:
     gen = torch.Generator(device=device).manual_seed(0)
 
     def randn(*shape: int) -> torch.Tensor:
@@ -43,8 +44,10 @@ def probe_args(kind: str, module: torch.nn.Module, width: int | None, dtype: tor
     experts = getattr(module, "num_experts", None) or (bank.shape[0] if has_bank else None)
     width = width or (bank.shape[-1] if has_bank else None)
     if not isinstance(experts, int) or not width:
-        raise SiteRefused(f"parity: no probe for {type(module).__name__} (it has no num_experts/hidden_dim); "
-                          "set parity = false for this seat to bind it unchecked")
+        raise SiteRefused(
+            f"parity: no probe for {type(module).__name__} (it has no num_experts/hidden_dim); "
+            "set parity = false for this seat to bind it unchecked"
+        )
     k = min(2, experts)
     rows = min(PROBE_ROWS, band or PROBE_ROWS)
     index = torch.stack([torch.randperm(experts, generator=gen, device=device)[:k] for _ in range(rows)])
@@ -52,8 +55,9 @@ def probe_args(kind: str, module: torch.nn.Module, width: int | None, dtype: tor
     return randn(rows, int(width)), index, weights
 
 
-def probe_calls(kind: str, module: torch.nn.Module, width: int | None, dtype: torch.dtype,
-                device: torch.device, band: int | None) -> list[tuple[torch.Tensor, ...]]:
+def probe_calls(
+    kind: str, module: torch.nn.Module, width: int | None, dtype: torch.dtype, device: torch.device, band: int | None
+) -> list[tuple[torch.Tensor, ...]]:
     """Every form of call the site will see: a fused-add norm is probed without and with a residual."""
     args = probe_args(kind, module, width, dtype, device, band)
     if kind != "norm" or not takes_residual(module):
@@ -67,15 +71,18 @@ def _kind(out: object) -> str:
     return f"a tuple of {len(out)}" if isinstance(out, tuple) else type(out).__name__
 
 
-def check_parity(call: Call, module: torch.nn.Module, args: tuple, dtype: torch.dtype,
-                 tolerance: float | None) -> Parity:
+def check_parity(
+    call: Call, module: torch.nn.Module, args: tuple, dtype: torch.dtype, tolerance: float | None
+) -> Parity:
     bound = tolerance or DEFAULT_TOLERANCE.get(dtype, 1e-4)
     with torch.no_grad():
         try:
             want = module(*args)
         except Exception as e:  # our probe does not fit this module: say so rather than guess
-            raise SiteRefused(f"parity: the original {type(module).__name__} rejected the probe "
-                              f"({type(e).__name__}: {e}); set parity = false to bind it unchecked") from None
+            raise SiteRefused(
+                f"parity: the original {type(module).__name__} rejected the probe "
+                f"({type(e).__name__}: {e}); set parity = false to bind it unchecked"
+            ) from None
         try:
             got = call(module, *args)
         except Exception as e:  # the kernel failed on a well-formed input: a refusal, with its words
@@ -85,12 +92,13 @@ def check_parity(call: Call, module: torch.nn.Module, args: tuple, dtype: torch.
     if not isinstance(gots, tuple) or len(gots) != len(wants):
         raise SiteRefused(f"parity: the kernel returned {_kind(got)}, the module {_kind(want)}")
     error = 0.0
-    for g, w in zip(gots, wants):
+    for g, w in zip(gots, wants, strict=False):
         if not isinstance(g, torch.Tensor):
             raise SiteRefused(f"parity: the kernel returned {type(g).__name__}, not a tensor")
         if g.shape != w.shape or g.dtype != w.dtype:
-            raise SiteRefused(f"parity: the kernel returned {tuple(g.shape)} {g.dtype}, the module "
-                              f"{tuple(w.shape)} {w.dtype}")
+            raise SiteRefused(
+                f"parity: the kernel returned {tuple(g.shape)} {g.dtype}, the module {tuple(w.shape)} {w.dtype}"
+            )
         diff = (g.double() - w.double()).norm()
         error = max(error, float(diff / w.double().norm().clamp_min(1e-30)))
     if not error <= bound:  # also catches NaN

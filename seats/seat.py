@@ -103,17 +103,25 @@ def _own_class(seat: Seat) -> None:
     shared = _shared_class(type(seat))
     if not shared.own_class:
         return
-    own = type(shared.__name__, (shared,), {"__call__": hot_call(seat._hot), "__slots__": (),
-                                            "__module__": shared.__module__, "__qualname__": shared.__qualname__,
-                                            "_shared_class": shared})
+    own = type(
+        shared.__name__,
+        (shared,),
+        {
+            "__call__": hot_call(seat._hot),
+            "__slots__": (),
+            "__module__": shared.__module__,
+            "__qualname__": shared.__qualname__,
+            "_shared_class": shared,
+        },
+    )
     seat.__class__ = own
 
 
 def _hide_step(module, state_dict, prefix, local_metadata):
     for key in [k for k in state_dict if k.startswith(prefix + _STEP)]:
-        state_dict[prefix + key[len(prefix + _STEP):]] = state_dict.pop(key)
+        state_dict[prefix + key[len(prefix + _STEP) :]] = state_dict.pop(key)
 
 
 def _add_step(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
     for key in [k for k in state_dict if k.startswith(prefix) and not k.startswith(prefix + _STEP)]:
-        state_dict[prefix + _STEP + key[len(prefix):]] = state_dict.pop(key)
+        state_dict[prefix + _STEP + key[len(prefix) :]] = state_dict.pop(key)

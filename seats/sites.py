@@ -29,7 +29,7 @@ class Site:
 def _suffix_matches(pattern: tuple[str, ...], parts: list[str]) -> bool:
     if len(pattern) > len(parts):
         return False
-    return all(p == "*" or p == q for p, q in zip(pattern, parts[len(parts) - len(pattern):]))
+    return all(p == "*" or p == q for p, q in zip(pattern, parts[len(parts) - len(pattern) :], strict=False))
 
 
 def matches(spec: SeatSpec, path: str, module: torch.nn.Module) -> bool:

@@ -23,7 +23,7 @@ from frt.resolver.errors import KernelUnavailable
 from frt.resolver.ledger import Ledger
 from frt.resolver.resolution import Resolution
 from frt.resolver.resolve import resolve
-from frt.resolver.targets import host_target, Target
+from frt.resolver.targets import Target, host_target
 
 from .errors import SiteRefused
 
@@ -98,12 +98,18 @@ class KernelSource:
 
     def _staged(self, repo: str, *, version: int | None, revision: str | None) -> Resolution:
         if self.ledger is None:
-            raise SiteRefused(f"{repo}: nothing is staged under {self.home} (no ledger): "
-                              "run 'frt-mirror stage'")
+            raise SiteRefused(f"{repo}: nothing is staged under {self.home} (no ledger): run 'frt-mirror stage'")
         label = f"v{version}" if version is not None else f"revision {revision}"
         try:
-            res = resolve(repo, target=self.target, ledger=self.ledger, version=version, revision=revision,
-                          offline=True, environ=self.environ)
+            res = resolve(
+                repo,
+                target=self.target,
+                ledger=self.ledger,
+                version=version,
+                revision=revision,
+                offline=True,
+                environ=self.environ,
+            )
         except KernelUnavailable as e:  # the label says "pin <rev>" when FRT_KERNEL_REV_<ID> chose it
             label = e.refusal.request.label
             raise SiteRefused(f"{repo} {label} is not staged for this host ({self.target}): {e}") from None
@@ -111,9 +117,11 @@ class KernelSource:
             raise SiteRefused(f"{repo} {label}: {e}") from None
         pairs = list(blob_for(self.ledger, res.files).items())
         if any(sha is None for _, sha in pairs) or not self.views.is_complete(repo, res.commit, pairs):
-            raise SiteRefused(f"{repo} {res.request.label} resolves to {res.commit[:12]} ({res.variant}) for "
-                              f"{self.target}, which is not staged under {self.home}: "
-                              "run 'frt-mirror stage' for it")
+            raise SiteRefused(
+                f"{repo} {res.request.label} resolves to {res.commit[:12]} ({res.variant}) for "
+                f"{self.target}, which is not staged under {self.home}: "
+                "run 'frt-mirror stage' for it"
+            )
         return res
 
     def _view(self, res: Resolution) -> Path:

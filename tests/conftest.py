@@ -110,8 +110,9 @@ def home_a(tmp_path_factory) -> SimpleNamespace:
     with FakeHub(demo_repos(), trusted_orgs=[ORG], page_size=5) as hub:
         stage_json(home, m, hub)  # exit 1: activation v1 has no aarch64 CUDA build (a refusal, not an error)
     full, x86 = root / "all.tar", root / "x86.tar"
-    return SimpleNamespace(home=home, full=full, x86=x86, full_doc=make_bundle(home, full),
-                           x86_doc=make_bundle(home, x86, X86))
+    return SimpleNamespace(
+        home=home, full=full, x86=x86, full_doc=make_bundle(home, full), x86_doc=make_bundle(home, x86, X86)
+    )
 
 
 @pytest.fixture
@@ -142,9 +143,12 @@ def serve_staged(tmp_path_factory, ledger_backend):
     tmp = tmp_path_factory.mktemp("serve")
     # Two manifests: the same repo is staged once by revision (a slash branch) and once by version.
     big = serve_home.BIG
-    manifests = [serve_home.manifest(tmp / "a.toml", {LAYERNORM: {"version": 1}, ACTIVATION: {"version": 1},
-                                                       big: {"revision": "release/v1"}}),
-                 serve_home.manifest(tmp / "b.toml", {big: {"version": 1}})]
+    manifests = [
+        serve_home.manifest(
+            tmp / "a.toml", {LAYERNORM: {"version": 1}, ACTIVATION: {"version": 1}, big: {"revision": "release/v1"}}
+        ),
+        serve_home.manifest(tmp / "b.toml", {big: {"version": 1}}),
+    ]
     with FakeHub([*demo_repos(), serve_home.big_repo()], trusted_orgs=[ORG], page_size=5) as hub:
         rows = serve_home.stage(tmp / "home", manifests, hub.url)
         port = int(hub.url.rsplit(":", 1)[1])

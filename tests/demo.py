@@ -58,10 +58,24 @@ def main() -> int:
         ok &= step("Rerun: idempotent, nothing downloaded", "stage", str(manifest), env=env)
         ok &= step("Re-hash every blob, check every view link", "verify", env=env)
         ok &= step(f"Availability matrix of {ACT}", "matrix", ACT, env=env)
-        ok &= step("The aarch64 trap: v1 for the gh200 target (a refusal, exit 1)", "resolve", ACT,
-                   "--version", "1", "--target", "torch2.11-cu130-aarch64-linux", env=env, expect=1)
-        ok &= step("The environment for an x86 CPU node (LOCAL_KERNELS)", "env", "--target",
-                   "torch2.13-cpu-x86_64-linux", env=env)
+        ok &= step(
+            "The aarch64 trap: v1 for the gh200 target (a refusal, exit 1)",
+            "resolve",
+            ACT,
+            "--version",
+            "1",
+            "--target",
+            "torch2.11-cu130-aarch64-linux",
+            env=env,
+            expect=1,
+        )
+        ok &= step(
+            "The environment for an x86 CPU node (LOCAL_KERNELS)",
+            "env",
+            "--target",
+            "torch2.13-cpu-x86_64-linux",
+            env=env,
+        )
         ok &= step("Refusals on record", "report", env=env)
     print("\ndemo " + ("done" if ok else "FAILED"))
     if ok:

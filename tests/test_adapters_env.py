@@ -28,7 +28,7 @@ def exports(stdout: str) -> dict[str, str]:
     out = {}
     for line in stdout.splitlines():
         if line.startswith("export "):
-            key, _, value = line[len("export "):].partition("=")
+            key, _, value = line[len("export ") :].partition("=")
             out[key] = shlex.split(value)[0]
     return out
 
@@ -38,9 +38,13 @@ def test_env_engine_vllm_prints_the_no_install_route(home, tmp_path):
     assert p.returncode == 0, p.stderr
     values = exports(p.stdout)
     python_dir = home.absolute() / "python"
-    assert values == {"PYTHONPATH": str(python_dir), "FRT_MIRROR_HOME": str(home.absolute()),
-                      "FRT_SEATS": str(VLLM_CATALOG.absolute()), "VLLM_PLUGINS": "frt",
-                      "VLLM_DISABLE_COMPILE_CACHE": "1"}
+    assert values == {
+        "PYTHONPATH": str(python_dir),
+        "FRT_MIRROR_HOME": str(home.absolute()),
+        "FRT_SEATS": str(VLLM_CATALOG.absolute()),
+        "VLLM_PLUGINS": "frt",
+        "VLLM_DISABLE_COMPILE_CACHE": "1",
+    }
     (info,) = python_dir.glob("frt_mirror_adapters-*.dist-info")
     assert "[vllm.general_plugins]\nfrt = frt.adapters.vllm_engine:register" in (info / "entry_points.txt").read_text()
     for sub in ("cli", "resolver", "mirror", "seats", "adapters", "manifests"):
@@ -70,14 +74,21 @@ def test_pythonpath_dir_alone_provides_frt_and_the_entry_points(home, tmp_path):
                           "common": c.__file__}))
     """
     env = {k: v for k, v in cli_env().items() if k != "PYTHONPATH"}
-    run = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
-                         env={**env, "PYTHONPATH": str(python_dir)})
+    run = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={**env, "PYTHONPATH": str(python_dir)},
+    )
     assert run.returncode == 0, run.stderr
     got = json.loads(run.stdout)
-    assert ("frt", "frt.adapters.vllm_engine:register", "frt-mirror-adapters") in \
-        [tuple(e) for e in got["found"]["vllm.general_plugins"]]
-    assert ("frt", "frt.adapters.sglang_engine:register", "frt-mirror-adapters") in \
-        [tuple(e) for e in got["found"]["sglang.srt.plugins"]]
+    assert ("frt", "frt.adapters.vllm_engine:register", "frt-mirror-adapters") in [
+        tuple(e) for e in got["found"]["vllm.general_plugins"]
+    ]
+    assert ("frt", "frt.adapters.sglang_engine:register", "frt-mirror-adapters") in [
+        tuple(e) for e in got["found"]["sglang.srt.plugins"]
+    ]
     assert got["file"].startswith(str(python_dir)) and got["same"]
     assert got["common"].startswith(str(python_dir))
 
@@ -92,11 +103,14 @@ def test_env_engine_sglang_and_rewrite(home):
     assert sorted(q.name for q in home.iterdir() if q.name.startswith((".python", "python"))) == ["python"]
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--engine", "vllm", "--seats", "missing.toml"], "no such file"),
-    (["--seats", str(VLLM_CATALOG)], "--seats and --python-dir go with --engine"),
-    (["--engine", "gpu"], "Invalid value for '--engine'"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--engine", "vllm", "--seats", "missing.toml"], "no such file"),
+        (["--seats", str(VLLM_CATALOG)], "--seats and --python-dir go with --engine"),
+        (["--engine", "gpu"], "Invalid value for '--engine'"),
+    ],
+)
 def test_env_engine_bad_input(home, args, message):
     p = run_cli("env", *args, home=home)
     assert p.returncode == 2 and message in p.stderr, p.stderr
@@ -111,6 +125,7 @@ def test_env_engine_rejects_a_bad_catalog(home, tmp_path):
 
 
 # --- attach_from_env: what every engine hook calls in its worker ----------------------------------------
+
 
 @pytest.fixture(scope="module")
 def seat_home(tmp_path_factory) -> Path:
@@ -133,8 +148,11 @@ def test_attach_from_env_seats_logs_and_marks(seat_home, tmp_path, caplog):
     from tests.support.seat_fixtures import tiny_qwen3
 
     model = tiny_qwen3()
-    env = {"FRT_SEATS": str(EXAMPLES / "seats-qwen3.toml"), "FRT_MIRROR_HOME": str(seat_home),
-           "FRT_SEATS_MARKER_DIR": str(tmp_path / "markers")}
+    env = {
+        "FRT_SEATS": str(EXAMPLES / "seats-qwen3.toml"),
+        "FRT_MIRROR_HOME": str(seat_home),
+        "FRT_SEATS_MARKER_DIR": str(tmp_path / "markers"),
+    }
     before = len(handles("test-engine"))
     with caplog.at_level(logging.INFO, logger="frt"):
         handle = attach_from_env(model, "test-engine", environ=env)

@@ -34,7 +34,9 @@ torch.version.hip = None
 torch.cuda.is_available = lambda: True
 torch.cuda.get_device_capability = lambda device=None: (8, 0)
 """
-LOAD = FAKE_A100 + f"""
+LOAD = (
+    FAKE_A100
+    + f"""
 import kernels
 try:
     k = kernels.get_kernel({HOPPER_FB!r}, version=1)
@@ -42,6 +44,7 @@ try:
 except RuntimeError as e:
     print(f"raised {{e}}")
 """
+)
 
 
 @pytest.fixture
@@ -59,11 +62,17 @@ def test_arch_targets_parse_canonically_and_refuse_what_kernels_never_checks():
     t = parse_target(f"{CU}@9.0,8.0,9.0")
     assert (t.archs, str(t), t.by_name) == (("8.0", "9.0"), FLEET, parse_target(CU))
     assert parse_target(str(t)) == t
-    assert str(parse_target("torch2.13-rocm71-x86_64-linux@gfx942,gfx90a:sramecc+:xnack-")) == \
-        "torch2.13-rocm71-x86_64-linux@gfx90a,gfx942"
-    for bad, why in [(f"{CU}@sm_80", "compute capability"), (f"{CU}@9.0a", "compute capability"),
-                     (f"{CU}@", "compute capability"), ("torch2.13-cpu-x86_64-linux@8.0", "no GPU archs"),
-                     ("torch2.13-rocm71-x86_64-linux@8.0", "gfx name")]:
+    assert (
+        str(parse_target("torch2.13-rocm71-x86_64-linux@gfx942,gfx90a:sramecc+:xnack-"))
+        == "torch2.13-rocm71-x86_64-linux@gfx90a,gfx942"
+    )
+    for bad, why in [
+        (f"{CU}@sm_80", "compute capability"),
+        (f"{CU}@9.0a", "compute capability"),
+        (f"{CU}@", "compute capability"),
+        ("torch2.13-cpu-x86_64-linux@8.0", "no GPU archs"),
+        ("torch2.13-rocm71-x86_64-linux@8.0", "gfx name"),
+    ]:
         with pytest.raises(BadInput, match=why):
             parse_target(bad)
 
@@ -78,8 +87,10 @@ def test_the_fleet_is_refused_a_hopper_only_build_with_what_each_build_declares(
     assert doc["declared_archs"] == {H100_CU: ["9.0"]}
     assert doc["newest_commit_with_target"] == first
     assert f"has {H100_CU} (archs 9.0)" in doc["message"]
-    assert ("CUDA capability 8.0 is not supported by the architectures of the build: 9.0" in doc["message"]
-            and f"newest commit on v1 with it: {first[:12]}" in doc["message"])
+    assert (
+        "CUDA capability 8.0 is not supported by the architectures of the build: 9.0" in doc["message"]
+        and f"newest commit on v1 with it: {first[:12]}" in doc["message"]
+    )
     # The H100s alone, and a target naming no archs, take the build kernels picks by name.
     for target in (H100, CU):
         p, doc = resolve_json(hub, home, HOPPER, target)
@@ -89,7 +100,9 @@ def test_the_fleet_is_refused_a_hopper_only_build_with_what_each_build_declares(
     rows = [r for r in json.loads(p.stdout) if r["target"] == FLEET]
     assert len(rows) == 1 and rows[0]["error"] == "NoVariantForArchs" and rows[0]["target_archs"] == ["8.0", "9.0"]
     assert rows[0]["message"] == refusal["message"]
-    assert rows[0]["detail"] == f"{H100_CU}: CUDA capability 8.0 is not supported by the architectures of the build: 9.0"
+    assert (
+        rows[0]["detail"] == f"{H100_CU}: CUDA capability 8.0 is not supported by the architectures of the build: 9.0"
+    )
 
 
 def test_the_fleet_takes_the_noarch_fallback_in_kernels_order(hub, home):
@@ -101,8 +114,10 @@ def test_the_fleet_takes_the_noarch_fallback_in_kernels_order(hub, home):
 
 def test_stage_from_a_manifest_with_archs_fetches_only_what_loads(hub, home, tmp_path):
     m = tmp_path / "fleet.toml"
-    m.write_text(f'[[targets]]\nname = "a100-h100"\ntorch = "2.13"\nbackend = "cu130"\ncpu = "x86_64"\nos = "linux"\n'
-                 f'archs = ["8.0", "9.0"]\n\n[kernels]\n"{HOPPER}" = {{ version = 1 }}\n"{HOPPER_FB}" = {{ version = 1 }}\n')
+    m.write_text(
+        f'[[targets]]\nname = "a100-h100"\ntorch = "2.13"\nbackend = "cu130"\ncpu = "x86_64"\nos = "linux"\n'
+        f'archs = ["8.0", "9.0"]\n\n[kernels]\n"{HOPPER}" = {{ version = 1 }}\n"{HOPPER_FB}" = {{ version = 1 }}\n'
+    )
     p = run_cli("--endpoint", hub.url, "stage", str(m), "--json", home=home)
     assert p.returncode == 1, p.stderr  # hopper is refused
     rows = {r["repo"]: r for r in json.loads(p.stdout)["rows"]}
@@ -165,8 +180,10 @@ def test_a100_nodes_load_the_noarch_build_where_the_name_pick_raises(hub, home, 
         assert out.returncode == 0, out.stderr
         outcome[target] = out.stdout.strip()
     assert outcome[A100] == "loaded torch-cuda"
-    assert outcome[CU].startswith(f"raised Kernel 'hopper-fb' variant '{H100_CU}' does not support the current "
-                                  "device: CUDA capability 8.0 of the current device is not supported"), outcome
+    assert outcome[CU].startswith(
+        f"raised Kernel 'hopper-fb' variant '{H100_CU}' does not support the current "
+        "device: CUDA capability 8.0 of the current device is not supported"
+    ), outcome
 
 
 def test_serve_says_where_its_clients_would_pick_a_build_their_gpus_refuse(hub, home, tmp_path):

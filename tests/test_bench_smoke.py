@@ -10,32 +10,75 @@ import pytest
 from tests.support import ROOT
 
 ROWS = {
-    "resolve": ("ledger (offline)", "live (ours, fresh ledger)", "live (kernels.get_kernel_variants)",
-                "target: ledger p99 < 2 ms:"),
-    "stage": ("baseline (snapshot_download)", "ours (8 jobs, fresh home)", "ours rerun (same home)",
-              "wall-time ratio ours/baseline =", "bytes fetched / needed =", "store dedup ratio ="),
-    "serve": ("hf_hub_download into a fresh cache", "\nserve ", "\nnginx ", "throughput ratio serve/nginx =",
-              "\nnginx + 2 replicas ", "\nsame + head cache ", "64 concurrent keep-alive clients, each HEAD + GET",
-              "throughput ratio nginx + 2 replicas/nginx static at 64 clients =", "HEAD latency,",
-              "serve HEAD p99 =", "HEAD p99 through nginx (nginx + 2 replicas) =",
-              "HEAD p99 through nginx (same + head cache) ="),
-    "bundle": ("A: full, before v3", "incremental --since A", "full bundle, after v3",
-               "bytes ratio incremental/full =", "tar -xf", "frt-mirror import --quiet (the whole command)",
-               "import_bundle() (Python start-up not timed)", "throughput ratio import/tar -x ="),
-    "pull_through": ("straight to the upstream", "through serve --upstream (cold)", "through serve --upstream (warm)",
-                     "staged serve (no upstream)", "upstream bytes / file size through the mirror =",
-                     "warm-hit throughput ratio pull-through/staged serve ="),
-    "seat_cost": ("where a seat's cost goes, beside its kernel's launch", "norm 1x1024 (float32, cpu)", "1 call",
-                  "6 guard", "  seat ", "the seat's own cost on this host"),
-    "seats": ("seats: [frt.seats] 145 seats (5 head slabs), 0 refused", "plain load", "attach, warm",
-              "target: attach of >= 144 seats < 0.5 s:", "seat/direct"),
+    "resolve": (
+        "ledger (offline)",
+        "live (ours, fresh ledger)",
+        "live (kernels.get_kernel_variants)",
+        "target: ledger p99 < 2 ms:",
+    ),
+    "stage": (
+        "baseline (snapshot_download)",
+        "ours (8 jobs, fresh home)",
+        "ours rerun (same home)",
+        "wall-time ratio ours/baseline =",
+        "bytes fetched / needed =",
+        "store dedup ratio =",
+    ),
+    "serve": (
+        "hf_hub_download into a fresh cache",
+        "\nserve ",
+        "\nnginx ",
+        "throughput ratio serve/nginx =",
+        "\nnginx + 2 replicas ",
+        "\nsame + head cache ",
+        "64 concurrent keep-alive clients, each HEAD + GET",
+        "throughput ratio nginx + 2 replicas/nginx static at 64 clients =",
+        "HEAD latency,",
+        "serve HEAD p99 =",
+        "HEAD p99 through nginx (nginx + 2 replicas) =",
+        "HEAD p99 through nginx (same + head cache) =",
+    ),
+    "bundle": (
+        "A: full, before v3",
+        "incremental --since A",
+        "full bundle, after v3",
+        "bytes ratio incremental/full =",
+        "tar -xf",
+        "frt-mirror import --quiet (the whole command)",
+        "import_bundle() (Python start-up not timed)",
+        "throughput ratio import/tar -x =",
+    ),
+    "pull_through": (
+        "straight to the upstream",
+        "through serve --upstream (cold)",
+        "through serve --upstream (warm)",
+        "staged serve (no upstream)",
+        "upstream bytes / file size through the mirror =",
+        "warm-hit throughput ratio pull-through/staged serve =",
+    ),
+    "seat_cost": (
+        "where a seat's cost goes, beside its kernel's launch",
+        "norm 1x1024 (float32, cpu)",
+        "1 call",
+        "6 guard",
+        "  seat ",
+        "the seat's own cost on this host",
+    ),
+    "seats": (
+        "seats: [frt.seats] 145 seats (5 head slabs), 0 refused",
+        "plain load",
+        "attach, warm",
+        "target: attach of >= 144 seats < 0.5 s:",
+        "seat/direct",
+    ),
 }
 
 
 @pytest.mark.parametrize("bench", sorted(ROWS))
 def test_bench_runs_quick(bench):
-    p = subprocess.run([sys.executable, "-m", f"bench.{bench}", "--quick"], cwd=ROOT, capture_output=True,
-                       text=True, timeout=300)
+    p = subprocess.run(
+        [sys.executable, "-m", f"bench.{bench}", "--quick"], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
     assert p.returncode == 0, p.stderr
     for row in ROWS[bench]:
         assert row in p.stdout

@@ -20,7 +20,7 @@ REGRESSION = 13  # from this commit on, add() is off by one
 HANG = 5  # this commit's kernel hangs on import (a timeout: skipped)
 CRASH_FROM = 16  # these commits' kernels abort the process (a crash: counted bad)
 
-KERNEL = '''VERSION = 1
+KERNEL = """VERSION = 1
 VARIANT = "{variant}"
 INDEX = {i}
 MODE = "{mode}"
@@ -28,7 +28,7 @@ MODE = "{mode}"
 
 def add(a, b):
     return a + b + {offset}
-'''
+"""
 
 
 def drift_repo() -> tuple[FakeRepo, list[str]]:
@@ -71,8 +71,25 @@ def test_bisect_finds_the_first_bad_commit_with_skips_a_hang_and_crashes(hub, ho
     shas, script = drift
     # The command runs with no network at all: only the pinned, staged commit can load.
     cmd = ["unshare", "-n", sys.executable, str(script)]
-    p = run_cli("--endpoint", hub.url, "bisect", DRIFT, "--good", shas[0], "--bad", shas[-1], "--target", TARGET,
-                "--timeout", "20", "--json", "--", *cmd, home=home, timeout=600)
+    p = run_cli(
+        "--endpoint",
+        hub.url,
+        "bisect",
+        DRIFT,
+        "--good",
+        shas[0],
+        "--bad",
+        shas[-1],
+        "--target",
+        TARGET,
+        "--timeout",
+        "20",
+        "--json",
+        "--",
+        *cmd,
+        home=home,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stderr
     doc = json.loads(p.stdout)
     assert doc["first_bad"] == shas[REGRESSION]
@@ -96,17 +113,48 @@ def test_hang_and_crash_are_handled_when_probed(hub, home, drift):
     """A narrower range that forces probes of the hanging and the crashing commits."""
     shas, script = drift
     cmd = ["unshare", "-n", sys.executable, str(script)]
-    p = run_cli("--endpoint", hub.url, "bisect", DRIFT, "--good", shas[HANG - 1], "--bad", shas[HANG + 2],
-                "--target", TARGET, "--timeout", "5", "--json", "--", *cmd, home=home,
-                timeout=300)
+    p = run_cli(
+        "--endpoint",
+        hub.url,
+        "bisect",
+        DRIFT,
+        "--good",
+        shas[HANG - 1],
+        "--bad",
+        shas[HANG + 2],
+        "--target",
+        TARGET,
+        "--timeout",
+        "5",
+        "--json",
+        "--",
+        *cmd,
+        home=home,
+        timeout=300,
+    )
     doc = json.loads(p.stdout)
     hang = [s for s in doc["steps"] if s["commit"] == shas[HANG]]
     assert hang and hang[0]["verdict"] == "skip" and hang[0]["exit_code"] is None
     # Only the hang and a commit without a build lie between: the answer is the bad end, or undecided.
     assert p.returncode in (0, 1)
 
-    p = run_cli("--endpoint", hub.url, "bisect", DRIFT, "--good", shas[CRASH_FROM - 2], "--bad", shas[-1],
-                "--target", TARGET, "--json", "--", *cmd, home=home, timeout=300)
+    p = run_cli(
+        "--endpoint",
+        hub.url,
+        "bisect",
+        DRIFT,
+        "--good",
+        shas[CRASH_FROM - 2],
+        "--bad",
+        shas[-1],
+        "--target",
+        TARGET,
+        "--json",
+        "--",
+        *cmd,
+        home=home,
+        timeout=300,
+    )
     doc = json.loads(p.stdout)
     crashes = [s for s in doc["steps"] if shas.index(s["commit"]) >= CRASH_FROM]
     assert crashes and all(s["verdict"] == "bad" and s["exit_code"] < 0 and "signal" in s["note"] for s in crashes)
@@ -126,8 +174,21 @@ def test_pin_prints_the_env_for_one_commit(hub, home, drift):
 
 def test_bad_ranges_are_bad_input(hub, home, drift):
     shas, _ = drift
-    p = run_cli("--endpoint", hub.url, "bisect", DRIFT, "--good", shas[5], "--bad", shas[2], "--target", TARGET,
-                "--", "true", home=home)
+    p = run_cli(
+        "--endpoint",
+        hub.url,
+        "bisect",
+        DRIFT,
+        "--good",
+        shas[5],
+        "--bad",
+        shas[2],
+        "--target",
+        TARGET,
+        "--",
+        "true",
+        home=home,
+    )
     assert p.returncode == 2 and "is not an ancestor" in p.stderr
 
 
@@ -143,8 +204,7 @@ def merged_repo() -> tuple[FakeRepo, dict[str, str]]:
     repo.branch("side", "main")
     shas["B"] = repo.commit(build("merged", [X86_CPU], version=1, note="b"), title="B", branch="main")
     shas["S"] = repo.commit(build("merged", [X86_CPU], version=1, note="s"), title="S", branch="side")
-    shas["M"] = repo.commit(build("merged", [X86_CPU], version=1, note="m"), title="M", branch="main",
-                            merge="side")
+    shas["M"] = repo.commit(build("merged", [X86_CPU], version=1, note="m"), title="M", branch="main", merge="side")
     del repo.branches["side"]
     assert [c.title for c in repo.history(shas["M"])] == ["M", "S", "B", "A"]
     return repo, shas
@@ -155,11 +215,39 @@ def test_across_a_merge_the_range_is_what_the_upstream_lists_not_next_entry_pare
     searched a range that is not one. Each end's own listing says what it reaches."""
     repo, shas = merged_repo()
     hub.add_repo(repo)
-    p = run_cli("--endpoint", hub.url, "bisect", MERGED, "--good", shas["B"], "--bad", shas["S"], "--target", TARGET,
-                "--", "true", home=home)
+    p = run_cli(
+        "--endpoint",
+        hub.url,
+        "bisect",
+        MERGED,
+        "--good",
+        shas["B"],
+        "--bad",
+        shas["S"],
+        "--target",
+        TARGET,
+        "--",
+        "true",
+        home=home,
+    )
     assert p.returncode == 2 and "is not an ancestor" in p.stderr, p.stderr
-    p = run_cli("--endpoint", hub.url, "bisect", MERGED, "--good", shas["A"], "--bad", shas["M"], "--target", TARGET,
-                "--json", "--", "true", home=home, timeout=300)
+    p = run_cli(
+        "--endpoint",
+        hub.url,
+        "bisect",
+        MERGED,
+        "--good",
+        shas["A"],
+        "--bad",
+        shas["M"],
+        "--target",
+        TARGET,
+        "--json",
+        "--",
+        "true",
+        home=home,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr
     doc = json.loads(p.stdout)  # every probe is good, so the answer is bad itself
     assert doc["candidates"] == [shas["B"], shas["S"]] and doc["first_bad"] == shas["M"]

@@ -23,7 +23,7 @@ SLOW_FROM = 5
 NO_BUILD = 6  # only an aarch64 build: not a candidate for the x86 target
 THRESHOLD = "30"
 
-KERNEL = '''import time
+KERNEL = """import time
 
 VERSION = 1
 INDEX = {i}
@@ -31,7 +31,7 @@ INDEX = {i}
 
 def op():
     time.sleep({ms} / 1000)
-'''
+"""
 
 # Prints µs per call (or calls/s with METRIC=rate). Two switches stand in for an unkind machine:
 # NOISY=i,j scales commit i's and j's figures by 1/4, 1, 4 in turn (a spread far larger than the 3x
@@ -91,10 +91,31 @@ def speed(hub, home, tmp_path):
     state.mkdir()
 
     def bisect(good: int, bad: int, *opts: str, **env: str):
-        p = run_cli("--endpoint", hub.url, "bisect", SPEED, "--good", shas[good], "--bad", shas[bad],
-                    "--target", TARGET, "--repeat", "3", "--threshold", THRESHOLD, *opts,
-                    "--", "unshare", "-n", sys.executable, str(script),
-                    home=home, env=cli_env(STATE_DIR=str(state), **env), timeout=900)
+        p = run_cli(
+            "--endpoint",
+            hub.url,
+            "bisect",
+            SPEED,
+            "--good",
+            shas[good],
+            "--bad",
+            shas[bad],
+            "--target",
+            TARGET,
+            "--repeat",
+            "3",
+            "--threshold",
+            THRESHOLD,
+            *opts,
+            "--",
+            "unshare",
+            "-n",
+            sys.executable,
+            str(script),
+            home=home,
+            env=cli_env(STATE_DIR=str(state), **env),
+            timeout=900,
+        )
         assert p.returncode in (0, 1), p.stderr[-3000:]
         return p
 
@@ -114,8 +135,12 @@ def test_the_first_slow_commit_is_found(speed):
     assert doc["first_bad_date"] and doc["direction"] == "lower is better" and not doc["stopped"]
     assert [s["commit"] for s in doc["skipped"]] == [shas[NO_BUILD]]
     good_end, bad_end = doc["steps"][:2]
-    assert (good_end["role"], good_end["verdict"], bad_end["role"], bad_end["verdict"]) == \
-        ("good end", "good", "bad end", "bad")
+    assert (good_end["role"], good_end["verdict"], bad_end["role"], bad_end["verdict"]) == (
+        "good end",
+        "good",
+        "bad end",
+        "bad",
+    )
     assert 2000 <= doc["good_median"] < 3000 and doc["bad_median"] > 2 * doc["good_median"]
     probes = steps_by_index(doc, shas)
     assert probes
@@ -141,8 +166,11 @@ def test_lower_is_better_on_a_rate_says_the_bad_end_is_better(speed):
     p = bisect(0, 7, "--metric", HIGHER, "--repeat", "1", "--json", METRIC="rate")  # calls/s, as if lower were better
     assert p.returncode == 1
     doc = json.loads(p.stdout)
-    assert doc["first_bad"] is None and doc["change"] < -30 and [s["role"] for s in doc["steps"]] == \
-        ["good end", "bad end"]
+    assert (
+        doc["first_bad"] is None
+        and doc["change"] < -30
+        and [s["role"] for s in doc["steps"]] == ["good end", "bad end"]
+    )
     assert doc["stopped"].startswith("no drift to find") and "pass --higher-is-better" in doc["stopped"]
 
 
@@ -177,8 +205,9 @@ def test_higher_is_better_interleaved_on_a_machine_that_slows_down(speed):
     shas, bisect = speed
     p = bisect(3, SLOW_FROM, "--metric", HIGHER, "--higher-is-better", METRIC="rate", SLOWING="1")
     assert p.returncode == 0 and f"first bad commit: {shas[4]}" in p.stdout, p.stdout  # misled
-    p = bisect(3, SLOW_FROM, "--metric", HIGHER, "--higher-is-better", "--interleave", "--json",
-               METRIC="rate", SLOWING="1")
+    p = bisect(
+        3, SLOW_FROM, "--metric", HIGHER, "--higher-is-better", "--interleave", "--json", METRIC="rate", SLOWING="1"
+    )
     assert p.returncode == 0
     doc = json.loads(p.stdout)
     assert doc["first_bad"] == shas[SLOW_FROM] and doc["direction"] == "higher is better" and doc["interleave"]
@@ -189,15 +218,32 @@ def test_higher_is_better_interleaved_on_a_machine_that_slows_down(speed):
     assert doc["runs"] == 3 * 2 + 6
 
 
-@pytest.mark.parametrize("opts, message", [
-    (["--repeat", "3"], "only with --metric REGEX"),
-    (["--interleave"], "only with --metric REGEX"),
-    (["--metric", "(unclosed"], "not a regular expression"),
-    (["--metric", "x", "--repeat", "0"], "--repeat 0: at least 1"),
-    (["--metric", "x", "--threshold", "0"], "a percentage above 0"),
-])
+@pytest.mark.parametrize(
+    "opts, message",
+    [
+        (["--repeat", "3"], "only with --metric REGEX"),
+        (["--interleave"], "only with --metric REGEX"),
+        (["--metric", "(unclosed"], "not a regular expression"),
+        (["--metric", "x", "--repeat", "0"], "--repeat 0: at least 1"),
+        (["--metric", "x", "--threshold", "0"], "a percentage above 0"),
+    ],
+)
 def test_bad_options_are_bad_input(hub, home, speed, opts, message):
     shas, _ = speed
-    p = run_cli("--endpoint", hub.url, "bisect", SPEED, "--good", shas[0], "--bad", shas[7], "--target", TARGET,
-                *opts, "--", "true", home=home)
+    p = run_cli(
+        "--endpoint",
+        hub.url,
+        "bisect",
+        SPEED,
+        "--good",
+        shas[0],
+        "--bad",
+        shas[7],
+        "--target",
+        TARGET,
+        *opts,
+        "--",
+        "true",
+        home=home,
+    )
     assert p.returncode == 2 and message in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr

@@ -38,12 +38,15 @@ def test_bundle_imports_offline_and_everything_works_there(home_a, tmp_path):
     assert p.returncode == 0, p.stderr
     env = json.loads(p.stdout)["env"]
     assert str(b) in env["LOCAL_KERNELS"]
-    out_k = load_offline(f"""
+    out_k = load_offline(
+        f"""
         import kernels
         ln = kernels.get_kernel({LAYERNORM!r}, version=1)
         act = kernels.get_kernel({ACTIVATION!r}, version=2)
         print(ln.VARIANT, act.VARIANT, act.add(2, 3))
-    """, env)
+    """,
+        env,
+    )
     assert out_k.returncode == 0, out_k.stderr
     assert out_k.stdout.split() == [X86_CPU, X86_CPU, "5"]
 
@@ -122,6 +125,7 @@ def _extra(name: str, kind=tarfile.REGTYPE, linkname: str = ""):
             info.type, info.linkname, info.size = kind, linkname, 0 if kind != tarfile.REGTYPE else 4
             out.append((info, b"evil" if kind == tarfile.REGTYPE else None))
         return out
+
     return edit
 
 
@@ -133,6 +137,7 @@ def _drop_first_blob():
             dropped.append(m.name)
             return []
         return [(m, data)]
+
     return edit
 
 
@@ -168,16 +173,20 @@ def _forged_listing(m, data):
     return [(m, data)]
 
 
-@pytest.mark.parametrize("edit, says", [
-    (_extra("../evil"), "'../evil'"),
-    (_extra("/tmp/frt-evil-abs"), "frt-evil-abs"),
-    (_extra("blobs/" + "0" * 64, tarfile.SYMTYPE, "/etc/passwd"), "0" * 64),
-    (_extra("blobs/" + "ab" * 32), "is not in frt-bundle.json"),
-    (_drop_first_blob(), "missing from the archive"),
-    (_bad_json, "malformed frt-bundle.json"),
-    (_climbing_path, "../../../../evil"),
-    (_forged_listing, "a listing names an unknown commit"),
-], ids=["traversal", "absolute", "symlink", "unlisted", "missing", "bad-json", "climbing-path", "forged-listing"])
+@pytest.mark.parametrize(
+    "edit, says",
+    [
+        (_extra("../evil"), "'../evil'"),
+        (_extra("/tmp/frt-evil-abs"), "frt-evil-abs"),
+        (_extra("blobs/" + "0" * 64, tarfile.SYMTYPE, "/etc/passwd"), "0" * 64),
+        (_extra("blobs/" + "ab" * 32), "is not in frt-bundle.json"),
+        (_drop_first_blob(), "missing from the archive"),
+        (_bad_json, "malformed frt-bundle.json"),
+        (_climbing_path, "../../../../evil"),
+        (_forged_listing, "a listing names an unknown commit"),
+    ],
+    ids=["traversal", "absolute", "symlink", "unlisted", "missing", "bad-json", "climbing-path", "forged-listing"],
+)
 def test_hostile_or_broken_bundles_are_refused(home_a, b_with_x86, tmp_path, edit, says):
     good, bad = home_a.full, tmp_path / "bad.tar"
     rewrite(good, bad, edit)
@@ -204,8 +213,9 @@ def sparse_member(tmp: Path, real_size: int) -> tuple[bytes, dict]:
         f.seek(real_size - 10)
         f.write(content[-10:])
     out = tmp / "sparse.tar"
-    subprocess.run(["tar", "--sparse", "--format=pax", "-cf", str(out), "-C", str(tmp / "sparse"), f"blobs/{sha}"],
-                   check=True)
+    subprocess.run(
+        ["tar", "--sparse", "--format=pax", "-cf", str(out), "-C", str(tmp / "sparse"), f"blobs/{sha}"], check=True
+    )
     with tarfile.open(out) as tf:
         assert tf.getmembers()[0].issparse()
     oid = hashlib.sha1(b"blob %d\0" % real_size + content).hexdigest()  # git's, as a true listing has it
@@ -215,6 +225,7 @@ def sparse_member(tmp: Path, real_size: int) -> tuple[bytes, dict]:
 def with_member(src: Path, dst: Path, tar: bytes, blob: dict) -> None:
     """`src` with `blob` added to its manifest's list and `tar`'s member appended (two archives
     concatenate once the first one's end-of-archive blocks are cut)."""
+
     def listed(m, data):
         if m.name == "frt-bundle.json":
             doc = json.loads(data)
@@ -304,6 +315,5 @@ def test_a_format_1_bundle_still_imports_with_its_history(tmp_path):
         doc = json.load(tf.extractfile("frt-bundle.json"))
     parents = {c["sha"]: c["parent"] for c in doc["repos"][0]["commits"]}
     with sqlite3.connect(b / "ledger.sqlite") as db:
-        listed = [sha for (sha,) in db.execute("SELECT sha FROM listings WHERE head = ? ORDER BY position",
-                                               (commit,))]
+        listed = [sha for (sha,) in db.execute("SELECT sha FROM listings WHERE head = ? ORDER BY position", (commit,))]
     assert listed == [commit, parents[commit]] and parents[parents[commit]] is None

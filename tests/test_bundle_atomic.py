@@ -24,8 +24,10 @@ def test_a_failed_ledger_write_leaves_the_ledger_as_it_was(home_a, tmp_path):
     b = tmp_path / "b"
     assert import_offline(b, home_a.x86).returncode == 0  # a home that already holds something
     with sqlite3.connect(b / "ledger.sqlite") as db:
-        db.execute("CREATE TRIGGER fail_import BEFORE INSERT ON mirror_events "
-                   "BEGIN SELECT RAISE(ABORT, 'injected failure'); END")
+        db.execute(
+            "CREATE TRIGGER fail_import BEFORE INSERT ON mirror_events "
+            "BEGIN SELECT RAISE(ABORT, 'injected failure'); END"
+        )
     before = _dump(b)
     p = import_offline(b, home_a.full)
     assert p.returncode != 0, p.stdout
@@ -58,8 +60,9 @@ def _counts(url: str) -> dict[str, int]:
     import sqlalchemy as sa
 
     with _connection(url) as conn:
-        return {t: conn.exec_driver_sql(f'SELECT count(*) FROM "{t}"').scalar()
-                for t in sa.inspect(conn).get_table_names()}
+        return {
+            t: conn.exec_driver_sql(f'SELECT count(*) FROM "{t}"').scalar() for t in sa.inspect(conn).get_table_names()
+        }
 
 
 def _sql(url: str, *statements: str) -> None:
@@ -71,9 +74,12 @@ def _sql(url: str, *statements: str) -> None:
 def test_on_postgresql_too_a_failed_ledger_write_leaves_the_ledger_as_it_was(home_a, tmp_path, pg_url):
     b = tmp_path / "b"
     assert run_cli("--ledger", pg_url, "import", str(home_a.x86), home=b).returncode == 0
-    _sql(pg_url, "CREATE FUNCTION fail_import() RETURNS trigger LANGUAGE plpgsql AS "
-                 "$$ BEGIN RAISE EXCEPTION 'injected failure'; END $$",
-         "CREATE TRIGGER fail_import BEFORE INSERT ON mirror_events FOR EACH ROW EXECUTE FUNCTION fail_import()")
+    _sql(
+        pg_url,
+        "CREATE FUNCTION fail_import() RETURNS trigger LANGUAGE plpgsql AS "
+        "$$ BEGIN RAISE EXCEPTION 'injected failure'; END $$",
+        "CREATE TRIGGER fail_import BEFORE INSERT ON mirror_events FOR EACH ROW EXECUTE FUNCTION fail_import()",
+    )
     before = _counts(pg_url)
     p = run_cli("--ledger", pg_url, "import", str(home_a.full), home=b)
     assert p.returncode != 0, p.stdout

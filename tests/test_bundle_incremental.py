@@ -105,8 +105,12 @@ def contents(home: Path) -> dict:
         ledger = h.ledger
         with ledger.view() as v:
             repos = sorted(r for r in (ACTIVATION, RELU) if v.known(r))
-        rows = {"repos": [repo_record(ledger, r) for r in repos], "staged": staged_rows(ledger),
-                "blobs": all_blobs(ledger), "publishers": ledger.publishers()}
+        rows = {
+            "repos": [repo_record(ledger, r) for r in repos],
+            "staged": staged_rows(ledger),
+            "blobs": all_blobs(ledger),
+            "publishers": ledger.publishers(),
+        }
     finally:
         h.close()
     files = {}
@@ -154,12 +158,15 @@ def test_imported_in_order_equals_a_full_import(box, tmp_path, chain):
 
     p = run_cli("env", "--target", X86, "--format", "json", "--version", f"{ACTIVATION}=2", home=inc, wrap=NO_NET)
     assert p.returncode == 0, p.stderr
-    out = load_offline(f"""
+    out = load_offline(
+        f"""
         import kernels
         act = kernels.get_kernel({ACTIVATION!r}, version=2)
         relu = kernels.get_kernel({RELU!r}, version=1)
         print(act.VARIANT, act.VERSION, act.add(2, 3), relu.VARIANT)
-    """, json.loads(p.stdout)["env"])
+    """,
+        json.loads(p.stdout)["env"],
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [X86_CPU, "2", "5", X86_CPU]
 
@@ -226,6 +233,7 @@ def test_since_must_name_a_bundle(box, tmp_path):
 def _removal_of(key: list[str]):
     """A `rewrite` edit (tests/support/bundles.py): the manifest (unsigned: a forger's bundle) names one more
     removal."""
+
     def edit(m, data):
         if m.name == "frt-bundle.json":
             doc = json.loads(data)
@@ -260,7 +268,7 @@ def test_what_the_box_unstaged_the_cluster_unstages(tmp_path):
     assert relu_rows
     _, d_doc = manifest_of(tar["d"])
     assert d_doc["format"] == 4 and d_doc["unstaged"] == relu_rows
-    assert d["unstaged"] == [dict(zip(("repo", "requested", "target"), k)) for k in relu_rows]
+    assert d["unstaged"] == [dict(zip(("repo", "requested", "target"), k, strict=False)) for k in relu_rows]
     _, e_doc = manifest_of(tar["e"])
     assert e_doc["format"] == 3 and "unstaged" not in e_doc and e["unstaged"] == []
 

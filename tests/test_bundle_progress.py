@@ -22,8 +22,10 @@ from tests.support.kernel_fixtures import ACTIVATION, RELU
 EXE = str(Path(os.sys.executable).with_name("frt-mirror"))
 # tqdm's line: "<label>: 100%|████| 225k/225k [00:00<00:00, 3.1MB/s, 7/7 files]": bytes done/total,
 # elapsed<ETA, rate.
-METER = re.compile(r"(?P<label>stage|bundle|import): +\d+%\|.*\| (?P<done>[\d.]+[kMG]?)/(?P<total>[\d.]+[kMG]?) "
-                   r"\[\d\d:\d\d<\d\d:\d\d, +[\d.]+[kMG]?B/s, (?P<files>\d+)/(?P=files) files\]")
+METER = re.compile(
+    r"(?P<label>stage|bundle|import): +\d+%\|.*\| (?P<done>[\d.]+[kMG]?)/(?P<total>[\d.]+[kMG]?) "
+    r"\[\d\d:\d\d<\d\d:\d\d, +[\d.]+[kMG]?B/s, (?P<files>\d+)/(?P=files) files\]"
+)
 
 
 def on_pty(args: list[str], env: dict, timeout: float = 120) -> tuple[int, str, str]:
@@ -98,17 +100,20 @@ def test_stage_bundle_import_draw_bytes_rate_and_eta_on_a_terminal(staged):
 def test_nothing_extra_off_a_terminal_or_with_quiet(staged):
     root, manifest, hub = staged
     home, env = root / "pipe-home", cli_env()
-    p = subprocess.run(cli(home, "--endpoint", hub.url, "stage", str(manifest)), capture_output=True, text=True,
-                       env=env, timeout=120)
+    p = subprocess.run(
+        cli(home, "--endpoint", hub.url, "stage", str(manifest)), capture_output=True, text=True, env=env, timeout=120
+    )
     assert p.returncode == 0 and p.stderr == "", p.stderr
     tar = root / "pipe.tar"
     for args in (cli(home, "bundle", str(tar)), cli(root / "pipe-cluster", "import", str(tar))):
         p = subprocess.run(args, capture_output=True, text=True, env=env, timeout=120)
         assert p.returncode == 0 and p.stderr == "", p.stderr
     # --quiet on a terminal: the terminal receives nothing at all.
-    for args in (cli(root / "quiet-home", "--endpoint", hub.url, "stage", str(manifest), "--quiet"),
-                 cli(home, "bundle", str(root / "quiet.tar"), "--quiet"),
-                 cli(root / "quiet-cluster", "import", str(tar), "-q")):
+    for args in (
+        cli(root / "quiet-home", "--endpoint", hub.url, "stage", str(manifest), "--quiet"),
+        cli(home, "bundle", str(root / "quiet.tar"), "--quiet"),
+        cli(root / "quiet-cluster", "import", str(tar), "-q"),
+    ):
         rc, out, term = on_pty(args, env)
         assert rc == 0 and term == "", (args[3:5], term)
         assert out

@@ -39,8 +39,11 @@ def signed(tmp_path_factory) -> SimpleNamespace:
         assert p.returncode == 0, p.stderr
         keys[name] = json.loads(p.stdout)
     tars = {n: root / f"{n}.tar" for n in ("good", "other", "unsigned")}
-    for name, extra in (("good", ["--sign", str(root / "site")]), ("other", ["--sign", str(root / "other")]),
-                        ("unsigned", [])):
+    for name, extra in (
+        ("good", ["--sign", str(root / "site")]),
+        ("other", ["--sign", str(root / "other")]),
+        ("unsigned", []),
+    ):
         p = run_cli("bundle", str(tars[name]), "--json", *extra, home=home)
         assert p.returncode == 0, p.stderr
     return SimpleNamespace(root=root, home=home, keys=keys, tar=tars, pub=root / "site.pub")
@@ -99,13 +102,16 @@ def _largest_blob(tar: Path) -> str:
         return max((m for m in tf if m.name.startswith("blobs/")), key=lambda m: m.size).name
 
 
-@pytest.mark.parametrize("case, says", [
-    ("unsigned", "the bundle is not signed"),
-    ("other", "not by the required key"),
-    ("flip-manifest", "the bundle was altered after signing"),
-    ("flip-signature", "does not match the manifest: the bundle was altered after signing"),
-    ("flip-blob", "is tampered or damaged"),
-])
+@pytest.mark.parametrize(
+    "case, says",
+    [
+        ("unsigned", "the bundle is not signed"),
+        ("other", "not by the required key"),
+        ("flip-manifest", "the bundle was altered after signing"),
+        ("flip-signature", "does not match the manifest: the bundle was altered after signing"),
+        ("flip-blob", "is tampered or damaged"),
+    ],
+)
 def test_bad_signatures_are_refused_and_nothing_is_written(signed, cluster, tmp_path, case, says):
     tar = tmp_path / "bad.tar"
     if case in ("unsigned", "other"):
@@ -115,8 +121,7 @@ def test_bad_signatures_are_refused_and_nothing_is_written(signed, cluster, tmp_
     elif case == "flip-signature":
         with tarfile.open(signed.tar["good"]) as tf:
             sig = tf.extractfile("frt-bundle.sig").read()
-        _flip(signed.tar["good"], tar, "frt-bundle.sig", at=sig.index(b'"signature": "') + 20,
-              base64=True)
+        _flip(signed.tar["good"], tar, "frt-bundle.sig", at=sig.index(b'"signature": "') + 20, base64=True)
     else:
         _flip(signed.tar["good"], tar, _largest_blob(signed.tar["good"]))
     before = snapshot_data(cluster)
@@ -134,11 +139,15 @@ def test_a_format_1_bundle_is_unsigned(signed, cluster):
     assert p.returncode == 1 and "not signed" in p.stderr, p.stderr
 
 
-@pytest.mark.parametrize("args, says", [
-    (lambda s: ["bundle", str(s.root / "x.tar"), "--sign", str(s.pub)], "is a public key"),
-    (lambda s: ["import", str(s.tar["good"]), "--require-signature", str(s.root / "site")], "is a private key"),
-    (lambda s: ["import", str(s.tar["good"]), "--require-signature", str(s.tar["good"])], "not a PEM public key"),
-], ids=["sign-with-pub", "require-private", "require-junk"])
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (lambda s: ["bundle", str(s.root / "x.tar"), "--sign", str(s.pub)], "is a public key"),
+        (lambda s: ["import", str(s.tar["good"]), "--require-signature", str(s.root / "site")], "is a private key"),
+        (lambda s: ["import", str(s.tar["good"]), "--require-signature", str(s.tar["good"])], "not a PEM public key"),
+    ],
+    ids=["sign-with-pub", "require-private", "require-junk"],
+)
 def test_a_key_of_the_wrong_kind_is_bad_input(signed, cluster, args, says):
     p = run_cli(*args(signed), home=cluster)
     assert p.returncode == 2 and says in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr

@@ -38,15 +38,34 @@ def test_scan_resolve_matrix_report(hub, home):
     assert ACTIVATION in p.stdout and RELU in p.stdout
 
     # The endpoint is accepted after the command too.
-    p = run_cli("resolve", ACTIVATION, "--version", "2", "--target", "torch2.11-cu130-aarch64-linux",
-                "--endpoint", hub.url, "--json", home=home)
+    p = run_cli(
+        "resolve",
+        ACTIVATION,
+        "--version",
+        "2",
+        "--target",
+        "torch2.11-cu130-aarch64-linux",
+        "--endpoint",
+        hub.url,
+        "--json",
+        home=home,
+    )
     assert p.returncode == 0, p.stderr
     doc = json.loads(p.stdout)
     assert doc["variant"] == "torch211-cxx11-cu130-aarch64-linux" and doc["archs"] == ["8.0", "9.0", "10.0"]
     assert len(doc["commit"]) == 40 and all(f["git_oid"] for f in doc["files"])
 
-    p = run_cli("--endpoint", hub.url, "resolve", ACTIVATION, "--version", "1", "--target",
-                "torch2.11-cu130-aarch64-linux", home=home)
+    p = run_cli(
+        "--endpoint",
+        hub.url,
+        "resolve",
+        ACTIVATION,
+        "--version",
+        "1",
+        "--target",
+        "torch2.11-cu130-aarch64-linux",
+        home=home,
+    )
     assert p.returncode == 1
     line = one_line_error(p)
     assert "none for torch2.11-cu130-aarch64-linux; newest commit on v1 with it:" in line and "v2 has it" in line
@@ -63,14 +82,14 @@ def test_scan_resolve_matrix_report(hub, home):
     p = run_cli("report", "--json", home=home)
     rows = json.loads(p.stdout)
     assert [(r["repo"], r["requested"], r["target"], r["error"]) for r in rows] == [
-        (ACTIVATION, "v1", "torch2.11-cu130-aarch64-linux", "NoVariant")]
+        (ACTIVATION, "v1", "torch2.11-cu130-aarch64-linux", "NoVariant")
+    ]
     assert "torch-cpu: backend (cpu) does not match system backend (cuda) and is not universal" in rows[0]["detail"]
     assert len(run_cli("report", home=home).stdout.splitlines()) == 3  # header, rule, one refusal
 
 
 def test_refusal_json_goes_to_stdout(hub, home):
-    p = run_cli("--endpoint", hub.url, "resolve", ACTIVATION, "--version", "9", "--target", "host", "--json",
-                home=home)
+    p = run_cli("--endpoint", hub.url, "resolve", ACTIVATION, "--version", "9", "--target", "host", "--json", home=home)
     assert p.returncode == 1
     assert json.loads(p.stdout)["error"] == "VersionNotFound"
 
@@ -79,21 +98,35 @@ def test_pin_from_the_environment(hub, home):
     repo = hub.repos[("kernel", ACTIVATION)]
     old = repo.history(repo.branches["v1"])[-1].sha
     env = cli_env(FRT_KERNEL_REV_KERNELS_TEST_ACTIVATION=old)
-    p = run_cli("--endpoint", hub.url, "resolve", ACTIVATION, "--version", "2", "--target",
-                "torch2.13-cpu-x86_64-linux", "--json", home=home, env=env)
+    p = run_cli(
+        "--endpoint",
+        hub.url,
+        "resolve",
+        ACTIVATION,
+        "--version",
+        "2",
+        "--target",
+        "torch2.13-cpu-x86_64-linux",
+        "--json",
+        home=home,
+        env=env,
+    )
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["commit"] == old and json.loads(p.stdout)["requested"] == f"pin {old}"
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["resolve", ACTIVATION, "--version", "1", "--target", "torch2.11-cuda-x86_64-linux"], "unknown backend"),
-    (["resolve", ACTIVATION, "--version", "1", "--target", "linux"], "unknown target 'linux'"),
-    (["resolve", "not a repo", "--version", "1", "--target", "host"], "malformed repo id"),
-    (["resolve", ACTIVATION, "--target", "host"], "exactly one of a version or a revision"),
-    (["resolve", ACTIVATION, "--version", "1", "--revision", "v1", "--target", "host"], "not both"),
-    (["scan", "../../etc"], "malformed repo id"),
-    (["matrix", ACTIVATION], "not in the ledger"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["resolve", ACTIVATION, "--version", "1", "--target", "torch2.11-cuda-x86_64-linux"], "unknown backend"),
+        (["resolve", ACTIVATION, "--version", "1", "--target", "linux"], "unknown target 'linux'"),
+        (["resolve", "not a repo", "--version", "1", "--target", "host"], "malformed repo id"),
+        (["resolve", ACTIVATION, "--target", "host"], "exactly one of a version or a revision"),
+        (["resolve", ACTIVATION, "--version", "1", "--revision", "v1", "--target", "host"], "not both"),
+        (["scan", "../../etc"], "malformed repo id"),
+        (["matrix", ACTIVATION], "not in the ledger"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(home, args, needle):
     p = run_cli("--endpoint", "http://127.0.0.1:9", *args, home=home)
     assert p.returncode == 2, (p.stdout, p.stderr)
@@ -119,17 +152,47 @@ def test_corrupt_ledger_is_one_line(home):
 def test_resolve_offline_answers_from_the_ledger_with_no_network(hub, home):
     needs_unshare()
     assert run_cli("--endpoint", hub.url, "scan", ACTIVATION, home=home).returncode == 0
-    p = run_cli("resolve", ACTIVATION, "--version", "1", "--target", "torch2.13-cpu-x86_64-linux", "--offline",
-                "--json", home=home, wrap=NO_NET)
+    p = run_cli(
+        "resolve",
+        ACTIVATION,
+        "--version",
+        "1",
+        "--target",
+        "torch2.13-cpu-x86_64-linux",
+        "--offline",
+        "--json",
+        home=home,
+        wrap=NO_NET,
+    )
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["variant"] == "torch213-cxx11-cpu-x86_64-linux"
     # The same refusal as online, from the ledger alone.
-    p = run_cli("resolve", ACTIVATION, "--version", "1", "--target", "torch2.11-cu130-aarch64-linux", "--offline",
-                home=home, wrap=NO_NET)
+    p = run_cli(
+        "resolve",
+        ACTIVATION,
+        "--version",
+        "1",
+        "--target",
+        "torch2.11-cu130-aarch64-linux",
+        "--offline",
+        home=home,
+        wrap=NO_NET,
+    )
     assert p.returncode == 1 and "v2 has it" in one_line_error(p)
     # Without --offline, the missing network is one clear line, not a traceback.
-    p = run_cli("--endpoint", hub.url, "resolve", ACTIVATION, "--version", "1", "--target", "host", home=home,
-                wrap=NO_NET, env=cli_env(FRT_RETRY_ATTEMPTS="1"))
+    p = run_cli(
+        "--endpoint",
+        hub.url,
+        "resolve",
+        ACTIVATION,
+        "--version",
+        "1",
+        "--target",
+        "host",
+        home=home,
+        wrap=NO_NET,
+        env=cli_env(FRT_RETRY_ATTEMPTS="1"),
+    )
     assert p.returncode == 3 and "unreachable" in one_line_error(p)
 
 
@@ -143,17 +206,30 @@ def test_ledger_is_wal_with_a_schema_version(hub, home):
 # -- one line, never a traceback: what a user's environment gets wrong ------------------------------
 
 
-@pytest.mark.parametrize("setup, args, env, code, needle", [
-    ("file", ["report"], {}, 2, "cannot be created or used"),
-    ("", ["--endpoint", "notaurl", "scan", ACTIVATION], {}, 2, "is not an upstream URL"),
-    ("", ["--endpoint", "ftp://127.0.0.1/x", "scan", ACTIVATION], {}, 2, "is not an upstream URL"),
-    ("", ["scan", ACTIVATION], {"FRT_RETRY_ATTEMPTS": "abc"}, 2, "FRT_RETRY_ATTEMPTS='abc' is not an integer"),
-    ("", ["resolve", ACTIVATION, "--version", "1", "--target", "torch2.11-cu13-x86_64-linux"], {}, 2,
-     "unknown backend 'cu13'"),
-    ("", ["resolve", ACTIVATION, "--version", "1", "--target", "torch2.11-cpu-sparc-linux"], {}, 2,
-     "unknown cpu/os 'sparc'"),
-], ids=["home-is-a-file", "endpoint-not-a-url", "endpoint-ftp", "retry-attempts-abc", "target-cu13",
-        "target-sparc"])
+@pytest.mark.parametrize(
+    "setup, args, env, code, needle",
+    [
+        ("file", ["report"], {}, 2, "cannot be created or used"),
+        ("", ["--endpoint", "notaurl", "scan", ACTIVATION], {}, 2, "is not an upstream URL"),
+        ("", ["--endpoint", "ftp://127.0.0.1/x", "scan", ACTIVATION], {}, 2, "is not an upstream URL"),
+        ("", ["scan", ACTIVATION], {"FRT_RETRY_ATTEMPTS": "abc"}, 2, "FRT_RETRY_ATTEMPTS='abc' is not an integer"),
+        (
+            "",
+            ["resolve", ACTIVATION, "--version", "1", "--target", "torch2.11-cu13-x86_64-linux"],
+            {},
+            2,
+            "unknown backend 'cu13'",
+        ),
+        (
+            "",
+            ["resolve", ACTIVATION, "--version", "1", "--target", "torch2.11-cpu-sparc-linux"],
+            {},
+            2,
+            "unknown cpu/os 'sparc'",
+        ),
+    ],
+    ids=["home-is-a-file", "endpoint-not-a-url", "endpoint-ftp", "retry-attempts-abc", "target-cu13", "target-sparc"],
+)
 def test_a_bad_environment_is_one_line(home, tmp_path, setup, args, env, code, needle):
     t = time.monotonic()
     if setup == "file":  # FRT_MIRROR_HOME naming a file (--home is click's to check)
@@ -188,29 +264,61 @@ X86_T = "torch2.13-cpu-x86_64-linux"
 HUGE = "9" * 20
 
 
-@pytest.mark.parametrize("args, env, needle", [
-    (["resolve", ACTIVATION, "--version", HUGE, "--target", X86_T], {}, "not in the range 0<=x<=2147483647"),
-    (["env", "--target", X86_T, "--version", f"{ACTIVATION}={HUGE}"], {}, "N up to 2147483647"),
-    (["--endpoint", "http://[::1", "scan", ACTIVATION], {}, "--endpoint 'http://[::1' is not an upstream URL"),
-    (["scan", ACTIVATION, "--endpoint", "http://h:99999"], {}, "is not an upstream URL"),
-    (["report"], {"HF_ENDPOINT": "http://[::1"}, "HF_ENDPOINT 'http://[::1' is not an upstream URL"),
-    (["report"], {"HF_ENDPOINT": "http://mirror:99999"}, "HF_ENDPOINT 'http://mirror:99999' is not an upstream"),
-    (["token", "add", "ci"], {"FRT_LEDGER_BUSY_TIMEOUT": "1e400"}, "FRT_LEDGER_BUSY_TIMEOUT='1e400' is not a finite"),
-    (["token", "add", "ci"], {"FRT_LEDGER_BUSY_TIMEOUT": "nan"}, "is not a finite number"),
-    (["token", "add", "ci"], {"FRT_LEDGER_BUSY_TIMEOUT": HUGE}, "out of range"),
-    (["scan", ACTIVATION], {"FRT_RETRY_ATTEMPTS": HUGE}, "out of range"),
-    (["report"], {"FRT_LEDGER_URL": "garbage"}, "FRT_LEDGER_URL 'garbage' is not a ledger URL"),
-    (["--ledger", "postgres-typo@db:5432/frt", "report"], {}, "--ledger 'postgres-typo@db:5432/frt' is not a ledger"),
-    (["--ledger", "postgresql://u@db:notaport/frt", "report"], {}, "is not a URL"),
-    (["--ledger", "postgresql://u@[::1/frt", "report"], {}, "is not a URL"),
-    (["--ledger", "mysql://u@db/frt", "report"], {}, "keeps its ledger in SQLite"),
-    (["serve", "--refs-ttl", "nan"], {}, "'nan' is not a number of seconds"),
-    (["serve", "--header-timeout", "inf"], {}, "Invalid value for '--header-timeout'"),
-    (["bisect", RELU, "--good", "a", "--bad", "b", "--target", X86_T, "--timeout", "nan", "--", "true"], {},
-     "'nan' is not a number of seconds"),
-], ids=["resolve-version", "env-version", "endpoint-ipv6", "endpoint-port", "hf-endpoint-ipv6", "hf-endpoint-port",
-        "busy-inf", "busy-nan", "busy-huge", "retry-huge", "ledger-url-garbage", "ledger-typo", "ledger-port",
-        "ledger-ipv6", "ledger-mysql", "refs-ttl-nan", "header-timeout-inf", "bisect-timeout-nan"])
+@pytest.mark.parametrize(
+    "args, env, needle",
+    [
+        (["resolve", ACTIVATION, "--version", HUGE, "--target", X86_T], {}, "not in the range 0<=x<=2147483647"),
+        (["env", "--target", X86_T, "--version", f"{ACTIVATION}={HUGE}"], {}, "N up to 2147483647"),
+        (["--endpoint", "http://[::1", "scan", ACTIVATION], {}, "--endpoint 'http://[::1' is not an upstream URL"),
+        (["scan", ACTIVATION, "--endpoint", "http://h:99999"], {}, "is not an upstream URL"),
+        (["report"], {"HF_ENDPOINT": "http://[::1"}, "HF_ENDPOINT 'http://[::1' is not an upstream URL"),
+        (["report"], {"HF_ENDPOINT": "http://mirror:99999"}, "HF_ENDPOINT 'http://mirror:99999' is not an upstream"),
+        (
+            ["token", "add", "ci"],
+            {"FRT_LEDGER_BUSY_TIMEOUT": "1e400"},
+            "FRT_LEDGER_BUSY_TIMEOUT='1e400' is not a finite",
+        ),
+        (["token", "add", "ci"], {"FRT_LEDGER_BUSY_TIMEOUT": "nan"}, "is not a finite number"),
+        (["token", "add", "ci"], {"FRT_LEDGER_BUSY_TIMEOUT": HUGE}, "out of range"),
+        (["scan", ACTIVATION], {"FRT_RETRY_ATTEMPTS": HUGE}, "out of range"),
+        (["report"], {"FRT_LEDGER_URL": "garbage"}, "FRT_LEDGER_URL 'garbage' is not a ledger URL"),
+        (
+            ["--ledger", "postgres-typo@db:5432/frt", "report"],
+            {},
+            "--ledger 'postgres-typo@db:5432/frt' is not a ledger",
+        ),
+        (["--ledger", "postgresql://u@db:notaport/frt", "report"], {}, "is not a URL"),
+        (["--ledger", "postgresql://u@[::1/frt", "report"], {}, "is not a URL"),
+        (["--ledger", "mysql://u@db/frt", "report"], {}, "keeps its ledger in SQLite"),
+        (["serve", "--refs-ttl", "nan"], {}, "'nan' is not a number of seconds"),
+        (["serve", "--header-timeout", "inf"], {}, "Invalid value for '--header-timeout'"),
+        (
+            ["bisect", RELU, "--good", "a", "--bad", "b", "--target", X86_T, "--timeout", "nan", "--", "true"],
+            {},
+            "'nan' is not a number of seconds",
+        ),
+    ],
+    ids=[
+        "resolve-version",
+        "env-version",
+        "endpoint-ipv6",
+        "endpoint-port",
+        "hf-endpoint-ipv6",
+        "hf-endpoint-port",
+        "busy-inf",
+        "busy-nan",
+        "busy-huge",
+        "retry-huge",
+        "ledger-url-garbage",
+        "ledger-typo",
+        "ledger-port",
+        "ledger-ipv6",
+        "ledger-mysql",
+        "refs-ttl-nan",
+        "header-timeout-inf",
+        "bisect-timeout-nan",
+    ],
+)
 def test_hostile_values_are_one_line_and_nothing_is_created(tmp_path, args, env, needle):
     """Before: OverflowError, ValueError and OperationalError tracebacks, and `garbage` /
     `postgres-typo@db:5432/frt` became SQLite files in the working directory."""
@@ -218,8 +326,9 @@ def test_hostile_values_are_one_line_and_nothing_is_created(tmp_path, args, env,
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     base = cli_env(**{"HF_ENDPOINT": "http://127.0.0.1:9", **env})
-    p = subprocess.run([exe, "--home", str(tmp_path / "home"), *args], capture_output=True, text=True, env=base,
-                       cwd=cwd, timeout=60)
+    p = subprocess.run(
+        [exe, "--home", str(tmp_path / "home"), *args], capture_output=True, text=True, env=base, cwd=cwd, timeout=60
+    )
     assert p.returncode == 2, (p.stdout, p.stderr)
     assert needle in one_line_error(p)
     assert not list(cwd.iterdir())  # no ledger file named after the bad URL

@@ -26,21 +26,88 @@ REPO = f"{ORG}/relu"
 TARGET = "torch2.13-cpu-x86_64-linux"
 CONTRACT = {0, 1, 2, 3}
 
-HOSTILE = ["9" * 20, "9" * 5000, "-1", "0", "1e400", "-1e400", "nan", "inf", "-inf", "NaN", "1_000", "0x10", " 5 ",
-           "", " ", "\x00", "\n", "\u202e", "٣", "é", "x" * 300, "http://[::1", "http://[::1]:8470", "http://h:99999",
-           "http://h:0", "http://h:-1", "ftp://h", "http://", "http://h/x?y#z", "postgres-typo@db:5432/frt",
-           "postgresql://u@127.0.0.1:9/frt", "postgresql://u@[::1/frt", "sqlite://", "mysql://u@h/d", "garbage",
-           "file:///etc/passwd", "a://b", "kernels-test/relu", "kernels-test/relu=" + "9" * 20, "org/../x",
-           "torch2.13-cpu-x86_64-linux", "torch99999999999999999999.1-cpu-x86_64-linux", "host"]
+HOSTILE = [
+    "9" * 20,
+    "9" * 5000,
+    "-1",
+    "0",
+    "1e400",
+    "-1e400",
+    "nan",
+    "inf",
+    "-inf",
+    "NaN",
+    "1_000",
+    "0x10",
+    " 5 ",
+    "",
+    " ",
+    "\x00",
+    "\n",
+    "\u202e",
+    "٣",
+    "é",
+    "x" * 300,
+    "http://[::1",
+    "http://[::1]:8470",
+    "http://h:99999",
+    "http://h:0",
+    "http://h:-1",
+    "ftp://h",
+    "http://",
+    "http://h/x?y#z",
+    "postgres-typo@db:5432/frt",
+    "postgresql://u@127.0.0.1:9/frt",
+    "postgresql://u@[::1/frt",
+    "sqlite://",
+    "mysql://u@h/d",
+    "garbage",
+    "file:///etc/passwd",
+    "a://b",
+    "kernels-test/relu",
+    "kernels-test/relu=" + "9" * 20,
+    "org/../x",
+    "torch2.13-cpu-x86_64-linux",
+    "torch99999999999999999999.1-cpu-x86_64-linux",
+    "host",
+]
 # Values that pass an option's own check too, so that examples also reach the code behind it.
-PLAIN = ["1", "2", "5", "0.5", "30", "8470", "1024", "65536", "127.0.0.1:9", "http://127.0.0.1:9", "v1", "main",
-         REPO, f"{REPO}@v1", f"{REPO}=1", ORG, "*", TARGET]
-VALUES = st.one_of(st.sampled_from(PLAIN), st.one_of(st.sampled_from(HOSTILE), st.integers().map(str),
-                                                     st.floats().map(str), st.text(max_size=40)))
+PLAIN = [
+    "1",
+    "2",
+    "5",
+    "0.5",
+    "30",
+    "8470",
+    "1024",
+    "65536",
+    "127.0.0.1:9",
+    "http://127.0.0.1:9",
+    "v1",
+    "main",
+    REPO,
+    f"{REPO}@v1",
+    f"{REPO}=1",
+    ORG,
+    "*",
+    TARGET,
+]
+VALUES = st.one_of(
+    st.sampled_from(PLAIN),
+    st.one_of(st.sampled_from(HOSTILE), st.integers().map(str), st.floats().map(str), st.text(max_size=40)),
+)
 # Not the retry settings: a valid FRT_RETRY_ATTEMPTS=10000 would really retry the dead upstream
 # (test_cli.py checks their hostile values).
-ENV_VARS = ["FRT_LEDGER_BUSY_TIMEOUT", "FRT_LEDGER_URL", "HF_ENDPOINT", "FRT_SERVE_MAX_HEADER_BYTES",
-            "FRT_SERVE_HEADER_TIMEOUT", "FRT_SERVE_KEEP_ALIVE_TIMEOUT", "FRT_SERVE_MAX_CONNECTIONS", "FRT_SERVE_POLL"]
+ENV_VARS = [
+    "FRT_LEDGER_BUSY_TIMEOUT",
+    "FRT_LEDGER_URL",
+    "HF_ENDPOINT",
+    "FRT_SERVE_MAX_HEADER_BYTES",
+    "FRT_SERVE_HEADER_TIMEOUT",
+    "FRT_SERVE_KEEP_ALIVE_TIMEOUT",
+    "FRT_SERVE_MAX_CONNECTIONS",
+    "FRT_SERVE_POLL",
+]
 
 
 def commands(v):
@@ -56,13 +123,54 @@ def commands(v):
         ["--ledger", next(v), "report"],
         ["stage", "{manifest}", "--target", next(v), "--jobs", next(v)],
         ["serve", "--port", next(v), "--refs-ttl", next(v), "--upstream-timeout", next(v), "--upstream-hold", next(v)],
-        ["serve", "--max-header-bytes", next(v), "--header-timeout", next(v), "--keep-alive-timeout", next(v),
-         "--max-connections", next(v), "--workers", next(v)],
+        [
+            "serve",
+            "--max-header-bytes",
+            next(v),
+            "--header-timeout",
+            next(v),
+            "--keep-alive-timeout",
+            next(v),
+            "--max-connections",
+            next(v),
+            "--workers",
+            next(v),
+        ],
         ["serve", "--upstream", next(v), "--allow", next(v)],
-        ["bisect", REPO, "--good", next(v), "--bad", next(v), "--target", TARGET, "--offline", "--timeout", next(v),
-         "--", "true"],
-        ["bisect", REPO, "--good", "a", "--bad", "b", "--target", TARGET, "--offline", "--metric", next(v),
-         "--repeat", next(v), "--threshold", next(v), "--", "true"],
+        [
+            "bisect",
+            REPO,
+            "--good",
+            next(v),
+            "--bad",
+            next(v),
+            "--target",
+            TARGET,
+            "--offline",
+            "--timeout",
+            next(v),
+            "--",
+            "true",
+        ],
+        [
+            "bisect",
+            REPO,
+            "--good",
+            "a",
+            "--bad",
+            "b",
+            "--target",
+            TARGET,
+            "--offline",
+            "--metric",
+            next(v),
+            "--repeat",
+            next(v),
+            "--threshold",
+            next(v),
+            "--",
+            "true",
+        ],
         ["nginx-conf", "--upstream", next(v), "--listen", next(v), "--head-cache", next(v)],
         ["unstage", next(v), "--target", next(v)],
         ["token", "add", next(v)],
@@ -108,26 +216,41 @@ def _lines(text: str) -> list[str]:
     return [ln for ln in text.splitlines() if ln.strip()]
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                     HealthCheck.too_slow])
-@given(which=st.integers(0, 19), values=st.lists(VALUES, min_size=8, max_size=8),
-       env=st.dictionaries(st.sampled_from(ENV_VARS), VALUES, max_size=2),
-       version=st.one_of(st.integers(), st.sampled_from(["1", '"1"', "1e400", "nan", "[[[[1]]]]", "9" * 5000])))
+@settings(
+    max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
+@given(
+    which=st.integers(0, 19),
+    values=st.lists(VALUES, min_size=8, max_size=8),
+    env=st.dictionaries(st.sampled_from(ENV_VARS), VALUES, max_size=2),
+    version=st.one_of(st.integers(), st.sampled_from(["1", '"1"', "1e400", "nan", "[[[[1]]]]", "9" * 5000])),
+)
 def test_every_option_value_is_a_contract_exit_and_one_line(work, which, values, env, version):
     argv = commands(itertools.cycle(values))[which]
     manifest = work / "m.toml"
     manifest.write_text(MANIFEST.format(target=TARGET, repo=REPO, version=version))
     argv = [a.replace("{manifest}", str(manifest)).replace("{out}", str(work / "cache")) for a in argv]
-    base = {"HF_ENDPOINT": "http://127.0.0.1:9", "FRT_RETRY_ATTEMPTS": "1", "FRT_RETRY_BASE_WAIT": "0.01",
-            "FRT_LEDGER_CONNECT_TIMEOUT": "1", "FRT_LEDGER_RETRY_S": "0", "FRT_LEDGER_URL": None,
-            "FRT_MIRROR_HOME": None}
+    base = {
+        "HF_ENDPOINT": "http://127.0.0.1:9",
+        "FRT_RETRY_ATTEMPTS": "1",
+        "FRT_RETRY_BASE_WAIT": "0.01",
+        "FRT_LEDGER_CONNECT_TIMEOUT": "1",
+        "FRT_LEDGER_RETRY_S": "0",
+        "FRT_LEDGER_URL": None,
+        "FRT_MIRROR_HOME": None,
+    }
     if any("\x00" in x for x in [*env.values(), *argv]):  # no process can be given a NUL: execve refuses it
         return
     cwd = work / "cwd"
     cwd.mkdir(exist_ok=True)
     with no_serving(), contextlib.chdir(cwd) if hasattr(contextlib, "chdir") else _chdir(cwd):
-        result = CliRunner().invoke(cli, ["--home", str(work / "home"), *argv], env={**base, **env},
-                                    prog_name="frt-mirror", catch_exceptions=True)
+        result = CliRunner().invoke(
+            cli,
+            ["--home", str(work / "home"), *argv],
+            env={**base, **env},
+            prog_name="frt-mirror",
+            catch_exceptions=True,
+        )
     stderr = result.stderr
     assert result.exception is None or isinstance(result.exception, SystemExit), (argv, env, result.exc_info)
     assert result.exit_code in CONTRACT, (argv, env, result.exit_code, stderr)

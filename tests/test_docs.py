@@ -10,8 +10,7 @@ from pathlib import Path
 import click
 import pytest
 
-from frt.cli import cli
-from frt.cli import reference
+from frt.cli import cli, reference
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -51,13 +50,17 @@ def _anchors(path: Path) -> set[str]:
 def test_cli_reference_is_current():
     """docs/cli.md is rendered from the click commands; a changed option or help text changes it."""
     assert (ROOT / "docs" / "cli.md").read_text() == reference.render(), (
-        "docs/cli.md is not what frt/cli/reference.py renders from the commands: run make docs")
+        "docs/cli.md is not what frt/cli/reference.py renders from the commands: run make docs"
+    )
 
 
 def test_reference_lists_every_command_and_option():
     text = reference.render()
-    for group, path in ((cli, "frt-mirror"), (cli.commands["token"], "frt-mirror token"),
-                        (cli.commands["key"], "frt-mirror key")):
+    for group, path in (
+        (cli, "frt-mirror"),
+        (cli.commands["token"], "frt-mirror token"),
+        (cli.commands["key"], "frt-mirror key"),
+    ):
         for name, cmd in group.commands.items():
             assert f"\n## {path} {name}\n" in text, name
             for p in cmd.params:

@@ -107,8 +107,16 @@ def test_tree_pagination(hub, api):
 def test_commits_history_paginated(hub, api):
     hub.reset_log()
     commits = api.list_repo_commits(REPO_ID, revision="v1", repo_type="kernel")
-    assert [c.title for c in commits] == ["docs 3", "docs 2", "docs 1", "docs 0", "add weights",
-                                         "add cuda variant", "add universal build", "initial commit"]
+    assert [c.title for c in commits] == [
+        "docs 3",
+        "docs 2",
+        "docs 1",
+        "docs 0",
+        "add weights",
+        "add cuda variant",
+        "add universal build",
+        "initial commit",
+    ]
     assert commits[0].message == "body 3" and commits[0].authors == ["fixture-bot"]
     assert commits[0].created_at > commits[-1].created_at
     assert any("/commits/v1" in p and "cursor=" in p for _, p, _ in hub.requests)
@@ -117,8 +125,9 @@ def test_commits_history_paginated(hub, api):
 
 
 def test_paths_info(api):
-    infos = api.get_paths_info(REPO_ID, ["README.md", "build", "nope", "weights.bin"], repo_type="kernel",
-                               revision="v1")
+    infos = api.get_paths_info(
+        REPO_ID, ["README.md", "build", "nope", "weights.bin"], repo_type="kernel", revision="v1"
+    )
     assert sorted(i.path for i in infos) == ["README.md", "build", "weights.bin"]
 
 
@@ -152,8 +161,15 @@ def test_resolve_headers(hub):
 
 def test_snapshot_allow_patterns(hub, tmp_path):
     hub.reset_log()
-    folder = snapshot_download(REPO_ID, repo_type="kernel", revision="v1", allow_patterns=[f"{UNIV}/*"],
-                               cache_dir=tmp_path, endpoint=hub.url, token=False)
+    folder = snapshot_download(
+        REPO_ID,
+        repo_type="kernel",
+        revision="v1",
+        allow_patterns=[f"{UNIV}/*"],
+        cache_dir=tmp_path,
+        endpoint=hub.url,
+        token=False,
+    )
     files = sorted(str(p.relative_to(folder)) for p in Path(folder).rglob("*") if p.is_file())
     assert files == [f"{UNIV}/__init__.py", f"{UNIV}/metadata.json"]
     resolved = {p for _, p, _ in hub.requests if "/resolve/" in p}
@@ -181,8 +197,9 @@ def test_error_mapping(hub, api, tmp_path):
     with pytest.raises(RevisionNotFoundError):
         api.repo_info(REPO_ID, repo_type="kernel", revision="v9")
     with pytest.raises(EntryNotFoundError):
-        hf_hub_download(REPO_ID, "nope.txt", repo_type="kernel", revision="v1", cache_dir=tmp_path,
-                        endpoint=hub.url, token=False)
+        hf_hub_download(
+            REPO_ID, "nope.txt", repo_type="kernel", revision="v1", cache_dir=tmp_path, endpoint=hub.url, token=False
+        )
     assert api.repo_exists(REPO_ID, repo_type="kernel")
     assert not api.repo_exists(f"{ORG}/missing", repo_type="kernel")
     assert not api.repo_exists(REPO_ID)  # same id, but not a model repo
@@ -245,8 +262,9 @@ def test_drop_after(hub, tmp_path):
     # The real client survives a drop: it retries with a Range request and gets the right bytes.
     hub.faults.drop_after("weights.bin", 5000)
     hub.reset_log()
-    path = hf_hub_download(REPO_ID, "weights.bin", repo_type="kernel", revision="v1", cache_dir=tmp_path,
-                           endpoint=hub.url, token=False)
+    path = hf_hub_download(
+        REPO_ID, "weights.bin", repo_type="kernel", revision="v1", cache_dir=tmp_path, endpoint=hub.url, token=False
+    )
     assert Path(path).read_bytes() == BIG
     assert [m for m, p, _ in hub.requests if "weights.bin" in p].count("GET") == 2
 

@@ -67,8 +67,7 @@ def transfers(hub) -> list:
 
 
 def dl(hub, path: str, cache: Path, **kw) -> Path:
-    kw = {"repo_type": "kernel", "revision": "v1", "cache_dir": cache, "endpoint": hub.url, "token": False,
-          **kw}
+    kw = {"repo_type": "kernel", "revision": "v1", "cache_dir": cache, "endpoint": hub.url, "token": False, **kw}
     return Path(hf_hub_download(REPO_ID, path, **kw))
 
 
@@ -147,30 +146,37 @@ def test_hf_hub_download_small_and_large(hub, tmp_path):
     seen = [(e.server, e.method, e.status) for e in transfers(hub)]
     # Same for 2.x and 1.33: the client follows the relative 307 itself (HEAD), then GETs the final
     # resolve-cache URL; for LFS it stops at the cross-host 302 and GETs the CDN URL directly.
-    assert seen == [("hub", "HEAD", 307), ("hub", "HEAD", 200), ("hub", "GET", 200),
-                    ("hub", "HEAD", 302), ("cdn", "GET", 200)]
+    assert seen == [
+        ("hub", "HEAD", 307),
+        ("hub", "HEAD", 200),
+        ("hub", "GET", 200),
+        ("hub", "HEAD", 302),
+        ("cdn", "GET", 200),
+    ]
     auth = [any(k.lower() == "authorization" for k in e.headers) for e in transfers(hub)]
     assert auth == [True, True, True, True, False]
 
 
 def test_get_hf_file_metadata_reads_the_redirect(hub):
     c = v1(hub)
-    lfs = get_hf_file_metadata(hf_hub_url(REPO_ID, "weights.bin", repo_type="kernel", revision="v1",
-                                          endpoint=hub.url), token=False)
+    lfs = get_hf_file_metadata(
+        hf_hub_url(REPO_ID, "weights.bin", repo_type="kernel", revision="v1", endpoint=hub.url), token=False
+    )
     assert (lfs.commit_hash, lfs.etag, lfs.size) == (c.sha, sha256(BIG), len(BIG))
     assert lfs.location.startswith(hub.cdn_url + "/cdn/")  # it stopped at the CDN redirect
-    small = get_hf_file_metadata(hf_hub_url(REPO_ID, "README.md", repo_type="kernel", revision="v1",
-                                            endpoint=hub.url), token=False)
-    assert (small.commit_hash, small.etag, small.size) == (c.sha, c.meta["README.md"].oid,
-                                                           len(c.files["README.md"]))
+    small = get_hf_file_metadata(
+        hf_hub_url(REPO_ID, "README.md", repo_type="kernel", revision="v1", endpoint=hub.url), token=False
+    )
+    assert (small.commit_hash, small.etag, small.size) == (c.sha, c.meta["README.md"].oid, len(c.files["README.md"]))
     assert small.location.startswith(f"{hub.url}/api/resolve-cache/")  # it followed the same-host 307
     assert not any(e.server == "cdn" for e in hub.request_log)  # metadata never touches the CDN
 
 
 def test_snapshot_download(hub, tmp_path):
     c = v1(hub)
-    folder = Path(snapshot_download(REPO_ID, repo_type="kernel", revision="v1", cache_dir=tmp_path,
-                                    endpoint=hub.url, token=False))
+    folder = Path(
+        snapshot_download(REPO_ID, repo_type="kernel", revision="v1", cache_dir=tmp_path, endpoint=hub.url, token=False)
+    )
     got = {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
     assert got == c.files
     cdn_gets = [p.split("?")[0] for m, p, s in hub.requests if p.startswith("/cdn/") and m == "GET"]
@@ -179,8 +185,10 @@ def test_snapshot_download(hub, tmp_path):
 
 def test_paths_info_and_tree(hub, api):
     c = v1(hub)
-    infos = {i.path: i for i in api.get_paths_info(REPO_ID, ["README.md", "weights.bin", "build"],
-                                                   repo_type="kernel", revision="v1")}
+    infos = {
+        i.path: i
+        for i in api.get_paths_info(REPO_ID, ["README.md", "weights.bin", "build"], repo_type="kernel", revision="v1")
+    }
     assert infos["README.md"].blob_id == c.meta["README.md"].oid and infos["README.md"].lfs is None
     assert infos["weights.bin"].lfs.sha256 == sha256(BIG) and infos["weights.bin"].size == len(BIG)
     tree = {e.path: e for e in api.list_repo_tree(REPO_ID, repo_type="kernel", revision="v1", recursive=True)}
@@ -262,8 +270,7 @@ def test_stale_revision_after_force_push(tmp_path):
         with pytest.raises(RevisionNotFoundError):
             dl(hub, "README.md", tmp_path, revision=old_head)
         assert api.repo_info(REPO_ID, repo_type="kernel", revision="main").sha == new_head  # caught up
-        folder = snapshot_download(REPO_ID, repo_type="kernel", cache_dir=tmp_path, endpoint=hub.url,
-                                   token=False)
+        folder = snapshot_download(REPO_ID, repo_type="kernel", cache_dir=tmp_path, endpoint=hub.url, token=False)
         assert (Path(folder) / "README.md").read_bytes() == b"# rewritten\n"
 
 
@@ -352,11 +359,13 @@ def test_kernels_get_kernel_rate_limited(tmp_path):
     (All of get_kernel's requests come within ~30 ms, so they share the first window.)"""
     repo, _ = build_repo()
     limits = RateLimits(api=3, resolvers=100, window=3)
-    with FakeHub([repo], trusted_orgs=[ORG], page_size=tinyadd.PAGE, redirects=True,
-                 rate_limits=limits) as hub:
+    with FakeHub([repo], trusted_orgs=[ORG], page_size=tinyadd.PAGE, redirects=True, rate_limits=limits) as hub:
         proc = tinyadd.run_get_kernel(hub, tmp_path / "hf")
-        api = [(p.split("?")[0].rsplit("/", 1)[-1], s) for m, p, s in hub.requests
-               if p.startswith("/api/") and not p.startswith("/api/resolve-cache/")]
+        api = [
+            (p.split("?")[0].rsplit("/", 1)[-1], s)
+            for m, p, s in hub.requests
+            if p.startswith("/api/") and not p.startswith("/api/resolve-cache/")
+        ]
     assert api[:4] == [("agent-harnesses", 404), ("overview", 200), ("refs", 200), ("build", 429)]
     if HUB2:
         # 2.x waits out t + 1 s (every tree page goes through its backoff) and loads the kernel.

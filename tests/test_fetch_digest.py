@@ -27,8 +27,9 @@ DATA = hashlib.shake_128(b"running digest").digest(SIZE)
 @pytest.fixture
 def hub():
     repo = FakeRepo(REPO)
-    repo.commit(variant_files("digest", "torch-universal", version=1, extra={"_weights.bin": DATA}), title="w",
-                branch="v1")
+    repo.commit(
+        variant_files("digest", "torch-universal", version=1, extra={"_weights.bin": DATA}), title="w", branch="v1"
+    )
     with FakeHub([repo], redirects=True, trusted_orgs=[ORG]) as h:
         yield h
 
@@ -72,8 +73,9 @@ def test_a_resumed_download_is_hashed_once_across_its_pieces(hub, tmp_path, monk
     assert ranges[0] is None and all(r and r.startswith("bytes=") for r in ranges[1:]), ranges
 
 
-def test_a_stale_part_from_an_earlier_run_is_resumed_then_dropped_and_fetched_clean(hub, tmp_path, monkeypatch,
-                                                                                    read_backs):
+def test_a_stale_part_from_an_earlier_run_is_resumed_then_dropped_and_fetched_clean(
+    hub, tmp_path, monkeypatch, read_backs
+):
     store, run = fetch(hub, tmp_path, monkeypatch)
     part = store.part_path(hashlib.sha256(DATA).hexdigest())
     part.write_bytes(b"\0" * (1 << 20))  # a prefix that is not the file's: resumed from, caught, dropped

@@ -39,24 +39,41 @@ def test_a_refusal_is_one_line_naming_the_value_and_where_it_came_from():
     assert isinstance(e.value, BadInput) and exit_code(e.value) == EXIT_BAD_INPUT
 
 
-@pytest.mark.parametrize("path", ["build/v/a.py", "build/v/sub/__init__.py", "build/v/é.so", "build/v/.gitkeep",
-                                  "build/v/" + "a" * 255])
+@pytest.mark.parametrize(
+    "path", ["build/v/a.py", "build/v/sub/__init__.py", "build/v/é.so", "build/v/.gitkeep", "build/v/" + "a" * 255]
+)
 def test_plain_paths_pass(path):
     assert gate.check_path(path, where=WHERE, under="build/v/") == path
 
 
-@pytest.mark.parametrize("path, says", [
-    ("build/v/../../x", "climbs out of the repo"), ("..", "climbs out"), ("/etc/passwd", "is absolute"),
-    ("build\\v\\x", "backslash"), ("build/v/\0x", "control character"), ("build/v/\nx", "control character"),
-    ("build/v/\x1bx", "control character"), ("build/v/\x85x", "control character"),
-    ("build//x", "empty or '.' segment"), ("build/./x", "empty or '.' segment"), ("build/v/", "empty or '.'"),
-    ("", "is empty"), (None, "is not a string"), ("build/\udc80", "is not valid text"),
-    ("build/" + "a" * 256, "too long"), ("/".join(["abcdefgh"] * 120), "too long"),
-    ("other/x", "lies outside build/"),
-    # Unicode format characters (Cf): a bidi override makes `x\u202eos.py` read as `xyp.so` in a listing.
-    ("build/v/x\u202eos.py", "bidi"), ("build/v/\u2066a\u2069", "bidi"), ("build/v/a\u200bb", "bidi"),
-    ("build/v/\ufeffa", "bidi"), ("build/v/a\u200fb", "bidi"),
-])
+@pytest.mark.parametrize(
+    "path, says",
+    [
+        ("build/v/../../x", "climbs out of the repo"),
+        ("..", "climbs out"),
+        ("/etc/passwd", "is absolute"),
+        ("build\\v\\x", "backslash"),
+        ("build/v/\0x", "control character"),
+        ("build/v/\nx", "control character"),
+        ("build/v/\x1bx", "control character"),
+        ("build/v/\x85x", "control character"),
+        ("build//x", "empty or '.' segment"),
+        ("build/./x", "empty or '.' segment"),
+        ("build/v/", "empty or '.'"),
+        ("", "is empty"),
+        (None, "is not a string"),
+        ("build/\udc80", "is not valid text"),
+        ("build/" + "a" * 256, "too long"),
+        ("/".join(["abcdefgh"] * 120), "too long"),
+        ("other/x", "lies outside build/"),
+        # Unicode format characters (Cf): a bidi override makes `x\u202eos.py` read as `xyp.so` in a listing.
+        ("build/v/x\u202eos.py", "bidi"),
+        ("build/v/\u2066a\u2069", "bidi"),
+        ("build/v/a\u200bb", "bidi"),
+        ("build/v/\ufeffa", "bidi"),
+        ("build/v/a\u200fb", "bidi"),
+    ],
+)
 def test_unsafe_paths_are_refused(path, says):
     with pytest.raises(gate.UnsafePath) as e:
         gate.check_path(path, where=WHERE, under="build/")
@@ -64,18 +81,47 @@ def test_unsafe_paths_are_refused(path, says):
     assert "\n" not in str(e.value)
 
 
-_SEGMENTS = st.sampled_from(["build", "v", "a.so", ".", "..", "", "...", "a b", "x\\y", "\0", "\n", "é",
-                             "a" * 256, "-x", ".lock", "x.lock", "@{", "~", "\udc80"])
-_PATHS = st.one_of(st.text(max_size=30), st.builds(lambda lead, parts: lead + "/".join(parts),
-                                                   st.sampled_from(["", "/", "//"]),
-                                                   st.lists(_SEGMENTS, min_size=1, max_size=6)))
+_SEGMENTS = st.sampled_from(
+    [
+        "build",
+        "v",
+        "a.so",
+        ".",
+        "..",
+        "",
+        "...",
+        "a b",
+        "x\\y",
+        "\0",
+        "\n",
+        "é",
+        "a" * 256,
+        "-x",
+        ".lock",
+        "x.lock",
+        "@{",
+        "~",
+        "\udc80",
+    ]
+)
+_PATHS = st.one_of(
+    st.text(max_size=30),
+    st.builds(
+        lambda lead, parts: lead + "/".join(parts),
+        st.sampled_from(["", "/", "//"]),
+        st.lists(_SEGMENTS, min_size=1, max_size=6),
+    ),
+)
 
 
 def _stays_inside(name: str, root: str = "/srv/home/views") -> bool:
     """Joined under `root` the way the mirror joins (pathlib / os.path), where does it point?"""
     joined = posixpath.normpath(posixpath.join(root, name))
-    return (joined.startswith(root + "/") and "\\" not in name  # Windows would split on it
-            and all(len(p.encode()) <= 255 for p in name.split("/")))
+    return (
+        joined.startswith(root + "/")
+        and "\\" not in name  # Windows would split on it
+        and all(len(p.encode()) <= 255 for p in name.split("/"))
+    )
 
 
 @given(_PATHS)
@@ -99,29 +145,56 @@ def test_commit_ids_are_40_lowercase_hex(sha):
     assert gate.check_commit(sha, where=WHERE) == sha
 
 
-@pytest.mark.parametrize("sha", ["A" * 40, "a" * 39, "a" * 41, "g" * 40, "a" * 40 + "\n", "", None, 40,
-                                 "../" + "a" * 37])
+@pytest.mark.parametrize(
+    "sha", ["A" * 40, "a" * 39, "a" * 41, "g" * 40, "a" * 40 + "\n", "", None, 40, "../" + "a" * 37]
+)
 def test_other_commit_ids_are_refused(sha):
     with pytest.raises(gate.BadCommitId, match="is not a commit id"):
         gate.check_commit(sha, where=WHERE)
 
 
-@pytest.mark.parametrize("name", ["main", "v1", "release/v1", "v1.0.0", "refs/heads/main", "feat_x-y", "a" * 255,
-                                  "a" * 40, "ü/ñ"])
+@pytest.mark.parametrize(
+    "name", ["main", "v1", "release/v1", "v1.0.0", "refs/heads/main", "feat_x-y", "a" * 255, "a" * 40, "ü/ñ"]
+)
 def test_git_ref_names_pass(name):
     assert gate.check_ref(name, where="upstream refs of org/name") == name
 
 
-@pytest.mark.parametrize("name, says", [
-    ("../../x", "'..'"), ("a/../b", "'..'"), ("a..b", "'..'"), ("/main", "starts with '/'"),
-    ("-x", "starts with '-'"), ("main/", "ends with '/'"), ("a//b", "'//'"), ("x.lock", "'.lock'"),
-    ("a.lock/b", "'.lock'"), ("a.", "ends with '.'"), (".hidden", "starting with '.'"), ("a/.b", "starting with '.'"),
-    ("a\\b", "character"), ("a b", "character"), ("a~1", "character"), ("a^", "character"), ("a:b", "character"),
-    ("a?", "character"), ("a*", "character"), ("a[", "character"), ("ma\0in", "character"),
-    ("ma\x7fin", "character"), ("@", "'@{' or is '@'"), ("a@{b", "'@{'"), ("", "is empty"),
-    ("a" * 256, "too long"), ("/".join(["abcdefgh"] * 120), "too long"), (5, "not a string"),
-    ("v1\u202e", "character"), ("\u2067main", "character"),
-])
+@pytest.mark.parametrize(
+    "name, says",
+    [
+        ("../../x", "'..'"),
+        ("a/../b", "'..'"),
+        ("a..b", "'..'"),
+        ("/main", "starts with '/'"),
+        ("-x", "starts with '-'"),
+        ("main/", "ends with '/'"),
+        ("a//b", "'//'"),
+        ("x.lock", "'.lock'"),
+        ("a.lock/b", "'.lock'"),
+        ("a.", "ends with '.'"),
+        (".hidden", "starting with '.'"),
+        ("a/.b", "starting with '.'"),
+        ("a\\b", "character"),
+        ("a b", "character"),
+        ("a~1", "character"),
+        ("a^", "character"),
+        ("a:b", "character"),
+        ("a?", "character"),
+        ("a*", "character"),
+        ("a[", "character"),
+        ("ma\0in", "character"),
+        ("ma\x7fin", "character"),
+        ("@", "'@{' or is '@'"),
+        ("a@{b", "'@{'"),
+        ("", "is empty"),
+        ("a" * 256, "too long"),
+        ("/".join(["abcdefgh"] * 120), "too long"),
+        (5, "not a string"),
+        ("v1\u202e", "character"),
+        ("\u2067main", "character"),
+    ],
+)
 def test_ref_names_git_refuses_are_refused(name, says):
     with pytest.raises(gate.BadRefName) as e:
         gate.check_ref(name, where="upstream refs of org/name", what="branch name")
@@ -133,8 +206,23 @@ def test_repo_ids_pass(repo):
     assert gate.check_repo_id(repo) == repo and gate.repo_id_problem(repo) is None
 
 
-@pytest.mark.parametrize("repo", ["../../etc", "org/..", "org/a..b", "org--x/y", "a/b/c", "org/", "/name",
-                                  "not a repo", "org/" + "a" * 97, "org/-x", "org/x.", None])
+@pytest.mark.parametrize(
+    "repo",
+    [
+        "../../etc",
+        "org/..",
+        "org/a..b",
+        "org--x/y",
+        "a/b/c",
+        "org/",
+        "/name",
+        "not a repo",
+        "org/" + "a" * 97,
+        "org/-x",
+        "org/x.",
+        None,
+    ],
+)
 def test_malformed_repo_ids_are_refused_in_both_wordings(repo):
     with pytest.raises(gate.BadRepoId, match="^malformed repo id"):
         gate.check_repo_id(repo)
@@ -148,9 +236,22 @@ def test_the_manifests_repo_id_rule_is_the_gates():
     assert gate.repo_id_problem is fields.repo_id_problem and gate.org_problem is fields.org_problem
 
 
-@pytest.mark.parametrize("name, ok", [("torch-universal", True), (X86_CPU, True), ("torch-cuda", True),
-                                      ("..", False), (".", False), ("a/b", False), ("", False), (".hidden", False),
-                                      ("a..b", False), ("v\n", False), (None, False)])
+@pytest.mark.parametrize(
+    "name, ok",
+    [
+        ("torch-universal", True),
+        (X86_CPU, True),
+        ("torch-cuda", True),
+        ("..", False),
+        (".", False),
+        ("a/b", False),
+        ("", False),
+        (".hidden", False),
+        ("a..b", False),
+        ("v\n", False),
+        (None, False),
+    ],
+)
 def test_variant_names_are_one_plain_directory(name, ok):
     if ok:
         assert gate.check_variant(name, where=WHERE) == name
@@ -188,8 +289,12 @@ def _hostile_target_commit(repo):
 
 
 # The fake Hub lists the implied directories too (build/<variant>/..): whichever comes first is named.
-HOSTILE = [(_hostile_listing, f"'build/{X86_CPU}/.."), (_hostile_ref_name, "'../../x'"),
-           (_hostile_target_commit, "'not-a-commit/../../x'"), (_hostile_bidi_name, "bidi")]
+HOSTILE = [
+    (_hostile_listing, f"'build/{X86_CPU}/.."),
+    (_hostile_ref_name, "'../../x'"),
+    (_hostile_target_commit, "'not-a-commit/../../x'"),
+    (_hostile_bidi_name, "bidi"),
+]
 HOSTILE_IDS = ["listing-path", "ref-name", "target-commit", "listing-bidi"]
 
 
@@ -229,6 +334,7 @@ def test_hostile_upstream_is_refused_in_one_line(tmp_path, poison, says, command
 
 def _forge(edit):
     """A tar edit that rewrites frt-bundle.json with `edit(doc)`."""
+
     def rewrite_doc(m, data):
         if m.name == "frt-bundle.json":
             doc = json.loads(data)
@@ -236,6 +342,7 @@ def _forge(edit):
             data = json.dumps(doc).encode()
             m.size = len(data)
         return [(m, data)]
+
     return rewrite_doc
 
 
@@ -259,11 +366,15 @@ def _commit_not_hex(doc):
     doc["repos"][0]["refs"][0]["commit"] = "../" + "a" * 37
 
 
-@pytest.mark.parametrize("edit, says", [
-    (_forge(_ref_with_dots), "'../../x'"),
-    (_forge(_path_with_dots), "/a/../b'"),
-    (_forge(_commit_not_hex), "'../" + "a" * 37 + "'"),
-], ids=["ref-name", "file-path", "commit"])
+@pytest.mark.parametrize(
+    "edit, says",
+    [
+        (_forge(_ref_with_dots), "'../../x'"),
+        (_forge(_path_with_dots), "/a/../b'"),
+        (_forge(_commit_not_hex), "'../" + "a" * 37 + "'"),
+    ],
+    ids=["ref-name", "file-path", "commit"],
+)
 def test_forged_bundle_is_refused_and_nothing_is_written(home_a, b_with_x86, tmp_path, edit, says):
     bad = tmp_path / "forged.tar"
     rewrite(home_a.full, bad, edit)

@@ -108,11 +108,15 @@ def test_unstage_then_gc_frees_exactly_the_unreferenced_blobs(ledger_each, hub, 
     verify_clean(home)
     assert cli_json("gc", home=home)["removed_blobs"] == 0
     # What is still staged loads: activation v1 for torch 2.12 (through the shared .so's blob), and relu.
-    assert loads(home, X86_212, f"""
+    assert loads(
+        home,
+        X86_212,
+        f"""
         import kernels
         a, r = kernels.get_kernel({ACTIVATION!r}, version=1), kernels.get_kernel({RELU!r}, version=1)
         print(a.VARIANT, a.add(2, 3), r.VARIANT)
-    """).split() == ["torch-cpu", "5", "torch-universal"]
+    """,
+    ).split() == ["torch-cpu", "5", "torch-universal"]
     human = run_cli("unstage", RELU, home=home)
     assert human.returncode == 0 and "unstaged 2 row(s); removed 2 view(s)" in human.stdout, human.stderr
     assert "gc' can now reclaim" in human.stdout
@@ -217,8 +221,12 @@ def test_gc_racing_a_stage_never_takes_a_blob_from_under_it(ledger_each, hub, ho
     logs = tmp_path / "stage.out", tmp_path / "stage.err", tmp_path / "gc.out", tmp_path / "gc.err"
     files = [open(p, "w") for p in logs]
     try:
-        stager = subprocess.Popen([EXE, "--home", str(home), "--endpoint", hub.url, "stage", str(m), "--json"],
-                                  stdout=files[0], stderr=files[1], env=cli_env())
+        stager = subprocess.Popen(
+            [EXE, "--home", str(home), "--endpoint", hub.url, "stage", str(m), "--json"],
+            stdout=files[0],
+            stderr=files[1],
+            env=cli_env(),
+        )
         assert hub.wait_for_body(1, timeout=120), "the stage never started the held body"
         small = _wait_for("the stage to store its small files", lambda: (store_blobs(home) & new) or None)
         # The window: stored, not yet staged. Without the store's lock gc would take these.
@@ -227,8 +235,9 @@ def test_gc_racing_a_stage_never_takes_a_blob_from_under_it(ledger_each, hub, ho
             assert small <= {d.sha256 for d in plan(h).garbage}
         finally:
             h.close()
-        collector = subprocess.Popen([EXE, "--home", str(home), "gc", "--json"], stdout=files[2], stderr=files[3],
-                                     env=cli_env())
+        collector = subprocess.Popen(
+            [EXE, "--home", str(home), "gc", "--json"], stdout=files[2], stderr=files[3], env=cli_env()
+        )
         _wait_for("gc to wait for the stage", lambda: "waiting for the stage" in logs[3].read_text())
         assert collector.poll() is None and small <= store_blobs(home)
         hub.faults.release()
@@ -243,6 +252,13 @@ def test_gc_racing_a_stage_never_takes_a_blob_from_under_it(ledger_each, hub, ho
     assert new <= store_blobs(home) == recorded(home)
     assert all(r["status"] == "staged" for r in json.loads(logs[0].read_text())["rows"])
     verify_clean(home)
-    assert loads(home, X86, f"""
+    assert (
+        loads(
+            home,
+            X86,
+            f"""
         import kernels; k = kernels.get_kernel({ACTIVATION!r}, version=2); print(k.VARIANT, k.REVISION_NOTE)
-    """) == f"{X86_CPU} v2.1"
+    """,
+        )
+        == f"{X86_CPU} v2.1"
+    )

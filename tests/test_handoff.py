@@ -28,7 +28,7 @@ from tests.support.serve_helpers import free_port, raw_http, raw_request, run_cl
 pytestmark = pytest.mark.hub1
 
 # A sitecustomize that makes this interpreter a box without torch, as `kernels` and we detect it.
-NO_TORCH = '''
+NO_TORCH = """
 import importlib.abc, importlib.util, sys
 class _NoTorch(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
@@ -37,7 +37,7 @@ class _NoTorch(importlib.abc.MetaPathFinder):
 sys.meta_path.insert(0, _NoTorch())
 _find_spec = importlib.util.find_spec
 importlib.util.find_spec = lambda name, *a, **k: None if name == "torch" else _find_spec(name, *a, **k)
-'''
+"""
 
 
 def no_torch_env(tmp_path: Path, **extra: str) -> dict[str, str]:
@@ -63,17 +63,27 @@ def test_target_host_without_torch_is_refused_with_one_line(hub, home, tmp_path)
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and "needs torch" in lines[0] and "name the cluster's target" in lines[0], p.stderr
     assert not (home / "ledger.sqlite").exists() or "notorch" not in (home / "ledger.sqlite").read_bytes().decode(
-        "latin-1")
+        "latin-1"
+    )
 
 
 @settings(max_examples=300, deadline=None)
-@given(major=st.integers(1, 9), minor=st.integers(0, 99),
-       backend=st.one_of(st.just("cpu"), st.just("metal"), st.just("neuron"), st.just("tpu"),
-                         st.builds("cu{}{}".format, st.integers(11, 13), st.integers(0, 9)),
-                         st.builds("rocm{}{}".format, st.integers(5, 7), st.integers(0, 9)),
-                         st.builds("xpu{}{}".format, st.integers(2024, 2026), st.integers(0, 9)),
-                         st.builds("cann{}{}".format, st.integers(7, 8), st.integers(0, 9))),
-       cpu=st.sampled_from(["x86_64", "aarch64"]), os=st.sampled_from(["linux", "darwin", "windows"]))
+@given(
+    major=st.integers(1, 9),
+    minor=st.integers(0, 99),
+    backend=st.one_of(
+        st.just("cpu"),
+        st.just("metal"),
+        st.just("neuron"),
+        st.just("tpu"),
+        st.builds("cu{}{}".format, st.integers(11, 13), st.integers(0, 9)),
+        st.builds("rocm{}{}".format, st.integers(5, 7), st.integers(0, 9)),
+        st.builds("xpu{}{}".format, st.integers(2024, 2026), st.integers(0, 9)),
+        st.builds("cann{}{}".format, st.integers(7, 8), st.integers(0, 9)),
+    ),
+    cpu=st.sampled_from(["x86_64", "aarch64"]),
+    os=st.sampled_from(["linux", "darwin", "windows"]),
+)
 def test_every_target_the_grammar_accepts_round_trips(major, minor, backend, cpu, os):
     """What is recorded is str(target); a bundle's import re-parses exactly that string."""
     text = f"torch{major}.{minor}-{backend}-{cpu}-{os}"
@@ -127,8 +137,9 @@ def test_an_org_the_upstream_calls_untrusted_stays_untrusted_through_serve(untru
         assert _overview(mirror.port) == (200, {"name": ORG, "fullname": ORG, "trustedKernelPublisher": False})
         p, out = run_client(LOAD_OR_REFUSAL, mirror.url, tmp_path / "hf")
         assert out and "is not from a trusted publisher" in out, p.stderr
-        p, out = run_client(LOAD_OR_REFUSAL.replace("version=1)", "version=1, trust_remote_code=True)"),
-                            mirror.url, tmp_path / "hf2")
+        p, out = run_client(
+            LOAD_OR_REFUSAL.replace("version=1)", "version=1, trust_remote_code=True)"), mirror.url, tmp_path / "hf2"
+        )
         assert out == "cpu", p.stderr
     with serving(home, "--trust", ORG) as mirror:  # the operator's override, and it says so
         assert _overview(mirror.port)[1]["trustedKernelPublisher"] is True
@@ -140,8 +151,12 @@ def test_serve_override_is_announced(untrusting_hub, home, tmp_path):
     m = write_manifest(tmp_path / "m.toml", {RELU: {"version": 1}}, [X86])
     assert run_cli("--endpoint", untrusting_hub.url, "stage", str(m), home=home).returncode == 0
     exe = str(Path(sys.executable).with_name("frt-mirror"))
-    p = subprocess.run(["timeout", "-s", "INT", "10", exe, "--home", str(home), "serve", "--port",
-                        str(free_port()), "--trust", ORG], capture_output=True, text=True, env=cli_env())
+    p = subprocess.run(
+        ["timeout", "-s", "INT", "10", exe, "--home", str(home), "serve", "--port", str(free_port()), "--trust", ORG],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+    )
     assert f"--trust {ORG}: answering trustedKernelPublisher=true" in p.stderr
     assert "operator override, not the upstream's word" in p.stderr
 
@@ -174,10 +189,13 @@ def test_env_says_which_version_it_chose_and_how_to_choose(hub, home, tmp_path):
     assert p.returncode == 0, p.stderr
     doc = json.loads(p.stdout)
     assert not any(ACTIVATION in w for w in doc["warnings"])
-    out = load_offline(f"""
+    out = load_offline(
+        f"""
         import kernels
         print(kernels.get_kernel({ACTIVATION!r}, version=1).REVISION_NOTE)
-    """, doc["env"])
+    """,
+        doc["env"],
+    )
     assert out.returncode == 0 and out.stdout.split() == ["cu-rebuild"], out.stderr  # v1's head, not v2
 
     for bad, says in ((f"{ACTIVATION}=7", "not staged"), ("nope", "expected REPO=N"), (f"{RELU}=1", "not staged")):
@@ -200,7 +218,8 @@ def test_readme_handoffs_from_a_box_without_torch(hub, home, tmp_path):
     hub.stop()
     cluster = tmp_path / "srv-frt"
     script = tmp_path / "cluster.sh"
-    script.write_text(textwrap.dedent(f"""\
+    script.write_text(
+        textwrap.dedent(f"""\
         set -eu
         ip link set lo up   # a fresh network namespace: loopback only, no route anywhere
         export FRT_MIRROR_HOME={cluster}
@@ -217,7 +236,8 @@ def test_readme_handoffs_from_a_box_without_torch(hub, home, tmp_path):
             2>/dev/null && break; sleep 0.1; done
         (eval "$(frt-mirror env --serve http://127.0.0.1:8470)"; HF_HOME={tmp_path}/hf python -c "$load")
         kill %1
-    """))
+    """)
+    )
     bin_dir = str(Path(sys.executable).parent)
     run_env = {k: v for k, v in cli_env().items() if k not in ("HF_HUB_DISABLE_XET",)}
     run_env["PATH"] = f"{bin_dir}:{run_env.get('PATH', '/usr/bin:/bin')}"

@@ -31,8 +31,13 @@ API = f"/api/kernels/{RELU}"
 INIT = f"/build/{X86_CPU}/__init__.py"  # the one file of the chosen variant besides metadata.json
 DEEP = b"[" * 100_000 + b"]" * 100_000
 # Small caps so each case is quick; each names what it bounds (README, notes for operators).
-LIMITS = {"FRT_RETRY_ATTEMPTS": "2", "FRT_RETRY_BASE_WAIT": "0.05", "FRT_UPSTREAM_DEADLINE_S": "2",
-          "FRT_MAX_API_BYTES": str(1 << 20), "FRT_MAX_PAGES": "50"}
+LIMITS = {
+    "FRT_RETRY_ATTEMPTS": "2",
+    "FRT_RETRY_BASE_WAIT": "0.05",
+    "FRT_UPSTREAM_DEADLINE_S": "2",
+    "FRT_MAX_API_BYTES": str(1 << 20),
+    "FRT_MAX_PAGES": "50",
+}
 MAX_RSS = 400 << 20  # a stage of relu needs ~100 MB; an unbounded read would pass this within a second
 GUARD_AS = 3 << 30  # address-space ceiling for the child, so a regression cannot take the machine's memory
 MAX_SECONDS = 60  # bounded, not fast: the unbounded cases ran forever; a loaded 2-core CI box took 20 s for one
@@ -65,17 +70,44 @@ STAGE_CASES = {
     "tree-endless-200-body": (_tree(h.endless(200)), 3, "FRT_MAX_API_BYTES"),
     "tree-endless-pages": (_tree(h.endless_pages()), 3, "pages"),
     # At the default FRT_MAX_API_BYTES, so that the entry cap is what stops it (at its default too).
-    "tree-100k-extra-entries": (_tree(h.extra_entries(100_000, f"build/{X86_CPU}/")), 3, "entries",
-                                {"FRT_MAX_API_BYTES": str(64 << 20)}),
-    "metadata-100k-deep": (list(zip((f"{API}/tree/", "/metadata.json"), h.swap_metadata(DEEP))), 1,
-                           "metadata.json"),
+    "tree-100k-extra-entries": (
+        _tree(h.extra_entries(100_000, f"build/{X86_CPU}/")),
+        3,
+        "entries",
+        {"FRT_MAX_API_BYTES": str(64 << 20)},
+    ),
+    "metadata-100k-deep": (
+        list(zip((f"{API}/tree/", "/metadata.json"), h.swap_metadata(DEEP), strict=False)),
+        1,
+        "metadata.json",
+    ),
     # Found by tests/test_upstream_fuzz.py: a backend that is not an object was an AttributeError
     # (recording its archs); a line break in a value the parser quotes split the error line in two.
-    "metadata-backend-true": (list(zip((f"{API}/tree/", "/metadata.json"), h.swap_metadata(
-        b'{"name": "relu", "version": 1, "backend": true, "python-depends": []}'))), 1, "metadata.json"),
-    "metadata-algorithm-crlf": (list(zip((f"{API}/tree/", "/metadata.json"), h.swap_metadata(
-        b'{"name": "relu", "version": 1, "backend": {"type": "cpu"}, "python-depends": [], '
-        b'"digest": {"algorithm": "\\r\\nsha256", "files": {}}}'))), 1, "metadata.json"),
+    "metadata-backend-true": (
+        list(
+            zip(
+                (f"{API}/tree/", "/metadata.json"),
+                h.swap_metadata(b'{"name": "relu", "version": 1, "backend": true, "python-depends": []}'),
+                strict=False,
+            )
+        ),
+        1,
+        "metadata.json",
+    ),
+    "metadata-algorithm-crlf": (
+        list(
+            zip(
+                (f"{API}/tree/", "/metadata.json"),
+                h.swap_metadata(
+                    b'{"name": "relu", "version": 1, "backend": {"type": "cpu"}, "python-depends": [], '
+                    b'"digest": {"algorithm": "\\r\\nsha256", "files": {}}}'
+                ),
+                strict=False,
+            )
+        ),
+        1,
+        "metadata.json",
+    ),
     "metadata-256MiB": ([("/metadata.json", h.huge(256 << 20))], 1, "metadata.json"),
     "file-endless-500-body": ([(INIT, h.endless(500))], 3, "500"),
     "file-302-loop": ([(INIT, h.redirect_loop())], 3, "redirect"),
@@ -85,8 +117,13 @@ STAGE_CASES = {
 }
 # The cases that must not be retried (the same answer would come again): how often the hostile answer may
 # be asked for, one attempt (a loop: httpx's 20 hops, then refused).
-AT_ONCE = {"refs-not-json": 1, "refs-302-loop": 21, "file-redirect-to-file-url": 1, "file-302-loop": 21,
-           "file-listed-but-404": 1}
+AT_ONCE = {
+    "refs-not-json": 1,
+    "refs-302-loop": 21,
+    "file-redirect-to-file-url": 1,
+    "file-302-loop": 21,
+    "file-listed-but-404": 1,
+}
 
 
 @pytest.fixture(scope="module")
@@ -132,8 +169,10 @@ def test_stage_against_a_hostile_upstream_is_one_line_and_a_contract_code(case, 
     rules, code, word, *env = STAGE_CASES[case]
     made = [proxy.rule(match, answer) for match, answer in rules]
     manifest = write_manifest(tmp_path / "m.toml", {RELU: {"version": 1}}, [X86])
-    rc, err, took, rss = run_measured(["--home", str(tmp_path / "home"), "--endpoint", proxy.url, "stage",
-                                       str(manifest)], cli_env(**{**LIMITS, **(env[0] if env else {})}))
+    rc, err, took, rss = run_measured(
+        ["--home", str(tmp_path / "home"), "--endpoint", proxy.url, "stage", str(manifest)],
+        cli_env(**{**LIMITS, **(env[0] if env else {})}),
+    )
     lines = err.strip().splitlines()
     assert rc == code and len(lines) == 1 and "Traceback" not in err, (rc, err[-3000:])
     assert lines[0].startswith("frt-mirror: ") and word.lower() in lines[0].lower(), lines
@@ -178,8 +217,9 @@ def serve_env(**extra: str) -> dict:
 
 @contextlib.contextmanager
 def pulling(home: Path, proxy: h.HostileProxy, timeout: str = "10", **env: str):
-    with serving(home, "--upstream", proxy.url, "--allow", ORG, "--upstream-timeout", timeout,
-                 env=serve_env(**env)) as m:
+    with serving(
+        home, "--upstream", proxy.url, "--allow", ORG, "--upstream-timeout", timeout, env=serve_env(**env)
+    ) as m:
         yield m
 
 

@@ -77,8 +77,7 @@ def flip(path: Path, at: int, keep_mtime: bool = True) -> None:
     if keep_mtime:
         os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
         after = os.stat(path)
-        assert (after.st_size, after.st_mtime_ns, after.st_ino) == (before.st_size, before.st_mtime_ns,
-                                                                   before.st_ino)
+        assert (after.st_size, after.st_mtime_ns, after.st_ino) == (before.st_size, before.st_mtime_ns, before.st_ino)
         assert after.st_ctime_ns != before.st_ctime_ns  # no user can put ctime back
 
 
@@ -132,8 +131,10 @@ def quarantine_events(home: Path, timeout: float = 10) -> list[dict]:
 def concurrent_gets(port: int, path: str, n: int = 8) -> list[tuple[int, int, bytes]]:
     """n raw GETs at once (each one's first: one hashes it, the others wait for its word at the end)."""
     with ThreadPoolExecutor(n) as pool:
-        return [(status, int(headers.get("content-length", -1)), body)
-                for status, headers, body in pool.map(lambda _: get(port, path), range(n))]
+        return [
+            (status, int(headers.get("content-length", -1)), body)
+            for status, headers, body in pool.map(lambda _: get(port, path), range(n))
+        ]
 
 
 def test_untouched_blobs_are_served_byte_identical_whole_ranged_and_again(upstream, home, tmp_path):
@@ -145,7 +146,7 @@ def test_untouched_blobs_are_served_byte_identical_whole_ranged_and_again(upstre
             assert got == {"sha256": hashlib.sha256(big).hexdigest()}
             assert get(m.port, url_of(upstream, ACTIVATION, SO))[2] == so
             status, headers, body = get(m.port, url_of(upstream, BIG, BIG_FILE), "Range: bytes=10485760-")
-            assert (status, body) == (206, big[10 << 20:])
+            assert (status, body) == (206, big[10 << 20 :])
         err = m.stderr()
     assert "cut" not in err and "quarantined" not in err
     assert not (home / "quarantine").exists()
@@ -205,8 +206,9 @@ def test_concurrent_first_gets_of_a_changed_blob_all_end_short(upstream, home):
     flip(blob(home, big), AT)
     with serving(home) as m:
         answers = concurrent_gets(m.port, url_of(upstream, BIG, BIG_FILE))
-    assert all(status == 500 or (status == 200 and len(body) < length == BIG_SIZE)
-               for status, length, body in answers), [(s, n, len(b)) for s, n, b in answers]
+    assert all(
+        status == 500 or (status == 200 and len(body) < length == BIG_SIZE) for status, length, body in answers
+    ), [(s, n, len(b)) for s, n, b in answers]
     assert any(status == 200 for status, _, _ in answers)  # at least the one that hashed it was under way
 
 
@@ -228,7 +230,7 @@ def test_mtime_put_back_does_not_fool_the_verified_cache(upstream, home):
     with serving(home) as m:
         assert get(m.port, url)[2] == big
         assert get(m.port, url)[2] == big  # from the cache
-        assert get(m.port, url, f"Range: bytes={AT}-{AT}")[2] == big[AT:AT + 1]
+        assert get(m.port, url, f"Range: bytes={AT}-{AT}")[2] == big[AT : AT + 1]
         flip(blob(home, big), AT)
         status, headers, body = get(m.port, url)
         assert status == 200 and len(body) < int(headers["content-length"]) == BIG_SIZE
@@ -292,8 +294,15 @@ async def asgi_get(app, path: str, *headers: tuple[bytes, bytes]) -> tuple[int, 
             sent.append(message.get("body", b""))
             complete = complete or not message.get("more_body", False)
 
-    scope = {"type": "http", "method": "GET", "path": path, "raw_path": path.encode(), "query_string": b"",
-             "headers": [(b"host", b"x"), *headers], "root_path": ""}
+    scope = {
+        "type": "http",
+        "method": "GET",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "headers": [(b"host", b"x"), *headers],
+        "root_path": "",
+    }
     await app(scope, receive, send)
     return status, b"".join(sent), complete
 

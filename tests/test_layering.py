@@ -43,8 +43,7 @@ def test_data_flows_one_way():
 
 
 def test_no_library_module_past_400_lines():
-    long = [f"{p.relative_to(ROOT)}: {n}" for p in library_modules()
-            if (n := len(p.read_text().splitlines())) > 400]
+    long = [f"{p.relative_to(ROOT)}: {n}" for p in library_modules() if (n := len(p.read_text().splitlines())) > 400]
     assert not long, long
 
 
@@ -65,14 +64,25 @@ def test_cli_start_up_imports_no_heavy_library():
     """`frt-mirror --help`, a usage error or `nginx-conf` need none of them: each command imports what it
     uses when it runs (start-up took ~1 s when frt.cli imported every layer)."""
     assert _imported_after("import frt.cli") == []
-    assert _imported_after("import contextlib, io\nfrom frt.cli import cli\n"
-                           "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
-                           "    cli(['--help'], prog_name='frt-mirror')") == []
+    assert (
+        _imported_after(
+            "import contextlib, io\nfrom frt.cli import cli\n"
+            "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+            "    cli(['--help'], prog_name='frt-mirror')"
+        )
+        == []
+    )
     assert _imported_after("import frt.resolver.errors, frt.mirror.home_path, frt.mirror.serve.nginx") == []
 
 
-PACKAGE_DIRS = {"frt": "frt", "frt.resolver": "resolver", "frt.mirror": "mirror", "frt.seats": "seats",
-                "frt.adapters": "adapters", "frt.manifests": "manifests"}
+PACKAGE_DIRS = {
+    "frt": "frt",
+    "frt.resolver": "resolver",
+    "frt.mirror": "mirror",
+    "frt.seats": "seats",
+    "frt.adapters": "adapters",
+    "frt.manifests": "manifests",
+}
 
 
 def _module_name(path: Path) -> str:
@@ -95,7 +105,7 @@ def _load_time_imports(path: Path, name: str, known: set[str]) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = name.split(".") if is_pkg else name.split(".")[:-1]
-                base = base[:len(base) - node.level + 1]
+                base = base[: len(base) - node.level + 1]
                 mod = ".".join(base + ([node.module] if node.module else []))
             else:
                 mod = node.module or ""
@@ -124,7 +134,7 @@ def test_nothing_below_imports_the_top_floor_and_modules_import_without_cycles()
         state[n] = 1
         for d in sorted(graph.get(n, ())):
             if state.get(d) == 1:
-                cycles.append(" -> ".join(stack[stack.index(d):] + [d]))
+                cycles.append(" -> ".join(stack[stack.index(d) :] + [d]))
             elif d not in state:
                 visit(d, stack + [d])
         state[n] = 2
@@ -150,7 +160,7 @@ def _imported_modules(path: Path) -> set[str]:
         if isinstance(node, ast.Import):
             out |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom):
-            base = list(package[:len(package) - node.level + 1]) if node.level else []
+            base = list(package[: len(package) - node.level + 1]) if node.level else []
             mod = ".".join(base + ([node.module] if node.module else []))
             out |= {mod} | {f"{mod}.{a.name}" for a in node.names}
     return out
@@ -163,6 +173,9 @@ def test_no_test_imports_another_test():
     bad = []
     for path in sorted([*(ROOT / "tests").rglob("*.py"), *(ROOT / "bench").rglob("*.py")]):
         own = ".".join(path.relative_to(ROOT).with_suffix("").parts)
-        bad += [f"{path.relative_to(ROOT)} imports {m}" for m in sorted(_imported_modules(path))
-                if _is_test_module(m) and m != own]
+        bad += [
+            f"{path.relative_to(ROOT)} imports {m}"
+            for m in sorted(_imported_modules(path))
+            if _is_test_module(m) and m != own
+        ]
     assert not bad, "\n".join(bad)

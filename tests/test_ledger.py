@@ -11,12 +11,12 @@ import pytest
 from frt.mirror.home import Home
 from frt.mirror.schema import MIRROR_TRACK, MIRROR_VERSION
 from frt.mirror.tokens import list_tokens
+from frt.resolver.core import resolve_request
 from frt.resolver.errors import LedgerCorrupt
 from frt.resolver.ledger import Ledger
+from frt.resolver.ledger.schema import MIGRATIONS, RESOLVER_TRACK, SCHEMA_VERSION
 from frt.resolver.resolution import Refusal, Request
 from frt.resolver.targets import parse_target
-from frt.resolver.core import resolve_request
-from frt.resolver.ledger.schema import MIGRATIONS, RESOLVER_TRACK, SCHEMA_VERSION
 from tests.support.cli import cli_env, run_cli
 from tests.support.kernel_fixtures import RELU
 
@@ -79,9 +79,11 @@ def old_ledger(path: Path, version: int = 4) -> None:
     con = sqlite3.connect(path)
     con.executescript(V4_DUMP.read_text())
     if version == 1:
-        con.executescript("DROP TABLE blobs; DROP TABLE staged; DROP TABLE tokens; DROP TABLE publishers;"
-                          "DELETE FROM schema_migrations;"
-                          "INSERT INTO schema_migrations (version, applied_at) VALUES (1, '2026-11-01');")
+        con.executescript(
+            "DROP TABLE blobs; DROP TABLE staged; DROP TABLE tokens; DROP TABLE publishers;"
+            "DELETE FROM schema_migrations;"
+            "INSERT INTO schema_migrations (version, applied_at) VALUES (1, '2026-11-01');"
+        )
     con.close()
 
 
@@ -90,8 +92,11 @@ def test_a_version_1_ledger_is_migrated_keeping_its_rows(tmp_path):
     path = tmp_path / "ledger.sqlite"
     old_ledger(path, version=1)
     led = Ledger(path)
-    led.record_refusal(Refusal(Request("org/k", version=1), parse_target("torch2.13-cpu-x86_64-linux"),
-                               "NoVariant", "kept", detail="d"))
+    led.record_refusal(
+        Refusal(
+            Request("org/k", version=1), parse_target("torch2.13-cpu-x86_64-linux"), "NoVariant", "kept", detail="d"
+        )
+    )
     led.close()
     home = Home(tmp_path)
     assert [r.message for r in home.ledger.refusals()] == ["kept"]

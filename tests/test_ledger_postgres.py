@@ -20,8 +20,11 @@ from tests.support.kernel_fixtures import ORG, RELU
 
 def body_gets(hub) -> Counter:
     """How many times each file's body was fetched from the upstream."""
-    return Counter(r.path.split("?")[0] for r in hub.request_log
-                   if r.method == "GET" and "/resolve/" in r.path and r.status in (200, 206))
+    return Counter(
+        r.path.split("?")[0]
+        for r in hub.request_log
+        if r.method == "GET" and "/resolve/" in r.path and r.status in (200, 206)
+    )
 
 
 def stager(home: Path, manifest: Path, hub, url: str, *, own_locks: bool) -> subprocess.Popen:
@@ -49,7 +52,7 @@ def test_two_stagers_on_two_hosts_fetch_each_blob_once(big_hub, tmp_path, big_ma
     second = stager(home, big_manifest, big_hub, pg_url, own_locks=True)
     assert first.poll() is None, "the first stager was done before the second began: no race was tested"
     outs = [p.communicate(timeout=300) for p in (first, second)]
-    for p, (_, err) in zip((first, second), outs):
+    for p, (_, err) in zip((first, second), outs, strict=False):
         assert p.returncode == 0, err
     gets = body_gets(big_hub)
     assert gets and set(gets.values()) == {1}, {p: n for p, n in gets.items() if n != 1}
@@ -64,8 +67,21 @@ def test_resolve_offline_reads_only_the_server(hub, tmp_path, pg_url):
     m = write_manifest(tmp_path / "m.toml", {RELU: {"version": 1}}, [X86])
     assert run_cli("--ledger", pg_url, "--endpoint", hub.url, "stage", str(m), home=tmp_path / "a").returncode == 0
     hub.reset_log()
-    p = run_cli("--ledger", pg_url, "--endpoint", "http://127.0.0.1:9", "resolve", RELU, "--version", "1",
-                "--target", X86, "--offline", "--json", home=tmp_path / "b")
+    p = run_cli(
+        "--ledger",
+        pg_url,
+        "--endpoint",
+        "http://127.0.0.1:9",
+        "resolve",
+        RELU,
+        "--version",
+        "1",
+        "--target",
+        X86,
+        "--offline",
+        "--json",
+        home=tmp_path / "b",
+    )
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["variant"] == "torch213-cxx11-cpu-x86_64-linux" and hub.requests == []
 
@@ -78,10 +94,13 @@ def test_an_unreachable_server_is_one_line_and_exit_3(tmp_path, pg_server):
         assert p.stderr.count("\n") == 1 and "is unavailable" in p.stderr and "Connection refused" in p.stderr
 
 
-@pytest.mark.parametrize("text, says", [
-    ("mysql://u@h/db", "keeps its ledger in SQLite"),
-    ("not a url://", "is not a URL"),
-])
+@pytest.mark.parametrize(
+    "text, says",
+    [
+        ("mysql://u@h/db", "keeps its ledger in SQLite"),
+        ("not a url://", "is not a URL"),
+    ],
+)
 def test_a_ledger_url_we_do_not_speak_is_bad_input(tmp_path, text, says):
     p = run_cli("--ledger", text, "matrix", RELU, home=tmp_path / "h")
     assert p.returncode == 2 and says in p.stderr and p.stderr.count("\n") == 1, p.stderr
@@ -91,8 +110,9 @@ def test_a_newer_schema_on_the_server_is_refused_not_downgraded(hub, tmp_path, p
     assert run_cli("--ledger", pg_url, "--endpoint", hub.url, "scan", RELU, home=tmp_path / "h").returncode == 0
     engine = sa.create_engine(pg_url)
     with engine.begin() as conn:
-        conn.exec_driver_sql("INSERT INTO schema_migrations (version, applied_at) "
-                             "SELECT max(version) + 1, now() FROM schema_migrations")
+        conn.exec_driver_sql(
+            "INSERT INTO schema_migrations (version, applied_at) SELECT max(version) + 1, now() FROM schema_migrations"
+        )
         before = conn.exec_driver_sql("SELECT max(version) FROM schema_migrations").scalar()
     p = run_cli("--ledger", pg_url, "matrix", RELU, home=tmp_path / "h")
     assert p.returncode == 2 and "newer than this frt-mirror understands" in p.stderr, p.stderr
@@ -102,15 +122,20 @@ def test_a_newer_schema_on_the_server_is_refused_not_downgraded(hub, tmp_path, p
 
 
 @pytest.mark.parametrize("how", ["restart", "crash"])
-def test_the_server_restarting_mid_stage_loses_nothing_and_a_rerun_completes(big_hub, tmp_path, big_manifest,
-                                                                             pg_server, pg_url, how):
+def test_the_server_restarting_mid_stage_loses_nothing_and_a_rerun_completes(
+    big_hub, tmp_path, big_manifest, pg_server, pg_url, how
+):
     """The stage either rides it out or stops with one line (exit 3); what it recorded is intact, and a
     rerun completes and verifies."""
     home = tmp_path / "h"
     big_hub.faults.throttle("/resolve/", 8e6)
-    proc = subprocess.Popen([EXE, "--home", str(home), "--ledger", pg_url, "--endpoint", big_hub.url, "stage",
-                             str(big_manifest), "--json"], env=cli_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [EXE, "--home", str(home), "--ledger", pg_url, "--endpoint", big_hub.url, "stage", str(big_manifest), "--json"],
+        env=cli_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert big_hub.wait_for_body(2, timeout=120), "the stage never reached its downloads"
     pg_server.kill() if how == "crash" else pg_server.stop()
     time.sleep(0.5)
@@ -120,8 +145,7 @@ def test_the_server_restarting_mid_stage_loses_nothing_and_a_rerun_completes(big
     if proc.returncode == 3:
         assert err.count("\n") == 1 and "unavailable" in err and "Traceback" not in err, err
     big_hub.faults.clear()
-    p = run_cli("--ledger", pg_url, "--endpoint", big_hub.url, "stage", str(big_manifest), "--json",
-                home=home)
+    p = run_cli("--ledger", pg_url, "--endpoint", big_hub.url, "stage", str(big_manifest), "--json", home=home)
     assert p.returncode == 0, p.stderr
     v = run_cli("--ledger", pg_url, "verify", "--json", home=home)
     assert v.returncode == 0, v.stdout

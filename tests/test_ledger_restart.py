@@ -20,8 +20,8 @@ from frt.mirror.events import record_event
 from frt.mirror.home import open_ledger
 from frt.mirror.records import staged_rows
 from frt.mirror.schema import MIRROR_TRACK
-from frt.resolver.ledger import Ledger
 from frt.resolver.errors import LedgerUnavailable
+from frt.resolver.ledger import Ledger
 from tests.support.cli import EXE, cli_env, run_cli
 from tests.support.kernel_fixtures import RELU
 
@@ -36,15 +36,18 @@ def _events(url: str, kind: str) -> int:
         engine.dispose()
 
 
-def test_a_stage_rides_out_a_server_restart_and_records_every_row(big_hub, tmp_path, big_manifest, pg_server,
-                                                                  pg_url):
+def test_a_stage_rides_out_a_server_restart_and_records_every_row(big_hub, tmp_path, big_manifest, pg_server, pg_url):
     """The restart lands mid-download: the stage's next ledger writes meet dead connections, then refused
     ones. It completes (exit 0), verifies, and the ledger holds every staged row and one stage event."""
     home = tmp_path / "h"
     big_hub.faults.throttle("/resolve/", 1e6)  # a few seconds of downloads left when the server is back
-    proc = subprocess.Popen([EXE, "--home", str(home), "--ledger", pg_url, "--endpoint", big_hub.url, "stage",
-                             str(big_manifest), "--json"], env=cli_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [EXE, "--home", str(home), "--ledger", pg_url, "--endpoint", big_hub.url, "stage", str(big_manifest), "--json"],
+        env=cli_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert big_hub.wait_for_body(2, timeout=120), "the stage never reached its downloads"
     pg_server.restart()
     assert proc.poll() is None, "the stage was over before the server was back: no restart was met"
@@ -59,8 +62,7 @@ def test_a_stage_rides_out_a_server_restart_and_records_every_row(big_hub, tmp_p
         recorded = {(r.repo, r.requested, r.target, r.commit, r.variant) for r in staged_rows(ledger)}
     finally:
         ledger.close()
-    assert recorded == {(r["repo"], r["requested"], r["target"], r["commit"], r["variant"])
-                        for r in report["rows"]}
+    assert recorded == {(r["repo"], r["requested"], r["target"], r["commit"], r["variant"]) for r in report["rows"]}
     assert _events(pg_url, "stage") == 1
 
 
@@ -97,8 +99,16 @@ def test_retries_stop_at_the_budget_with_one_line_naming_the_ledger(hub, tmp_pat
     pg_server.stop()
     try:
         started = time.monotonic()
-        p = run_cli("--ledger", pg_url, "--endpoint", hub.url, "scan", RELU, home=tmp_path / "h",
-                    env=cli_env(FRT_LEDGER_RETRY_S="2"))
+        p = run_cli(
+            "--ledger",
+            pg_url,
+            "--endpoint",
+            hub.url,
+            "scan",
+            RELU,
+            home=tmp_path / "h",
+            env=cli_env(FRT_LEDGER_RETRY_S="2"),
+        )
         took = time.monotonic() - started
     finally:
         pg_server.start()

@@ -26,8 +26,9 @@ DOWNLOAD = """
 def home(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("metrics")
     with FakeHub(demo_repos(), trusted_orgs=[ORG], page_size=5) as hub:
-        manifest = write_manifest(tmp / "m.toml", {ACTIVATION: {"version": 1}, RELU: {"version": 1}}, [X86],
-                                  trust=[ORG])
+        manifest = write_manifest(
+            tmp / "m.toml", {ACTIVATION: {"version": 1}, RELU: {"version": 1}}, [X86], trust=[ORG]
+        )
         p = run_cli("--endpoint", hub.url, "stage", str(manifest), "--json", home=tmp / "home")
         assert p.returncode == 0, p.stderr
     return tmp / "home"
@@ -71,13 +72,24 @@ def test_metrics_count_a_download(home, tmp_path):
     assert value(after, "frt_mirror_response_bytes_total", route="resolve") >= size
     assert value(after, "frt_mirror_requests_total", route="api_repo", status="404") == 1
     assert value(after, "frt_mirror_requests_total", route="other", status="404") >= 1 + value(
-        before, "frt_mirror_requests_total", route="other", status="404")
+        before, "frt_mirror_requests_total", route="other", status="404"
+    )
     assert not any("xxx" in v for fam in after.values() for _n, ls, _v in fam for v in ls.values())
     assert value(before, "frt_mirror_requests_total", route="metrics") == 0  # counted once answered
     assert value(after, "frt_mirror_requests_total", route="metrics", status="200") == 1
     routes = {ls["route"] for _n, ls, _v in after["frt_mirror_requests"]}
-    assert routes <= {"resolve", "api_repo", "api_refs", "api_tree", "api_paths_info", "api_commits",
-                      "api_overview", "page", "metrics", "other"}
+    assert routes <= {
+        "resolve",
+        "api_repo",
+        "api_refs",
+        "api_tree",
+        "api_paths_info",
+        "api_commits",
+        "api_overview",
+        "page",
+        "metrics",
+        "other",
+    }
     # The home, as the ledger and the store say.
     on_disk = [f for f in (home / "store" / "sha256").rglob("*") if f.is_file()]
     assert value(after, "frt_mirror_store_bytes") == sum(f.stat().st_size for f in on_disk)
@@ -146,7 +158,7 @@ def test_a_killed_worker_keeps_every_request_it_answered(home):
                 break
         assert all(len(c) == per_conn for c in conns.values()), {w: len(c) for w, c in conns.items()}
         survivor, victim = workers
-        turn = [c for pair in zip(conns[survivor], conns[victim]) for c in pair]  # the victim's last
+        turn = [c for pair in zip(conns[survivor], conns[victim], strict=False) for c in pair]  # the victim's last
         by_worker = {survivor: 0, victim: 0}
         for i in range(heads):
             conn = turn[i % len(turn)]
@@ -172,8 +184,7 @@ def test_a_killed_worker_keeps_every_request_it_answered(home):
 
 def total(families: dict) -> float:
     """Every request answered, by any route, method and status."""
-    return sum(v for name, _ls, v in families.get("frt_mirror_requests", [])
-               if name == "frt_mirror_requests_total")
+    return sum(v for name, _ls, v in families.get("frt_mirror_requests", []) if name == "frt_mirror_requests_total")
 
 
 def until(cond, what: str, timeout: float = 60) -> None:
@@ -211,8 +222,9 @@ def children(pid: int) -> list[int]:
 def parse(body: bytes) -> dict[str, list]:
     from prometheus_client.parser import text_string_to_metric_families
 
-    return {f.name: [(s.name, s.labels, s.value) for s in f.samples]
-            for f in text_string_to_metric_families(body.decode())}
+    return {
+        f.name: [(s.name, s.labels, s.value) for s in f.samples] for f in text_string_to_metric_families(body.decode())
+    }
 
 
 def get(conn, path: str) -> tuple[int, bytes]:
@@ -265,13 +277,24 @@ def _owner(client_port: int, server_port: int, pids: list[int]) -> int | None:
 def test_route_names_are_a_fixed_set():
     from frt.mirror.serve.metrics import ROUTES, route_name
 
-    cases = {b"/": "page", b"/-/repos/a/b": "page", b"/metrics": "metrics", b"/metrics/x": "other",
-             b"/api/kernels/a/b": "api_repo", b"/api/models/a/b/revision/main": "api_repo",
-             b"/api/kernels/a/b/refs": "api_refs", b"/api/kernels/a/b/tree/v1/build": "api_tree",
-             b"/api/models/a/b/paths-info/main": "api_paths_info", b"/api/kernels/a/b/commits/v1": "api_commits",
-             b"/api/organizations/a/overview": "api_overview", b"/a/b/resolve/main/x": "resolve",
-             b"/kernels/a/b/resolve/release%2Fv1/build/x.py?download=1": "resolve", b"/api/agent-harnesses": "other",
-             b"/\xff/%zz": "other", b"/api": "other"}
+    cases = {
+        b"/": "page",
+        b"/-/repos/a/b": "page",
+        b"/metrics": "metrics",
+        b"/metrics/x": "other",
+        b"/api/kernels/a/b": "api_repo",
+        b"/api/models/a/b/revision/main": "api_repo",
+        b"/api/kernels/a/b/refs": "api_refs",
+        b"/api/kernels/a/b/tree/v1/build": "api_tree",
+        b"/api/models/a/b/paths-info/main": "api_paths_info",
+        b"/api/kernels/a/b/commits/v1": "api_commits",
+        b"/api/organizations/a/overview": "api_overview",
+        b"/a/b/resolve/main/x": "resolve",
+        b"/kernels/a/b/resolve/release%2Fv1/build/x.py?download=1": "resolve",
+        b"/api/agent-harnesses": "other",
+        b"/\xff/%zz": "other",
+        b"/api": "other",
+    }
     for raw, route in cases.items():
         assert route_name(raw) == route, raw
         assert route in ROUTES
@@ -290,11 +313,15 @@ def test_observe_pull_is_for_the_pull_through_code():
     m.count("resolve", "HEAD", 200, 0)
     m.flush()
     fams = {f.name: f.samples for f in text_string_to_metric_families(m.exposition().decode())}
-    pulls = {(s.labels["kind"], s.labels["outcome"]): s.value for s in fams["frt_mirror_pull_seconds"]
-             if s.name == "frt_mirror_pull_seconds_count"}
+    pulls = {
+        (s.labels["kind"], s.labels["outcome"]): s.value
+        for s in fams["frt_mirror_pull_seconds"]
+        if s.name == "frt_mirror_pull_seconds_count"
+    }
     assert pulls == {("file", "ok"): 1, ("file", "unavailable"): 1, ("other", "ok"): 1}
-    assert {s.labels["kind"]: s.value for s in fams["frt_mirror_pull_bytes"]
-            if s.name == "frt_mirror_pull_bytes_total"} == {"file": 4096, "other": 10}
+    assert {
+        s.labels["kind"]: s.value for s in fams["frt_mirror_pull_bytes"] if s.name == "frt_mirror_pull_bytes_total"
+    } == {"file": 4096, "other": 10}
     assert not any(name.startswith(("frt_mirror_resolve", "frt_mirror_stage_")) for name in fams)  # never filled
     assert [s.value for s in fams["frt_mirror_requests"] if s.name.endswith("_total")] == [1]
 

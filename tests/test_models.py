@@ -37,7 +37,8 @@ pytestmark = pytest.mark.hub1
 TARGET = "torch2.11-cpu-x86_64-linux"
 needs_transformers = pytest.mark.skipif(
     importlib.util.find_spec("transformers") is None,
-    reason="this venv (huggingface_hub 1.33) has no transformers/torch; the main venv runs these loads")
+    reason="this venv (huggingface_hub 1.33) has no transformers/torch; the main venv runs these loads",
+)
 
 
 @dataclass
@@ -47,7 +48,6 @@ class Staged:
     expect: dict  # the logits sum and parameter count the saved model gives
     rows: list[dict]
     tripwire: Tripwire
-
 
 
 def _toml(entry: dict) -> str:
@@ -83,8 +83,11 @@ def upstream_sha(staged, path: str) -> str:
 
 
 def files_under(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file() and ".cache" not in p.relative_to(root).parts}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and ".cache" not in p.relative_to(root).parts
+    }
 
 
 def test_stage_fetches_exactly_the_selected_files(staged):
@@ -99,15 +102,21 @@ def test_stage_fetches_exactly_the_selected_files(staged):
 def test_hf_download_through_serve(staged, mirror, tmp_path):
     exe = str(Path(sys.executable).with_name("hf"))
     env = client_env(mirror.url, tmp_path / "hf", HF_HUB_DISABLE_UPDATE_CHECK="1")
-    p = subprocess.run([exe, "download", TINY_MODEL, "--local-dir", str(tmp_path / "out")], capture_output=True,
-                       text=True, env=env, timeout=180)
+    p = subprocess.run(
+        [exe, "download", TINY_MODEL, "--local-dir", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=180,
+    )
     assert p.returncode == 0, p.stderr
     assert files_under(tmp_path / "out") == {f: upstream_sha(staged, f) for f in selected(staged.repo)}
     assert not staged.tripwire.hits
 
 
 def test_snapshot_download_and_excluded_file_through_serve(staged, mirror, tmp_path):
-    p, out = run_client(f"""
+    p, out = run_client(
+        f"""
         import hashlib, os
         from huggingface_hub import hf_hub_download, snapshot_download
         from huggingface_hub.errors import EntryNotFoundError
@@ -122,7 +131,10 @@ def test_snapshot_download_and_excluded_file_through_serve(staged, mirror, tmp_p
             except EntryNotFoundError as e:  # RemoteEntryNotFoundError on huggingface_hub >= 1
                 errors[name] = "EntryNotFound"
         report({{"files": got, "errors": errors}})
-    """, mirror.url, tmp_path / "hf")
+    """,
+        mirror.url,
+        tmp_path / "hf",
+    )
     assert out is not None, p.stderr
     assert out["files"] == {f: upstream_sha(staged, f) for f in selected(staged.repo)}
     assert out["errors"] == {"vocab.json": "EntryNotFound", "README.md": "EntryNotFound"}
@@ -155,7 +167,8 @@ def test_exported_cache_holds_the_selection_for_every_target(staged, tmp_path):
     snap = repo_dir / "snapshots" / sha
     assert sorted(p.name for p in snap.iterdir()) == selected(staged.repo)
     assert files_under(snap) == {f: upstream_sha(staged, f) for f in selected(staged.repo)}
-    p = load_offline(f"""
+    p = load_offline(
+        f"""
         import json
         from huggingface_hub import snapshot_download, hf_hub_download
         path = snapshot_download({TINY_MODEL!r})
@@ -165,7 +178,9 @@ def test_exported_cache_holds_the_selection_for_every_target(staged, tmp_path):
         except Exception as e:
             err = type(e).__name__
         print(json.dumps([path, err]))
-    """, {"HF_HUB_CACHE": str(tmp_path / "cache")})
+    """,
+        {"HF_HUB_CACHE": str(tmp_path / "cache")},
+    )
     assert p.returncode == 0, p.stderr
     path, err = json.loads(p.stdout.strip().splitlines()[-1])
     assert Path(path) == snap and err == "LocalEntryNotFoundError"
@@ -175,7 +190,8 @@ def test_exported_cache_holds_the_selection_for_every_target(staged, tmp_path):
 def test_transformers_loads_the_exported_cache_offline(staged, tmp_path):
     export(staged, tmp_path / "cache")
     code = "import json\ndef report(obj):\n    print('RESULT' + json.dumps(obj))\n" + textwrap.dedent(
-        LOAD.format(repo=TINY_MODEL))
+        LOAD.format(repo=TINY_MODEL)
+    )
     p = load_offline(code, {"HF_HUB_CACHE": str(tmp_path / "cache")})
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT")]
     check_load(json.loads(lines[-1][6:]) if lines else None, staged, p.stderr)
@@ -185,20 +201,35 @@ def test_bundle_import_verify_carry_the_model(staged, tmp_path):
     p = run_cli("bundle", str(tmp_path / "b.tar"), home=staged.home)
     assert p.returncode == 0, p.stderr
     other = tmp_path / "other"
-    p = subprocess.run([*NO_NET, str(Path(sys.executable).with_name("frt-mirror")), "--home", str(other),
-                        "import", str(tmp_path / "b.tar")], capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [
+            *NO_NET,
+            str(Path(sys.executable).with_name("frt-mirror")),
+            "--home",
+            str(other),
+            "import",
+            str(tmp_path / "b.tar"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 0, p.stderr
     p = run_cli("verify", "--json", home=other)
     assert p.returncode == 0, p.stdout + p.stderr
     assert json.loads(p.stdout)["model_files"] == 3
     with serving(other) as served:
-        q, out = run_client(f"""
+        q, out = run_client(
+            f"""
             import hashlib, os
             from huggingface_hub import snapshot_download
             path = snapshot_download({TINY_MODEL!r})
             report({{n: hashlib.sha256(open(os.path.join(path, n), "rb").read()).hexdigest()
                     for n in sorted(os.listdir(path))}})
-        """, served.url, tmp_path / "hf")
+        """,
+            served.url,
+            tmp_path / "hf",
+        )
     assert out == {f: upstream_sha(staged, f) for f in selected(staged.repo)}, q.stderr
 
 
@@ -217,16 +248,21 @@ def test_verify_finds_a_missing_model_blob(staged, tmp_path):
 def test_matrix_says_models_have_no_targets(staged):
     p = run_cli("matrix", TINY_MODEL, home=staged.home)
     assert p.returncode == 0, p.stderr
-    assert p.stdout.strip() == (f"{TINY_MODEL}: a model repo: models have no targets "
-                                f"(staged: revision main at {staged.repo.branches['main'][:12]})")
+    assert p.stdout.strip() == (
+        f"{TINY_MODEL}: a model repo: models have no targets "
+        f"(staged: revision main at {staged.repo.branches['main'][:12]})"
+    )
 
 
-@pytest.mark.parametrize("entry, where, what", [
-    ('{ include = "*.json" }', 'models."acme/m".include', "must be a list of non-empty fnmatch patterns"),
-    ('{ include = ["*.json"], exclud = ["x"] }', 'models."acme/m".exclud', "unknown key"),
-    ('{ revision = "" }', 'models."acme/m".revision', "must be a non-empty"),
-    ('"main"', 'models."acme/m"', "must be an inline table"),
-])
+@pytest.mark.parametrize(
+    "entry, where, what",
+    [
+        ('{ include = "*.json" }', 'models."acme/m".include', "must be a list of non-empty fnmatch patterns"),
+        ('{ include = ["*.json"], exclud = ["x"] }', 'models."acme/m".exclud', "unknown key"),
+        ('{ revision = "" }', 'models."acme/m".revision', "must be a non-empty"),
+        ('"main"', 'models."acme/m"', "must be an inline table"),
+    ],
+)
 def test_bad_models_entries_are_one_line_with_file_and_line(tmp_path, entry, where, what):
     m = tmp_path / "m.toml"
     m.write_text(f'# models\n[models]\n"acme/m" = {entry}\n')

@@ -21,7 +21,7 @@ import pytest
 from tests.support.cli import X86, cli_env, run_cli, write_manifest
 from tests.support.fakehub import FakeHub
 from tests.support.kernel_fixtures import ORG, RELU, demo_repos
-from tests.support.nginx import PREFIX, nginx
+from tests.support.nginx import nginx
 from tests.support.serve_helpers import Served, free_port, raw_http, raw_request
 
 BIN = str(Path(sys.executable).parent)  # where `frt-mirror`, as the printed commands name it, is installed
@@ -39,11 +39,22 @@ def staged_on(url: str, home: Path, tmp: Path) -> dict:
     """RELU v1 staged into `home` with its ledger at `url`; one of its files, as resolve names it."""
     manifest = write_manifest(tmp / "m.toml", {RELU: {"version": 1}}, [X86], trust=[ORG])
     with FakeHub(demo_repos(), trusted_orgs=[ORG], page_size=5) as hub:
-        p = run_cli("--ledger", url, "--endpoint", hub.url, "stage", str(manifest), home=home,
-                    env=env_without_ledger())
+        p = run_cli("--ledger", url, "--endpoint", hub.url, "stage", str(manifest), home=home, env=env_without_ledger())
         assert p.returncode == 0, p.stderr
-    p = run_cli("--ledger", url, "resolve", RELU, "--version", "1", "--target", X86, "--offline", "--json",
-                home=home, env=env_without_ledger())
+    p = run_cli(
+        "--ledger",
+        url,
+        "resolve",
+        RELU,
+        "--version",
+        "1",
+        "--target",
+        X86,
+        "--offline",
+        "--json",
+        home=home,
+        env=env_without_ledger(),
+    )
     assert p.returncode == 0, p.stderr
     assert not (home / "ledger.sqlite").exists()  # everything went to the server
     return max(json.loads(p.stdout)["files"], key=lambda f: f["size"])
@@ -146,15 +157,18 @@ def test_replicas_elsewhere_without_a_server_ledger_are_refused_in_one_line(tmp_
             "frt-mirror: --upstream 192.0.2.11:8471, 192.0.2.12:8471: replicas on other hosts than this one "
             "cannot share a SQLite ledger (the home's file over a shared filesystem): give the ledger on a "
             "database server, --ledger postgresql://USER@HOST:PORT/DB or FRT_LEDGER_URL, or run every "
-            "replica on this host"], p.stderr
-    ok = [(["--upstream", "192.0.2.11:8471"], ""),
-          (["--upstream", "127.0.0.1:8471", "--upstream", "[::1]:8472", "--upstream", "localhost:8473"], ""),
-          (["--upstream", "127.0.0.1:8471", "--upstream", "127.0.0.1:8472"],
-           f"sqlite:///{home}/ledger.sqlite"),
-          (elsewhere, pg_url)]
+            "replica on this host"
+        ], p.stderr
+    ok = [
+        (["--upstream", "192.0.2.11:8471"], ""),
+        (["--upstream", "127.0.0.1:8471", "--upstream", "[::1]:8472", "--upstream", "localhost:8473"], ""),
+        (["--upstream", "127.0.0.1:8471", "--upstream", "127.0.0.1:8472"], f"sqlite:///{home}/ledger.sqlite"),
+        (elsewhere, pg_url),
+    ]
     for upstreams, ledger in ok:
-        p = run_cli(*(["--ledger", ledger] if ledger else []), "nginx-conf", *upstreams, home=home,
-                    env=env_without_ledger())
+        p = run_cli(
+            *(["--ledger", ledger] if ledger else []), "nginx-conf", *upstreams, home=home, env=env_without_ledger()
+        )
         assert p.returncode == 0, (upstreams, p.stderr)
         lines = [m[1] for ln in p.stdout.splitlines() if (m := REPLICA.fullmatch(ln))]
         assert len(lines) == len(upstreams) // 2

@@ -8,10 +8,7 @@ import subprocess
 import sys
 import textwrap
 
-import pytest
-
 from tests.support.kernel_fixtures import ACTIVATION
-
 
 BLOCK_TORCH = textwrap.dedent("""
     import importlib.abc, importlib.util, sys
@@ -34,7 +31,8 @@ def test_subpackages_live_under_frt_only():
 
     for generic in ("resolver", "mirror", "seats", "adapters", "manifests"):
         assert importlib.util.find_spec(generic) is None or "site-packages" not in str(
-            importlib.util.find_spec(generic).origin), generic
+            importlib.util.find_spec(generic).origin
+        ), generic
 
 
 def test_resolver_and_mirror_run_without_torch(hub, tmp_path):
@@ -46,7 +44,7 @@ def test_resolver_and_mirror_run_without_torch(hub, tmp_path):
         from frt.resolver.scan import scan
         from frt.resolver.targets import parse_target
         import frt.cli
-        led = Ledger({str(tmp_path / 'l.sqlite')!r})
+        led = Ledger({str(tmp_path / "l.sqlite")!r})
         scan({ACTIVATION!r}, hub=HubClient({hub.url!r}), ledger=led)
         res = resolve({ACTIVATION!r}, target=parse_target("torch2.11-cu130-aarch64-linux"), ledger=led,
                       version=2, offline=True)
@@ -65,15 +63,33 @@ def test_wheel_carries_the_engine_plugins_and_their_data(tmp_path):
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    p = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                        "-w", str(tmp_path), str(root)], capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path),
+            str(root),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr
     assert "Warning" not in p.stderr and "deprecated" not in p.stderr, p.stderr  # an install is quiet
     (wheel,) = tmp_path.glob("frt_mirror-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     # Every package of the source tree is in the wheel (frt.mirror.serve once was not).
-    for init in (i for d in ("frt", "resolver", "mirror", "seats", "adapters", "manifests")
-                 for i in (root / d).rglob("__init__.py")):
+    for init in (
+        i
+        for d in ("frt", "resolver", "mirror", "seats", "adapters", "manifests")
+        for i in (root / d).rglob("__init__.py")
+    ):
         rel = init.relative_to(root)
         top = "frt" if rel.parts[0] == "frt" else f"frt/{rel.parts[0]}"
         assert "/".join([top, *rel.parts[1:]]) in names, rel

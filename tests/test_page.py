@@ -30,7 +30,7 @@ X86, ARM_CU = "torch2.13-cpu-x86_64-linux", "torch2.11-cu130-aarch64-linux"
 # What a script would leave behind if the page ran it; the DOM must never carry it.
 PWNED = 'data-pwned="yes"'
 SCRIPT = "<script>document.documentElement.setAttribute('data-pwned','yes')</script>"
-HOSTILE_REPO = '<img src=x onerror="document.documentElement.setAttribute(\'data-pwned\',\'yes\')">/evil'
+HOSTILE_REPO = "<img src=x onerror=\"document.documentElement.setAttribute('data-pwned','yes')\">/evil"
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -38,13 +38,26 @@ def chromium(tmp: Path, *args: str, timeout: float = 120) -> subprocess.Complete
     """Headless chromium, as CI runs it: as root (so --no-sandbox), a private profile, no proxy."""
     exe = shutil.which("chromium") or shutil.which("chromium-browser")
     if exe is None:
-        pytest.fail("these tests need Debian's chromium (apt-get install chromium; .ci/run installs it)",
-                    pytrace=False)
+        pytest.fail("these tests need Debian's chromium (apt-get install chromium; .ci/run installs it)", pytrace=False)
     profile = tmp / f"chromium-profile-{len(list(tmp.glob('chromium-profile-*')))}"
-    return subprocess.run([exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                           "--no-first-run", "--no-default-browser-check", "--no-proxy-server",
-                           "--hide-scrollbars", f"--user-data-dir={profile}", *args],
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [
+            exe,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--no-first-run",
+            "--no-default-browser-check",
+            "--no-proxy-server",
+            "--hide-scrollbars",
+            f"--user-data-dir={profile}",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def dump_dom(tmp: Path, url: str) -> str:
@@ -64,8 +77,12 @@ def staged(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("page")
     home = tmp / "home"
     with FakeHub(demo_repos(), trusted_orgs=[ORG], page_size=5) as hub:
-        manifest = write_manifest(tmp / "m.toml", {ACTIVATION: {"version": 1}, RELU: {"version": 1},
-                                                    LAYERNORM: {"version": 1}}, [X86, ARM_CU], trust=[ORG])
+        manifest = write_manifest(
+            tmp / "m.toml",
+            {ACTIVATION: {"version": 1}, RELU: {"version": 1}, LAYERNORM: {"version": 1}},
+            [X86, ARM_CU],
+            trust=[ORG],
+        )
         p = run_cli("--endpoint", hub.url, "stage", str(manifest), "--json", home=home)
         assert p.returncode == 1, p.stderr  # activation v1 for aarch64 CUDA is refused; the rest staged
         rows = json.loads(p.stdout)["rows"]
@@ -82,11 +99,25 @@ def _record_hostile(home: Path, matrix: dict) -> None:
 
     oldest = matrix["revisions"][-1]["commit"]  # no aarch64 CUDA build there: a refused cell
     h = Home(home)
-    h.ledger.record_refusal(Refusal(Request(ACTIVATION, revision=oldest), parse_target(ARM_CU), "NoVariant",
-                                    f"upstream said {SCRIPT}", detail=f"{SCRIPT}\n</pre></details>{SCRIPT}",
-                                    commit=oldest))
-    h.ledger.record_refusal(Refusal(Request(HOSTILE_REPO, version=1), parse_target(X86), "RepoNotFound",
-                                    f"{HOSTILE_REPO}: repository not found", detail=""))
+    h.ledger.record_refusal(
+        Refusal(
+            Request(ACTIVATION, revision=oldest),
+            parse_target(ARM_CU),
+            "NoVariant",
+            f"upstream said {SCRIPT}",
+            detail=f"{SCRIPT}\n</pre></details>{SCRIPT}",
+            commit=oldest,
+        )
+    )
+    h.ledger.record_refusal(
+        Refusal(
+            Request(HOSTILE_REPO, version=1),
+            parse_target(X86),
+            "RepoNotFound",
+            f"{HOSTILE_REPO}: repository not found",
+            detail="",
+        )
+    )
     h.close()
 
 
@@ -120,8 +151,11 @@ def test_the_page_in_a_browser(staged, tmp_path):
     message = refused_message(rows)
     assert "none for torch2.11-cu130-aarch64-linux" in message
     assert message in dom and message in repo_dom
-    (recorded,) = [r for r in json.loads(run_cli("report", "--json", home=home).stdout)
-                   if r["repo"] == ACTIVATION and r["requested"] == "v1"]
+    (recorded,) = [
+        r
+        for r in json.loads(run_cli("report", "--json", home=home).stdout)
+        if r["repo"] == ACTIVATION and r["requested"] == "v1"
+    ]
     assert recorded["message"] == message and recorded["detail"] in dom  # the library's trace, every line
     assert "v1.0.0" in dom and "release/v1" in dom  # refs beside their revisions
     # Hostile text is text: shown, never run, never markup.
@@ -220,8 +254,23 @@ def test_matrix_html_file(staged, tmp_path):
 
 def test_wheel_carries_the_templates(tmp_path):
     """A pip-installed serve renders its page: the templates are package data in the wheel."""
-    p = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                        "-w", str(tmp_path), str(ROOT)], capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path),
+            str(ROOT),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0 and "Warning" not in p.stderr, p.stderr
     (wheel,) = tmp_path.glob("frt_mirror-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
@@ -230,7 +279,6 @@ def test_wheel_carries_the_templates(tmp_path):
     meta = next(n for n in names if n.endswith(".dist-info/METADATA"))
     requires = re.findall(r"^Requires-Dist: ([A-Za-z0-9_.-]+)", zipfile.ZipFile(wheel).read(meta).decode(), re.M)
     assert {"jinja2", "prometheus_client"} <= {r.lower().replace("-", "_") for r in requires}
-
 
 
 def test_a_pulled_through_variant_serves_the_targets_that_choose_it(staged, tmp_path):
@@ -246,8 +294,10 @@ def test_a_pulled_through_variant_serves_the_targets_that_choose_it(staged, tmp_
     initial = operator_view(h, RELU).repos[0].rows[-1].commit  # torch-universal only; nothing staged there
     before = operator_view(h, RELU).repos[0].cells
     assert {before[(initial, t)].state for t in (X86, ARM_CU)} == {"not-staged"}
-    record_staged_rows(h.ledger, [StagedRow(RELU, f"revision {initial}", None, initial, PULLED + "torch-universal",
-                                            initial, "torch-universal")])
+    record_staged_rows(
+        h.ledger,
+        [StagedRow(RELU, f"revision {initial}", None, initial, PULLED + "torch-universal", initial, "torch-universal")],
+    )
     view = operator_view(h, RELU)
     h.close()
     (relu,) = view.repos

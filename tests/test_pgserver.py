@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-ITEMS = sa.Table("items", sa.MetaData(), sa.Column("id", sa.Integer, primary_key=True),
-                 sa.Column("name", sa.Text, nullable=False))
+ITEMS = sa.Table(
+    "items", sa.MetaData(), sa.Column("id", sa.Integer, primary_key=True), sa.Column("name", sa.Text, nullable=False)
+)
 
 
 def names(url: str) -> list[str]:

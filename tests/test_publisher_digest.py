@@ -24,9 +24,19 @@ BUILD = f"build/{X86_CPU}"
 def repo_with(edit=None, *, digest: bool = True, sigstore: bool = False, depends=None) -> FakeRepo:
     """One commit on v1 with an x86 CPU build; `edit(files)` changes the served files after the
     publisher computed its digest (the upstream's own hashes follow the served bytes)."""
-    files = {"README.md": b"# published\n", "build/": None,
-             **variant_files("published", X86_CPU, version=1, note="pub", extra={SO: blob("pub", 100_000)},
-                             digest=digest, depends=depends)}
+    files = {
+        "README.md": b"# published\n",
+        "build/": None,
+        **variant_files(
+            "published",
+            X86_CPU,
+            version=1,
+            note="pub",
+            extra={SO: blob("pub", 100_000)},
+            digest=digest,
+            depends=depends,
+        ),
+    }
     if sigstore:
         files[f"{BUILD}/metadata.json.sigstore"] = b'{"mediaType": "application/vnd.dev.sigstore.bundle+json"}'
     if edit:

@@ -21,8 +21,21 @@ class Everyone:
         return True
 
 
-HOSTILE_ORGS = [f"{ORG}%2F..%2Frogue-kernels", f"{ORG}%3Cscript%3E", f"{ORG}%2Fx", "-lead", "trail-", ".dot",
-                "dot.", "a" * 97, "a--b", "a..b", "%E2%80%AEevil", "a%20b", "a%0Ab"]
+HOSTILE_ORGS = [
+    f"{ORG}%2F..%2Frogue-kernels",
+    f"{ORG}%3Cscript%3E",
+    f"{ORG}%2Fx",
+    "-lead",
+    "trail-",
+    ".dot",
+    "dot.",
+    "a" * 97,
+    "a--b",
+    "a..b",
+    "%E2%80%AEevil",
+    "a%20b",
+    "a%0Ab",
+]
 
 
 @pytest.fixture(scope="module")

@@ -34,14 +34,18 @@ GET_V1 = f"""
 
 def samples(port: int) -> dict:
     _, _, body = raw_http(port, raw_request("GET", "/metrics"))
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for fam in text_string_to_metric_families(body.decode()) for s in fam.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(body.decode())
+        for s in fam.samples
+    }
 
 
 def test_get_kernel_succeeds_on_first_use_through_a_rate_limit_window_longer_than_the_timeout(tmp_path):
     with FakeHub(demo_repos(), trusted_orgs=[ORG], page_size=5, redirects=True, rate_limits=LIMITS) as hub:
-        with serving(tmp_path / "home", "--upstream", hub.url, "--allow", ORG, "--upstream-timeout", "5",
-                     env=serve_env()) as m:
+        with serving(
+            tmp_path / "home", "--upstream", hub.url, "--allow", ORG, "--upstream-timeout", "5", env=serve_env()
+        ) as m:
             t0 = time.monotonic()
             p, out = run_client(GET_V1, m.url, tmp_path / "hf")  # the client's own defaults
             took = time.monotonic() - t0
@@ -54,10 +58,16 @@ def test_get_kernel_succeeds_on_first_use_through_a_rate_limit_window_longer_tha
 
 
 def test_a_head_meeting_a_spent_window_gets_503_with_retry_after_then_the_refresh_is_what_it_sees(tmp_path):
-    with FakeHub(demo_repos(), trusted_orgs=[ORG], page_size=5, redirects=True,
-                 rate_limits=RateLimits(api=2, resolvers=3000, window=11)) as hub:
-        with serving(tmp_path / "home", "--upstream", hub.url, "--allow", ORG, "--upstream-timeout", "2",
-                     env=serve_env()) as m:
+    with FakeHub(
+        demo_repos(),
+        trusted_orgs=[ORG],
+        page_size=5,
+        redirects=True,
+        rate_limits=RateLimits(api=2, resolvers=3000, window=11),
+    ) as hub:
+        with serving(
+            tmp_path / "home", "--upstream", hub.url, "--allow", ORG, "--upstream-timeout", "2", env=serve_env()
+        ) as m:
             url = f"/kernels/{RELU}/resolve/v1/build/torch-universal/metadata.json"
             t0 = time.monotonic()
             status, headers, _ = raw_http(m.port, raw_request("HEAD", url), timeout=30)

@@ -47,8 +47,12 @@ def dataset_repo() -> FakeRepo:
 
 
 def upstream_hub(saved: Path) -> FakeHub:
-    return FakeHub(demo_repos() + [big_repo(), tiny_model_repo(saved), dataset_repo()], trusted_orgs=[ORG],
-                   page_size=5, redirects=True)
+    return FakeHub(
+        demo_repos() + [big_repo(), tiny_model_repo(saved), dataset_repo()],
+        trusted_orgs=[ORG],
+        page_size=5,
+        redirects=True,
+    )
 
 
 @pytest.fixture
@@ -60,8 +64,19 @@ def upstream(saved_model):
 def pulled(home: Path, upstream: FakeHub, *args: str):
     """serve --upstream. A cold request waits for the upstream's listing: on a loaded 2-core box that can
     pass the 5 s default, so the tests that do not time the upstream give it 30 s (a later option wins)."""
-    return serving(home, "--upstream", upstream.url, "--allow", ORG, "--allow", MODEL_ORG, "--upstream-timeout", "30",
-                   *args, env=serve_env())
+    return serving(
+        home,
+        "--upstream",
+        upstream.url,
+        "--allow",
+        ORG,
+        "--allow",
+        MODEL_ORG,
+        "--upstream-timeout",
+        "30",
+        *args,
+        env=serve_env(),
+    )
 
 
 def client(code: str, url: str, hf_home: Path, timeout: float = 180, **extra: str):
@@ -79,8 +94,14 @@ GET_BOTH = f"""
 
 def body_transfers(hub: FakeHub, sha256: str) -> list:
     """The upstream's answers that carried an LFS file's bytes: the CDN's, behind the Hub's redirect."""
-    return [e for e in hub.request_log if e.server == "cdn" and e.method == "GET"
-            and e.path.split("?")[0] == f"/cdn/{sha256}" and e.status in (200, 206)]
+    return [
+        e
+        for e in hub.request_log
+        if e.server == "cdn"
+        and e.method == "GET"
+        and e.path.split("?")[0] == f"/cdn/{sha256}"
+        and e.status in (200, 206)
+    ]
 
 
 def test_get_kernel_v1_and_v2_on_first_use_then_an_ordinary_staged_set(upstream, tmp_path):
@@ -89,13 +110,19 @@ def test_get_kernel_v1_and_v2_on_first_use_then_an_ordinary_staged_set(upstream,
         p, out = client(GET_BOTH, m.url, tmp_path / "hf")
         assert out == {"v1": [1, "cu-rebuild", X86_CPU], "v2": [2, "v2.1", X86_CPU]}, p.stderr[-3000:]
         # Exactly the files the client asked for crossed the wire: the chosen variant's, once each.
-        gets = [e.path for e in upstream.request_log if e.method == "GET" and e.server == "hub"
-                and "/resolve/" in e.path and "metadata.json" not in e.path]
+        gets = [
+            e.path
+            for e in upstream.request_log
+            if e.method == "GET" and e.server == "hub" and "/resolve/" in e.path and "metadata.json" not in e.path
+        ]
         assert gets and all(X86_CPU in g for g in gets) and len(gets) == len(set(gets)), gets
         # /metrics counts the pulls: one refs refresh at least, and the files with their bytes.
         status, _, body = raw_http(m.port, raw_request("GET", "/metrics"))
-        samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
-                   for fam in text_string_to_metric_families(body.decode()) for s in fam.samples}
+        samples = {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(body.decode())
+            for s in fam.samples
+        }
         files = samples.get(("frt_mirror_pull_seconds_count", (("kind", "file"), ("outcome", "ok"))), 0)
         pulled_bytes = samples.get(("frt_mirror_pull_bytes_total", (("kind", "file"), ("outcome", "ok"))), 0)
         assert status == 200 and files >= 6 and pulled_bytes > 96 * 1024, sorted(k for k in samples if "pull" in k[0])
@@ -106,11 +133,14 @@ def test_get_kernel_v1_and_v2_on_first_use_then_an_ordinary_staged_set(upstream,
     cache = tmp_path / "cache"
     p = run_cli("export-cache", str(cache), "--target", X86, home=home)
     assert p.returncode == 0, p.stderr
-    p = load_offline(f"""
+    p = load_offline(
+        f"""
         import kernels
         k = kernels.get_kernel("{ACTIVATION}", version=2)
         assert (k.VERSION, k.REVISION_NOTE) == (2, "v2.1"), k.REVISION_NOTE
-    """, {"HF_HUB_CACHE": str(cache)})
+    """,
+        {"HF_HUB_CACHE": str(cache)},
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     assert run_cli("bundle", str(tmp_path / "b.tar"), home=home).returncode == 0
     other = tmp_path / "other"
@@ -121,7 +151,8 @@ def test_get_kernel_v1_and_v2_on_first_use_then_an_ordinary_staged_set(upstream,
 
 def test_a_repo_outside_the_allow_list_is_not_found_and_never_asked_for(upstream, tmp_path):
     with serving(tmp_path / "home", "--upstream", upstream.url, "--allow", ORG, env=serve_env()) as m:
-        p, out = client(f"""
+        p, out = client(
+            f"""
             from huggingface_hub import hf_hub_download
             from huggingface_hub.errors import RepositoryNotFoundError
             try:
@@ -129,7 +160,10 @@ def test_a_repo_outside_the_allow_list_is_not_found_and_never_asked_for(upstream
                 report("downloaded")
             except RepositoryNotFoundError as e:
                 report("RepositoryNotFoundError")
-        """, m.url, tmp_path / "hf")
+        """,
+            m.url,
+            tmp_path / "hf",
+        )
         assert out == "RepositoryNotFoundError", p.stderr[-2000:]
     assert not [e for e in upstream.request_log if TINY_MODEL in e.path]
 
@@ -192,8 +226,9 @@ def test_an_upstream_that_cuts_every_transfer_still_gives_the_client_the_right_b
         p, out = client(fetch, m.url, tmp_path / "hf1")
         assert out == big_sha(upstream), p.stderr[-2000:]
     transfers = body_transfers(upstream, big_sha(upstream))
-    assert len(transfers) >= 5 and all(t.status == 206 and t.headers.get("Range", "").startswith("bytes=")
-                                       for t in transfers[1:]), transfers
+    assert len(transfers) >= 5 and all(
+        t.status == 206 and t.headers.get("Range", "").startswith("bytes=") for t in transfers[1:]
+    ), transfers
     assert run_cli("verify", home=home).returncode == 0
 
 
@@ -256,12 +291,16 @@ def test_a_client_that_goes_away_mid_stream_ends_its_answer_not_the_fetch(upstre
             time.sleep(0.1)
         line = next(ln for ln in m.stderr().splitlines() if BIG_FILE in ln and '"GET ' in ln)
         assert int(line.split('" 200 ')[1].split()[0]) < BIG_SIZE, line  # not read to the end for nobody
-        p, out = client(f"""
+        p, out = client(
+            f"""
             import hashlib
             from huggingface_hub import hf_hub_download
             report(hashlib.sha256(open(hf_hub_download({BIG!r}, {BIG_FILE!r}, repo_type="kernel", revision="v1"),
                                        "rb").read()).hexdigest())
-        """, m.url, tmp_path / "hf")
+        """,
+            m.url,
+            tmp_path / "hf",
+        )
         assert out == big_sha(upstream), p.stderr[-2000:]
     assert len(body_transfers(upstream, big_sha(upstream))) == 1  # the fetch went on and was kept
 
@@ -289,7 +328,7 @@ def test_every_replica_streams_a_big_cold_file_whichever_one_fetches_it(upstream
                 body += chunk
             bodies.append(body)
         upstream.faults.release()
-        for s, body in zip(socks, bodies):
+        for s, body in zip(socks, bodies, strict=False):
             while chunk := s.recv(1 << 20):
                 body += chunk
             assert hashlib.sha256(body).hexdigest() == big_sha(upstream)
@@ -322,18 +361,22 @@ def test_bytes_streamed_from_a_pull_that_then_fails_are_never_completed_by_a_res
     repo.set_file_bytes("v1", BIG_FILE, good[:-1] + bytes([good[-1] ^ 1]))  # advertised: still the good file
     home = tmp_path / "home"
     with pulled(home, upstream) as m:
-        status, headers, body = raw_http(m.port, raw_request("GET", f"/kernels/{BIG}/resolve/v1/{BIG_FILE}"), timeout=60)
+        status, headers, body = raw_http(
+            m.port, raw_request("GET", f"/kernels/{BIG}/resolve/v1/{BIG_FILE}"), timeout=60
+        )
         assert status == 200 and len(body) < BIG_SIZE, (status, len(body))
         assert not any(b.stat().st_size == BIG_SIZE for b in (home / "store").rglob("*") if b.is_file())
         # One line says why the answer was cut; uvicorn's "returned without completing" is not a second.
         assert "answer cut after" in m.stderr() and "without completing" not in m.stderr(), m.stderr()[-2000:]
         repo.set_file_bytes("v1", BIG_FILE, good)
-        status, headers, body = raw_http(m.port, raw_request("GET", f"/kernels/{BIG}/resolve/v1/{BIG_FILE}",
-                                                             f"Range: bytes={10 << 20}-"), timeout=60)
+        status, headers, body = raw_http(
+            m.port, raw_request("GET", f"/kernels/{BIG}/resolve/v1/{BIG_FILE}", f"Range: bytes={10 << 20}-"), timeout=60
+        )
         assert status == 200 and hashlib.sha256(body).hexdigest() == sha, (status, len(body))
         # Stored and verified now; a resume is still answered whole for a file once streamed unverified.
-        status, _, body = raw_http(m.port, raw_request("GET", f"/kernels/{BIG}/resolve/v1/{BIG_FILE}",
-                                                       f"Range: bytes={10 << 20}-"), timeout=60)
+        status, _, body = raw_http(
+            m.port, raw_request("GET", f"/kernels/{BIG}/resolve/v1/{BIG_FILE}", f"Range: bytes={10 << 20}-"), timeout=60
+        )
         assert status == 200 and len(body) == BIG_SIZE
     p = run_cli("verify", home=home)
     assert p.returncode == 0, p.stdout + p.stderr
@@ -384,30 +427,39 @@ def test_a_new_upstream_commit_on_v1_is_seen_after_the_ttl(upstream, tmp_path):
 
 needs_transformers = pytest.mark.skipif(
     importlib.util.find_spec("transformers") is None,
-    reason="this venv (huggingface_hub 1.33) has no transformers/torch; the main venv runs this load")
+    reason="this venv (huggingface_hub 1.33) has no transformers/torch; the main venv runs this load",
+)
 
 
 def test_a_model_is_pulled_file_by_file_and_then_staged_as_pulled(upstream, tmp_path):
     home = tmp_path / "home"
     with pulled(home, upstream) as m:
-        p, out = client(f"""
+        p, out = client(
+            f"""
             import json
             from huggingface_hub import hf_hub_download, snapshot_download
             cfg = json.load(open(hf_hub_download({TINY_MODEL!r}, "config.json")))
             snap = snapshot_download({TINY_MODEL!r}, allow_patterns=["*.json", "*.safetensors"])
             import os
             report({{"type": cfg["model_type"], "files": sorted(os.listdir(snap))}})
-        """, m.url, tmp_path / "hf")
+        """,
+            m.url,
+            tmp_path / "hf",
+        )
         assert out is not None and out["type"] == "qwen2", p.stderr[-3000:]
         assert "README.md" not in out["files"] and "config.json" in out["files"]
     assert run_cli("verify", home=home).returncode == 0
     # Served again with the upstream unreachable: only what was pulled is there.
     upstream.stop()
     with serving(home, env=serve_env()) as m:
-        p, out = client(f"""
+        p, out = client(
+            f"""
             from huggingface_hub import hf_hub_download
             report(open(hf_hub_download({TINY_MODEL!r}, "config.json")).read()[:1])
-        """, m.url, tmp_path / "hf2")
+        """,
+            m.url,
+            tmp_path / "hf2",
+        )
         assert out == "{", p.stderr[-2000:]
 
 
@@ -438,10 +490,14 @@ def test_a_dataset_is_pulled_as_a_model_is(upstream, tmp_path):
         assert out == {"train": len(TRAIN), "files": ["test.csv", "train.csv"]}, p.stderr[-3000:]
     p = run_cli("export-cache", str(tmp_path / "cache"), "--target", X86, home=other)
     assert p.returncode == 0, p.stderr
-    p = load_offline(f"""
+    p = load_offline(
+        f"""
         from huggingface_hub import hf_hub_download
-        assert len(open(hf_hub_download({DATASET!r}, "data/train.csv", repo_type="dataset"), "rb").read()) == {len(TRAIN)}
-    """, {"HF_HUB_CACHE": str(tmp_path / "cache")})
+        path = hf_hub_download({DATASET!r}, "data/train.csv", repo_type="dataset")
+        assert len(open(path, "rb").read()) == {len(TRAIN)}
+    """,
+        {"HF_HUB_CACHE": str(tmp_path / "cache")},
+    )
     assert p.returncode == 0, p.stderr[-3000:]
 
 

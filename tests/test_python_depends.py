@@ -72,7 +72,7 @@ def test_stage_fetches_the_wheel_python_depends_name_verified_and_verify_checks_
         served = list(index.requests)
         p2, doc2 = stage(hub, home, index.url, m)  # a rerun reads the page again, downloads nothing
         assert p2.returncode == 0 and doc2["downloaded_bytes"] == 0, p2.stderr
-        assert [r for r in index.requests[len(served):] if r.startswith("/files/")] == []
+        assert [r for r in index.requests[len(served) :] if r.startswith("/files/")] == []
     v = run_cli("verify", "--json", home=home)
     assert v.returncode == 0 and json.loads(v.stdout)["wheels"] == 1, v.stdout
     link.unlink()
@@ -100,7 +100,8 @@ def test_a_page_without_hashes_offers_nothing_and_the_line_says_how_to_get_binar
     assert p.returncode == 1 and doc["rows"][0]["status"] == "refused", p.stdout
     assert 'python = "3.12"' in doc["rows"][0]["detail"] and "no wheel of einops" in doc["rows"][0]["detail"]
     assert plain.returncode == 1 and plain.stderr.strip().splitlines() == [
-        f"frt-mirror: refused: {doc['rows'][0]['detail']}"], plain.stderr
+        f"frt-mirror: refused: {doc['rows'][0]['detail']}"
+    ], plain.stderr
     with LocalIndex(tmp_path / "index", no_hash=True) as index:  # pure wheels, but no digest to check them by
         make_wheel(folder, "einops", "0.8.1", EINOPS_PY)
         p, doc = stage(hub, home, index.url, m)
@@ -109,8 +110,14 @@ def test_a_page_without_hashes_offers_nothing_and_the_line_says_how_to_get_binar
 
 def test_a_target_naming_its_python_gets_binary_wheels_and_their_requirements(hub, home, tmp_path):
     folder = tmp_path / "index"
-    make_wheel(folder, "einops", "0.8.1", EINOPS_PY, tag="cp312-cp312-manylinux_2_28_x86_64",
-               requires=("tinydep>=1.1", "torch>=2", 'winonly; sys_platform == "win32"', 'extra-only; extra == "x"'))
+    make_wheel(
+        folder,
+        "einops",
+        "0.8.1",
+        EINOPS_PY,
+        tag="cp312-cp312-manylinux_2_28_x86_64",
+        requires=("tinydep>=1.1", "torch>=2", 'winonly; sys_platform == "win32"', 'extra-only; extra == "x"'),
+    )
     make_wheel(folder, "einops", "0.8.1", EINOPS_PY, tag="cp311-cp311-manylinux_2_28_x86_64")
     make_wheel(folder, "tinydep", "1.0", {"tinydep/__init__.py": ""})
     make_wheel(folder, "tinydep", "1.2", {"tinydep/__init__.py": ""})
@@ -121,8 +128,10 @@ def test_a_target_naming_its_python_gets_binary_wheels_and_their_requirements(hu
         p, doc = stage(hub, home, index.url, m)
         assert p.returncode == 0, p.stderr
         assert not any("torch" in r or "winonly" in r for r in index.requests), index.requests
-    assert doc["rows"][0]["wheels"] == ["einops-0.8.1-cp312-cp312-manylinux_2_28_x86_64.whl",
-                                        "tinydep-1.2-py3-none-any.whl"]
+    assert doc["rows"][0]["wheels"] == [
+        "einops-0.8.1-cp312-cp312-manylinux_2_28_x86_64.whl",
+        "tinydep-1.2-py3-none-any.whl",
+    ]
     m.write_text(m.read_text().replace('"3.12"', "3.12"))
     p = run_cli("stage", str(m), home=home)
     assert p.returncode == 2 and "python" in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
@@ -173,7 +182,8 @@ def test_the_cluster_installs_the_wheels_through_each_handoff_and_kernels_loads(
     load.write_text(LOAD)
     pip = "python -m pip install -q --disable-pip-version-check --no-cache-dir"
     script = tmp_path / "cluster.sh"
-    script.write_text(textwrap.dedent(f"""\
+    script.write_text(
+        textwrap.dedent(f"""\
         set -eu
         ip link set lo up
         export FRT_MIRROR_HOME={cluster}
@@ -197,7 +207,8 @@ def test_the_cluster_installs_the_wheels_through_each_handoff_and_kernels_loads(
         (eval "$(frt-mirror env --serve http://127.0.0.1:8471)"; HF_HOME={tmp_path}/hf PYTHONPATH={tmp_path}/t3 \\
          python {load})
         kill %1
-    """))
+    """)
+    )
     # pip as on a bare cluster: no pip.conf (this box's names a local wheelhouse that holds einops too)
     env = {**{k: v for k, v in cli_env().items() if not k.startswith("PIP_")}, "PIP_CONFIG_FILE": os.devnull}
     env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '/usr/bin:/bin')}"
@@ -211,21 +222,34 @@ def test_the_cluster_installs_the_wheels_through_each_handoff_and_kernels_loads(
 
 # -- the index's pages and the choice of wheel, as data ---------------------------------------------------
 
+
 def test_a_hostile_index_page_offers_only_files_it_vouches_for_under_plain_names():
     from frt.resolver.wheel_index import _from_html, _from_json
 
     sha = "a" * 64
-    page = (f'<a href="../../files/einops-0.8.1-py3-none-any.whl#sha256={sha}">einops-0.8.1-py3-none-any.whl</a>'
-            f'<a href="/x#sha256={sha}">../../../etc/passwd.whl</a><a href="/y#md5=abc">einops-0.8.2-py3-none-any.whl</a>'
-            f'<a href="/z#sha256={sha}">.hidden-1.0-py3-none-any.whl</a><a>no href</a>'
-            f'<a href="file:///etc/shadow#sha256={sha}" data-yanked="">einops-0.8.0-py3-none-any.whl</a>')
+    page = (
+        f'<a href="../../files/einops-0.8.1-py3-none-any.whl#sha256={sha}">einops-0.8.1-py3-none-any.whl</a>'
+        f'<a href="/x#sha256={sha}">../../../etc/passwd.whl</a><a href="/y#md5=abc">einops-0.8.2-py3-none-any.whl</a>'
+        f'<a href="/z#sha256={sha}">.hidden-1.0-py3-none-any.whl</a><a>no href</a>'
+        f'<a href="file:///etc/shadow#sha256={sha}" data-yanked="">einops-0.8.0-py3-none-any.whl</a>'
+    )
     got = _from_html(page.encode(), "http://idx/simple/einops/", "index")
     assert [(f.filename, f.url, f.yanked) for f in got] == [
         ("einops-0.8.1-py3-none-any.whl", "http://idx/files/einops-0.8.1-py3-none-any.whl", False),
-        ("einops-0.8.0-py3-none-any.whl", "file:///etc/shadow", True)]  # fetched only over http(s): below
-    doc = {"files": [{"filename": "einops-0.8.1-py3-none-any.whl", "url": "/f", "hashes": {"sha256": sha},
-                      "size": 12, "requires-python": ">=3.9"},
-                     {"filename": "a/b-1.0-py3-none-any.whl", "url": "/g", "hashes": {"sha256": sha}}]}
+        ("einops-0.8.0-py3-none-any.whl", "file:///etc/shadow", True),
+    ]  # fetched only over http(s): below
+    doc = {
+        "files": [
+            {
+                "filename": "einops-0.8.1-py3-none-any.whl",
+                "url": "/f",
+                "hashes": {"sha256": sha},
+                "size": 12,
+                "requires-python": ">=3.9",
+            },
+            {"filename": "a/b-1.0-py3-none-any.whl", "url": "/g", "hashes": {"sha256": sha}},
+        ]
+    }
     [only] = _from_json(doc, "http://idx/simple/einops/", "index")
     assert (only.url, only.size, only.requires_python) == ("http://idx/f", 12, ">=3.9")
 
@@ -254,18 +278,26 @@ def test_the_choice_of_wheel_follows_pip():
     def f(name, **kw):
         return IndexFile(name, f"http://i/{name}", "0" * 64, **kw)
 
-    files = [f("einops-0.8.1-py3-none-any.whl"), f("einops-0.8.1-cp312-cp312-manylinux_2_28_x86_64.whl"),
-             f("einops-0.9.0-py3-none-any.whl", yanked=True), f("einops-1.0.0rc1-py3-none-any.whl"),
-             f("einops-0.8.5-cp312-cp312-win_amd64.whl"), f("einops-0.8.9-py3-none-any.whl", requires_python=">=3.13"),
-             f("einops-0.8.1.tar.gz")]
+    files = [
+        f("einops-0.8.1-py3-none-any.whl"),
+        f("einops-0.8.1-cp312-cp312-manylinux_2_28_x86_64.whl"),
+        f("einops-0.9.0-py3-none-any.whl", yanked=True),
+        f("einops-1.0.0rc1-py3-none-any.whl"),
+        f("einops-0.8.5-cp312-cp312-win_amd64.whl"),
+        f("einops-0.8.9-py3-none-any.whl", requires_python=">=3.13"),
+        f("einops-0.8.1.tar.gz"),
+    ]
     cpu = parse_target(X86)
     assert pick(files, cpu, Requirement("einops")).file.filename == "einops-0.8.9-py3-none-any.whl"  # Python unknown
     py312 = replace(cpu, python="3.12")
-    assert pick(files, py312, Requirement("einops")).file.filename == \
-        "einops-0.8.1-cp312-cp312-manylinux_2_28_x86_64.whl"  # the most specific tag of the newest that fits
+    assert (
+        pick(files, py312, Requirement("einops")).file.filename == "einops-0.8.1-cp312-cp312-manylinux_2_28_x86_64.whl"
+    )  # the most specific tag of the newest that fits
     assert pick(files, py312, Requirement("einops<0.8")) is None
     assert pick([f("einops-0.9.0-py3-none-any.whl", yanked=True)], cpu, Requirement("einops")) is not None
-    meta = (b"Name: x\nRequires-Dist: a\nRequires-Dist: torch>=2\nRequires-Dist: b; sys_platform == 'win32'\n"
-            b"Requires-Dist: c; python_version < '3.10'\nRequires-Dist: d; extra == 'dev'\nRequires-Dist: not a req!\n")
+    meta = (
+        b"Name: x\nRequires-Dist: a\nRequires-Dist: torch>=2\nRequires-Dist: b; sys_platform == 'win32'\n"
+        b"Requires-Dist: c; python_version < '3.10'\nRequires-Dist: d; extra == 'dev'\nRequires-Dist: not a req!\n"
+    )
     assert [r.name for r in requires(meta, cpu)] == ["a", "c"]  # Python unknown: c holds for some 3.9..3.14
     assert [r.name for r in requires(meta, py312)] == ["a"]

@@ -104,8 +104,10 @@ def test_kernels_load_from_the_read_only_views(staged):
     code = f"import kernels; k = kernels.get_kernel({ACTIVATION!r}, version=2); print(k.VARIANT, k.add(2, 3))"
     env = {k: v for k, v in cli_env().items() if not k.startswith("LOCAL_KERNELS")}
     env.update(HF_HUB_OFFLINE="1")
-    script = (f'eval "$({shlex.join([EXE, "--home", str(staged.ro), "env", "--target", X86])})" && '
-              f"exec {shlex.quote(sys.executable)} -c {shlex.quote(code)}")
+    script = (
+        f'eval "$({shlex.join([EXE, "--home", str(staged.ro), "env", "--target", X86])})" && '
+        f"exec {shlex.quote(sys.executable)} -c {shlex.quote(code)}"
+    )
     p = read_only(staged.home, staged.ro, script, env=env)
     assert p.returncode == 0, p.stderr
     assert p.stdout.split() == [X86_CPU, "5"]
@@ -114,9 +116,15 @@ def test_kernels_load_from_the_read_only_views(staged):
 def test_serve_on_a_read_only_home(staged, tmp_path):
     port, err = free_port(), tmp_path / "serve.err"
     with open(err, "wb") as e:
-        proc = read_only(staged.home, staged.ro, "exec " + shlex.join(
-            [EXE, "--home", str(staged.ro), "serve", "--port", str(port)]), net=True, popen=True,
-            stdout=subprocess.DEVNULL, stderr=e)
+        proc = read_only(
+            staged.home,
+            staged.ro,
+            "exec " + shlex.join([EXE, "--home", str(staged.ro), "serve", "--port", str(port)]),
+            net=True,
+            popen=True,
+            stdout=subprocess.DEVNULL,
+            stderr=e,
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         info = _get_json(f"{url}/api/kernels/{ACTIVATION}/revision/v2", proc, err)
@@ -177,8 +185,7 @@ def test_writing_commands_on_a_read_only_home_are_one_line(staged, tmp_path):
     assert p.returncode == 2 and "read-only" in one_line(p)
     p = ro_cli(staged, "token", "add", "ci")
     assert p.returncode == 2 and "read-only" in one_line(p)
-    p = ro_cli(staged, "resolve", ACTIVATION, "--version", "2", "--target", X86,
-               "--endpoint", "http://127.0.0.1:9")
+    p = ro_cli(staged, "resolve", ACTIVATION, "--version", "2", "--target", X86, "--endpoint", "http://127.0.0.1:9")
     assert p.returncode == 2 and "--offline" in one_line(p)
     tar = tmp_path / "b.tar"
     assert run_cli("bundle", str(tar), home=staged.home).returncode == 0
@@ -197,8 +204,12 @@ def _copy_ledger(staged, tmp_path: Path, edit: str) -> Path:
 
 
 def test_a_newer_schema_on_a_read_only_mount_is_one_line(staged, tmp_path):
-    other = _copy_ledger(staged, tmp_path, "INSERT INTO schema_migrations (version, applied_at) "
-                                           "SELECT max(version) + 1, '2030-01-01' FROM schema_migrations;")
+    other = _copy_ledger(
+        staged,
+        tmp_path,
+        "INSERT INTO schema_migrations (version, applied_at) "
+        "SELECT max(version) + 1, '2030-01-01' FROM schema_migrations;",
+    )
     p = ro_cli(staged, "report", src=other)
     assert p.returncode == 2 and "newer than this frt-mirror understands" in one_line(p)
 
@@ -217,10 +228,10 @@ def test_a_write_ahead_log_left_on_a_read_only_mount(staged, tmp_path):
     other = _copy_ledger(staged, tmp_path, "")
     crash = textwrap.dedent(f"""
         import os, sqlite3
-        db = sqlite3.connect({str(other / 'ledger.sqlite')!r})
+        db = sqlite3.connect({str(other / "ledger.sqlite")!r})
         db.execute("PRAGMA wal_autocheckpoint = 0")
         db.execute("INSERT INTO tokens (name, sha256, created_at) "
-                   "VALUES ('late', '{'0' * 64}', '2026-01-01')")
+                   "VALUES ('late', '{"0" * 64}', '2026-01-01')")
         db.commit()
         os._exit(0)  # no close: the row stays in the -wal
     """)

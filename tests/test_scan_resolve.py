@@ -57,8 +57,9 @@ def test_scan_records_refs_history_variants_files_and_metadata(hub, client, ledg
     so = by_name["_activation.abi3.so"]
     advertised = repo.commits[head].meta[so.path]
     assert (so.size, so.sha256) == (advertised.size, advertised.sha256)  # LFS: sha256 from the tree
-    assert by_name["__init__.py"].sha256 is None and by_name["__init__.py"].git_oid == advertised_oid(repo, head,
-                                                                                                    "__init__.py")
+    assert by_name["__init__.py"].sha256 is None and by_name["__init__.py"].git_oid == advertised_oid(
+        repo, head, "__init__.py"
+    )
 
 
 def advertised_oid(repo, sha, filename):
@@ -74,6 +75,7 @@ def test_rescan_is_incremental(hub, client, ledger):
     # A new upstream commit: only its history page and its own build listing are fetched.
     repo = hub.repos[("kernel", ACTIVATION)]
     from tests.support.kernel_fixtures import build
+
     repo.commit(build("activation", [X86_CPU], version=2, note="v2.2"), title="v2: x86 only", branch="v2")
     hub.reset_log()
     report = scan(ACTIVATION, hub=client, ledger=ledger)
@@ -122,11 +124,15 @@ def test_aarch64_trap_is_explained(hub, client, ledger):
 def test_resolution_picks_the_preferred_variant_with_its_files(hub, client, ledger):
     res = resolve(ACTIVATION, target=ARM_CU_TARGET, ledger=ledger, version=2, hub=client)
     assert res.variant == ARM_CU and res.commit == hub.repos[("kernel", ACTIVATION)].branches["v2"]
-    assert sorted(f.path.rsplit("/", 1)[1] for f in res.files) == ["__init__.py", "_activation.abi3.so",
-                                                                  "metadata.json"]
+    assert sorted(f.path.rsplit("/", 1)[1] for f in res.files) == [
+        "__init__.py",
+        "_activation.abi3.so",
+        "metadata.json",
+    ]
     # torch-cuda (noarch) is also accepted, but the arch build is preferred, as kernels does.
-    res = resolve(ACTIVATION, target=parse_target("torch2.11-cu132-aarch64-linux"), ledger=ledger, version=2,
-                  offline=True)
+    res = resolve(
+        ACTIVATION, target=parse_target("torch2.11-cu132-aarch64-linux"), ledger=ledger, version=2, offline=True
+    )
     assert res.variant == ARM_CU  # cu130 ≤ cu132, same major
 
 
@@ -139,8 +145,14 @@ def test_pin_overrides_version_and_revision(hub, client, ledger):
     res = resolve(ACTIVATION, target=ARM_CU_TARGET, ledger=ledger, revision="v2", hub=client, environ=env)
     assert res.commit == c3
     # A short sha pins too (unambiguous prefix, from the ledger).
-    res = resolve(ACTIVATION, target=X86_CPU_TARGET, ledger=ledger, version=2, offline=True,
-                  environ={pin_variable(ACTIVATION): c1[:10]})
+    res = resolve(
+        ACTIVATION,
+        target=X86_CPU_TARGET,
+        ledger=ledger,
+        version=2,
+        offline=True,
+        environ={pin_variable(ACTIVATION): c1[:10]},
+    )
     assert res.commit == c1
 
 
@@ -159,8 +171,11 @@ def test_missing_version_revision_and_repo_are_recorded_refusals(hub, client, le
     with pytest.raises(KernelUnavailable, match="repository not found"):
         resolve("kernels-test/missing", target=X86_CPU_TARGET, ledger=ledger, version=1, hub=client)
     errors = sorted((r.repo_id, r.error) for r in ledger.refusals())
-    assert errors == [(ACTIVATION, "RevisionNotFound"), (ACTIVATION, "VersionNotFound"),
-                      ("kernels-test/missing", "RepoNotFound")]
+    assert errors == [
+        (ACTIVATION, "RevisionNotFound"),
+        (ACTIVATION, "VersionNotFound"),
+        ("kernels-test/missing", "RepoNotFound"),
+    ]
     missing = next(r for r in ledger.refusals() if r.error == "RepoNotFound")
     assert "Repository" in missing.detail or "repository" in missing.detail  # upstream's own text kept
 
@@ -170,11 +185,14 @@ def test_repeated_refusal_counts_and_distinct_failures_stay_distinct(hub, client
         with pytest.raises(KernelUnavailable):
             resolve(ACTIVATION, target=ARM_CU_TARGET, ledger=ledger, version=1, hub=client)
     with pytest.raises(KernelUnavailable):
-        resolve(ACTIVATION, target=parse_target("torch2.12-cu130-aarch64-linux"), ledger=ledger, version=1,
-                offline=True)
+        resolve(
+            ACTIVATION, target=parse_target("torch2.12-cu130-aarch64-linux"), ledger=ledger, version=1, offline=True
+        )
     rows = ledger.refusals()
-    assert sorted((r.target, r.count) for r in rows) == [("torch2.11-cu130-aarch64-linux", 3),
-                                                        ("torch2.12-cu130-aarch64-linux", 1)]
+    assert sorted((r.target, r.count) for r in rows) == [
+        ("torch2.11-cu130-aarch64-linux", 3),
+        ("torch2.12-cu130-aarch64-linux", 1),
+    ]
 
 
 def test_offline_resolve_uses_the_ledger_only(hub, client, ledger):

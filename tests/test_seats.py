@@ -39,7 +39,6 @@ def seats_home(tmp_path_factory):
     return staged_home(tmp_path_factory.mktemp("seats"))
 
 
-
 def seats_in(model) -> list[str]:
     return [n for n, m in model.named_modules() if isinstance(m, Seat)]
 
@@ -76,16 +75,25 @@ def test_attach_generate_detach_is_bit_identical(seats_home, caplog):
 
 def test_refusals_carry_reasons_and_the_rest_attach(seats_home):
     model = tiny_qwen3()
-    cat = SeatCatalog((
-        SeatSpec("norm", KernelRef(WRONG, version=1, layer="RMSNorm"), match=("input_layernorm",)),
-        SeatSpec("linear", KernelRef(WRONG, version=1, function="linear_drops_bias"),
-                 match=("self_attn.q_proj", "mlp.down_proj")),
-        SeatSpec("linear", KernelRef(LINEAR, version=2, layer="Linear"), match=("k_proj",)),
-        SeatSpec("linear", KernelRef("kernels-test/seat-missing", version=1, layer="Linear"), match=("v_proj",)),
-        SeatSpec("norm", KernelRef(RMSNORM, version=1, layer="RMSNorm"), match=("post_attention_layernorm",),
-                 guards=Guards(dtypes=("bfloat16",))),
-        SeatSpec("norm", KernelRef(RMSNORM, version=1, layer="Nope"), match=("model.norm",)),
-    ))
+    cat = SeatCatalog(
+        (
+            SeatSpec("norm", KernelRef(WRONG, version=1, layer="RMSNorm"), match=("input_layernorm",)),
+            SeatSpec(
+                "linear",
+                KernelRef(WRONG, version=1, function="linear_drops_bias"),
+                match=("self_attn.q_proj", "mlp.down_proj"),
+            ),
+            SeatSpec("linear", KernelRef(LINEAR, version=2, layer="Linear"), match=("k_proj",)),
+            SeatSpec("linear", KernelRef("kernels-test/seat-missing", version=1, layer="Linear"), match=("v_proj",)),
+            SeatSpec(
+                "norm",
+                KernelRef(RMSNORM, version=1, layer="RMSNorm"),
+                match=("post_attention_layernorm",),
+                guards=Guards(dtypes=("bfloat16",)),
+            ),
+            SeatSpec("norm", KernelRef(RMSNORM, version=1, layer="Nope"), match=("model.norm",)),
+        )
+    )
     handle = attach(model, cat, home=seats_home)
     reasons = dict(handle.notes["refused"])
     # The wrong kernels: parity refuses them (the bias-dropping linear only where there is a bias).
@@ -97,8 +105,10 @@ def test_refusals_carry_reasons_and_the_rest_attach(seats_home):
     assert "which is not staged under" in reasons["model.layers.0.self_attn.k_proj"]
     assert "not staged for this host" in reasons["model.layers.0.self_attn.v_proj"]
     assert "repository not found" in reasons["model.layers.0.self_attn.v_proj"]
-    assert reasons["model.layers.0.post_attention_layernorm"] == \
-        "guard mismatch: the module is float32, the seat admits bfloat16"
+    assert (
+        reasons["model.layers.0.post_attention_layernorm"]
+        == "guard mismatch: the module is float32, the seat admits bfloat16"
+    )
     assert reasons["model.norm"] == "the kernel has no layers.Nope (it has: RMSNorm)"
     assert len(reasons) == 11 and handle.line() == "[frt.seats] 2 seats (0 head slabs), 11 refused"
     assert not handle.summary()["clean"]
@@ -107,8 +117,9 @@ def test_refusals_carry_reasons_and_the_rest_attach(seats_home):
 
 def test_strict_raises_kernel_unavailable_and_attaches_nothing(seats_home):
     model = tiny_qwen3()
-    cat = SeatCatalog(EXAMPLE.seats + (SeatSpec("norm", KernelRef(WRONG, version=1, layer="RMSNorm"),
-                                                 match=("model.norm",)),))
+    cat = SeatCatalog(
+        EXAMPLE.seats + (SeatSpec("norm", KernelRef(WRONG, version=1, layer="RMSNorm"), match=("model.norm",)),)
+    )
     cat = SeatCatalog((cat.seats[-1],) + EXAMPLE.seats)  # the wrong norm wins model.norm
     with pytest.raises(SeatsRefused) as ei:
         attach(model, cat, home=seats_home, strict=True)
@@ -206,8 +217,9 @@ def test_attach_needs_no_network(seats_home):
         print(h.line())
     """)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "FRT_", "LOCAL_KERNELS"))}
-    out = subprocess.run(["unshare", "-n", sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                         timeout=120)
+    out = subprocess.run(
+        ["unshare", "-n", sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[frt.seats] 1 seats (0 head slabs), 0 refused"
 
@@ -219,8 +231,9 @@ def test_a_pin_overrides_the_version_and_an_unstaged_pin_is_refused(seats_home):
     from frt.resolver.targets import host_target
 
     ledger = Ledger(ledger_path(seats_home))
-    v1, v2 = (resolve(LINEAR, target=host_target(), ledger=ledger, version=v, offline=True, environ={}).commit
-              for v in (1, 2))
+    v1, v2 = (
+        resolve(LINEAR, target=host_target(), ledger=ledger, version=v, offline=True, environ={}).commit for v in (1, 2)
+    )
     ledger.close()
     pin = "FRT_KERNEL_REV_KERNELS_TEST_SEAT_LINEAR"
     model = torch.nn.Sequential(torch.nn.Linear(16, 8)).eval()
@@ -243,10 +256,14 @@ def test_a_variant_for_another_backend_is_refused_before_any_cuda_query():
     def kernel(variant, backend, archs=()):
         return SimpleNamespace(resolution=SimpleNamespace(variant=variant), backend_type=backend, archs=archs)
 
-    assert device_problem(kernel("torch-cpu", "cpu"), torch.device("cuda", 1)) == \
-        "variant torch-cpu is built for cpu, the module is on cuda"
-    assert device_problem(kernel("torch-cuda", "cuda", ("9.0",)), torch.device("cpu")) == \
-        "variant torch-cuda is built for cuda, the module is on cpu"
+    assert (
+        device_problem(kernel("torch-cpu", "cpu"), torch.device("cuda", 1))
+        == "variant torch-cpu is built for cpu, the module is on cuda"
+    )
+    assert (
+        device_problem(kernel("torch-cuda", "cuda", ("9.0",)), torch.device("cpu"))
+        == "variant torch-cuda is built for cuda, the module is on cpu"
+    )
     assert device_problem(kernel("torch-universal", "cpu"), torch.device("cpu")) is None
     assert device_problem(kernel("torch213-cxx11-cpu-x86_64-linux", "cpu"), torch.device("cpu")) is None
 
@@ -262,7 +279,8 @@ def test_hooks_on_a_seat_still_run(seats_home):
         seat(x)
         h.remove()
         g = torch.nn.modules.module.register_module_forward_hook(
-            lambda m, i, o: seen.append(("global", type(m).__name__)) if m is seat else None)
+            lambda m, i, o: seen.append(("global", type(m).__name__)) if m is seat else None
+        )
         seat(x)
         g.remove()
         seat(x)
@@ -314,7 +332,9 @@ def test_a_fused_add_norm_keeps_its_residual_contract(seats_home):
     # of the row is refused outright.
     lay = SeatCatalog((SeatSpec("norm", KernelRef(RMSNORM, version=1, layer="RMSNorm"), match=("norm",)),))
     reasons = dict(attach(model, lay, home=seats_home).notes["refused"])
-    assert reasons["norm"] == "layers.RMSNorm.forward(hidden_states) does not match FusedAddRMSNorm.forward(x, residual)"
+    assert (
+        reasons["norm"] == "layers.RMSNorm.forward(hidden_states) does not match FusedAddRMSNorm.forward(x, residual)"
+    )
     norm.variance_size_override = 32
     reasons = dict(attach(model, cat, home=seats_home).notes["refused"])
     assert reasons["norm"] == "FusedAddRMSNorm normalises over variance_size_override channels, not the whole row"

@@ -40,11 +40,17 @@ from tests.support.seat_fixtures_compiled import (  # noqa: E402
     staged_compiled_home,
 )
 
-CATALOG = SeatCatalog((
-    SeatSpec("norm", KernelRef(COMPILED, version=1, layer="RMSNorm"), match_class=("Qwen3RMSNorm",),
-             guards=Guards(dtypes=("float32", "bfloat16", "float16"))),
-    SeatSpec("activation", KernelRef(COMPILED, version=1, function="silu"), match=("mlp.act_fn",)),
-))
+CATALOG = SeatCatalog(
+    (
+        SeatSpec(
+            "norm",
+            KernelRef(COMPILED, version=1, layer="RMSNorm"),
+            match_class=("Qwen3RMSNorm",),
+            guards=Guards(dtypes=("float32", "bfloat16", "float16")),
+        ),
+        SeatSpec("activation", KernelRef(COMPILED, version=1, function="silu"), match=("mlp.act_fn",)),
+    )
+)
 # 2 layers x (input, post-attention, q and k norms) + the final norm; 2 act_fn.
 SEATS = 2 * 4 + 1 + 2
 
@@ -55,15 +61,16 @@ def compiled_build() -> CompiledBuild:
         build = build_compiled()
     except BuildUnavailable as e:
         pytest.skip(f"cannot build the C++ fixture kernel here: {e}")
-    print(f"\n[seat-compiled] first build call: {'cache hit' if build.cache_hit else 'compiled'} in "
-          f"{build.seconds:.3f}s (the entry's compile took {build.build_seconds:.1f}s)")
+    print(
+        f"\n[seat-compiled] first build call: {'cache hit' if build.cache_hit else 'compiled'} in "
+        f"{build.seconds:.3f}s (the entry's compile took {build.build_seconds:.1f}s)"
+    )
     return build
 
 
 @pytest.fixture(scope="session")
 def compiled_home(tmp_path_factory, compiled_build) -> Path:
     return staged_compiled_home(tmp_path_factory.mktemp("compiled"), compiled_build)
-
 
 
 def compiled_module(build: CompiledBuild):
@@ -131,8 +138,7 @@ def test_compiled_seats_in_a_bfloat16_qwen3(compiled_home):
     assert torch.equal(logits(model, ids), base)
 
 
-@pytest.mark.parametrize("dtype, bound", [(torch.float32, 1e-6), (torch.bfloat16, 1e-2),
-                                          (torch.float16, 2e-3)])
+@pytest.mark.parametrize("dtype, bound", [(torch.float32, 1e-6), (torch.bfloat16, 1e-2), (torch.float16, 2e-3)])
 def test_the_compiled_ops_match_transformers_rmsnorm_and_silu(compiled_home, compiled_build, dtype, bound):
     from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
@@ -156,8 +162,7 @@ def test_the_compiled_ops_match_transformers_rmsnorm_and_silu(compiled_home, com
         assert rel(kernel.silu(y), torch.nn.functional.silu(y)) < bound
 
 
-def test_a_second_staged_copy_in_the_same_process_reuses_the_registered_ops(compiled_home, compiled_build,
-                                                                            tmp_path):
+def test_a_second_staged_copy_in_the_same_process_reuses_the_registered_ops(compiled_home, compiled_build, tmp_path):
     """Two homes with the same build: TORCH_LIBRARY would refuse a second registration of the namespace,
     so the second copy's package finds the ops registered (by the identical code) and uses them."""
     model = tiny_qwen3()
@@ -176,8 +181,10 @@ def test_a_second_staged_copy_in_the_same_process_reuses_the_registered_ops(comp
 def test_a_second_build_call_hits_the_cache(compiled_build):
     before = compiled_build.library.stat()
     again = build_compiled()
-    print(f"\n[seat-compiled] second build call: cache hit in {again.seconds * 1000:.1f} ms "
-          f"(the entry's compile took {again.build_seconds:.1f}s)")
+    print(
+        f"\n[seat-compiled] second build call: cache hit in {again.seconds * 1000:.1f} ms "
+        f"(the entry's compile took {again.build_seconds:.1f}s)"
+    )
     assert again.cache_hit and again.rebuilt_because is None
     after = again.library.stat()
     assert again.library == compiled_build.library and again.sha256 == compiled_build.sha256
@@ -205,8 +212,12 @@ def test_a_tampered_cached_library_is_rebuilt_not_used(compiled_build, tmp_path)
         print(json.dumps({{"hit": b.cache_hit, "because": b.rebuilt_because, "sha256": b.sha256,
                           "seconds": b.seconds}}))
     """)
-    procs = [subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
     results = []
     for p in procs:
         out, err = p.communicate(timeout=900)
@@ -218,6 +229,7 @@ def test_a_tampered_cached_library_is_rebuilt_not_used(compiled_build, tmp_path)
     assert [r["hit"] for r in results].count(True) == 1  # the other waited on the lock, then trusted it
     assert entry_problem(entry, compiled_build.key) is None
     assert lib.read_bytes() != bytes(data) and {r["sha256"] for r in results} == {
-        json.loads((entry / "build.json").read_text())["sha256"]}
+        json.loads((entry / "build.json").read_text())["sha256"]
+    }
     assert sorted(p.name for p in entry.iterdir()) == sorted(["build.json", "kernel.cpp", lib.name])
     assert [p.name for p in entry.parent.iterdir() if p.name.startswith(".")] == []  # no temp dirs left

@@ -18,8 +18,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
-                                reason="no CUDA device here: the Triton seat tests need one")
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device here: the Triton seat tests need one"
+)
 
 from frt.manifests import EXAMPLES, KernelRef, SeatCatalog, SeatSpec, load_seat_catalog  # noqa: E402
 from frt.resolver.errors import KernelUnavailable
@@ -46,21 +47,26 @@ EXAMPLE = load_seat_catalog(EXAMPLES / "seats-qwen3.toml")
 def with_triton(catalog: SeatCatalog) -> SeatCatalog:
     """The example catalog with its norms and activation taken by the Triton kernels; the rest (pure
     torch, torch-universal) stays, so one model mixes a torch-cuda and a universal variant."""
-    swap = {"norm": KernelRef(TRITON, version=1, layer="RMSNorm"),
-            "activation": KernelRef(TRITON, version=1, function="silu")}
+    swap = {
+        "norm": KernelRef(TRITON, version=1, layer="RMSNorm"),
+        "activation": KernelRef(TRITON, version=1, function="silu"),
+    }
     return SeatCatalog(tuple(dataclasses.replace(s, kernel=swap.get(s.kind, s.kernel)) for s in catalog.seats))
 
 
 CATALOG = with_triton(EXAMPLE)
 # Liger's kernels where they fit a transformers Qwen3: every RMSNorm, and each MLP block whole (its
 # SiLU-and-mul fused between the block's own projections).
-LIGER_CATALOG = SeatCatalog((
-    SeatSpec("norm", KernelRef(LIGER, version=1, layer="RMSNorm"), match_class=("Qwen3RMSNorm",)),
-    SeatSpec("mlp", KernelRef(LIGER, version=1, layer="SwiGLUMLP"), match=("mlp",)),
-))
+LIGER_CATALOG = SeatCatalog(
+    (
+        SeatSpec("norm", KernelRef(LIGER, version=1, layer="RMSNorm"), match_class=("Qwen3RMSNorm",)),
+        SeatSpec("mlp", KernelRef(LIGER, version=1, layer="SwiGLUMLP"), match=("mlp",)),
+    )
+)
 # Only where there is a GPU: without one, the module's own skip (no CUDA device) is the reason shown.
-needs_liger = pytest.mark.skipif(torch.cuda.is_available() and liger_problem() is not None,
-                                 reason=f"Liger: {liger_problem()}")
+needs_liger = pytest.mark.skipif(
+    torch.cuda.is_available() and liger_problem() is not None, reason=f"Liger: {liger_problem()}"
+)
 
 
 @pytest.fixture(scope="session")
@@ -74,7 +80,6 @@ def on_gpu(model, dtype=torch.float32):
 
 def ids_on_gpu(rows: int, cols: int, seed: int = 0):
     return torch.randint(0, 320, (rows, cols), generator=torch.Generator().manual_seed(seed)).cuda()
-
 
 
 def test_triton_seats_attach_generate_and_detach_bit_identical(seats_home):
@@ -118,8 +123,13 @@ def test_arch_check_uses_the_modules_device_and_strict_refuses(seats_home):
     if major == 8:  # a plain 8.0 cubin runs on 8.x: nothing to refuse on this device
         assert handle.notes["refused"] == []
     else:
-        assert handle.notes["refused"] == [("model.norm", f"CUDA capability {major}.{minor} of the module's device "
-                                            "is not among the variant's declared archs (8.0)")]
+        assert handle.notes["refused"] == [
+            (
+                "model.norm",
+                f"CUDA capability {major}.{minor} of the module's device "
+                "is not among the variant's declared archs (8.0)",
+            )
+        ]
         with pytest.raises(SeatsRefused) as ei:
             attach(model, cat, home=seats_home, strict=True)
         assert isinstance(ei.value, KernelUnavailable) and not isinstance(model.model.norm, Seat)
@@ -138,8 +148,12 @@ def test_a_cuda_variant_is_refused_for_a_module_on_the_cpu(seats_home):
 
 def test_the_wrong_kernel_is_refused_by_parity_on_gpu(seats_home):
     model = on_gpu(tiny_qwen3())
-    cat = SeatCatalog((SeatSpec("norm", KernelRef(WRONG, version=1, layer="RMSNorm"), match=("input_layernorm",)),
-                       SeatSpec("norm", KernelRef(TRITON, version=1, layer="RMSNorm"), match=("model.norm",))))
+    cat = SeatCatalog(
+        (
+            SeatSpec("norm", KernelRef(WRONG, version=1, layer="RMSNorm"), match=("input_layernorm",)),
+            SeatSpec("norm", KernelRef(TRITON, version=1, layer="RMSNorm"), match=("model.norm",)),
+        )
+    )
     handle = attach(model, cat, home=seats_home)
     reasons = dict(handle.notes["refused"])
     assert sorted(reasons) == ["model.layers.0.input_layernorm", "model.layers.1.input_layernorm"]
@@ -162,8 +176,9 @@ def test_band_on_gpu_prefill_original_decode_kernel(seats_home):
     handle.detach()
 
 
-@pytest.mark.parametrize("catalog", [CATALOG, pytest.param(LIGER_CATALOG, marks=needs_liger)],
-                         ids=["triton-fixtures", "liger"])
+@pytest.mark.parametrize(
+    "catalog", [CATALOG, pytest.param(LIGER_CATALOG, marks=needs_liger)], ids=["triton-fixtures", "liger"]
+)
 def test_graph_captured_decode_equals_eager_seated_decode(seats_home, catalog):
     """The decode step captured once with torch.cuda.CUDAGraph over a StaticCache, seats attached: its
     replays give the tokens and logits of the same steps run eagerly. The seats' Python ran at capture

@@ -60,9 +60,11 @@ def test_the_guard_still_refuses_what_is_not_its_kernels(seats_home):
     handle = attach(model, NORM_ONLY, home=seats_home)
     seat = model.model.norm
     with torch.no_grad():
-        for x in (torch.randn(2, 3, 64, dtype=torch.float64),  # dtype
-                  torch.randn(2, 3, 32),  # width: the original raises, as it would unseated
-                  torch.tensor(1.0)):  # 0-d: the hot path's IndexError, caught
+        for x in (
+            torch.randn(2, 3, 64, dtype=torch.float64),  # dtype
+            torch.randn(2, 3, 32),  # width: the original raises, as it would unseated
+            torch.tensor(1.0),
+        ):  # 0-d: the hot path's IndexError, caught
             try:
                 want = seat.original(x)
             except RuntimeError:
@@ -79,8 +81,9 @@ def test_the_guard_still_refuses_what_is_not_its_kernels(seats_home):
 
 
 @pytest.mark.parametrize("fast_match", [True, False], ids=["tensor-guards", "python-check-only"])
-def test_after_the_first_admitted_call_the_guard_still_refuses_what_is_not_its_kernels(seats_home, monkeypatch,
-                                                                                     fast_match):
+def test_after_the_first_admitted_call_the_guard_still_refuses_what_is_not_its_kernels(
+    seats_home, monkeypatch, fast_match
+):
     """The fast match is specialised on the first admitted tensor; what differs from it goes to the full
     guard, which still decides: admitted (other leading sizes, dims, grad, inference mode) or refused.
     Without torch's TensorGuards (python-check-only) the guard's own check is the fast test."""
@@ -91,8 +94,13 @@ def test_after_the_first_admitted_call_the_guard_still_refuses_what_is_not_its_k
     handle = attach(model, NORM_ONLY, home=seats_home)
     seat = model.model.norm
     kernel = lambda x: seat._call(seat.original, x)  # noqa: E731
-    admitted = [torch.randn(1, 2, 64), torch.randn(3, 5, 64), torch.randn(7, 64),
-                torch.randn(2, 1, 64, requires_grad=True), torch.randn(1, 64, 2).transpose(1, 2)]
+    admitted = [
+        torch.randn(1, 2, 64),
+        torch.randn(3, 5, 64),
+        torch.randn(7, 64),
+        torch.randn(2, 1, 64, requires_grad=True),
+        torch.randn(1, 64, 2).transpose(1, 2),
+    ]
     refused = [torch.randn(1, 2, 64, dtype=torch.float64), torch.randn(1, 2, 32), torch.tensor(1.0), "text"]
     with torch.no_grad():
         assert torch.equal(seat(admitted[0]), kernel(admitted[0]))
@@ -158,7 +166,6 @@ def test_an_mlp_seat_takes_the_whole_block(seats_home):
     assert torch.equal(logits(model, ids), base)
     with pytest.raises(SeatSpecError, match="an mlp seat needs a layer"):
         SeatSpec("mlp", KernelRef(ACTIVATION, version=1, function="silu"), match=("mlp",))
-
 
 
 def test_the_static_cache_decode_loop_is_a_decode(seats_home):

@@ -27,14 +27,14 @@ from tests.support.seat_fixtures import (  # noqa: E402
 )
 
 EXAMPLE = load_seat_catalog(EXAMPLES / "seats-qwen3.toml")
-EXPERTS_ONLY = SeatCatalog((SeatSpec("moe_experts", KernelRef(EXPERTS, version=1, layer="ExpertBank"),
-                                     match=("mlp.experts",)),))  # band: $FRT_MOE_BAND_T at attach
+EXPERTS_ONLY = SeatCatalog(
+    (SeatSpec("moe_experts", KernelRef(EXPERTS, version=1, layer="ExpertBank"), match=("mlp.experts",)),)
+)  # band: $FRT_MOE_BAND_T at attach
 
 
 @pytest.fixture(scope="session")
 def seats_home(tmp_path_factory):
     return staged_home(tmp_path_factory.mktemp("seats"))
-
 
 
 def routed(model, rows: int, seed: int = 0):

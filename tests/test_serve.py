@@ -37,14 +37,18 @@ def data(staged, repo: str, sha: str, path: str) -> bytes:
 
 
 def test_get_kernel_loads_the_staged_commits(serve_staged, serve_mirror, tmp_path):
-    p, out = run_client(f"""
+    p, out = run_client(
+        f"""
         import os, kernels
         ln = kernels.get_kernel({LAYERNORM!r}, version=1)   # kernel-depends: activation v2, from the mirror
         a1 = kernels.get_kernel({ACTIVATION!r}, version=1)
         report({{"ln": [ln.VARIANT, ln.REVISION_NOTE, ln.add(2, 3)], "a1": [a1.VARIANT, a1.REVISION_NOTE],
                  "snapshots": sorted(os.listdir(os.path.join(
                      os.environ["HF_HOME"], "hub", "kernels--kernels-test--activation", "snapshots")))}})
-    """, serve_mirror.url, tmp_path / "hf")
+    """,
+        serve_mirror.url,
+        tmp_path / "hf",
+    )
     assert out is not None, p.stderr
     assert out["ln"] == [X86_CPU, "initial", 5]
     assert out["a1"] == [X86_CPU, "cu-rebuild"]  # the v1 head, as staged
@@ -57,7 +61,8 @@ def test_get_kernel_loads_the_staged_commits(serve_staged, serve_mirror, tmp_pat
 
 
 def test_snapshot_refs_commits_tree_paths_info(serve_staged, serve_mirror, tmp_path):
-    p, out = run_client(f"""
+    p, out = run_client(
+        f"""
         import os
         from huggingface_hub import HfApi, snapshot_download
         api = HfApi()
@@ -86,33 +91,45 @@ def test_snapshot_refs_commits_tree_paths_info(serve_staged, serve_mirror, tmp_p
                       e.lfs.sha256 if getattr(e, "lfs", None) else None] for e in info],
             "rel": [rel.id, rel.sha], "head": head.sha,
         }})
-    """, serve_mirror.url, tmp_path / "hf")
+    """,
+        serve_mirror.url,
+        tmp_path / "hf",
+    )
     assert out is not None, p.stderr
     act, big = serve_staged.repos[ACTIVATION], serve_staged.repos[BIG]
     head = act.commits[act.branches["v1"]]
     prefix = f"build/{X86_CPU}/"
     staged_files = sorted(f for f in head.files if f.startswith(prefix))
     assert out["files"] == staged_files and out["snap"] == head.sha  # exactly the staged variant
-    assert out["branches"] == {"v1": act.branches["v1"], "v2": act.branches["v2"],
-                               "release/v1": act.branches["v1"], "main": act.branches["v2"]}
+    assert out["branches"] == {
+        "v1": act.branches["v1"],
+        "v2": act.branches["v2"],
+        "release/v1": act.branches["v1"],
+        "main": act.branches["v2"],
+    }
     assert out["tags"] == {"v1.0.0": act.branches["v1"]} and out["converts"] == []
     assert out["big_branches"] == {"v1": big.branches["v1"], "release/v1": big.branches["release/v1"]}
     # History: the staged commits of the line, newest first, with titles; "Initial build" was not
     # staged, so it is not listed (every listed commit resolves on the mirror).
-    assert [c[:2] for c in out["commits"]] == [[big.branches["v1"], "Rebuild"],
-                                               [big.branches["release/v1"], "Add weights"]]
+    assert [c[:2] for c in out["commits"]] == [
+        [big.branches["v1"], "Rebuild"],
+        [big.branches["release/v1"], "Add weights"],
+    ]
     assert out["commits"][0][2].startswith("2026-01-01T00:02:00") and out["commits"][0][3] == [ORG]
     so = head.meta[SO]
     assert sorted(e[1] for e in out["tree"]) == sorted(["build", prefix.rstrip("/"), *staged_files])
     assert ["RepoFile", SO, so.size, so.sha256] in out["tree"]
     assert out["top"] == ["build"] and out["sub"] == [prefix.rstrip("/")]
-    assert sorted(map(tuple, out["info"])) == [("RepoFile", SO, so.size, so.sha256),
-                                               ("RepoFolder", "build", None, None)]
+    assert sorted(map(tuple, out["info"])) == [
+        ("RepoFile", SO, so.size, so.sha256),
+        ("RepoFolder", "build", None, None),
+    ]
     assert out["rel"] == [BIG, big.branches["release/v1"]] and out["head"] == head.sha
 
 
 def test_lfs_download_range_head_and_no_xet(serve_staged, serve_mirror, tmp_path):
-    p, out = run_client(f"""
+    p, out = run_client(
+        f"""
         import hashlib, os
         from huggingface_hub import HfApi, get_session, hf_hub_download, hf_hub_url
         path = hf_hub_download({ACTIVATION!r}, {SO!r}, repo_type="kernel", revision="v1")
@@ -143,7 +160,10 @@ def test_lfs_download_range_head_and_no_xet(serve_staged, serve_mirror, tmp_path
             "past": [past.status_code, dict(past.headers)],
             "seen": seen, "tree": s.get(api + "/tree/v1?recursive=true&expand=true").json(),
         }})
-    """, serve_mirror.url, tmp_path / "hf")
+    """,
+        serve_mirror.url,
+        tmp_path / "hf",
+    )
     assert out is not None, p.stderr
     act = serve_staged.repos[ACTIVATION]
     sha = act.branches["v1"]
@@ -178,7 +198,8 @@ def test_dropped_download_resumes_with_range(serve_staged, serve_mirror, tmp_pat
     expected = big.commits[sha].meta[BIG_FILE].sha256
     cut_path = f"/kernels/{BIG}/resolve/v1/{BIG_FILE}"  # hf_hub_download GETs the URL it HEADed
     with CuttingProxy(serve_mirror.port, cut_path, cut_after=16 << 20) as proxy:
-        p, out = run_client(f"""
+        p, out = run_client(
+            f"""
             import hashlib
             from huggingface_hub import hf_hub_download
             path = hf_hub_download({BIG!r}, {BIG_FILE!r}, repo_type="kernel", revision="v1")
@@ -187,11 +208,13 @@ def test_dropped_download_resumes_with_range(serve_staged, serve_mirror, tmp_pat
                 while chunk := f.read(1 << 20):
                     h.update(chunk)
             report(h.hexdigest())
-        """, proxy.url, tmp_path / "hf")
+        """,
+            proxy.url,
+            tmp_path / "hf",
+        )
         gets = [e for e in proxy.exchanges if e.method == "GET" and e.path == cut_path]
     assert out == expected, p.stderr
-    assert proxy.cuts == 1 and len(gets) == 2, [(e.method, e.path, e.headers.get("range"))
-                                                for e in proxy.exchanges]
+    assert proxy.cuts == 1 and len(gets) == 2, [(e.method, e.path, e.headers.get("range")) for e in proxy.exchanges]
     first, resumed = gets
     assert "range" not in first.headers and first.status == 200
     assert resumed.headers["range"] == f"bytes={MiB10}-"  # resumes from a multiple of the 10 MiB chunk
@@ -206,7 +229,8 @@ def test_errors_map_to_the_clients_exceptions(serve_staged, serve_mirror, tmp_pa
     old = serve_staged.repos[ACTIVATION].history(v1(serve_staged))[-1].sha  # exists upstream, never staged
     unstaged = "build/torch-cpu/__init__.py"  # a variant upstream has at the v1 head; not staged
     assert unstaged in serve_staged.repos[ACTIVATION].commits[v1(serve_staged)].files
-    p, out = run_client(f"""
+    p, out = run_client(
+        f"""
         import huggingface_hub as h
         from huggingface_hub import HfApi, hf_hub_download
         api = HfApi()
@@ -236,7 +260,10 @@ def test_errors_map_to_the_clients_exceptions(serve_staged, serve_mirror, tmp_pa
                        api.file_exists({ACTIVATION!r}, {unstaged!r}, revision="v1", **K),
                        api.file_exists({ACTIVATION!r}, "README.md", revision="v1", **K)],
         }})
-    """, serve_mirror.url, tmp_path / "hf")
+    """,
+        serve_mirror.url,
+        tmp_path / "hf",
+    )
     assert out is not None, p.stderr
     for key in ("repo_dl", "repo_info", "refs"):
         assert "RepositoryNotFoundError" in out[key][1], (key, out[key])
@@ -249,7 +276,8 @@ def test_errors_map_to_the_clients_exceptions(serve_staged, serve_mirror, tmp_pa
 
 
 def test_get_kernel_errors(serve_staged, serve_mirror, tmp_path):
-    p, out = run_client(f"""
+    p, out = run_client(
+        f"""
         import kernels
         def err(fn):
             try:
@@ -260,7 +288,10 @@ def test_get_kernel_errors(serve_staged, serve_mirror, tmp_path):
         report([err(lambda: kernels.get_kernel("{ORG}/nope", version=1)),
                 err(lambda: kernels.get_kernel({ACTIVATION!r}, version=3)),
                 err(lambda: kernels.get_kernel("{ORG}/relu", version=1))])
-    """, serve_mirror.url, tmp_path / "hf")
+    """,
+        serve_mirror.url,
+        tmp_path / "hf",
+    )
     assert out is not None, p.stderr
     missing, no_version, unstaged = out
     assert missing[0] == "RepositoryNotFoundError"
@@ -378,16 +409,22 @@ def test_hostile_paths_are_4xx_and_leak_nothing(serve_mirror):
             c = http.client.HTTPConnection("127.0.0.1", serve_mirror.port, timeout=10)
     c.close()
     # Bodies that are not what paths-info expects: a 400, not a 500.
-    for body, ctype in [(b'{"paths": 5}', "application/json"), (b"[1, 2]", "application/json"),
-                        (b"null", "application/json"), (b"{", "application/json")]:
-        req = raw_request("POST", f"/api/kernels/{ACTIVATION}/paths-info/v1", f"Content-Type: {ctype}",
-                          body=body)
+    for body, ctype in [
+        (b'{"paths": 5}', "application/json"),
+        (b"[1, 2]", "application/json"),
+        (b"null", "application/json"),
+        (b"{", "application/json"),
+    ]:
+        req = raw_request("POST", f"/api/kernels/{ACTIVATION}/paths-info/v1", f"Content-Type: {ctype}", body=body)
         assert raw_http(serve_mirror.port, req)[0] == 400, body
     # Odd methods and headers.
     url = f"/kernels/{ACTIVATION}/resolve/v1/{SO}"
-    for req in [raw_request("DELETE", url), raw_request("POST", f"/api/kernels/{ACTIVATION}/refs"),
-                raw_request("GET", url, "Range: bytes=99999999999999999999-"),
-                raw_request("GET", url, "Range: bytes=" + "9" * 5000 + "-")]:
+    for req in [
+        raw_request("DELETE", url),
+        raw_request("POST", f"/api/kernels/{ACTIVATION}/refs"),
+        raw_request("GET", url, "Range: bytes=99999999999999999999-"),
+        raw_request("GET", url, "Range: bytes=" + "9" * 5000 + "-"),
+    ]:
         assert 400 <= raw_http(serve_mirror.port, req)[0] < 500, req[:100]
     assert serve_mirror.proc.poll() is None
 
@@ -399,8 +436,7 @@ def test_head_on_the_wire_has_no_body(serve_staged, serve_mirror):
     assert status == 200 and body == b""
     assert headers["content-length"] == str(so.size) and "content-encoding" not in headers
     assert headers["x-repo-commit"] == v1(serve_staged)
-    status, headers, body = raw_http(serve_mirror.port,
-                                     raw_request("GET", url, "Accept-Encoding: gzip, deflate"))
+    status, headers, body = raw_http(serve_mirror.port, raw_request("GET", url, "Accept-Encoding: gzip, deflate"))
     assert status == 200 and "content-encoding" not in headers
     assert hashlib.sha256(body).hexdigest() == so.sha256
 
@@ -423,8 +459,7 @@ def test_a_mirror_stages_from_a_mirror(serve_staged, serve_mirror, tmp_path, mon
     rows = stage(site, serve_staged.manifests, serve_mirror.url)
 
     def key(r):
-        return tuple(r[k] for k in ("repo", "requested", "target", "commit", "variant", "files", "bytes",
-                                    "status"))
+        return tuple(r[k] for k in ("repo", "requested", "target", "commit", "variant", "files", "bytes", "status"))
 
     assert sorted(map(key, rows)) == sorted(map(key, serve_staged.rows))
     assert all(r["status"] == "staged" for r in rows)

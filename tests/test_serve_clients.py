@@ -26,10 +26,25 @@ pytestmark = pytest.mark.hub1
 V1_FILES = sorted(f"build/{X86_CPU}/{n}" for n in ("__init__.py", "_activation.abi3.so", "metadata.json"))
 META = f"build/{X86_CPU}/metadata.json"
 # Every spelling of a revision naming activation's v1 head that a client or a user may send.
-V1_SPELLINGS = ["v1", "refs%2Fheads%2Fv1", "refs/heads/v1", "refs%2Ftags%2Fv1.0.0", "refs/tags/v1.0.0",
-                "release%2Fv1", "refs%2Fheads%2Frelease%2Fv1", "refs/heads/release%2Fv1"]
-MISSING = ["refs%2Fpr%2F1", "refs/pr/1", "refs/convert/parquet", "refs%2Fheads%2Fv9", "refs/heads/v9",
-           "refs/tags/v1", "refs%2Fheads%2Fv1.0.0"]
+V1_SPELLINGS = [
+    "v1",
+    "refs%2Fheads%2Fv1",
+    "refs/heads/v1",
+    "refs%2Ftags%2Fv1.0.0",
+    "refs/tags/v1.0.0",
+    "release%2Fv1",
+    "refs%2Fheads%2Frelease%2Fv1",
+    "refs/heads/release%2Fv1",
+]
+MISSING = [
+    "refs%2Fpr%2F1",
+    "refs/pr/1",
+    "refs/convert/parquet",
+    "refs%2Fheads%2Fv9",
+    "refs/heads/v9",
+    "refs/tags/v1",
+    "refs%2Fheads%2Fv1.0.0",
+]
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +64,11 @@ def tool(name: str, *args: str, url: str, hf_home: Path, cwd: Path | None = None
 
 def files_under(root: Path) -> dict[str, str]:
     """{relative path: sha256} of the files a download left, without huggingface_hub's own metadata."""
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file() and ".cache" not in p.relative_to(root).parts}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and ".cache" not in p.relative_to(root).parts
+    }
 
 
 def upstream(staged, repo: str, rev: str, paths) -> dict[str, str]:
@@ -67,10 +85,14 @@ def v1(staged) -> str:
 
 def routes(rev: str) -> list[tuple[str, str, bytes]]:
     api = f"/api/kernels/{ACTIVATION}"
-    return [("GET", f"{api}/revision/{rev}", b""), ("GET", f"{api}/tree/{rev}/build", b""),
-            ("GET", f"{api}/commits/{rev}", b""), ("POST", f"{api}/paths-info/{rev}", b"paths=build"),
-            ("HEAD", f"/kernels/{ACTIVATION}/resolve/{rev}/{META}", b""),
-            ("GET", f"/kernels/{ACTIVATION}/resolve/{rev}/{META}", b"")]
+    return [
+        ("GET", f"{api}/revision/{rev}", b""),
+        ("GET", f"{api}/tree/{rev}/build", b""),
+        ("GET", f"{api}/commits/{rev}", b""),
+        ("POST", f"{api}/paths-info/{rev}", b"paths=build"),
+        ("HEAD", f"/kernels/{ACTIVATION}/resolve/{rev}/{META}", b""),
+        ("GET", f"/kernels/{ACTIVATION}/resolve/{rev}/{META}", b""),
+    ]
 
 
 def ask(port: int, method: str, path: str, body: bytes):
@@ -124,22 +146,55 @@ def test_repo_info_without_revision_when_main_is_not_staged(serve_staged, serve_
 def test_hf_download(serve_staged, serve_mirror, tmp_path):
     # --include into a --local-dir, at a slash branch.
     local = tmp_path / "act"
-    p = tool("hf", "download", ACTIVATION, "--repo-type", "kernel", "--revision", "release/v1",
-             "--include", f"build/{X86_CPU}/*", "--local-dir", str(local), url=serve_mirror.url,
-             hf_home=tmp_path / "hf")
+    p = tool(
+        "hf",
+        "download",
+        ACTIVATION,
+        "--repo-type",
+        "kernel",
+        "--revision",
+        "release/v1",
+        "--include",
+        f"build/{X86_CPU}/*",
+        "--local-dir",
+        str(local),
+        url=serve_mirror.url,
+        hf_home=tmp_path / "hf",
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     assert files_under(local) == upstream(serve_staged, ACTIVATION, "v1", V1_FILES)
     # A whole repo at a slash branch, its 24 MiB LFS file included.
     local = tmp_path / "big"
-    p = tool("hf", "download", BIG, "--repo-type", "kernel", "--revision", "release/v1", "--local-dir",
-             str(local), url=serve_mirror.url, hf_home=tmp_path / "hf")
+    p = tool(
+        "hf",
+        "download",
+        BIG,
+        "--repo-type",
+        "kernel",
+        "--revision",
+        "release/v1",
+        "--local-dir",
+        str(local),
+        url=serve_mirror.url,
+        hf_home=tmp_path / "hf",
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     rel = serve_staged.repos[BIG].commits[serve_staged.repos[BIG].branches["release/v1"]]
     assert files_under(local) == upstream(serve_staged, BIG, "release/v1", sorted(rel.files))
     assert BIG_FILE in files_under(local)
     # One file into the cache, by full ref name.
-    p = tool("hf", "download", ACTIVATION, META, "--repo-type", "kernel", "--revision", "refs/heads/v1",
-             url=serve_mirror.url, hf_home=tmp_path / "hf2")
+    p = tool(
+        "hf",
+        "download",
+        ACTIVATION,
+        META,
+        "--repo-type",
+        "kernel",
+        "--revision",
+        "refs/heads/v1",
+        url=serve_mirror.url,
+        hf_home=tmp_path / "hf2",
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     snapshots = tmp_path / "hf2" / "hub" / "kernels--kernels-test--activation" / "snapshots"
     cached = snapshots / v1(serve_staged) / META
@@ -164,15 +219,20 @@ def test_kernels_lock_then_download(serve_staged, serve_mirror, tmp_path):
     project.mkdir()
     (project / "pyproject.toml").write_text(
         '[project]\nname = "uses-kernels"\nversion = "0.1"\n\n'
-        f'[tool.kernels.dependencies]\n"{LAYERNORM}" = 1\n"{ACTIVATION}" = 1\n')
+        f'[tool.kernels.dependencies]\n"{LAYERNORM}" = 1\n"{ACTIVATION}" = 1\n'
+    )
     p = tool("kernels", "lock", str(project), url=serve_mirror.url, hf_home=tmp_path / "hf")
     assert p.returncode == 0, p.stderr[-3000:]
     act = serve_staged.repos[ACTIVATION]
-    locks = {(e["dependency"]["repo-id"], e["dependency"]["version"]): e["lock"]["commit"]
-             for e in json.loads((project / "kernels.lock").read_text())}
-    assert locks == {(LAYERNORM, 1): serve_staged.repos[LAYERNORM].branches["v1"],
-                     (ACTIVATION, 1): act.branches["v1"],
-                     (ACTIVATION, 2): act.branches["v2"]}  # v2: layernorm's kernel-depends
+    locks = {
+        (e["dependency"]["repo-id"], e["dependency"]["version"]): e["lock"]["commit"]
+        for e in json.loads((project / "kernels.lock").read_text())
+    }
+    assert locks == {
+        (LAYERNORM, 1): serve_staged.repos[LAYERNORM].branches["v1"],
+        (ACTIVATION, 1): act.branches["v1"],
+        (ACTIVATION, 2): act.branches["v2"],
+    }  # v2: layernorm's kernel-depends
     hf_home = tmp_path / "hf-download"
     p = tool("kernels", "download", str(project), url=serve_mirror.url, hf_home=hf_home)
     assert p.returncode == 0, p.stderr[-3000:]
@@ -186,7 +246,8 @@ def test_kernels_lock_then_download(serve_staged, serve_mirror, tmp_path):
 
 
 def test_hub_api_with_full_refs_and_patterns(serve_staged, serve_mirror, tmp_path):
-    p, out = run_client(f"""
+    p, out = run_client(
+        f"""
         import os
         from huggingface_hub import HfApi, snapshot_download, hf_hub_download
         api = HfApi()
@@ -220,7 +281,10 @@ def test_hub_api_with_full_refs_and_patterns(serve_staged, serve_mirror, tmp_pat
                          api.file_exists({BIG!r}, {BIG_FILE!r}, revision="v1", **K),
                          api.file_exists({BIG!r}, {BIG_FILE!r}, **K)],  # main: not staged, so False
         }})
-    """, serve_mirror.url, tmp_path / "hf")
+    """,
+        serve_mirror.url,
+        tmp_path / "hf",
+    )
     assert out is not None, p.stderr[-3000:]
     sha, big = v1(serve_staged), serve_staged.repos[BIG]
     assert out["files"] == {rev: V1_FILES for rev in out["files"]}
@@ -235,7 +299,8 @@ def test_hub_api_with_full_refs_and_patterns(serve_staged, serve_mirror, tmp_pat
 
 def test_hf_file_system(serve_staged, serve_mirror, tmp_path):
     """HfFileSystem addresses kernel repos as `hf://kernels/ORG/NAME[@REV]/PATH` in 1.33 and 2.x alike."""
-    p, out = run_client(f"""
+    p, out = run_client(
+        f"""
         import hashlib
         from huggingface_hub import HfFileSystem
         fs = HfFileSystem()
@@ -258,7 +323,10 @@ def test_hf_file_system(serve_staged, serve_mirror, tmp_path):
             "big_main": err(lambda: fs.ls("hf://kernels/{BIG}")),
             "big_v1": fs.ls("hf://kernels/{BIG}@v1/build", detail=False),
         }})
-    """, serve_mirror.url, tmp_path / "hf")
+    """,
+        serve_mirror.url,
+        tmp_path / "hf",
+    )
     assert out is not None, p.stderr[-3000:]
     act = serve_staged.repos[ACTIVATION].commits[v1(serve_staged)]
     prefix = f"kernels/{ACTIVATION}@"

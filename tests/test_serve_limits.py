@@ -35,8 +35,14 @@ def home(tmp_path_factory) -> Path:
     home = tmp_path_factory.mktemp("limits") / "home"
     with FakeHub(demo_repos(), trusted_orgs=[ORG]) as hub:
         mirror = Home(home)
-        stage([make_request(RELU, version=1)], [parse_target("torch2.13-cpu-x86_64-linux")], home=mirror,
-              hub=HubClient(hub.url), progress=False, publishers=(ORG,))
+        stage(
+            [make_request(RELU, version=1)],
+            [parse_target("torch2.13-cpu-x86_64-linux")],
+            home=mirror,
+            hub=HubClient(hub.url),
+            progress=False,
+            publishers=(ORG,),
+        )
         mirror.close()
     return home
 
@@ -185,8 +191,10 @@ def test_an_endless_post_body_is_413_bounded(home):
     with serving(home) as m:
         before = rss_kib(m.proc.pid)
         with socket.create_connection(("127.0.0.1", m.port), timeout=60) as s:
-            s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                      "Transfer-Encoding: chunked\r\n\r\n".encode())
+            s.sendall(
+                f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                "Transfer-Encoding: chunked\r\n\r\n".encode()
+            )
             chunk, sent = b"a" * (1 << 20), 0
             try:
                 while sent < 200 << 20 and not select.select([s], [], [], 0)[0]:
@@ -198,8 +206,10 @@ def test_an_endless_post_body_is_413_bounded(home):
         assert answer.startswith(b"HTTP/1.1 413 "), answer[:200]
         assert sent < 64 << 20, f"serve read {sent >> 20} MiB of one body"
         assert (rss_kib(m.proc.pid) - before) / 1024 < 40
-        head = (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {1 << 30}\r\nConnection: close\r\n\r\n").encode()
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {1 << 30}\r\nConnection: close\r\n\r\n"
+        ).encode()
         status, headers, _ = raw_http(m.port, head, timeout=30)
         assert status == 413 and "body over" in headers.get("x-error-message", ""), (status, headers)
         assert timed_refs(m.port) < 2 and m.proc.poll() is None

@@ -52,12 +52,22 @@ def staged(tmp_path_factory) -> Staged:
 
     tmp = tmp_path_factory.mktemp("serve-load")
     home, repos = tmp / "home", {r.repo_id: r for r in demo_repos()}
-    requests = [make_request(REPOS[0], version=1), make_request(REPOS[0], version=2),
-                make_request(REPOS[1], version=1), make_request(REPOS[2], version=1)]
+    requests = [
+        make_request(REPOS[0], version=1),
+        make_request(REPOS[0], version=2),
+        make_request(REPOS[1], version=1),
+        make_request(REPOS[2], version=1),
+    ]
     with FakeHub(list(repos.values()), trusted_orgs=[ORG]) as hub:
         mirror_home = Home(home)
-        report = stage(requests, [parse_target(t) for t in TARGETS], home=mirror_home,
-                       hub=HubClient(hub.url), progress=False, publishers=(ORG,))
+        report = stage(
+            requests,
+            [parse_target(t) for t in TARGETS],
+            home=mirror_home,
+            hub=HubClient(hub.url),
+            progress=False,
+            publishers=(ORG,),
+        )
         mirror_home.close()
     files: dict[tuple[str, str], dict[str, bytes]] = {}
     for row in report.rows:
@@ -65,7 +75,8 @@ def staged(tmp_path_factory) -> Staged:
             commit = repos[row.repo].commits[row.commit]
             prefix = f"build/{row.variant}/"
             files.setdefault((row.repo, row.commit), {}).update(
-                {p: b for p, b in commit.files.items() if p.startswith(prefix)})
+                {p: b for p, b in commit.files.items() if p.startswith(prefix)}
+            )
     revs: dict[str, dict[str, str]] = {}
     for repo_id, repo in repos.items():
         named = {**repo.branches, **repo.tags, **{sha: sha for sha in repo.commits}}
@@ -100,8 +111,12 @@ def server(staged):
     exe = str(Path(sys.executable).with_name("frt-mirror"))
     log = staged.home.parent / "serve.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([exe, "--home", str(staged.home), "serve", "--port", str(port)], stdout=out,
-                                stderr=subprocess.STDOUT, env=cli_env())
+        proc = subprocess.Popen(
+            [exe, "--home", str(staged.home), "serve", "--port", str(port)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=cli_env(),
+        )
     deadline = time.monotonic() + 30
     while True:
         try:
@@ -115,11 +130,21 @@ def server(staged):
     proc.wait(timeout=10)
 
 
-MIX = {"head": 30, "get": 15, "range": 10, "refs": 8, "revision": 8, "tree": 8, "paths": 8, "commits": 5,
-       "404": 8}  # weights: HEAD first, as a client's snapshot download is (one HEAD per file, then GET)
+MIX = {
+    "head": 30,
+    "get": 15,
+    "range": 10,
+    "refs": 8,
+    "revision": 8,
+    "tree": 8,
+    "paths": 8,
+    "commits": 5,
+    "404": 8,
+}  # weights: HEAD first, as a client's snapshot download is (one HEAD per file, then GET)
 JSON_OK = {  # API kinds: is the parsed body right, given the commit and the expectation
-    "refs": lambda doc, sha, x: (sha in {b["targetCommit"] for b in doc["branches"] + doc["tags"]}
-                                 and doc["converts"] == []),
+    "refs": lambda doc, sha, x: (
+        sha in {b["targetCommit"] for b in doc["branches"] + doc["tags"]} and doc["converts"] == []
+    ),
     "revision": lambda doc, sha, x: doc["sha"] == sha,
     "tree": lambda doc, sha, x: {e["path"]: e["size"] for e in doc if e["type"] == "file"} == x,
     "paths": lambda doc, sha, x: [e["path"] for e in doc] == [x],
@@ -142,24 +167,32 @@ def plan(staged: Staged, rng: random.Random, n: int) -> list[tuple]:
         elif kind == "range":
             a = rng.randrange(len(data))
             b = rng.choice([rng.randrange(a, len(data)), None])
-            part, spec = (data[a:], f"bytes={a}-") if b is None else (data[a:b + 1], f"bytes={a}-{b}")
+            part, spec = (data[a:], f"bytes={a}-") if b is None else (data[a : b + 1], f"bytes={a}-{b}")
             out.append((kind, "GET", url, {"Range": spec}, None, (206, sha, part)))
         elif kind == "paths":
             body = urlencode([("paths", path), ("paths", "no/such/file"), ("expand", "false")]).encode()
             hdrs = {"Content-Type": "application/x-www-form-urlencoded"}
             out.append((kind, "POST", f"{api}/paths-info/{rev}", hdrs, body, (200, sha, path)))
         elif kind in JSON_OK:
-            tail = {"refs": "refs", "revision": f"revision/{rev}", "commits": f"commits/{rev}",
-                    "tree": f"tree/{rev}?recursive=true&expand=false"}[kind]
+            tail = {
+                "refs": "refs",
+                "revision": f"revision/{rev}",
+                "commits": f"commits/{rev}",
+                "tree": f"tree/{rev}?recursive=true&expand=false",
+            }[kind]
             listing = {p: len(d) for p, d in files.items()} if kind == "tree" else None
             out.append((kind, "GET", f"{api}/{tail}", {}, None, (200, sha, listing)))
         else:
-            code, u = rng.choice([("EntryNotFound", f"{url}.missing"),
-                                  ("RevisionNotFound", url.replace(f"/resolve/{rev}/", "/resolve/nope/")),
-                                  ("RevisionNotFound", f"{api}/revision/{'0' * 40}"),
-                                  ("RepoNotFound", f"/api/kernels/{ORG}/no-such-repo/refs"),
-                                  ("RepoNotFound", url.replace(repo_id, f"{ORG}/no-such-repo")),
-                                  ("RepoNotFound", url.replace("/kernels/", "/", 1))])  # not a model repo
+            code, u = rng.choice(
+                [
+                    ("EntryNotFound", f"{url}.missing"),
+                    ("RevisionNotFound", url.replace(f"/resolve/{rev}/", "/resolve/nope/")),
+                    ("RevisionNotFound", f"{api}/revision/{'0' * 40}"),
+                    ("RepoNotFound", f"/api/kernels/{ORG}/no-such-repo/refs"),
+                    ("RepoNotFound", url.replace(repo_id, f"{ORG}/no-such-repo")),
+                    ("RepoNotFound", url.replace("/kernels/", "/", 1)),
+                ]
+            )  # not a model repo
             method = rng.choice(["GET", "HEAD"]) if "/resolve/" in u else "GET"  # the API answers GET only
             out.append((kind, method, u, {}, None, (404, code, None)))
     return out
@@ -223,8 +256,7 @@ def test_serve_under_load(staged, server):
     plans = [plan(staged, random.Random(i), PER_CLIENT) for i in range(CLIENTS)]
 
     async def run_all():
-        await asyncio.wait_for(asyncio.gather(*(client(port, staged, p, errors, done) for p in plans)),
-                               LOAD_SECONDS)
+        await asyncio.wait_for(asyncio.gather(*(client(port, staged, p, errors, done) for p in plans)), LOAD_SECONDS)
 
     t0 = time.monotonic()
     asyncio.run(run_all())
@@ -238,12 +270,62 @@ def test_serve_under_load(staged, server):
 
 SAFE_HEADER_VALUE = re.compile(rb"[^\x00-\x08\x0A-\x1F\x7F]*")  # what uvicorn lets out (else: a 500)
 METHODS = ["GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS"]
-WORDS = ["api", "kernels", "models", "datasets", "spaces", "resolve", "tree", "revision", "refs", "commits",
-         "paths-info", "organizations", "overview", ORG, "activation", "relu", "layernorm", "main", "v1",
-         "v2", "release%2Fv1", "release", "v1.0.0", "build", "__init__.py", "_activation.abi3.so",
-         "metadata.json", "torch-universal", "torch213-cxx11-cpu-x86_64-linux", "..", ".", "%2e%2e", "%2E%2e",
-         "%2e", "%2F", "%2f..%2f", "..%2F..%2Fcanary.txt", "canary.txt", "%00", "%", "%zz", "%ff", "%c0%ae",
-         "%C3%A9", "é", "\u202e", "%0A", "%0D%0A", "a%0Ab", "%09", "~", "*", "", "a" * 5000]
+WORDS = [
+    "api",
+    "kernels",
+    "models",
+    "datasets",
+    "spaces",
+    "resolve",
+    "tree",
+    "revision",
+    "refs",
+    "commits",
+    "paths-info",
+    "organizations",
+    "overview",
+    ORG,
+    "activation",
+    "relu",
+    "layernorm",
+    "main",
+    "v1",
+    "v2",
+    "release%2Fv1",
+    "release",
+    "v1.0.0",
+    "build",
+    "__init__.py",
+    "_activation.abi3.so",
+    "metadata.json",
+    "torch-universal",
+    "torch213-cxx11-cpu-x86_64-linux",
+    "..",
+    ".",
+    "%2e%2e",
+    "%2E%2e",
+    "%2e",
+    "%2F",
+    "%2f..%2f",
+    "..%2F..%2Fcanary.txt",
+    "canary.txt",
+    "%00",
+    "%",
+    "%zz",
+    "%ff",
+    "%c0%ae",
+    "%C3%A9",
+    "é",
+    "\u202e",
+    "%0A",
+    "%0D%0A",
+    "a%0Ab",
+    "%09",
+    "~",
+    "*",
+    "",
+    "a" * 5000,
+]
 
 
 @st.composite
@@ -260,19 +342,36 @@ def raw_paths(draw, staged_urls: list[str]) -> bytes:
         segs = url.split("/")
         i = draw(st.integers(1, len(segs)))
         fuzz = draw(st.one_of(st.sampled_from(WORDS), st.text(max_size=8)))
-        segs[i:i + draw(st.integers(0, 1))] = [fuzz]
+        segs[i : i + draw(st.integers(0, 1))] = [fuzz]
         url = "/".join(segs)
     return url.encode("utf-8", "surrogatepass")
 
 
-RANGES = st.one_of(st.none(), st.text(max_size=30),
-                   st.from_regex(r"bytes ?= ?[0-9]{0,7} ?- ?[0-9]{0,7}(,[0-9]*-[0-9]*)?", fullmatch=True),
-                   st.integers(1, 6000).map(lambda n: "bytes=" + "9" * n + "-"),
-                   st.integers(0, 140_000).map(lambda n: f"bytes=-{n}"))
-BODIES = st.one_of(st.just(b""), st.binary(max_size=64), st.sampled_from([
-    b"paths=README.md&paths=build&expand=true", b"paths=%ff%00", b"[]", b"null", b'{"paths": 5}',
-    b'{"paths": [1, null, "build"]}', b'{"paths": "build"}', b'{"expand": {"x": 1}}',
-    b"paths=../../canary.txt", b"\xff\xfe"]))
+RANGES = st.one_of(
+    st.none(),
+    st.text(max_size=30),
+    st.from_regex(r"bytes ?= ?[0-9]{0,7} ?- ?[0-9]{0,7}(,[0-9]*-[0-9]*)?", fullmatch=True),
+    st.integers(1, 6000).map(lambda n: "bytes=" + "9" * n + "-"),
+    st.integers(0, 140_000).map(lambda n: f"bytes=-{n}"),
+)
+BODIES = st.one_of(
+    st.just(b""),
+    st.binary(max_size=64),
+    st.sampled_from(
+        [
+            b"paths=README.md&paths=build&expand=true",
+            b"paths=%ff%00",
+            b"[]",
+            b"null",
+            b'{"paths": 5}',
+            b'{"paths": [1, null, "build"]}',
+            b'{"paths": "build"}',
+            b'{"expand": {"x": 1}}',
+            b"paths=../../canary.txt",
+            b"\xff\xfe",
+        ]
+    ),
+)
 
 
 @pytest.fixture(scope="module")
@@ -282,6 +381,7 @@ def apps(staged, tmp_path_factory):
     from frt.mirror.serve.app import MirrorApp
     from frt.mirror.serve.run import make_app
     from frt.mirror.tokens import TokenCheck, add_token, token_hashes
+
     open_app = make_app(Home(staged.home), frozenset([ORG]))
     tokens = Home(tmp_path_factory.mktemp("tokens")).ledger
     token = add_token(tokens, "fuzz")
@@ -295,10 +395,20 @@ def apps(staged, tmp_path_factory):
 async def call(app, method: str, raw: bytes, headers: list[tuple[bytes, bytes]], body: bytes):
     """One request through the ASGI interface, as uvicorn makes it; returns (status, headers, body)."""
     raw_path, _, query = raw.partition(b"?")
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
-             "scheme": "http", "path": unquote(raw_path.decode("latin-1")), "raw_path": raw_path,
-             "query_string": query, "root_path": "", "headers": [(b"host", b"mirror"), *headers],
-             "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8470)}
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": method,
+        "scheme": "http",
+        "path": unquote(raw_path.decode("latin-1")),
+        "raw_path": raw_path,
+        "query_string": query,
+        "root_path": "",
+        "headers": [(b"host", b"mirror"), *headers],
+        "client": ("127.0.0.1", 5000),
+        "server": ("127.0.0.1", 8470),
+    }
     messages, incoming = [], [{"type": "http.request", "body": body, "more_body": False}]
 
     async def receive():
@@ -339,16 +449,29 @@ def test_fuzz_paths_and_headers_in_process(staged, apps, data):
     the ledger); a 200/206 file body is exactly the staged blob the URL names, or its Content-Range slice;
     behind a token, nothing but 401 without it."""
     open_app, locked, token, loop = apps
-    urls = [f"/kernels/{repo}/resolve/{rev}/{quote(p)}" for (repo, sha), files in sorted(staged.files.items())
-            for rev, s in staged.revs[repo].items() if s == sha for p in files]
+    urls = [
+        f"/kernels/{repo}/resolve/{rev}/{quote(p)}"
+        for (repo, sha), files in sorted(staged.files.items())
+        for rev, s in staged.revs[repo].items()
+        if s == sha
+        for p in files
+    ]
     draw = data.draw
     use_locked, method, raw = draw(st.booleans()), draw(st.sampled_from(METHODS)), draw(raw_paths(urls))
     auth = draw(st.one_of(st.none(), st.text(max_size=40), st.sampled_from([f"Bearer {token}", "Bearer x"])))
-    ctype = draw(st.one_of(st.none(), st.text(max_size=20), st.sampled_from(
-        ["application/json", "application/x-www-form-urlencoded", "text/plain"])))
+    ctype = draw(
+        st.one_of(
+            st.none(),
+            st.text(max_size=20),
+            st.sampled_from(["application/json", "application/x-www-form-urlencoded", "text/plain"]),
+        )
+    )
     rng, body = draw(RANGES), draw(BODIES)
-    headers = [(k, v.encode("utf-8", "surrogatepass")) for k, v in
-               ((b"range", rng), (b"authorization", auth), (b"content-type", ctype)) if v is not None]
+    headers = [
+        (k, v.encode("utf-8", "surrogatepass"))
+        for k, v in ((b"range", rng), (b"authorization", auth), (b"content-type", ctype))
+        if v is not None
+    ]
     app = locked if use_locked else open_app
     status, hdrs, out = loop.run_until_complete(call(app, method, raw, headers, body))
 
@@ -368,5 +491,5 @@ def test_fuzz_paths_and_headers_in_process(staged, apps, data):
         if status == 206:
             m = re.fullmatch(r"bytes (\d+)-(\d+)/(\d+)", hdrs["content-range"])
             assert m and int(m[3]) == len(blob) and int(m[1]) <= int(m[2]) < len(blob)
-            want = blob[int(m[1]):int(m[2]) + 1]
+            want = blob[int(m[1]) : int(m[2]) + 1]
         assert int(hdrs["content-length"]) == len(want) and (method == "HEAD" or out == want)

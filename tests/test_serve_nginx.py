@@ -77,12 +77,14 @@ def v1(staged, repo=ACTIVATION) -> str:
 
 
 def test_nginx_conf_refuses_bad_input_in_one_line(serve_staged, tmp_path):
-    cases = [(["--upstream", "nope"], "--upstream 'nope': expected HOST:PORT"),
-             (["--upstream", "127.0.0.1:70000"], "--upstream '127.0.0.1:70000': expected HOST:PORT"),
-             (["--listen", "a b:80"], "--listen 'a b:80': expected [HOST:]PORT"),
-             (["--accel-redirect", "store"], "--accel-redirect 'store': expected a URL path"),
-             (["--run-dir", str(tmp_path / "$x")], "cannot be written in an nginx config"),
-             (["--user", "a;b"], "--user 'a;b': expected a user name")]
+    cases = [
+        (["--upstream", "nope"], "--upstream 'nope': expected HOST:PORT"),
+        (["--upstream", "127.0.0.1:70000"], "--upstream '127.0.0.1:70000': expected HOST:PORT"),
+        (["--listen", "a b:80"], "--listen 'a b:80': expected [HOST:]PORT"),
+        (["--accel-redirect", "store"], "--accel-redirect 'store': expected a URL path"),
+        (["--run-dir", str(tmp_path / "$x")], "cannot be written in an nginx config"),
+        (["--user", "a;b"], "--user 'a;b': expected a user name"),
+    ]
     for args, said in cases:
         p = run_cli("nginx-conf", *args, home=serve_staged.home)
         assert (p.returncode, p.stdout) == (2, ""), args
@@ -90,7 +92,8 @@ def test_nginx_conf_refuses_bad_input_in_one_line(serve_staged, tmp_path):
     p = run_cli("nginx-conf", home=tmp_path / "elsewhere")
     assert p.returncode == 2 and p.stderr.splitlines() == [
         f"frt-mirror: no blob store at {tmp_path}/elsewhere/store/sha256: --home must be the replicas' home, "
-        "as this host mounts it"]
+        "as this host mounts it"
+    ]
     p = run_cli("serve", "--port", str(free_port()), "--accel-redirect", "/a b", home=serve_staged.home)
     assert p.returncode == 2 and len(p.stderr.splitlines()) == 1 and "--accel-redirect" in p.stderr
 
@@ -104,14 +107,20 @@ def test_nginx_conf_defaults_and_nginx_accepts_it(serve_staged, tmp_path):
     assert "server 127.0.0.1:8470 max_fails=1 fail_timeout=5s;" in conf and "listen *:80;" in conf
     # On the PostgreSQL ledger (FRT_LEDGER_URL: conftest.ledger_backend) the commands name it too.
     ledger = f" --ledger {os.environ['FRT_LEDGER_URL']}" if os.environ.get("FRT_LEDGER_URL") else ""
-    assert (f"#   frt-mirror --home {serve_staged.home}{ledger} serve --host 127.0.0.1 --port 8470 "
-            f"--accel-redirect {PREFIX}") in conf
+    assert (
+        f"#   frt-mirror --home {serve_staged.home}{ledger} serve --host 127.0.0.1 --port 8470 "
+        f"--accel-redirect {PREFIX}"
+    ) in conf
     assert f'alias "{serve_staged.home}/store/sha256/";' in conf and "/var/lib/frt-mirror-nginx/" in conf
     conf = nginx_conf(serve_staged.home, [free_port(), free_port()], free_port(), tmp_path / "run")
     (tmp_path / "nginx.conf").write_text(conf)
     (tmp_path / "run").mkdir()  # as the file's first comment says
-    t = subprocess.run([NGINX, "-t", "-c", str(tmp_path / "nginx.conf"), "-e", str(tmp_path / "err.log")],
-                       capture_output=True, text=True, timeout=60)
+    t = subprocess.run(
+        [NGINX, "-t", "-c", str(tmp_path / "nginx.conf"), "-e", str(tmp_path / "err.log")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert t.returncode == 0, t.stderr
 
 
@@ -127,8 +136,12 @@ def exchanges(staged) -> list[tuple[str, str, list[str], str]]:
     small = f"/kernels/{ACTIVATION}/resolve/v1/{SMALL}"
     api = f"/api/kernels/{ACTIVATION}"
     out = [
-        ("HEAD", so, [], "none"), ("GET", so, [], "nginx"), ("HEAD", enc, [], "none"), ("GET", enc, [], "nginx"),
-        ("HEAD", small, [], "none"), ("GET", small, [], "nginx"),
+        ("HEAD", so, [], "none"),
+        ("GET", so, [], "nginx"),
+        ("HEAD", enc, [], "none"),
+        ("GET", enc, [], "nginx"),
+        ("HEAD", small, [], "none"),
+        ("GET", small, [], "nginx"),
         ("GET", f"/kernels/{ACTIVATION}/resolve/v1/{META}", [], "nginx"),
         ("GET", f"/kernels/{BIG}/resolve/release%2Fv1/{BIG_FILE}", [], "nginx"),
         ("HEAD", f"/kernels/{BIG}/resolve/v1/{BIG_FILE}", [], "none"),
@@ -145,8 +158,10 @@ def exchanges(staged) -> list[tuple[str, str, list[str], str]]:
         ("GET", so, ['If-Match: "other"'], "serve"),
         ("GET", so, ['If-Range: "other"', "Range: bytes=10-19"], "serve"),
         # Not files: proxied as they are.
-        ("GET", f"{api}/revision/v1", [], "serve"), ("GET", f"{api}/tree/v1?recursive=true", [], "serve"),
-        ("GET", f"{api}/refs", [], "serve"), ("GET", f"/api/kernels/{BIG}/commits/v1", [], "serve"),
+        ("GET", f"{api}/revision/v1", [], "serve"),
+        ("GET", f"{api}/tree/v1?recursive=true", [], "serve"),
+        ("GET", f"{api}/refs", [], "serve"),
+        ("GET", f"/api/kernels/{BIG}/commits/v1", [], "serve"),
         ("POST", f"{api}/paths-info/v1", ["Content-Type: application/x-www-form-urlencoded"], "serve"),
         ("GET", f"/kernels/{ACTIVATION}/resolve/v1/build/nope.py", [], "serve"),
         ("HEAD", f"/kernels/{ACTIVATION}/resolve/v9/{SO}", [], "none"),
@@ -170,8 +185,10 @@ def answer(port: int, method: str, path: str, headers: list[str]):
 def test_answers_through_nginx_are_serves(serve_staged, serve_mirror, front):
     """Every answer nginx gives is, header for header and byte for byte, what serve alone gives; and
     the file bodies were sent by nginx, not by a replica (whose access log says how many it sent)."""
-    cases = [(m, f"{p}{'&' if '?' in p else '?'}case={i}", h, who)  # a query routing ignores, to tell
-             for i, (m, p, h, who) in enumerate(exchanges(serve_staged))]  # the replicas' lines apart
+    cases = [
+        (m, f"{p}{'&' if '?' in p else '?'}case={i}", h, who)  # a query routing ignores, to tell
+        for i, (m, p, h, who) in enumerate(exchanges(serve_staged))
+    ]  # the replicas' lines apart
     sizes = {}
     for method, path, headers, _ in cases:
         alone = answer(serve_mirror.port, method, path, headers)
@@ -180,8 +197,7 @@ def test_answers_through_nginx_are_serves(serve_staged, serve_mirror, front):
         assert behind[2] == alone[2], (method, path, headers, len(behind[2]), len(alone[2]))
         assert "x-accel-redirect" not in dict(behind[1])
         sizes[path] = len(behind[2])
-    sent = {ln["path"]: int(ln["bytes"]) for ln in wait_for_lines(front, lambda ln: "case=" in ln["path"],
-                                                                   len(cases))}
+    sent = {ln["path"]: int(ln["bytes"]) for ln in wait_for_lines(front, lambda ln: "case=" in ln["path"], len(cases))}
     for method, path, headers, who in cases:
         want = sizes[path] if who == "serve" else 0  # "nginx": the replica sent headers only
         assert sent[path] == want, (method, path, headers, who)
@@ -217,9 +233,13 @@ def test_head_cache_answers_repeated_heads_by_sha_as_serve(serve_staged, serve_m
     meta = serve_staged.repos[ACTIVATION].commits[sha].meta
     etag = f'"{meta[SO].sha256}"'
     by_sha = [f"/kernels/{ACTIVATION}/resolve/{sha}/{p}" for p in (SO, SMALL)]
-    uncached = [("HEAD", f"/kernels/{ACTIVATION}/resolve/v1/{SO}", []),
-                ("HEAD", by_sha[0], ["Range: bytes=10-19"]), ("HEAD", by_sha[0], [f"If-None-Match: {etag}"]),
-                ("HEAD", by_sha[0], ["Authorization: Bearer x"]), ("GET", by_sha[0], [])]
+    uncached = [
+        ("HEAD", f"/kernels/{ACTIVATION}/resolve/v1/{SO}", []),
+        ("HEAD", by_sha[0], ["Range: bytes=10-19"]),
+        ("HEAD", by_sha[0], [f"If-None-Match: {etag}"]),
+        ("HEAD", by_sha[0], ["Authorization: Bearer x"]),
+        ("GET", by_sha[0], []),
+    ]
     with front_of(serve_staged.home, tmp_path / "nginx", conf_args=("--head-cache", "60")) as front:
         for path in by_sha:
             alone = answer(serve_mirror.port, "HEAD", path, [])
@@ -230,25 +250,31 @@ def test_head_cache_answers_repeated_heads_by_sha_as_serve(serve_staged, serve_m
         want = len(by_sha) + 2 * len(uncached)
         lines = wait_for_lines(front, lambda ln: "/resolve/" in ln["path"], want)
     assert sorted((ln["method"], ln["path"]) for ln in lines) == sorted(
-        [("HEAD", p) for p in by_sha] + [(m, p) for m, p, _ in uncached for _ in range(2)])
+        [("HEAD", p) for p in by_sha] + [(m, p) for m, p, _ in uncached for _ in range(2)]
+    )
 
 
 # -- real clients through nginx --------------------------------------------------------------------
 
 
 def test_get_kernel_through_nginx(serve_staged, front, tmp_path):
-    p, out = run_client(f"""
+    p, out = run_client(
+        f"""
         import os, kernels
         ln = kernels.get_kernel({LAYERNORM!r}, version=1)   # kernel-depends: activation v2
         a1 = kernels.get_kernel({ACTIVATION!r}, version=1)
         report({{"ln": [ln.VARIANT, ln.REVISION_NOTE, ln.add(2, 3)], "a1": [a1.VARIANT, a1.REVISION_NOTE]}})
-    """, front.url, tmp_path / "hf")
+    """,
+        front.url,
+        tmp_path / "hf",
+    )
     assert out == {"ln": [X86_CPU, "initial", 5], "a1": [X86_CPU, "cu-rebuild"]}, p.stderr[-3000:]
     assert "trust_remote_code" not in p.stderr
 
 
 def test_snapshot_download_through_nginx(serve_staged, front, tmp_path):
-    p, out = run_client(f"""
+    p, out = run_client(
+        f"""
         import hashlib, os
         from huggingface_hub import snapshot_download
         def files(snap):
@@ -257,7 +283,10 @@ def test_snapshot_download_through_nginx(serve_staged, front, tmp_path):
         act = snapshot_download({ACTIVATION!r}, repo_type="kernel", revision="v1")
         big = snapshot_download({BIG!r}, repo_type="kernel", revision="release/v1")
         report({{"act": [os.path.basename(act), files(act)], "big": [os.path.basename(big), files(big)]}})
-    """, front.url, tmp_path / "hf")
+    """,
+        front.url,
+        tmp_path / "hf",
+    )
     assert out is not None, p.stderr[-3000:]
     for key, repo, rev in (("act", ACTIVATION, "v1"), ("big", BIG, "release/v1")):
         commit = serve_staged.repos[repo].commits[serve_staged.repos[repo].branches[rev]]
@@ -273,12 +302,16 @@ def test_dropped_download_resumes_with_range_through_nginx(serve_staged, front, 
     big = serve_staged.repos[BIG]
     cut_path = f"/kernels/{BIG}/resolve/v1/{BIG_FILE}"
     with CuttingProxy(front.port, cut_path, cut_after=16 << 20) as proxy:
-        p, out = run_client(f"""
+        p, out = run_client(
+            f"""
             import hashlib
             from huggingface_hub import hf_hub_download
             path = hf_hub_download({BIG!r}, {BIG_FILE!r}, repo_type="kernel", revision="v1")
             report(hashlib.sha256(open(path, "rb").read()).hexdigest())
-        """, proxy.url, tmp_path / "hf")
+        """,
+            proxy.url,
+            tmp_path / "hf",
+        )
         gets = [e for e in proxy.exchanges if e.method == "GET" and e.path == cut_path]
     assert out == big.commits[big.branches["v1"]].meta[BIG_FILE].sha256, p.stderr[-3000:]
     assert proxy.cuts == 1 and len(gets) == 2
@@ -312,9 +345,13 @@ def staged_files(staged) -> list[File]:
                 meta = commit.meta[path]
                 lfs = len(data) >= 64 << 10 and meta.sha256  # the fake Hub's LFS threshold
                 etag = meta.sha256 if lfs else meta.oid
-                out[(row["repo"], commit.sha, path)] = File(f"/kernels/{row['repo']}/resolve/{commit.sha}/{path}",
-                                                            commit.sha, f'"{etag}"', len(data),
-                                                            hashlib.sha256(data).hexdigest())
+                out[(row["repo"], commit.sha, path)] = File(
+                    f"/kernels/{row['repo']}/resolve/{commit.sha}/{path}",
+                    commit.sha,
+                    f'"{etag}"',
+                    len(data),
+                    hashlib.sha256(data).hexdigest(),
+                )
     return list(out.values())
 
 
@@ -451,9 +488,24 @@ def test_serve_workers_share_the_port_and_stop_together(serve_staged, tmp_path, 
     exe = str(Path(sys.executable).with_name("frt-mirror"))
     with open(tmp_path / "stderr", "wb") as err:
         # Its own session, as a terminal's foreground job is: Ctrl-C is SIGINT to the whole group.
-        proc = subprocess.Popen([exe, "--home", str(serve_staged.home), "serve", "--port", str(port),
-                                 "--workers", "2", "--access-log", str(log)], stdout=subprocess.DEVNULL,
-                                stderr=err, env=cli_env(), start_new_session=True)
+        proc = subprocess.Popen(
+            [
+                exe,
+                "--home",
+                str(serve_staged.home),
+                "serve",
+                "--port",
+                str(port),
+                "--workers",
+                "2",
+                "--access-log",
+                str(log),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            env=cli_env(),
+            start_new_session=True,
+        )
     try:
         inode = poll(lambda: listening_inode(port), "the socket")
         workers = poll(lambda: workers_on(proc.pid, inode), "two workers on the socket")
@@ -478,7 +530,8 @@ def test_serve_workers_share_the_port_and_stop_together(serve_staged, tmp_path, 
         proc.wait()
     stderr = (tmp_path / "stderr").read_text()
     assert stderr.splitlines()[0].startswith(
-        f"frt-mirror: serving {serve_staged.home} on http://127.0.0.1:{port}, 2 workers"), stderr
+        f"frt-mirror: serving {serve_staged.home} on http://127.0.0.1:{port}, 2 workers"
+    ), stderr
     assert f"frt-mirror: worker {workers[0]} was killed by SIGKILL; starting another" in stderr.splitlines()
     assert "Traceback" not in stderr
     heads = [ln for ln in log.read_text().splitlines() if (m := LINE.fullmatch(ln)) and m["method"] == "HEAD"]

@@ -35,8 +35,7 @@ def access_lines(read, n: int, timeout: float = 10) -> list[dict]:
     turn of serve's loop)."""
     deadline = time.monotonic() + timeout
     while True:
-        lines = [m.groupdict() for ln in read().splitlines()
-                 if (m := LINE.fullmatch(ln)) and m["path"] != PROBE]
+        lines = [m.groupdict() for ln in read().splitlines() if (m := LINE.fullmatch(ln)) and m["path"] != PROBE]
         if len(lines) >= n or time.monotonic() > deadline:
             return lines
         time.sleep(0.05)
@@ -54,8 +53,7 @@ def test_access_log_to_a_file(serve_staged, tmp_path):
         ("HEAD", so, [], 200, 0),  # the second one is answered by the hot path: logged the same
         ("GET", so, [], 200, size),
         ("GET", so, ["Range: bytes=10-19"], 206, 10),
-        ("GET", f"/api/kernels/{ACTIVATION}/tree/refs%2Fheads%2Fv1/build?recursive=true&expand=false", [], 200,
-         None),
+        ("GET", f"/api/kernels/{ACTIVATION}/tree/refs%2Fheads%2Fv1/build?recursive=true&expand=false", [], 200, None),
         ("GET", f"/api/kernels/{ACTIVATION}/revision/refs%2Fpr%2F1", [], 404, None),
         ("GET", '/api/kernels/a"b/c\\d', [], 404, None),  # a quote or backslash cannot break a field
         ("DELETE", "/kernels/x/y/resolve/main/f", [], 404, None),
@@ -68,7 +66,7 @@ def test_access_log_to_a_file(serve_staged, tmp_path):
         stderr = m.stderr()
     assert log.read_text().startswith("an earlier line\n")
     assert len(lines) == len(requests), log.read_text()
-    for line, (method, path, _, status, nbytes), body in zip(lines, requests, bodies):
+    for line, (method, path, _, status, nbytes), body in zip(lines, requests, bodies, strict=False):
         want_path = path.replace('"', "\\x22").replace("\\d", "\\x5cd")
         assert (line["method"], line["path"], int(line["status"])) == (method, want_path, status), line
         assert int(line["bytes"]) == (len(body) if nbytes is None else nbytes), (line, len(body))
@@ -90,11 +88,11 @@ def test_access_log_default_is_stderr_and_dash_is_stdout(serve_staged):
 
 
 def test_access_log_that_cannot_be_opened(serve_staged, tmp_path):
-    p = run_serve(serve_staged.home, free_port(), "--access-log",
-                  str(tmp_path / "no" / "such" / "dir" / "a.log"))
+    p = run_serve(serve_staged.home, free_port(), "--access-log", str(tmp_path / "no" / "such" / "dir" / "a.log"))
     assert p.returncode == 2 and p.stdout == ""
-    assert p.stderr.splitlines() == [f"frt-mirror: cannot open the access log {tmp_path}/no/such/dir/a.log: "
-                                     "No such file or directory"]
+    assert p.stderr.splitlines() == [
+        f"frt-mirror: cannot open the access log {tmp_path}/no/such/dir/a.log: No such file or directory"
+    ]
 
 
 def test_empty_home_warns_once(serve_staged, tmp_path):
@@ -102,16 +100,23 @@ def test_empty_home_warns_once(serve_staged, tmp_path):
         status, headers, _ = raw_http(m.port, raw_request("GET", f"/api/kernels/{ACTIVATION}/refs"))
         first, second = m.stderr().splitlines()[:2]
     assert (status, headers.get("x-error-code")) == (404, "RepoNotFound")
-    assert first == (f"frt-mirror: warning: nothing is staged in {tmp_path / 'empty'}: every repo will be "
-                     "answered RepoNotFound (stage first: frt-mirror stage MANIFEST)")
+    assert first == (
+        f"frt-mirror: warning: nothing is staged in {tmp_path / 'empty'}: every repo will be "
+        "answered RepoNotFound (stage first: frt-mirror stage MANIFEST)"
+    )
     assert second.startswith("frt-mirror: serving ")
     with serving(serve_staged.home) as m:
         assert "warning" not in m.stderr()
 
 
 def run_serve(home: Path, port: int, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([SERVE, "--home", str(home), "serve", "--port", str(port), *args], capture_output=True,
-                          text=True, env=cli_env(), timeout=60)
+    return subprocess.run(
+        [SERVE, "--home", str(home), "serve", "--port", str(port), *args],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        timeout=60,
+    )
 
 
 def test_busy_port_is_one_line_and_exit_2(serve_staged, tmp_path):
@@ -119,8 +124,9 @@ def test_busy_port_is_one_line_and_exit_2(serve_staged, tmp_path):
         p = run_serve(serve_staged.home, m.port)
         assert m.proc.poll() is None  # and keeps it
     assert p.returncode == 2 and p.stdout == ""
-    assert p.stderr.splitlines() == [f"frt-mirror: port {m.port} on 127.0.0.1 is in use (another frt-mirror "
-                                     "serve? choose another with --port)"]
+    assert p.stderr.splitlines() == [
+        f"frt-mirror: port {m.port} on 127.0.0.1 is in use (another frt-mirror serve? choose another with --port)"
+    ]
     with socket.socket() as other:  # any program listening there
         other.bind(("127.0.0.1", 0))
         other.listen()
@@ -136,8 +142,9 @@ def test_an_idle_keep_alive_connection_is_kept_as_long_as_a_client_may_leave_it(
     box leave it for seconds. uvicorn's default closes it after 5 s idle, and a GET sent as it closed
     failed in bench/pull_through.py: httpx's RemoteProtocolError('Server disconnected without sending a
     response'). nginx keeps one 75 s; serve does the same."""
-    request = raw_request("GET", f"/api/kernels/{ACTIVATION}/refs").replace(b"Connection: close",
-                                                                         b"Connection: keep-alive")
+    request = raw_request("GET", f"/api/kernels/{ACTIVATION}/refs").replace(
+        b"Connection: close", b"Connection: keep-alive"
+    )
 
     def exchange(s: socket.socket) -> bytes:
         """Send the request on the open connection; the answer's head, or b"" when serve closed it."""

@@ -74,8 +74,14 @@ def staged_files(hub: FakeHub, rows: list[dict]) -> list[File]:
                 meta = commit.meta[path]
                 etag = meta.sha256 if (len(data) >= 64 << 10 and meta.sha256) else meta.oid
                 out[(row["repo"], commit.sha, path)] = File(
-                    f"/kernels/{row['repo']}/resolve/{commit.sha}/{path}", commit.sha, f'"{etag}"', len(data),
-                    hashlib.sha256(data).hexdigest(), row["repo"], path)
+                    f"/kernels/{row['repo']}/resolve/{commit.sha}/{path}",
+                    commit.sha,
+                    f'"{etag}"',
+                    len(data),
+                    hashlib.sha256(data).hexdigest(),
+                    row["repo"],
+                    path,
+                )
     return list(out.values())
 
 
@@ -102,8 +108,9 @@ def site(tmp_path_factory):
 
 
 def replica(site: Site, log: Path, *extra: str):
-    return serving(site.home, "--accel-redirect", PREFIX, "--access-log", str(log), *extra,
-                   env=site.env(PYTHONWARNINGS="ignore"))
+    return serving(
+        site.home, "--accel-redirect", PREFIX, "--access-log", str(log), *extra, env=site.env(PYTHONWARNINGS="ignore")
+    )
 
 
 # -- the load ---------------------------------------------------------------------------------------
@@ -120,8 +127,9 @@ class RawClient:
             if self.conn is None:
                 self.conn = await asyncio.open_connection("127.0.0.1", self.port)
             reader, writer = self.conn
-            writer.write(f"{method} {url} HTTP/1.1\r\nHost: mirror\r\nAuthorization: Bearer {self.token}\r\n\r\n"
-                         .encode())
+            writer.write(
+                f"{method} {url} HTTP/1.1\r\nHost: mirror\r\nAuthorization: Bearer {self.token}\r\n\r\n".encode()
+            )
             head = (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 60)).decode("latin-1")
             status, *lines = head.rstrip().split("\r\n")
             headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines)}
@@ -154,6 +162,7 @@ def file_check(f: File):
         if body and hashlib.sha256(body).hexdigest() != f.sha256:
             return "wrong bytes"
         return None
+
     return want
 
 
@@ -220,10 +229,13 @@ GET_KERNEL = f"""
 
 def client_proc(code: str, url: str, hf_home: Path, token: str) -> subprocess.Popen:
     prelude = "import json\ndef report(obj):\n    print('RESULT ' + json.dumps(obj), flush=True)\n"
-    return subprocess.Popen([sys.executable, "-c", prelude + textwrap.dedent(code)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
-                            env=client_env(url, hf_home, HF_TOKEN=token, HF_HUB_ETAG_TIMEOUT="60",
-                                           HF_HUB_DOWNLOAD_TIMEOUT="60"))
+    return subprocess.Popen(
+        [sys.executable, "-c", prelude + textwrap.dedent(code)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=client_env(url, hf_home, HF_TOKEN=token, HF_HUB_ETAG_TIMEOUT="60", HF_HUB_DOWNLOAD_TIMEOUT="60"),
+    )
 
 
 def result_of(p: subprocess.Popen, timeout: float = 180):
@@ -251,6 +263,7 @@ def get_kernel_starts(url: str, tmp: Path, token: str, t0: float, tally: dict) -
 
 def outage(pg: PgServer, t0: float, log: list) -> None:
     """At +2 s PostgreSQL stops for 10 s; then two restarts (pg_ctl restart: connections terminated)."""
+
     def at(s: float) -> None:
         time.sleep(max(0.0, t0 + s - time.monotonic()))
 
@@ -279,13 +292,19 @@ def test_two_replicas_behind_nginx_ride_out_a_postgresql_outage(site, tmp_path):
         t0 = time.monotonic()
         until = t0 + seconds
         spec = [(f.repo, f.commit, f.path, f.sha256) for f in site.files]
-        hf = [client_proc(HF_LOOP.format(files=spec, seconds=seconds, threads=8), front.url, tmp_path / f"hf{i}",
-                          site.token) for i in range(2)]
+        hf = [
+            client_proc(
+                HF_LOOP.format(files=spec, seconds=seconds, threads=8), front.url, tmp_path / f"hf{i}", site.token
+            )
+            for i in range(2)
+        ]
         raw = {"requests": 0, "failed": 0, "wrong": 0, "examples": []}
         gk = {"requests": 0, "failed": 0, "wrong": 0, "examples": []}
         events: list = []
-        threads = [threading.Thread(target=outage, args=(site.pg, t0, events)),
-                   threading.Thread(target=get_kernel_starts, args=(front.url, tmp_path, site.token, t0, gk))]
+        threads = [
+            threading.Thread(target=outage, args=(site.pg, t0, events)),
+            threading.Thread(target=get_kernel_starts, args=(front.url, tmp_path, site.token, t0, gk)),
+        ]
         for t in threads:
             t.start()
         asyncio.run(raw_load(front.port, site, 47, until, raw))
@@ -293,8 +312,14 @@ def test_two_replicas_behind_nginx_ride_out_a_postgresql_outage(site, tmp_path):
             t.join()
         hubs = [result_of(p) for p in hf]
         counts = {"raw": raw, "get_kernel": gk, **{f"hf_hub_download{i}": h[0] for i, h in enumerate(hubs)}}
-        print("chaos counts:", json.dumps({k: {n: v[n] for n in ("requests", "failed", "wrong")} if v else None
-                                          for k, v in counts.items()}), "events:", events)
+        print(
+            "chaos counts:",
+            json.dumps(
+                {k: {n: v[n] for n in ("requests", "failed", "wrong")} if v else None for k, v in counts.items()}
+            ),
+            "events:",
+            events,
+        )
         for name, c in counts.items():
             assert c is not None, (name, hubs)
             assert c["failed"] == 0 and c["wrong"] == 0, (name, c["examples"][:5])

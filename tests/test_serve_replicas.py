@@ -40,12 +40,12 @@ def test_replicas_answer_what_is_staged_and_tokens_added_after_they_started(hub,
         p = run_cli("--endpoint", hub.url, "stage", str(tmp_path / "activation.toml"), home=home)
         assert p.returncode == 0, p.stderr
         for replica in (a, b):
-            wait_for(lambda: all(status(replica.port, refs) == 200 for _ in range(20)))  # either worker
+            wait_for(lambda r=replica: all(status(r.port, refs) == 200 for _ in range(20)))  # either worker
             doc = json.loads(raw_http(replica.port, raw_request("GET", refs))[2])
             assert "v1" in [br["name"] for br in doc["branches"]]
         token = run_cli("token", "add", "site", home=home).stdout.strip()
         for replica in (a, b):
-            wait_for(lambda: all(status(replica.port, refs) == 401 for _ in range(20)))
+            wait_for(lambda r=replica: all(status(r.port, refs) == 401 for _ in range(20)))
             assert status(replica.port, refs, f"Authorization: Bearer {token}") == 200
         for replica in (a, b):
             assert replica.proc.poll() is None, replica.stderr()

@@ -30,9 +30,11 @@ def resolve_gets(hub) -> list[str]:
 
 @pytest.fixture
 def manifest(tmp_path):
-    return write_manifest(tmp_path / "frt-manifest.toml",
-                          {LAYERNORM: {"version": 1}, ACTIVATION: {"version": 1}, RELU: {"version": 1}},
-                          [X86, ARM_CU])
+    return write_manifest(
+        tmp_path / "frt-manifest.toml",
+        {LAYERNORM: {"version": 1}, ACTIVATION: {"version": 1}, RELU: {"version": 1}},
+        [X86, ARM_CU],
+    )
 
 
 def test_stage_fetches_exactly_the_needed_files_and_reruns_for_free(hub, home, manifest):
@@ -87,12 +89,15 @@ def test_local_kernels_env_loads_with_real_kernels_and_no_network(hub, home, man
     env = json.loads(p.stdout)["env"]
     assert env["HF_HUB_DISABLE_XET"] == "1"
     repo = hub.repos[("kernel", ACTIVATION)]
-    out = load_offline(f"""
+    out = load_offline(
+        f"""
         import kernels
         ln = kernels.get_kernel({LAYERNORM!r}, version=1)   # pulls its kernel-depends, also local
         act = kernels.get_kernel({ACTIVATION!r}, version=2)
         print(ln.VARIANT, act.VARIANT, act.REVISION_NOTE, act.add(2, 3))
-    """, env)
+    """,
+        env,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [X86_CPU, X86_CPU, "v2.1", "5"]
     # The highest staged version wins in LOCAL_KERNELS (one commit per repo) ...
@@ -126,12 +131,17 @@ def test_export_cache_works_offline_where_kernels_own_cache_does_not(hub, home, 
 
     # Control: the cache kernels fills itself online does not load offline (DESIGN.md's trap).
     own = tmp_path / "kernels-own-cache"
-    warm = subprocess.run([sys.executable, "-c", f"import kernels; kernels.get_kernel({ACTIVATION!r}, version=1)"],
-                          env={**cli_env(HF_ENDPOINT=hub.url, HF_HUB_CACHE=str(own))}, capture_output=True,
-                          text=True)
+    warm = subprocess.run(
+        [sys.executable, "-c", f"import kernels; kernels.get_kernel({ACTIVATION!r}, version=1)"],
+        env={**cli_env(HF_ENDPOINT=hub.url, HF_HUB_CACHE=str(own))},
+        capture_output=True,
+        text=True,
+    )
     assert warm.returncode == 0, warm.stderr
-    out = load_offline(f"import kernels; kernels.get_kernel({ACTIVATION!r}, version=1)",
-                       {"HF_HUB_CACHE": str(own), "HF_HUB_DISABLE_XET": "1"})
+    out = load_offline(
+        f"import kernels; kernels.get_kernel({ACTIVATION!r}, version=1)",
+        {"HF_HUB_CACHE": str(own), "HF_HUB_DISABLE_XET": "1"},
+    )
     assert out.returncode != 0 and "not available in the local cache" in out.stderr
 
 
@@ -147,7 +157,9 @@ def test_trust_policy_refuses_other_publishers(hub, home, tmp_path):
 
 def test_bad_manifest_is_one_line_naming_file_and_line(home, tmp_path):
     bad = tmp_path / "bad.toml"
-    bad.write_text('[[targets]]\ntarget = "torch2.13-cpu-x86_64-linux"\n\n[kernels]\n"kernels-test/relu" = { version = "one" }\n')
+    bad.write_text(
+        '[[targets]]\ntarget = "torch2.13-cpu-x86_64-linux"\n\n[kernels]\n"kernels-test/relu" = { version = "one" }\n'
+    )
     p = run_cli("--endpoint", "http://127.0.0.1:9", "stage", str(bad), home=home)
     assert p.returncode == 2
     lines = p.stderr.strip().splitlines()

@@ -12,8 +12,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 from tests.support.big_kernel import BIG
 from tests.support.cli import X86, cli_env, run_cli
 from tests.support.kernel_fixtures import ORG, X86_CPU
@@ -34,8 +32,11 @@ def assert_views_only_link_verified_blobs(home: Path) -> None:
     for p in views.rglob("*") if views.exists() else []:
         if p.is_file():
             assert p.stat().st_nlink >= 2, f"{p} is not a link into the store"
-            assert any(os.path.samefile(p, b) for b in (home / "store" / "sha256").glob("??/*")
-                       if b.stat().st_ino == p.stat().st_ino), p
+            assert any(
+                os.path.samefile(p, b)
+                for b in (home / "store" / "sha256").glob("??/*")
+                if b.stat().st_ino == p.stat().st_ino
+            ), p
 
 
 def test_flaky_upstream_503_bursts_and_dropped_connections(big_hub, home, big_manifest):
@@ -54,9 +55,13 @@ def test_flaky_upstream_503_bursts_and_dropped_connections(big_hub, home, big_ma
 def test_upstream_dying_mid_stage_is_one_line_and_keeps_what_is_stored(big_hub, home, big_manifest):
     big_hub.faults.throttle("/resolve/", 4e6)
     exe = str(Path(sys.executable).with_name("frt-mirror"))
-    proc = subprocess.Popen([exe, "--home", str(home), "--endpoint", big_hub.url, "stage", str(big_manifest)],
-                            env=cli_env(FRT_RETRY_ATTEMPTS="2"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        [exe, "--home", str(home), "--endpoint", big_hub.url, "stage", str(big_manifest)],
+        env=cli_env(FRT_RETRY_ATTEMPTS="2"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     # Kill the upstream while bodies are arriving on several connections (not after a fixed sleep,
     # which on a loaded machine lands before the first byte). Those kept-alive connections are what a
     # stop that only closes the listening socket leaves serving: the stage then completes.
@@ -123,8 +128,11 @@ def test_kill_9_at_random_moments_then_rerun_completes(big_hub, home, big_manife
             # Odd runs: kill while a body is arriving, however long imports and the scan took on a
             # loaded machine (a fixed sleep there lands before the first byte).
             deadline = time.monotonic() + 60
-            while proc.poll() is None and time.monotonic() < deadline and \
-                    not any(size > before.get(name, 0) for name, size in parts().items()):
+            while (
+                proc.poll() is None
+                and time.monotonic() < deadline
+                and not any(size > before.get(name, 0) for name, size in parts().items())
+            ):
                 time.sleep(0.02)
             time.sleep(rng.uniform(0, 0.3))
         else:
@@ -161,10 +169,12 @@ def test_three_stagers_on_one_home_at_once(big_hub, home, big_manifest):
     big_hub.faults.throttle("/resolve/", 20e6)
     exe = str(Path(sys.executable).with_name("frt-mirror"))
     cmd = [exe, "--home", str(home), "--endpoint", big_hub.url, "stage", str(big_manifest), "--json"]
-    procs = [subprocess.Popen(cmd, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(3)]
+    procs = [
+        subprocess.Popen(cmd, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(3)
+    ]
     outs = [p.communicate(timeout=180) for p in procs]
-    for p, (out, err) in zip(procs, outs):
+    for p, (_, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err
     total = sum(json.loads(out)["downloaded_bytes"] for out, _ in outs)
     needed = json.loads(outs[0][0])["needed_bytes"]

@@ -40,8 +40,9 @@ def real_hub():
 
 @pytest.fixture
 def manifest(tmp_path):
-    return write_manifest(tmp_path / "m.toml", {BIG: {"version": 1}, LAYERNORM: {"version": 1},
-                                                RELU: {"version": 1}}, [X86])
+    return write_manifest(
+        tmp_path / "m.toml", {BIG: {"version": 1}, LAYERNORM: {"version": 1}, RELU: {"version": 1}}, [X86]
+    )
 
 
 def test_stage_follows_both_redirects_and_verifies(real_hub, home, manifest):
@@ -81,8 +82,9 @@ def test_an_expired_cdn_url_is_signed_again_by_asking_the_hub(real_hub, home, ma
 
 def test_rate_limits_are_waited_out_not_failed(home, manifest):
     limits = RateLimits(api=10, resolvers=20, window=2)  # a stage needs ~20 API calls and ~55 file GETs
-    with FakeHub([*demo_repos(), big_repo()], trusted_orgs=[ORG], page_size=50, redirects=True,
-                 rate_limits=limits) as hub:
+    with FakeHub(
+        [*demo_repos(), big_repo()], trusted_orgs=[ORG], page_size=50, redirects=True, rate_limits=limits
+    ) as hub:
         t = time.monotonic()
         p, doc = stage_json(home, manifest, hub, env=cli_env(FRT_RETRY_ATTEMPTS="2"))
         took = time.monotonic() - t
@@ -97,8 +99,9 @@ def test_rate_limits_are_waited_out_not_failed(home, manifest):
 def test_a_stale_revision_main_after_a_force_push_does_not_derail_the_stage(real_hub, home, tmp_path):
     repo = real_hub.repos[("kernel", RELU)]
     repo.branch("rewrite", repo.branches["v1"])
-    repo.commit(build("relu", ["torch-universal", X86_CPU], version=1, note="rewritten"), title="rewritten",
-                branch="rewrite")
+    repo.commit(
+        build("relu", ["torch-universal", X86_CPU], version=1, note="rewritten"), title="rewritten", branch="rewrite"
+    )
     new_head = repo.branches.pop("rewrite")
     repo.force_push("main", new_head, stale_for=50)
     m = write_manifest(tmp_path / "m.toml", {RELU: {"revision": "main"}}, [X86])
@@ -113,13 +116,16 @@ def test_a_full_disk_is_a_local_error_not_an_upstream_refusal(real_hub, home, ma
         pytest.fail("needs root for a tmpfs mount namespace (CI runs as root)")
     exe = str(Path(sys.executable).with_name("frt-mirror"))
     home.mkdir(parents=True)
-    script = (f"mount -t tmpfs -o size=1m tmpfs {home} && "
-              f"{exe} --home {home} --endpoint {real_hub.url} stage {manifest}")
-    p = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, env=cli_env(),
-                       timeout=120)
+    script = f"mount -t tmpfs -o size=1m tmpfs {home} && {exe} --home {home} --endpoint {real_hub.url} stage {manifest}"
+    p = subprocess.run(
+        ["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, env=cli_env(), timeout=120
+    )
     assert p.returncode == 2
     lines = p.stderr.strip().splitlines()
     # Whichever write meets the full disk first: a download's, or the ledger's (SQLite's own words).
-    assert len(lines) == 1 and ("No space left on device" in lines[0] or "database or disk is full" in lines[0]) \
-        and "a local disk error" in lines[0], p.stderr
+    assert (
+        len(lines) == 1
+        and ("No space left on device" in lines[0] or "database or disk is full" in lines[0])
+        and "a local disk error" in lines[0]
+    ), p.stderr
     assert "upstream" not in lines[0] and "refused" not in lines[0], lines[0]

@@ -16,18 +16,42 @@ from frt.resolver.variants import accepted, decide
 # ≥ 30 names: arch (torch, cxx11/cxx98), stable-ABI, tvm-ffi, noarch, universal, other CUDA/ROCm/XPU,
 # other torch minors, other cpu/os.
 CORPUS = [
-    "torch213-cxx11-cpu-x86_64-linux", "torch213-cpu-x86_64-linux", "torch213-cxx98-cpu-x86_64-linux",
-    "torch212-cxx11-cpu-x86_64-linux", "torch211-cxx11-cpu-x86_64-linux", "torch210-cxx11-cpu-x86_64-linux",
-    "torch213-cxx11-cpu-aarch64-linux", "torch212-cxx11-cpu-aarch64-linux", "torch213-cpu-aarch64-darwin",
-    "torch213-metal-aarch64-darwin", "torch213-cxx11-cu126-x86_64-linux", "torch213-cxx11-cu128-x86_64-linux",
-    "torch213-cxx11-cu130-x86_64-linux", "torch213-cxx11-cu132-x86_64-linux", "torch211-cxx11-cu130-x86_64-linux",
-    "torch211-cxx11-cu130-aarch64-linux", "torch212-cxx11-cu126-aarch64-linux", "torch213-cxx11-rocm71-x86_64-linux",
-    "torch213-cxx11-rocm72-x86_64-linux", "torch213-cxx11-xpu20253-x86_64-linux",
-    "torch213-cxx11-xpu20260-x86_64-linux", "torch-stable-abi211-cpu-x86_64-linux",
-    "torch-stable-abi213-cpu-x86_64-linux", "torch-stable-abi214-cpu-x86_64-linux",
-    "torch-stable-abi211-cu128-x86_64-linux", "torch-stable-abi212-cu130-aarch64-linux",
-    "tvm-ffi01-cu128-x86_64-linux", "tvm-ffi01-cpu-x86_64-linux", "torch-cpu", "torch-cuda", "torch-rocm",
-    "torch-xpu", "torch-metal", "torch-npu", "torch-universal", "torch213-cxx11-cpu-x86_64-windows",
+    "torch213-cxx11-cpu-x86_64-linux",
+    "torch213-cpu-x86_64-linux",
+    "torch213-cxx98-cpu-x86_64-linux",
+    "torch212-cxx11-cpu-x86_64-linux",
+    "torch211-cxx11-cpu-x86_64-linux",
+    "torch210-cxx11-cpu-x86_64-linux",
+    "torch213-cxx11-cpu-aarch64-linux",
+    "torch212-cxx11-cpu-aarch64-linux",
+    "torch213-cpu-aarch64-darwin",
+    "torch213-metal-aarch64-darwin",
+    "torch213-cxx11-cu126-x86_64-linux",
+    "torch213-cxx11-cu128-x86_64-linux",
+    "torch213-cxx11-cu130-x86_64-linux",
+    "torch213-cxx11-cu132-x86_64-linux",
+    "torch211-cxx11-cu130-x86_64-linux",
+    "torch211-cxx11-cu130-aarch64-linux",
+    "torch212-cxx11-cu126-aarch64-linux",
+    "torch213-cxx11-rocm71-x86_64-linux",
+    "torch213-cxx11-rocm72-x86_64-linux",
+    "torch213-cxx11-xpu20253-x86_64-linux",
+    "torch213-cxx11-xpu20260-x86_64-linux",
+    "torch-stable-abi211-cpu-x86_64-linux",
+    "torch-stable-abi213-cpu-x86_64-linux",
+    "torch-stable-abi214-cpu-x86_64-linux",
+    "torch-stable-abi211-cu128-x86_64-linux",
+    "torch-stable-abi212-cu130-aarch64-linux",
+    "tvm-ffi01-cu128-x86_64-linux",
+    "tvm-ffi01-cpu-x86_64-linux",
+    "torch-cpu",
+    "torch-cuda",
+    "torch-rocm",
+    "torch-xpu",
+    "torch-metal",
+    "torch-npu",
+    "torch-universal",
+    "torch213-cxx11-cpu-x86_64-windows",
 ]
 
 
@@ -85,7 +109,8 @@ def test_foreign_target_is_refused_in_the_library_wording():
     reasons = {d.name: d.reason for d in decide(arm, CORPUS) if not d.accepted}
     assert reasons["torch213-cxx11-cpu-x86_64-linux"] == "CPU (x86_64) does not match system CPU (aarch64)"
     assert reasons["torch212-cxx11-cpu-aarch64-linux"] == (
-        "Torch version (2.12) does not match environment Torch version (2.13)")
+        "Torch version (2.12) does not match environment Torch version (2.13)"
+    )
     assert accepted(arm, CORPUS)[0] == "torch213-cxx11-cpu-aarch64-linux"
 
 
@@ -101,8 +126,13 @@ def test_cuda_minor_rule_and_preference_for_a_cuda_target():
 
 
 def test_universal_is_accepted_by_every_target():
-    for t in ["torch2.11-cu130-aarch64-linux", "torch2.13-rocm71-x86_64-linux", "torch2.10-xpu20253-x86_64-linux",
-              "torch2.13-metal-aarch64-darwin", "torch2.13-cpu-x86_64-windows"]:
+    for t in [
+        "torch2.11-cu130-aarch64-linux",
+        "torch2.13-rocm71-x86_64-linux",
+        "torch2.10-xpu20253-x86_64-linux",
+        "torch2.13-metal-aarch64-darwin",
+        "torch2.13-cpu-x86_64-windows",
+    ]:
         assert accepted(parse_target(t), ["torch-universal"]) == ["torch-universal"], t
 
 
@@ -111,8 +141,18 @@ def test_unparseable_variant_names_are_rejected_not_fatal():
     assert [(d.name, d.accepted) for d in decisions] == [("torch-cpu", True), ("garbage-dir", False)]
 
 
-@pytest.mark.parametrize("text", ["torch2.11-cu130-aarch64", "torch211-cu130-x86_64-linux", "2.11-cpu-x86_64-linux",
-                                  "torch2.11-cuda-x86_64-linux", "torch2.11-cpu-x86_64-Linux", "", "hosts"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "torch2.11-cu130-aarch64",
+        "torch211-cu130-x86_64-linux",
+        "2.11-cpu-x86_64-linux",
+        "torch2.11-cuda-x86_64-linux",
+        "torch2.11-cpu-x86_64-Linux",
+        "",
+        "hosts",
+    ],
+)
 def test_bad_targets_are_bad_input(text):
     with pytest.raises(BadInput, match="target|backend|cpu/os"):
         parse_target(text)

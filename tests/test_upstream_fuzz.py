@@ -12,7 +12,6 @@ nobody named. `stage` runs in-process (click's CliRunner) for speed; `serve` in 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -35,20 +34,55 @@ pytestmark = pytest.mark.hub1
 
 API = f"/api/kernels/{RELU}"
 # route -> the proxy rule's match (a substring of the request path)
-ROUTES = {"refs": f"{API}/refs", "revision": f"{API}/revision/", "commits": f"{API}/commits/",
-          "tree": f"{API}/tree/", "overview": f"/api/organizations/{ORG}/overview"}
-LIMITS = {"FRT_RETRY_ATTEMPTS": "1", "FRT_RETRY_BASE_WAIT": "0.01", "FRT_UPSTREAM_DEADLINE_S": "5",
-          "FRT_MAX_API_BYTES": str(1 << 20), "FRT_MAX_PAGES": "50", "HF_HUB_DISABLE_XET": "1",
-          "FRT_LEDGER_URL": None, "FRT_MIRROR_HOME": None, "HF_ENDPOINT": None, "LOCAL_KERNELS": None}
+ROUTES = {
+    "refs": f"{API}/refs",
+    "revision": f"{API}/revision/",
+    "commits": f"{API}/commits/",
+    "tree": f"{API}/tree/",
+    "overview": f"/api/organizations/{ORG}/overview",
+}
+LIMITS = {
+    "FRT_RETRY_ATTEMPTS": "1",
+    "FRT_RETRY_BASE_WAIT": "0.01",
+    "FRT_UPSTREAM_DEADLINE_S": "5",
+    "FRT_MAX_API_BYTES": str(1 << 20),
+    "FRT_MAX_PAGES": "50",
+    "HF_HUB_DISABLE_XET": "1",
+    "FRT_LEDGER_URL": None,
+    "FRT_MIRROR_HOME": None,
+    "HF_ENDPOINT": None,
+    "LOCAL_KERNELS": None,
+}
 CONTRACT = {0, 1, 2, 3}
 EXAMPLES = int(os.environ.get("FRT_FUZZ_EXAMPLES", "60"))
 
-SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.sampled_from([2**64, -1, 0, 10**400]),
-                    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=12),
-                    st.sampled_from(["", "main", "v1", "0" * 40, "../x", "build/../../etc", "\u202e", "file", "directory",
-                                     "2026-13-45T99:99:99Z", "2024-01-01T00:00:00.000Z", "sha256:" + "0" * 64]))
-VALUES = st.recursive(SCALARS, lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=8), c, max_size=3),
-                      max_leaves=6)
+SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.sampled_from([2**64, -1, 0, 10**400]),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=12),
+    st.sampled_from(
+        [
+            "",
+            "main",
+            "v1",
+            "0" * 40,
+            "../x",
+            "build/../../etc",
+            "\u202e",
+            "file",
+            "directory",
+            "2026-13-45T99:99:99Z",
+            "2024-01-01T00:00:00.000Z",
+            "sha256:" + "0" * 64,
+        ]
+    ),
+)
+VALUES = st.recursive(
+    SCALARS, lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=8), c, max_size=3), max_leaves=6
+)
 # (where: a fraction of the way through the answer's places, what: replace/drop/whole, the new value)
 PLANS = st.tuples(st.floats(0, 1, exclude_max=True), st.sampled_from(["replace", "replace", "drop", "whole"]), VALUES)
 
@@ -174,18 +208,23 @@ def pulling(proxy, tmp_path_factory):
     env.update({k: v for k, v in LIMITS.items() if v is not None}, PYTHONWARNINGS="ignore")
     home = tmp_path_factory.mktemp("fuzz-pull") / "home"
     # --refs-ttl 0: every request asks the upstream again, so every example's answer is read
-    with serving(home, "--upstream", proxy.url, "--allow", ORG, "--refs-ttl", "0", "--upstream-timeout", "10",
-                 env=env) as m:
+    with serving(
+        home, "--upstream", proxy.url, "--allow", ORG, "--refs-ttl", "0", "--upstream-timeout", "10", env=env
+    ) as m:
         yield m
 
 
-PULL_PATHS = {"refs": f"{API}/refs", "revision": f"{API}/revision/v1", "tree": f"{API}/tree/v1",
-              "overview": f"/api/organizations/{ORG}/overview", "file": f"/kernels/{RELU}/resolve/v1/build/{X86_CPU}/metadata.json"}
+PULL_PATHS = {
+    "refs": f"{API}/refs",
+    "revision": f"{API}/revision/v1",
+    "tree": f"{API}/tree/v1",
+    "overview": f"/api/organizations/{ORG}/overview",
+    "file": f"/kernels/{RELU}/resolve/v1/build/{X86_CPU}/metadata.json",
+}
 
 
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
-@given(route=st.sampled_from(["refs", "revision", "overview"]), plan=PLANS,
-       ask=st.sampled_from(sorted(PULL_PATHS)))
+@given(route=st.sampled_from(["refs", "revision", "overview"]), plan=PLANS, ask=st.sampled_from(sorted(PULL_PATHS)))
 def test_pull_through_answers_no_500_to_any_change(pulling, proxy, route, plan, ask):
     proxy.rules.clear()
     proxy.rule(ROUTES[route], h.edit_json(lambda doc: mutate(doc, plan)))

@@ -12,9 +12,9 @@ for generated systems twice over:
 
 Each compares the accepted lists in order (so neither accepts what the other rejects) and the rejection
 reasons. 300 examples × 20 systems each way, and 120 × 12 arch targets: 13,440 cases a run, each test
-asserting its own count. Arch targets add generated metadata.json `backend` declarations: ours keeps, in kernels' order, the
-builds that kernels' own load-time check (`kernels.archs._check_arch_incompatibility`, run with each of the
-target's devices faked) lets load on every named arch.
+asserting its own count. Arch targets add generated metadata.json `backend` declarations: ours keeps, in
+kernels' order, the builds that kernels' own load-time check (`kernels.archs._check_arch_incompatibility`, run
+with each of the target's devices faked) lets load on every named arch.
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ from kernels._rust import Metadata
 from kernels.archs import _check_arch_incompatibility
 from kernels.variants import VariantAccepted, parse_variant, resolve_variants
 
+from frt.resolver.archs import Declared
 from frt.resolver.targets import host_target, parse_target
 from frt.resolver.variants import accepted, decide
-from frt.resolver.archs import Declared
 
 TORCH_MINORS = range(5, 15)  # 2.5 .. 2.14: cxx98 wheels before 2.7, cxx11 after
 CPUS, OSES = ("x86_64", "aarch64"), ("linux", "darwin", "windows")
@@ -63,13 +63,22 @@ def _arch_variant():
     return st.builds("{}-{}-{}-{}".format, framework, _backends(), st.sampled_from(CPUS), st.sampled_from(OSES))
 
 
-NOARCH_NAMES = ["torch-cpu", "torch-cuda", "torch-rocm", "torch-xpu", "torch-npu", "torch-metal", "torch-neuron",
-                "torch-tpu", "torch-universal"]
-VARIANT_SETS = st.lists(st.one_of(_arch_variant(), st.sampled_from(NOARCH_NAMES)), min_size=1, max_size=14,
-                        unique=True)
+NOARCH_NAMES = [
+    "torch-cpu",
+    "torch-cuda",
+    "torch-rocm",
+    "torch-xpu",
+    "torch-npu",
+    "torch-metal",
+    "torch-neuron",
+    "torch-tpu",
+    "torch-universal",
+]
+VARIANT_SETS = st.lists(st.one_of(_arch_variant(), st.sampled_from(NOARCH_NAMES)), min_size=1, max_size=14, unique=True)
 
 
 # -- faking a system the way kernels' tests do ---------------------------------------------------------
+
 
 class _CannInfo(types.ModuleType):
     def __init__(self, version: str):
@@ -77,8 +86,17 @@ class _CannInfo(types.ModuleType):
         self.get_cann_version = lambda: version
 
 
-def fake_system(stack: ExitStack, *, machine: str, system: str, torch_version: str, cxx11: bool,
-                device: tuple, mac: str = "", tvm_ffi: str | None = None) -> None:
+def fake_system(
+    stack: ExitStack,
+    *,
+    machine: str,
+    system: str,
+    torch_version: str,
+    cxx11: bool,
+    device: tuple,
+    mac: str = "",
+    tvm_ffi: str | None = None,
+) -> None:
     """Make this interpreter the system kernels would detect: `device` is ("cuda", "13.0"), ("rocm", hip),
     ("xpu", "20250300"), ("cann", "8.1.RC1"), ("metal",), ("neuron",), ("tpu",) or ("cpu",)."""
     p = stack.enter_context
@@ -98,9 +116,16 @@ def fake_system(stack: ExitStack, *, machine: str, system: str, torch_version: s
         p(mock.patch.object(torch.backends, "tpu", object(), create=True))
     if kind == "cann":
         p(mock.patch.object(torch._C, "_get_privateuse1_backend_name", lambda: "npu"))
-        p(mock.patch.dict(sys.modules, {"torch_npu": types.ModuleType("torch_npu"),
-                                        "torch_npu.utils": types.ModuleType("torch_npu.utils"),
-                                        "torch_npu.utils.collect_env": _CannInfo(device[1])}))
+        p(
+            mock.patch.dict(
+                sys.modules,
+                {
+                    "torch_npu": types.ModuleType("torch_npu"),
+                    "torch_npu.utils": types.ModuleType("torch_npu.utils"),
+                    "torch_npu.utils.collect_env": _CannInfo(device[1]),
+                },
+            )
+        )
     for module in (kernels.compat, kernels.variants):
         p(mock.patch.object(module, "has_tvm_ffi", tvm_ffi is not None))
     if tvm_ffi is not None:
@@ -109,10 +134,14 @@ def fake_system(stack: ExitStack, *, machine: str, system: str, torch_version: s
 
 def device_of(backend: str) -> tuple:
     """The torch build a target's backend token stands for, as torch reports it."""
-    for prefix, kind, spell in (("cu", "cuda", lambda M, m: f"{M}.{m}"), ("rocm", "rocm", lambda M, m: f"{M}.{m}.4-ab"),
-                                ("xpu", "xpu", lambda Y, n: f"{Y}0{n}00"), ("cann", "cann", lambda M, m: f"{M}.{m}.RC1")):
+    for prefix, kind, spell in (
+        ("cu", "cuda", lambda M, m: f"{M}.{m}"),
+        ("rocm", "rocm", lambda M, m: f"{M}.{m}.4-ab"),
+        ("xpu", "xpu", lambda Y, n: f"{Y}0{n}00"),
+        ("cann", "cann", lambda M, m: f"{M}.{m}.RC1"),
+    ):
         if backend.startswith(prefix):
-            digits = backend[len(prefix):]
+            digits = backend[len(prefix) :]
             return kind, spell(digits[:-1], digits[-1])
     return (backend,)
 
@@ -127,8 +156,9 @@ def kernels_choice(names: list[str]) -> tuple[list[str], dict[str, str]]:
     in each process. We break them by name; `test_kernels_breaks_ties_by_its_input_order` shows it.
     """
     chosen, trace = resolve_variants([parse_variant(n) for n in sorted(names)])
-    return [v.variant_str for v in chosen], {d.variant.variant_str: d.reason for d in trace
-                                              if not isinstance(d, VariantAccepted)}
+    return [v.variant_str for v in chosen], {
+        d.variant.variant_str: d.reason for d in trace if not isinstance(d, VariantAccepted)
+    }
 
 
 def our_choice(target, names, declared=None) -> tuple[list[str], dict[str, str]]:
@@ -138,16 +168,27 @@ def our_choice(target, names, declared=None) -> tuple[list[str], dict[str, str]]
 
 # -- from our side: target strings ----------------------------------------------------------------------
 
-TARGETS = st.builds(lambda minor, backend, cpu, os: f"torch2.{minor}-{backend}-{cpu}-{os}",
-                    st.sampled_from(TORCH_MINORS), _backends(), st.sampled_from(CPUS), st.sampled_from(OSES))
+TARGETS = st.builds(
+    lambda minor, backend, cpu, os: f"torch2.{minor}-{backend}-{cpu}-{os}",
+    st.sampled_from(TORCH_MINORS),
+    _backends(),
+    st.sampled_from(CPUS),
+    st.sampled_from(OSES),
+)
 
 
 def faked_as(stack: ExitStack, target) -> None:
     """The system a named target describes, as kernels would find it on such a machine."""
     machine = {("darwin", "aarch64"): "arm64", ("windows", "x86_64"): "AMD64"}.get((target.os, target.cpu), target.cpu)
-    fake_system(stack, machine=machine, system=target.os.capitalize(),
-                torch_version=f"{target.torch}.1+frt", cxx11=bool(target.cxx11_abi),
-                device=device_of(target.backend), mac="26.0" if target.os == "darwin" else "")
+    fake_system(
+        stack,
+        machine=machine,
+        system=target.os.capitalize(),
+        torch_version=f"{target.torch}.1+frt",
+        cxx11=bool(target.cxx11_abi),
+        device=device_of(target.backend),
+        mac="26.0" if target.os == "darwin" else "",
+    )
 
 
 def test_named_targets_choose_what_kernels_chooses_on_such_a_system():
@@ -171,22 +212,31 @@ def test_named_targets_choose_what_kernels_chooses_on_such_a_system():
 # -- from kernels' side: faked systems ------------------------------------------------------------------
 
 DEVICES = st.one_of(
-    st.just(("cpu",)), st.just(("metal",)), st.just(("neuron",)), st.just(("tpu",)),
+    st.just(("cpu",)),
+    st.just(("metal",)),
+    st.just(("neuron",)),
+    st.just(("tpu",)),
     st.builds(lambda M, m: ("cuda", f"{M}.{m}"), st.sampled_from([12, 13]), st.integers(0, 9)),
     st.builds(lambda M, m: ("rocm", f"{M}.{m}.{m}0321-0f2d6"), st.sampled_from([6, 7]), st.integers(0, 4)),
     st.builds(lambda Y, n: ("xpu", f"{Y}0{n}00"), st.sampled_from([2025, 2026]), st.integers(0, 3)),
     st.builds(lambda M, m: ("cann", f"{M}.{m}.RC1"), st.sampled_from([7, 8]), st.integers(0, 3)),
 )
-SYSTEMS = st.fixed_dictionaries({
-    "machine": st.sampled_from(["x86_64", "aarch64", "arm64", "AMD64"]),
-    "system": st.sampled_from(["Linux", "Darwin", "Windows"]),
-    "torch_version": st.builds("2.{}.{}{}".format, st.sampled_from(TORCH_MINORS), st.integers(0, 2),
-                               st.sampled_from(["", "+cu130", "+cpu", ".dev20260101"])),
-    "cxx11": st.booleans(),  # not only the official wheels' ABI: a source build may differ
-    "device": DEVICES,
-    "mac": st.sampled_from(["", "15.5", "26.0", "26.2"]),
-    "tvm_ffi": st.sampled_from([None, "0.1.4", "0.2.0", "0.3.1"]),
-})
+SYSTEMS = st.fixed_dictionaries(
+    {
+        "machine": st.sampled_from(["x86_64", "aarch64", "arm64", "AMD64"]),
+        "system": st.sampled_from(["Linux", "Darwin", "Windows"]),
+        "torch_version": st.builds(
+            "2.{}.{}{}".format,
+            st.sampled_from(TORCH_MINORS),
+            st.integers(0, 2),
+            st.sampled_from(["", "+cu130", "+cpu", ".dev20260101"]),
+        ),
+        "cxx11": st.booleans(),  # not only the official wheels' ABI: a source build may differ
+        "device": DEVICES,
+        "mac": st.sampled_from(["", "15.5", "26.0", "26.2"]),
+        "tvm_ffi": st.sampled_from([None, "0.1.4", "0.2.0", "0.3.1"]),
+    }
+)
 
 
 def test_host_detection_chooses_what_kernels_chooses_on_any_system():
@@ -209,39 +259,81 @@ def test_host_detection_chooses_what_kernels_chooses_on_any_system():
 
 # -- GPU archs: kernels' load-time check, with each of the target's devices faked -------------------------
 
-CUDA_DECLARED = ["7.5", "8.0", "8.6", "8.9", "9.0", "9.0a", "10.0", "10.0a", "10.0f", "12.0f", "9.0+PTX",
-                 "8.0+PTX", "9.0a+PTX", "10.0f+PTX", "garbage", "11"]
+CUDA_DECLARED = [
+    "7.5",
+    "8.0",
+    "8.6",
+    "8.9",
+    "9.0",
+    "9.0a",
+    "10.0",
+    "10.0a",
+    "10.0f",
+    "12.0f",
+    "9.0+PTX",
+    "8.0+PTX",
+    "9.0a+PTX",
+    "10.0f+PTX",
+    "garbage",
+    "11",
+]
 ROCM_DECLARED = ["gfx90a", "gfx942", "gfx950", "gfx1100", "gfx1151", "sm_80"]
 DECLARED = st.one_of(
     st.none(),
-    st.builds(lambda kind, archs: (kind, archs), st.sampled_from(["cuda", "rocm", "cpu", "xpu", "metal"]),
-              st.one_of(st.none(), st.lists(st.sampled_from(CUDA_DECLARED + ROCM_DECLARED), max_size=4, unique=True))),
+    st.builds(
+        lambda kind, archs: (kind, archs),
+        st.sampled_from(["cuda", "rocm", "cpu", "xpu", "metal"]),
+        st.one_of(st.none(), st.lists(st.sampled_from(CUDA_DECLARED + ROCM_DECLARED), max_size=4, unique=True)),
+    ),
 )
 CUDA_DEVICES = ["7.5", "8.0", "8.6", "8.9", "9.0", "10.0", "10.3", "12.0", "12.1"]
 ROCM_DEVICES = ["gfx90a", "gfx942", "gfx950", "gfx1100", "gfx1151"]
 ARCH_TARGETS = st.one_of(
-    st.builds(lambda minor, cu, archs: f"torch2.{minor}-{cu}-x86_64-linux@{','.join(archs)}",
-              st.sampled_from([12, 13]), st.sampled_from(["cu126", "cu128", "cu130"]),
-              st.lists(st.sampled_from(CUDA_DEVICES), min_size=1, max_size=3, unique=True)),
-    st.builds(lambda minor, rocm, archs: f"torch2.{minor}-{rocm}-x86_64-linux@{','.join(archs)}",
-              st.sampled_from([12, 13]), st.sampled_from(["rocm71", "rocm72"]),
-              st.lists(st.sampled_from(ROCM_DEVICES), min_size=1, max_size=3, unique=True)),
+    st.builds(
+        lambda minor, cu, archs: f"torch2.{minor}-{cu}-x86_64-linux@{','.join(archs)}",
+        st.sampled_from([12, 13]),
+        st.sampled_from(["cu126", "cu128", "cu130"]),
+        st.lists(st.sampled_from(CUDA_DEVICES), min_size=1, max_size=3, unique=True),
+    ),
+    st.builds(
+        lambda minor, rocm, archs: f"torch2.{minor}-{rocm}-x86_64-linux@{','.join(archs)}",
+        st.sampled_from([12, 13]),
+        st.sampled_from(["rocm71", "rocm72"]),
+        st.lists(st.sampled_from(ROCM_DEVICES), min_size=1, max_size=3, unique=True),
+    ),
 )
-GPU_VARIANTS = st.lists(st.one_of(
-    st.builds("torch2{}-cxx11-{}-x86_64-linux".format, st.sampled_from([12, 13]),
-              st.sampled_from(["cu126", "cu128", "cu130", "rocm71", "rocm72"])),
-    st.builds("torch-stable-abi2{}-{}-x86_64-linux".format, st.sampled_from([11, 12]),
-              st.sampled_from(["cu128", "cu130", "rocm71"])),
-    st.sampled_from(["torch-cuda", "torch-rocm", "torch-universal", "torch-cpu"]),
-), min_size=1, max_size=8, unique=True)
+GPU_VARIANTS = st.lists(
+    st.one_of(
+        st.builds(
+            "torch2{}-cxx11-{}-x86_64-linux".format,
+            st.sampled_from([12, 13]),
+            st.sampled_from(["cu126", "cu128", "cu130", "rocm71", "rocm72"]),
+        ),
+        st.builds(
+            "torch-stable-abi2{}-{}-x86_64-linux".format,
+            st.sampled_from([11, 12]),
+            st.sampled_from(["cu128", "cu130", "rocm71"]),
+        ),
+        st.sampled_from(["torch-cuda", "torch-rocm", "torch-universal", "torch-cpu"]),
+    ),
+    min_size=1,
+    max_size=8,
+    unique=True,
+)
 
 
 def metadata_doc(declared) -> dict | None:
     if declared is None:
         return None  # a build without metadata.json: nothing declared
     kind, archs = declared
-    return {"id": "_k_0", "name": "fleet-kernel", "version": 1, "license": "mit", "python-depends": [],
-            "backend": {"type": kind, **({"archs": archs} if archs is not None else {})}}
+    return {
+        "id": "_k_0",
+        "name": "fleet-kernel",
+        "version": 1,
+        "license": "mit",
+        "python-depends": [],
+        "backend": {"type": kind, **({"archs": archs} if archs is not None else {})},
+    }
 
 
 def loads_on(doc: dict | None, variant: str, device: str, arch: str) -> bool:
@@ -274,10 +366,13 @@ def test_arch_targets_keep_what_kernels_loads_on_every_arch_in_its_order():
     cases = []
 
     @settings(max_examples=120, deadline=None)
-    @given(names=GPU_VARIANTS, declared=st.lists(DECLARED, min_size=8, max_size=8),
-           targets=st.lists(ARCH_TARGETS, min_size=12, max_size=12))
+    @given(
+        names=GPU_VARIANTS,
+        declared=st.lists(DECLARED, min_size=8, max_size=8),
+        targets=st.lists(ARCH_TARGETS, min_size=12, max_size=12),
+    )
     def check(names, declared, targets):
-        docs = dict(zip(names, (metadata_doc(d) for d in declared)))
+        docs = dict(zip(names, (metadata_doc(d) for d in declared), strict=False))
         ours_declared = {n: Declared.of(doc) for n, doc in docs.items()}
         for text in targets:
             target = parse_target(text)
@@ -292,15 +387,16 @@ def test_arch_targets_keep_what_kernels_loads_on_every_arch_in_its_order():
     assert len(cases) >= 1_440
 
 
-
 def test_kernels_breaks_ties_by_its_input_order():
     """Why `kernels_choice` sorts: the same two builds, two input orders, two different kernels picks."""
     names = ["tvm-ffi01-cpu-x86_64-linux", "torch-cpu"]
     with ExitStack() as stack:
-        fake_system(stack, machine="x86_64", system="Linux", torch_version="2.9.0", cxx11=True, device=("cpu",),
-                    tvm_ffi="0.1.4")
-        picks = {resolve_variants([parse_variant(n) for n in order])[0][0].variant_str
-                 for order in (names, names[::-1])}
+        fake_system(
+            stack, machine="x86_64", system="Linux", torch_version="2.9.0", cxx11=True, device=("cpu",), tvm_ffi="0.1.4"
+        )
+        picks = {
+            resolve_variants([parse_variant(n) for n in order])[0][0].variant_str for order in (names, names[::-1])
+        }
         ours = [accepted(host_target(), order) for order in (names, names[::-1])]
     assert picks == set(names)
     assert ours == [sorted(names)] * 2

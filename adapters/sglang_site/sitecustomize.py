@@ -36,8 +36,7 @@ def _activate():
     try:
         from frt.adapters.sglang_engine import activate
     except ImportError as e:
-        print(f"[frt.sglang] FRT_SGLANG_ATTACH=1 but frt is not importable here ({e}); seats stay off",
-              file=sys.stderr)
+        print(f"[frt.sglang] FRT_SGLANG_ATTACH=1 but frt is not importable here ({e}); seats stay off", file=sys.stderr)
         return False
     activate()
     return True

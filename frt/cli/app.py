@@ -20,6 +20,7 @@ from frt.mirror.home_path import check_ledger_text, default_home
 from frt.resolver.errors import BadInput, FrtError, error_line, exit_code
 from frt.resolver.gate import check_endpoint, check_repo_id
 from frt.resolver.targets import parse_target
+
 from .say import say
 
 if TYPE_CHECKING:  # the home, the ledger and the Hub client are imported by the commands that use them
@@ -120,8 +121,9 @@ def parse_repo_versions(_ctx, _param, values) -> dict[str, int]:
     for v in values or ():
         repo, sep, n = v.rpartition("=")
         if not sep or not repo or not (n.isascii() and n.isdigit() and int(n[:11]) <= MAX_INT):
-            raise BadInput(f"--version {v!r}: expected REPO=N (N up to {MAX_INT}), e.g. --version "
-                           "kernels-community/activation=1")
+            raise BadInput(
+                f"--version {v!r}: expected REPO=N (N up to {MAX_INT}), e.g. --version kernels-community/activation=1"
+            )
         check_repo_id(repo)
         out[repo] = int(n)
     return out
@@ -135,14 +137,25 @@ endpoint_option = click.option("--endpoint", metavar="URL", help="Upstream Hub o
 json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 
 
-@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]},
-             epilog="Exit codes: 0 ok; 1 refused or failed verification; 2 bad usage or input; 3 the upstream "
-                    "(or the ledger's database) unavailable: try again later.")
-@click.option("--home", type=click.Path(file_okay=False, path_type=Path), help="State directory "
-              "(default: $FRT_MIRROR_HOME, else the platform's user data dir).")
-@click.option("--ledger", "ledger_url", metavar="URL", help="Where the ledger lives: a SQLAlchemy URL, "
-              "postgresql://USER@HOST:PORT/DB for one ledger several hosts share (pip install "
-              "'frt-mirror[postgres]') or sqlite:///PATH (default: $FRT_LEDGER_URL, else SQLite in the home).")
+@click.group(
+    cls=_Group,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    epilog="Exit codes: 0 ok; 1 refused or failed verification; 2 bad usage or input; 3 the upstream "
+    "(or the ledger's database) unavailable: try again later.",
+)
+@click.option(
+    "--home",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="State directory (default: $FRT_MIRROR_HOME, else the platform's user data dir).",
+)
+@click.option(
+    "--ledger",
+    "ledger_url",
+    metavar="URL",
+    help="Where the ledger lives: a SQLAlchemy URL, "
+    "postgresql://USER@HOST:PORT/DB for one ledger several hosts share (pip install "
+    "'frt-mirror[postgres]') or sqlite:///PATH (default: $FRT_LEDGER_URL, else SQLite in the home).",
+)
 @endpoint_option
 @click.version_option(package_name="frt-mirror")
 @click.pass_context

@@ -7,12 +7,12 @@ import sys
 import click
 
 from frt.mirror.home_path import check_writable
-from .render import table
 from frt.resolver.errors import BadInput, KernelUnavailable, exit_code
 from frt.resolver.gate import check_repo_id
 from frt.resolver.settings import MAX_SETTING
 
 from .app import App, Finite, cli, emit_json, endpoint_option, json_option, parse_targets
+from .render import table
 from .say import say
 
 
@@ -50,21 +50,52 @@ def pin_cmd(app: App, repo, revision, target, fmt, endpoint):
 @click.option("--timeout", type=Finite(0.001, MAX_SETTING), help="Seconds per run; a run that takes longer is skipped.")
 @click.option("--refresh", is_flag=True, help="Scan upstream first even if the ledger knows the range.")
 @click.option("--offline", is_flag=True, help="Use only the ledger and what is staged.")
-@click.option("--metric", metavar="REGEX", help="Bisect a performance drift: judge each commit by the figure "
-              "CMD prints (the first match on its stdout: group `value`, else the first group).")
-@click.option("--higher-is-better/--lower-is-better", "higher", default=None,
-              help="The metric's direction (default: lower is better, as for a time).")
+@click.option(
+    "--metric",
+    metavar="REGEX",
+    help="Bisect a performance drift: judge each commit by the figure "
+    "CMD prints (the first match on its stdout: group `value`, else the first group).",
+)
+@click.option(
+    "--higher-is-better/--lower-is-better",
+    "higher",
+    default=None,
+    help="The metric's direction (default: lower is better, as for a time).",
+)
 @click.option("--repeat", type=click.IntRange(max=10_000), help="Runs per commit, for the median (default 5).")
-@click.option("--threshold", type=Finite(None, 1e6), metavar="PCT",
-              help="A commit is bad when its median is worse than the good one's by more than PCT (default 5).")
-@click.option("--interleave", is_flag=True, help="Alternate each commit's runs with runs of the good commit, "
-              "and compare it with those.")
+@click.option(
+    "--threshold",
+    type=Finite(None, 1e6),
+    metavar="PCT",
+    help="A commit is bad when its median is worse than the good one's by more than PCT (default 5).",
+)
+@click.option(
+    "--interleave",
+    is_flag=True,
+    help="Alternate each commit's runs with runs of the good commit, and compare it with those.",
+)
 @endpoint_option
 @json_option
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.pass_obj
-def bisect_cmd(app: App, repo, good, bad, target, timeout, refresh, offline, metric, higher, repeat, threshold,
-               interleave, endpoint, as_json, cmd):
+def bisect_cmd(
+    app: App,
+    repo,
+    good,
+    bad,
+    target,
+    timeout,
+    refresh,
+    offline,
+    metric,
+    higher,
+    repeat,
+    threshold,
+    interleave,
+    endpoint,
+    as_json,
+    cmd,
+):
     """Find the first bad commit of REPO between --good and --bad: each probed commit is staged and
     CMD runs with FRT_KERNEL_REV_<ID> and LOCAL_KERNELS pointing at it. CMD exit: 0 good, 125 skip,
     other bad (as git bisect run); a timeout is a skip. With --metric, a commit is judged by the median
@@ -72,8 +103,16 @@ def bisect_cmd(app: App, repo, good, bad, target, timeout, refresh, offline, met
     perf = _metric(metric, higher, repeat, threshold, interleave)
     if not offline:
         check_writable(app.root, "bisect stages the commits it probes (bisect --offline uses only what is staged)")
-    common = {"good": good, "bad": bad, "target": target, "cmd": list(cmd), "home": app.home,
-              "hub": None if offline else app.hub(endpoint), "timeout": timeout, "refresh": refresh}
+    common = {
+        "good": good,
+        "bad": bad,
+        "target": target,
+        "cmd": list(cmd),
+        "home": app.home,
+        "hub": None if offline else app.hub(endpoint),
+        "timeout": timeout,
+        "refresh": refresh,
+    }
     if perf is not None:
         _bisect_perf(check_repo_id(repo), perf, common, as_json)
 
@@ -82,8 +121,11 @@ def bisect_cmd(app: App, repo, good, bad, target, timeout, refresh, offline, met
     def show(step):
         if not as_json:
             code = "timeout" if step.exit_code is None else step.exit_code
-            click.echo(f"  {step.commit[:12]}  {step.variant}  exit {code}  {step.seconds:.1f}s  {step.verdict}"
-                       + (f"  ({step.note})" if step.note else ""), err=True)
+            click.echo(
+                f"  {step.commit[:12]}  {step.variant}  exit {code}  {step.seconds:.1f}s  {step.verdict}"
+                + (f"  ({step.note})" if step.note else ""),
+                err=True,
+            )
 
     result = bisect(check_repo_id(repo), **common, on_step=show)
     if as_json:
@@ -122,8 +164,16 @@ def _metric(pattern, higher, repeat, threshold, interleave):
     from frt.mirror.bisect_perf import Metric
 
     if pattern is None:
-        given = [name for name, v in (("--higher-is-better/--lower-is-better", higher), ("--repeat", repeat),
-                                      ("--threshold", threshold), ("--interleave", interleave or None)) if v is not None]
+        given = [
+            name
+            for name, v in (
+                ("--higher-is-better/--lower-is-better", higher),
+                ("--repeat", repeat),
+                ("--threshold", threshold),
+                ("--interleave", interleave or None),
+            )
+            if v is not None
+        ]
         if given:
             raise BadInput(f"{', '.join(given)}: only with --metric REGEX (a performance bisect)")
         return None
@@ -135,8 +185,13 @@ def _metric(pattern, higher, repeat, threshold, interleave):
         raise BadInput(f"--repeat {repeat}: at least 1")
     if threshold is not None and not threshold > 0:
         raise BadInput(f"--threshold {threshold:g}: a percentage above 0")
-    return Metric(compiled, higher_is_better=bool(higher), repeat=repeat or 5,
-                  threshold=5.0 if threshold is None else threshold, interleave=interleave)
+    return Metric(
+        compiled,
+        higher_is_better=bool(higher),
+        repeat=repeat or 5,
+        threshold=5.0 if threshold is None else threshold,
+        interleave=interleave,
+    )
 
 
 def _figure(x: float | None) -> str:
@@ -149,15 +204,28 @@ def _perf_row(step) -> list:
     change = "" if step.change is None else f"{step.change:+.1f}%"
     spread = "" if step.spread is None else f"{step.spread:.1f}%"
     runs = " ".join(_figure(r) for r in step.runs)
-    return [step.role, step.commit[:12], step.variant, runs, _figure(step.median), spread, change, step.verdict,
-            step.reason]
+    return [
+        step.role,
+        step.commit[:12],
+        step.variant,
+        runs,
+        _figure(step.median),
+        spread,
+        change,
+        step.verdict,
+        step.reason,
+    ]
 
 
 def render_perf(result) -> str:
     """A performance bisect for people: every step, then the answer (or why there is none)."""
     lines = [f"skipped {sha[:12]}: {why}" for sha, why in result.skipped]
-    lines.append(table(["step", "commit", "variant", "runs", "median", "spread", "change", "verdict", "why"],
-                       [_perf_row(s) for s in result.steps]))
+    lines.append(
+        table(
+            ["step", "commit", "variant", "runs", "median", "spread", "change", "verdict", "why"],
+            [_perf_row(s) for s in result.steps],
+        )
+    )
     if result.stopped:
         lines.append(result.stopped)
     elif result.first_bad:
@@ -165,7 +233,9 @@ def render_perf(result) -> str:
     else:
         lines.append("undecided (runs were skipped): first bad is one of " + ", ".join(result.undecided))
     if not result.stopped or result.stopped.startswith("cannot"):
-        lines.append(f"good median {_figure(result.good_median)}, bad median {_figure(result.bad_median)} "
-                     f"({result.direction}, threshold {result.threshold:g}%, {result.repeat} runs per commit"
-                     f"{', interleaved with the good commit' if result.interleave else ''})")
+        lines.append(
+            f"good median {_figure(result.good_median)}, bad median {_figure(result.bad_median)} "
+            f"({result.direction}, threshold {result.threshold:g}%, {result.repeat} runs per commit"
+            f"{', interleaved with the good commit' if result.interleave else ''})"
+        )
     return "\n".join(lines)

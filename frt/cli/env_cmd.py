@@ -16,17 +16,35 @@ from .say import say
 
 @cli.command("env")
 @click.option("--target", "target", callback=parse_targets, help="The cluster's target (for LOCAL_KERNELS).")
-@click.option("--serve", "serve_url", metavar="URL", help="Print the cluster side of 'frt-mirror serve' at URL instead.")
-@click.option("--engine", type=click.Choice(["vllm", "sglang"]),
-              help="Also the serving engine's side: the seat adapters from PYTHONPATH (writes --python-dir).")
-@click.option("--seats", "seats", type=click.Path(dir_okay=False, path_type=Path),
-              help="With --engine: the seat catalog the engine's workers attach (FRT_SEATS).")
-@click.option("--python-dir", "python_dir", type=click.Path(file_okay=False, path_type=Path),
-              help="With --engine: where to write the frt package and its plugin dist-info "
-                   "[default: HOME/python].")
-@click.option("--version", "versions", multiple=True, metavar="REPO=N", callback=parse_repo_versions,
-              help="With --target: the staged version LOCAL_KERNELS points at for REPO (repeatable); "
-                   "needed where several versions of a repo are staged.")
+@click.option(
+    "--serve", "serve_url", metavar="URL", help="Print the cluster side of 'frt-mirror serve' at URL instead."
+)
+@click.option(
+    "--engine",
+    type=click.Choice(["vllm", "sglang"]),
+    help="Also the serving engine's side: the seat adapters from PYTHONPATH (writes --python-dir).",
+)
+@click.option(
+    "--seats",
+    "seats",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="With --engine: the seat catalog the engine's workers attach (FRT_SEATS).",
+)
+@click.option(
+    "--python-dir",
+    "python_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="With --engine: where to write the frt package and its plugin dist-info [default: HOME/python].",
+)
+@click.option(
+    "--version",
+    "versions",
+    multiple=True,
+    metavar="REPO=N",
+    callback=parse_repo_versions,
+    help="With --target: the staged version LOCAL_KERNELS points at for REPO (repeatable); "
+    "needed where several versions of a repo are staged.",
+)
 @click.option("--format", "fmt", type=click.Choice(["sh", "json"]), default="sh", show_default=True)
 @click.pass_obj
 def env_cmd(app: App, target, serve_url, engine, seats, python_dir, versions, fmt):
@@ -61,10 +79,25 @@ def env_cmd(app: App, target, serve_url, engine, seats, python_dir, versions, fm
         values.update(engine_vars(engine, where, app.home.root, catalog))  # checks before writing
         write_python_dir(where)
     if fmt == "json":
-        emit_json({"env": values, "warnings": [*warnings, TELEMETRY_WARNING], "kernels": [
-            {"repo": e.repo, "requested": e.requested, "commit": e.commit, "variant": e.variant, "path": str(e.path),
-             "wheels": list(e.wheels)} for e in entries], "pip_install": pip_line(w for e in entries for w in e.wheels),
-            **({"engine": engine, "python_dir": values["PYTHONPATH"]} if engine else {})})
+        emit_json(
+            {
+                "env": values,
+                "warnings": [*warnings, TELEMETRY_WARNING],
+                "kernels": [
+                    {
+                        "repo": e.repo,
+                        "requested": e.requested,
+                        "commit": e.commit,
+                        "variant": e.variant,
+                        "path": str(e.path),
+                        "wheels": list(e.wheels),
+                    }
+                    for e in entries
+                ],
+                "pip_install": pip_line(w for e in entries for w in e.wheels),
+                **({"engine": engine, "python_dir": values["PYTHONPATH"]} if engine else {}),
+            }
+        )
         return
     for w in warnings:
         say(f"warning: {w}")
@@ -74,11 +107,17 @@ def env_cmd(app: App, target, serve_url, engine, seats, python_dir, versions, fm
     if install := pip_line(w for e in entries for w in e.wheels):
         click.echo(f"# python-depends: after these exports, run once in the job's environment: {install}")
     if engine:
-        click.echo(f"# {engine}: PYTHONPATH holds frt and its plugin; put it before any PYTHONPATH you have. "
-                   "The plugin allow-list is exclusive: add your other plugins, comma-separated.")
+        click.echo(
+            f"# {engine}: PYTHONPATH holds frt and its plugin; put it before any PYTHONPATH you have. "
+            "The plugin allow-list is exclusive: add your other plugins, comma-separated."
+        )
         if not seats:
-            click.echo("# set FRT_SEATS=<catalog.toml> (a seat catalog) to attach seats; unset, the plugin does nothing")
+            click.echo(
+                "# set FRT_SEATS=<catalog.toml> (a seat catalog) to attach seats; unset, the plugin does nothing"
+            )
         if engine == "sglang":
-            click.echo("# SGLang without sglang.srt.plugins (before 0.5.23): frt.adapters.sglang_engine.install(DIR) "
-                       "writes a sitecustomize; put DIR first on PYTHONPATH and set FRT_SGLANG_ATTACH=1")
+            click.echo(
+                "# SGLang without sglang.srt.plugins (before 0.5.23): frt.adapters.sglang_engine.install(DIR) "
+                "writes a sitecustomize; put DIR first on PYTHONPATH and set FRT_SGLANG_ATTACH=1"
+            )
     click.echo(render_sh(values))

@@ -33,8 +33,7 @@ def gc_cmd(app: App, dry_run, as_json):
     from frt.mirror.gc import collect
 
     _existing(app)
-    check_writable(app.root, "gc removes blobs and their ledger rows (--dry-run as well: it takes the store's "
-                             "lock)")
+    check_writable(app.root, "gc removes blobs and their ledger rows (--dry-run as well: it takes the store's lock)")
     app.ride_out()
     report = collect(app.home, dry_run=dry_run, on_wait=_note)
     if as_json:

@@ -27,5 +27,7 @@ def key_new_cmd(path, as_json):
         emit_json({"private": str(pair.private), "public": str(pair.public), "key_id": pair.key_id})
         return
     click.echo(f"wrote {pair.private} (private, mode 0600) and {pair.public} (public); key id {pair.key_id}")
-    click.echo(f"sign: frt-mirror bundle OUT.tar --sign {pair.private}   "
-               f"check: frt-mirror import OUT.tar --require-signature {pair.public}")
+    click.echo(
+        f"sign: frt-mirror bundle OUT.tar --sign {pair.private}   "
+        f"check: frt-mirror import OUT.tar --require-signature {pair.public}"
+    )

@@ -9,12 +9,11 @@ import click
 from frt.manifests.fields import MAX_INT
 from frt.mirror.home_path import check_writable
 from frt.mirror.progress import human_bytes
-
-from .render import table
 from frt.resolver.errors import BadInput, KernelUnavailable, exit_code
 from frt.resolver.gate import check_repo_id
 
 from .app import App, cli, emit_json, endpoint_option, json_option, parse_targets
+from .render import table
 from .say import say
 
 
@@ -33,20 +32,30 @@ def scan_cmd(app: App, repos, endpoint, jobs, as_json):
     check_writable(app.root, "scan records what upstream has in the ledger")
     app.ride_out()
     hub = app.hub(endpoint)
-    reports = [scan(repo, hub=hub, ledger=app.ledger, jobs=jobs,
-                    progress=None if as_json else lambda m: click.echo(m, err=True)) for repo in repos]
+    reports = [
+        scan(
+            repo, hub=hub, ledger=app.ledger, jobs=jobs, progress=None if as_json else lambda m: click.echo(m, err=True)
+        )
+        for repo in repos
+    ]
     if as_json:
         emit_json([r.__dict__ for r in reports])
         return
-    click.echo(table(["repo", "refs", "commits", "newly scanned", "variants found"],
-                     [(r.repo, r.refs, r.commits, r.commits_scanned, r.variants) for r in reports]))
+    click.echo(
+        table(
+            ["repo", "refs", "commits", "newly scanned", "variants found"],
+            [(r.repo, r.refs, r.commits, r.commits_scanned, r.variants) for r in reports],
+        )
+    )
 
 
 @cli.command("resolve")
 @click.argument("repo")
 @click.option("--version", "version", type=click.IntRange(0, MAX_INT), help="Kernel version N (branch vN).")
 @click.option("--revision", help="Branch, tag or commit.")
-@click.option("--target", "target", required=True, callback=parse_targets, help="torch2.11-cu130-x86_64-linux, or host.")
+@click.option(
+    "--target", "target", required=True, callback=parse_targets, help="torch2.11-cu130-x86_64-linux, or host."
+)
 @click.option("--offline", is_flag=True, help="Answer from the ledger alone; never contact upstream.")
 @endpoint_option
 @json_option
@@ -58,11 +67,21 @@ def resolve_cmd(app: App, repo, version, revision, target, offline, endpoint, as
     if version is not None and revision is not None:
         raise BadInput("give --version or --revision, not both")
     if not offline:
-        check_writable(app.root, "resolve without --offline records what upstream has in the ledger "
-                                 "(resolve --offline reads the ledger alone)")
+        check_writable(
+            app.root,
+            "resolve without --offline records what upstream has in the ledger "
+            "(resolve --offline reads the ledger alone)",
+        )
     try:
-        res = resolve(repo, target=target, ledger=app.ledger, version=version, revision=revision,
-                      hub=None if offline else app.hub(endpoint), offline=offline)
+        res = resolve(
+            repo,
+            target=target,
+            ledger=app.ledger,
+            version=version,
+            revision=revision,
+            hub=None if offline else app.hub(endpoint),
+            offline=offline,
+        )
     except KernelUnavailable as e:
         if as_json:
             emit_json(e.refusal.to_json())
@@ -78,18 +97,31 @@ def resolve_cmd(app: App, repo, version, revision, target, offline, endpoint, as
 
         archs = f" ({Declared.of(res.metadata).label})"
     click.echo(f"{res.repo} {res.request.label} → {res.commit}  {res.variant}{archs}  for {res.target}")
-    click.echo(table(["file", "size", "git oid", "sha256"],
-                     [(f.path, human_bytes(f.size), f.git_oid[:12], (f.sha256 or "")[:12]) for f in res.files]))
+    click.echo(
+        table(
+            ["file", "size", "git oid", "sha256"],
+            [(f.path, human_bytes(f.size), f.git_oid[:12], (f.sha256 or "")[:12]) for f in res.files],
+        )
+    )
     click.echo(f"{len(res.files)} files, {human_bytes(total)}")
 
 
 @cli.command("matrix")
 @click.argument("repo")
-@click.option("--target", "targets", multiple=True, callback=parse_targets,
-              help="Targets to show (repeatable; default: the targets the repo's variants were built for).")
-@click.option("--html", "html", metavar="FILE",
-              help="Write the matrix as one self-contained HTML page (the page serve shows at /-/repos/REPO): "
-                   "cells coloured served / not staged / refused, each refusal's text in full.")
+@click.option(
+    "--target",
+    "targets",
+    multiple=True,
+    callback=parse_targets,
+    help="Targets to show (repeatable; default: the targets the repo's variants were built for).",
+)
+@click.option(
+    "--html",
+    "html",
+    metavar="FILE",
+    help="Write the matrix as one self-contained HTML page (the page serve shows at /-/repos/REPO): "
+    "cells coloured served / not staged / refused, each refusal's text in full.",
+)
 @json_option
 @click.pass_obj
 def matrix_cmd(app: App, repo, targets, html, as_json):
@@ -106,8 +138,14 @@ def matrix_cmd(app: App, repo, targets, html, as_json):
     if models:  # a model has files, not variants: nothing to tabulate by target
         if as_json:
             kind = repo_types(app.ledger, models)[models[0]]
-            emit_json({"repo": repo, "repo_type": kind, "targets": [],
-                       "staged": [{"requested": r.requested, "commit": r.commit} for r in models]})
+            emit_json(
+                {
+                    "repo": repo,
+                    "repo_type": kind,
+                    "targets": [],
+                    "staged": [{"requested": r.requested, "commit": r.commit} for r in models],
+                }
+            )
         else:
             staged = ", ".join(f"{r.requested} at {r.commit[:12]}" for r in models)
             kind = repo_types(app.ledger, models)[models[0]]
@@ -126,8 +164,8 @@ def matrix_cmd(app: App, repo, targets, html, as_json):
 def _write_html(app: App, repo: str, targets, path: str, known: bool) -> None:
     from pathlib import Path
 
-    from frt.resolver.fs import atomic_write
     from frt.mirror.serve.page import operator_view, render
+    from frt.resolver.fs import atomic_write
 
     if not known:
         with app.ledger.view() as view:
@@ -142,7 +180,14 @@ def _write_html(app: App, repo: str, targets, path: str, known: bool) -> None:
 
 
 def _render_matrix(m) -> str:
-    headers = ["commit", "date", "title", "refs", *[str(i + 1) for i in range(len(m.variants))], *[f"T{i + 1}" for i in range(len(m.targets))]]
+    headers = [
+        "commit",
+        "date",
+        "title",
+        "refs",
+        *[str(i + 1) for i in range(len(m.variants))],
+        *[f"T{i + 1}" for i in range(len(m.targets))],
+    ]
     rows = []
     for r in m.rows:
         cells = [("n" if v in r.no_digest else "x") if v in r.variants else "." for v in m.variants]
@@ -153,8 +198,10 @@ def _render_matrix(m) -> str:
     legend += [f"  T{i + 1}  {t}" for i, t in enumerate(m.targets)]
     key = "variants (x = built at that revision, n = built, with no publisher digest), targets (ok = served"
     if any(r.by_name for r in m.rows):
-        key += (", fb = served by a build that loads on every arch of the target, not by the one kernels picks "
-                "by name there, which would raise: env and export-cache hand out the fb build")
+        key += (
+            ", fb = served by a build that loads on every arch of the target, not by the one kernels picks "
+            "by name there, which would raise: env and export-cache hand out the fb build"
+        )
     return f"{m.repo}\n{table(headers, rows)}\n\n{key}):\n" + "\n".join(legend)
 
 
@@ -174,19 +221,36 @@ def report_cmd(app: App, as_json):
     """Every refusal on record: repo, version, target, error, detail (verbatim)."""
     rows = app.ledger.refusals()
     if as_json:
-        emit_json([
-            {"repo": r.repo_id, "requested": r.requested, "version": r.version, "revision": r.revision,
-             "target": r.target, "target_archs": _target_archs(r.target), "commit": r.commit_sha, "error": r.error,
-             "message": r.message, "detail": r.detail,
-             "count": r.count, "first_seen": r.first_seen.isoformat(), "last_seen": r.last_seen.isoformat()}
-            for r in rows
-        ])
+        emit_json(
+            [
+                {
+                    "repo": r.repo_id,
+                    "requested": r.requested,
+                    "version": r.version,
+                    "revision": r.revision,
+                    "target": r.target,
+                    "target_archs": _target_archs(r.target),
+                    "commit": r.commit_sha,
+                    "error": r.error,
+                    "message": r.message,
+                    "detail": r.detail,
+                    "count": r.count,
+                    "first_seen": r.first_seen.isoformat(),
+                    "last_seen": r.last_seen.isoformat(),
+                }
+                for r in rows
+            ]
+        )
         return
     if not rows:
         click.echo("no refusals on record")
         return
-    click.echo(table(["repo", "requested", "target", "error", "count", "message"],
-                     [(r.repo_id, r.requested, r.target, r.error, r.count, r.message) for r in rows]))
+    click.echo(
+        table(
+            ["repo", "requested", "target", "error", "count", "message"],
+            [(r.repo_id, r.requested, r.target, r.error, r.count, r.message) for r in rows],
+        )
+    )
 
 
 def _target_archs(target: str) -> list[str]:

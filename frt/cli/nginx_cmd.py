@@ -22,20 +22,53 @@ from .app import App, cli
 
 
 @cli.command("nginx-conf")
-@click.option("--upstream", "upstreams", multiple=True, metavar="HOST:PORT",
-              help="A serve replica (repeatable; default 127.0.0.1:8470).")
-@click.option("--listen", default="80", show_default=True, metavar="[HOST:]PORT",
-              help="Where nginx takes the clients' requests: the HF_ENDPOINT the nodes use.")
-@click.option("--run-dir", "run_dir", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_RUN_DIR,
-              show_default=True, help="nginx's pid file, logs and temp files.")
-@click.option("--accel-redirect", "accel", default=DEFAULT_ACCEL, show_default=True, metavar="PREFIX",
-              help="nginx's internal location over the store: the replicas' serve --accel-redirect.")
-@click.option("--head-cache", "head_cache", default=0, show_default=True, type=click.IntRange(0, 3600),
-              metavar="SECONDS", help="Let nginx answer a HEAD of a file by commit sha (an immutable URL: what "
-              "kernels and snapshot_download ask for) from a cache for SECONDS after a replica answered it; "
-              "a HEAD with a token, a Range or a condition always reaches a replica. 0: every HEAD does.")
-@click.option("--user", metavar="USER", help="The user nginx's workers run as (nginx's `user`; one that may "
-              "read the home's store). Default: nginx's own (nobody, or the distribution's).")
+@click.option(
+    "--upstream",
+    "upstreams",
+    multiple=True,
+    metavar="HOST:PORT",
+    help="A serve replica (repeatable; default 127.0.0.1:8470).",
+)
+@click.option(
+    "--listen",
+    default="80",
+    show_default=True,
+    metavar="[HOST:]PORT",
+    help="Where nginx takes the clients' requests: the HF_ENDPOINT the nodes use.",
+)
+@click.option(
+    "--run-dir",
+    "run_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=DEFAULT_RUN_DIR,
+    show_default=True,
+    help="nginx's pid file, logs and temp files.",
+)
+@click.option(
+    "--accel-redirect",
+    "accel",
+    default=DEFAULT_ACCEL,
+    show_default=True,
+    metavar="PREFIX",
+    help="nginx's internal location over the store: the replicas' serve --accel-redirect.",
+)
+@click.option(
+    "--head-cache",
+    "head_cache",
+    default=0,
+    show_default=True,
+    type=click.IntRange(0, 3600),
+    metavar="SECONDS",
+    help="Let nginx answer a HEAD of a file by commit sha (an immutable URL: what "
+    "kernels and snapshot_download ask for) from a cache for SECONDS after a replica answered it; "
+    "a HEAD with a token, a Range or a condition always reaches a replica. 0: every HEAD does.",
+)
+@click.option(
+    "--user",
+    metavar="USER",
+    help="The user nginx's workers run as (nginx's `user`; one that may "
+    "read the home's store). Default: nginx's own (nobody, or the distribution's).",
+)
 @click.pass_obj
 def nginx_conf(app: App, upstreams, listen, run_dir, accel, head_cache, user):
     """Print an nginx.conf for nginx in front of serve replicas of this home.
@@ -54,7 +87,14 @@ def nginx_conf(app: App, upstreams, listen, run_dir, accel, head_cache, user):
     replicas = tuple(parse_address(u, "--upstream") for u in upstreams or ("127.0.0.1:8470",))
     ledger = ReplicaLedger(app.home.ledger_url)
     check_replicas_share(replicas, ledger)
-    site = NginxSite(listen=parse_address(listen, "--listen", default_host="*"), upstreams=replicas,
-                     store=store, run_dir=run_dir.absolute(), accel=check_accel_prefix(accel), user=user,
-                     head_cache=head_cache, ledger=ledger)
+    site = NginxSite(
+        listen=parse_address(listen, "--listen", default_host="*"),
+        upstreams=replicas,
+        store=store,
+        run_dir=run_dir.absolute(),
+        accel=check_accel_prefix(accel),
+        user=user,
+        head_cache=head_cache,
+        ledger=ledger,
+    )
     click.echo(site.render(home), nl=False)

@@ -17,40 +17,55 @@ if TYPE_CHECKING:  # the reports' modules bring the ledger's libraries: not at t
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)).rstrip() for row in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
 
 def render_gc(r: GcReport) -> str:
     verb = "would remove" if r.dry_run else "removed"
-    line = (f"{verb} {len(r.removed)} unreferenced blob(s) ({human_bytes(r.removed_bytes)}) and "
-            f"{len(r.parts)} partial download(s) ({human_bytes(r.part_bytes)}); kept "
-            f"{r.kept_blobs} referenced blob(s) ({human_bytes(r.kept_bytes)})")
+    line = (
+        f"{verb} {len(r.removed)} unreferenced blob(s) ({human_bytes(r.removed_bytes)}) and "
+        f"{len(r.parts)} partial download(s) ({human_bytes(r.part_bytes)}); kept "
+        f"{r.kept_blobs} referenced blob(s) ({human_bytes(r.kept_bytes)})"
+    )
     if r.dropped_records:
-        line += f"; {'would drop' if r.dry_run else 'dropped'} {r.dropped_records} ledger row(s) " \
-                "of blobs the store did not have"
+        line += (
+            f"; {'would drop' if r.dry_run else 'dropped'} {r.dropped_records} ledger row(s) "
+            "of blobs the store did not have"
+        )
     return line + (" (--dry-run: nothing was removed)" if r.dry_run else "")
 
 
 def render_unstage(r: UnstageReport) -> str:
-    out = table(["repo", "requested", "target", "commit", "variant"],
-                [(x.repo, x.requested, x.target, x.commit[:12], x.variant) for x in r.rows])
-    return out + (f"\nunstaged {len(r.rows)} row(s); removed {len(r.views)} view(s) ({r.view_files} "
-                  f"file(s)); 'frt-mirror gc' can now reclaim {len(r.reclaimable)} blob(s) "
-                  f"({human_bytes(r.reclaimable_bytes)})")
+    out = table(
+        ["repo", "requested", "target", "commit", "variant"],
+        [(x.repo, x.requested, x.target, x.commit[:12], x.variant) for x in r.rows],
+    )
+    return out + (
+        f"\nunstaged {len(r.rows)} row(s); removed {len(r.views)} view(s) ({r.view_files} "
+        f"file(s)); 'frt-mirror gc' can now reclaim {len(r.reclaimable)} blob(s) "
+        f"({human_bytes(r.reclaimable_bytes)})"
+    )
 
 
 def render_bundle(r: BundleReport) -> str:
     rows = [(x.repo, x.requested, x.target, x.commit[:12], x.variant) for x in r.staged]
-    done = (f"wrote {r.path}" if r.new_blobs is None else
-            f"imported {r.path}: {r.new_blobs} new blob(s), {r.new_rows} new staged row(s)")
+    done = (
+        f"wrote {r.path}"
+        if r.new_blobs is None
+        else f"imported {r.path}: {r.new_blobs} new blob(s), {r.new_rows} new staged row(s)"
+    )
     if r.base:
         done += f" (incremental on {r.base_name or 'its base'}, id {r.base[:12]})"
     if r.unstaged:
-        done += (f"; {'unstages' if r.new_blobs is None else 'unstaged'} {len(r.unstaged)} row(s) its base "
-                 f"had: {', '.join(' '.join(k) for k in r.unstaged)}")
+        done += (
+            f"; {'unstages' if r.new_blobs is None else 'unstaged'} {len(r.unstaged)} row(s) its base "
+            f"had: {', '.join(' '.join(k) for k in r.unstaged)}"
+        )
     if r.signed_by:
         done += f", signed by key {r.signed_by}"
-    return (table(["repo", "requested", "target", "commit", "variant"], rows)
-            + f"\n{done}; {r.blobs} blobs, {human_bytes(r.bytes)}; bundle id {r.id[:12]}")
+    return (
+        table(["repo", "requested", "target", "commit", "variant"], rows)
+        + f"\n{done}; {r.blobs} blobs, {human_bytes(r.bytes)}; bundle id {r.id[:12]}"
+    )

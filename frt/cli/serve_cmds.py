@@ -8,11 +8,11 @@ import click
 
 from frt.mirror.home_path import check_writable
 from frt.mirror.serve.limits import HttpLimits
-from .render import table
 from frt.mirror.serve.nginx import DEFAULT_ACCEL, check_accel_prefix
 from frt.resolver.settings import MAX_SETTING
 
 from .app import App, Finite, cli, emit_json, json_option
+from .render import table
 
 LIMIT_ENV = {field: var for field, (var, *_rest) in HttpLimits.ENV.items()}
 
@@ -20,55 +20,140 @@ LIMIT_ENV = {field: var for field, (var, *_rest) in HttpLimits.ENV.items()}
 @cli.command("serve")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8470, show_default=True, type=click.IntRange(1, 65535))
-@click.option("--trust", "trust", multiple=True, metavar="ORG",
-              help="Operator override: answer trustedKernelPublisher=true for ORG whatever the upstream said "
-                   "(repeatable). Without it, serve answers exactly what the upstream said when it was scanned.")
-@click.option("--access-log", "access_log", metavar="FILE|-",
-              help="Where the access log goes, one line per request: FILE (appended to) or - for stdout "
-                   "(default: stderr, with serve's other messages).")
-@click.option("--workers", default=1, show_default=True, type=click.IntRange(1, 256),
-              help="Processes answering on the one port, each with its own catalog and ledger connection "
-                   "(one that dies is restarted; SIGINT or SIGTERM stops them all).")
-@click.option("--accel-redirect", "accel_redirect", metavar="PREFIX",
-              help="Behind nginx (frt-mirror nginx-conf): a file GET that nginx forwards is answered with its "
-                   "headers and X-Accel-Redirect: PREFIX/<blob>, and nginx sends the bytes from its internal "
-                   "location PREFIX over the store. Requests that did not come through that nginx get the "
-                   f"bytes from serve, as without it. nginx-conf's PREFIX: {DEFAULT_ACCEL}.")
-@click.option("--upstream", metavar="URL",
-              help="Pull-through: a request for an allowed repo, revision or file this mirror does not have is "
-                   "resolved against URL (a Hub, or another mirror), fetched, verified, stored and recorded as "
-                   "staged, then answered. Needs --allow and a writable home.")
-@click.option("--allow", "allow", multiple=True, metavar="ORG",
-              help="With --upstream: an org whose repos may be pulled through (repeatable; '*' for any). "
-                   "Any other repo that is not staged is RepoNotFound.")
-@click.option("--refs-ttl", "refs_ttl", default=60.0, show_default=True, type=Finite(0, MAX_SETTING),
-              help="With --upstream: seconds a repo's refs are answered before the upstream is asked again.")
-@click.option("--upstream-timeout", "upstream_timeout", default=5.0, show_default=True,
-              type=Finite(0.1, MAX_SETTING), help="With --upstream: seconds to wait for a refs refresh; past that, "
-              "or with the upstream down, the last known refs and everything stored are served, flagged. Keep "
-              "it under the clients' own HEAD timeout (huggingface_hub's HF_HUB_ETAG_TIMEOUT: 10 s).")
-@click.option("--upstream-hold", "upstream_hold", default=120.0, show_default=True, type=Finite(0, MAX_SETTING),
-              help="With --upstream: seconds an API request for a repo this mirror has nothing of yet waits for the "
-              "upstream (a rate-limit window, a slow listing), so that a client's first get_kernel succeeds "
-              "(huggingface_hub's API calls have no timeout). A HEAD or GET waits --upstream-timeout, then gets "
-              "503 with Retry-After while the upstream's answer is on its way.")
-@click.option("--max-header-bytes", "max_header_bytes", envvar=LIMIT_ENV["max_header_bytes"], show_envvar=True,
-              default=HttpLimits.max_header_bytes, show_default=True, type=click.IntRange(1024, 16 << 20),
-              help="A request's line and headers larger than this are answered 431 and the connection closed.")
-@click.option("--header-timeout", "header_timeout", envvar=LIMIT_ENV["header_timeout"], show_envvar=True,
-              default=HttpLimits.header_timeout, show_default=True, type=Finite(0.1, 3600),
-              help="Seconds a request's line and headers may take to arrive (from the connection, or from "
-                   "the request's first byte); past it 408 and the connection closed, or just the close.")
-@click.option("--keep-alive-timeout", "keep_alive_timeout", envvar=LIMIT_ENV["keep_alive_timeout"],
-              show_envvar=True, default=HttpLimits.keep_alive_timeout, show_default=True,
-              type=click.IntRange(1, 3600), help="Seconds an idle connection is kept between two requests.")
-@click.option("--max-connections", "max_connections", envvar=LIMIT_ENV["max_connections"], show_envvar=True,
-              default=HttpLimits.max_connections, show_default=True, type=click.IntRange(1, 1 << 20),
-              help="Open connections per process (per worker); a request past them is answered 503. serve "
-                   "raises its own open-file limit to fit them, up to the hard limit (ulimit -Hn).")
+@click.option(
+    "--trust",
+    "trust",
+    multiple=True,
+    metavar="ORG",
+    help="Operator override: answer trustedKernelPublisher=true for ORG whatever the upstream said "
+    "(repeatable). Without it, serve answers exactly what the upstream said when it was scanned.",
+)
+@click.option(
+    "--access-log",
+    "access_log",
+    metavar="FILE|-",
+    help="Where the access log goes, one line per request: FILE (appended to) or - for stdout "
+    "(default: stderr, with serve's other messages).",
+)
+@click.option(
+    "--workers",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, 256),
+    help="Processes answering on the one port, each with its own catalog and ledger connection "
+    "(one that dies is restarted; SIGINT or SIGTERM stops them all).",
+)
+@click.option(
+    "--accel-redirect",
+    "accel_redirect",
+    metavar="PREFIX",
+    help="Behind nginx (frt-mirror nginx-conf): a file GET that nginx forwards is answered with its "
+    "headers and X-Accel-Redirect: PREFIX/<blob>, and nginx sends the bytes from its internal "
+    "location PREFIX over the store. Requests that did not come through that nginx get the "
+    f"bytes from serve, as without it. nginx-conf's PREFIX: {DEFAULT_ACCEL}.",
+)
+@click.option(
+    "--upstream",
+    metavar="URL",
+    help="Pull-through: a request for an allowed repo, revision or file this mirror does not have is "
+    "resolved against URL (a Hub, or another mirror), fetched, verified, stored and recorded as "
+    "staged, then answered. Needs --allow and a writable home.",
+)
+@click.option(
+    "--allow",
+    "allow",
+    multiple=True,
+    metavar="ORG",
+    help="With --upstream: an org whose repos may be pulled through (repeatable; '*' for any). "
+    "Any other repo that is not staged is RepoNotFound.",
+)
+@click.option(
+    "--refs-ttl",
+    "refs_ttl",
+    default=60.0,
+    show_default=True,
+    type=Finite(0, MAX_SETTING),
+    help="With --upstream: seconds a repo's refs are answered before the upstream is asked again.",
+)
+@click.option(
+    "--upstream-timeout",
+    "upstream_timeout",
+    default=5.0,
+    show_default=True,
+    type=Finite(0.1, MAX_SETTING),
+    help="With --upstream: seconds to wait for a refs refresh; past that, "
+    "or with the upstream down, the last known refs and everything stored are served, flagged. Keep "
+    "it under the clients' own HEAD timeout (huggingface_hub's HF_HUB_ETAG_TIMEOUT: 10 s).",
+)
+@click.option(
+    "--upstream-hold",
+    "upstream_hold",
+    default=120.0,
+    show_default=True,
+    type=Finite(0, MAX_SETTING),
+    help="With --upstream: seconds an API request for a repo this mirror has nothing of yet waits for the "
+    "upstream (a rate-limit window, a slow listing), so that a client's first get_kernel succeeds "
+    "(huggingface_hub's API calls have no timeout). A HEAD or GET waits --upstream-timeout, then gets "
+    "503 with Retry-After while the upstream's answer is on its way.",
+)
+@click.option(
+    "--max-header-bytes",
+    "max_header_bytes",
+    envvar=LIMIT_ENV["max_header_bytes"],
+    show_envvar=True,
+    default=HttpLimits.max_header_bytes,
+    show_default=True,
+    type=click.IntRange(1024, 16 << 20),
+    help="A request's line and headers larger than this are answered 431 and the connection closed.",
+)
+@click.option(
+    "--header-timeout",
+    "header_timeout",
+    envvar=LIMIT_ENV["header_timeout"],
+    show_envvar=True,
+    default=HttpLimits.header_timeout,
+    show_default=True,
+    type=Finite(0.1, 3600),
+    help="Seconds a request's line and headers may take to arrive (from the connection, or from "
+    "the request's first byte); past it 408 and the connection closed, or just the close.",
+)
+@click.option(
+    "--keep-alive-timeout",
+    "keep_alive_timeout",
+    envvar=LIMIT_ENV["keep_alive_timeout"],
+    show_envvar=True,
+    default=HttpLimits.keep_alive_timeout,
+    show_default=True,
+    type=click.IntRange(1, 3600),
+    help="Seconds an idle connection is kept between two requests.",
+)
+@click.option(
+    "--max-connections",
+    "max_connections",
+    envvar=LIMIT_ENV["max_connections"],
+    show_envvar=True,
+    default=HttpLimits.max_connections,
+    show_default=True,
+    type=click.IntRange(1, 1 << 20),
+    help="Open connections per process (per worker); a request past them is answered 503. serve "
+    "raises its own open-file limit to fit them, up to the hard limit (ulimit -Hn).",
+)
 @click.pass_obj
-def serve_cmd(app: App, host, port, trust, access_log, workers, accel_redirect, upstream, allow, refs_ttl,
-              upstream_timeout, upstream_hold, **limits):
+def serve_cmd(
+    app: App,
+    host,
+    port,
+    trust,
+    access_log,
+    workers,
+    accel_redirect,
+    upstream,
+    allow,
+    refs_ttl,
+    upstream_timeout,
+    upstream_hold,
+    **limits,
+):
     """Serve the staged set as a read-only Hub endpoint: point HF_ENDPOINT at it.
 
     Exits 2 without serving when it cannot listen (the port is in use) or open the access log."""
@@ -81,19 +166,27 @@ def serve_cmd(app: App, host, port, trust, access_log, workers, accel_redirect, 
     sockets = listen(host, port)  # first: a busy port is one line and exit 2, before anything is said
     if workers > 1:  # before any app is built: the workers' metrics are summed from files (metrics.py)
         metrics_dir = multiprocess_metrics()
-    spec = AppSpec(app.home.root, frozenset(trust), access_log, accel, ledger_url=app.home.ledger_url,
-                   upstream=pull)
+    spec = AppSpec(app.home.root, frozenset(trust), access_log, accel, ledger_url=app.home.ledger_url, upstream=pull)
     mirror = spec.build(app.home)  # here, once: a bad access log or ledger is one line before serving
     # Not mirror.catalog(): its first call starts the catalog's poller thread, which a fork must not copy.
     if pull is not None:
-        click.echo(f"frt-mirror: pulling through from {pull.endpoint} for {', '.join(sorted(pull.allow))} "
-                   f"(refs kept {refs_ttl:g} s)", err=True)
+        click.echo(
+            f"frt-mirror: pulling through from {pull.endpoint} for {', '.join(sorted(pull.allow))} "
+            f"(refs kept {refs_ttl:g} s)",
+            err=True,
+        )
     elif not app.home.staged():
-        click.echo(f"frt-mirror: warning: nothing is staged in {app.home}: every repo will be answered "
-                   "RepoNotFound (stage first: frt-mirror stage MANIFEST)", err=True)
+        click.echo(
+            f"frt-mirror: warning: nothing is staged in {app.home}: every repo will be answered "
+            "RepoNotFound (stage first: frt-mirror stage MANIFEST)",
+            err=True,
+        )
     for org in trust:
-        click.echo(f"frt-mirror: --trust {org}: answering trustedKernelPublisher=true for {org} "
-                   "(an operator override, not the upstream's word)", err=True)
+        click.echo(
+            f"frt-mirror: --trust {org}: answering trustedKernelPublisher=true for {org} "
+            "(an operator override, not the upstream's word)",
+            err=True,
+        )
     _warn_name_picks(app)
     limits = HttpLimits(**limits)
     url = f"http://{f'[{host}]' if ':' in host else host}:{port}"

@@ -10,21 +10,29 @@ import click
 from frt.mirror.home_path import check_writable
 from frt.mirror.progress import human_bytes
 
-from .render import render_bundle, table
-
 from .app import App, cli, emit_json, endpoint_option, json_option, parse_targets
+from .render import render_bundle, table
 from .say import say
 
 
 @cli.command("stage")
 @click.argument("manifest", required=False, type=click.Path(exists=True, path_type=Path))
-@click.option("--target", "targets", multiple=True, callback=parse_targets,
-              help="Stage for this target (repeatable; replaces the manifest's targets).")
+@click.option(
+    "--target",
+    "targets",
+    multiple=True,
+    callback=parse_targets,
+    help="Stage for this target (repeatable; replaces the manifest's targets).",
+)
 @click.option("--jobs", default=8, show_default=True, type=click.IntRange(1, 64), help="Parallel downloads.")
 @endpoint_option
-@click.option("--wheel-index", metavar="URL", default=None,
-              help="Where the wheels of python-depends come from: a simple index (PEP 503/691). "
-                   "Default: $FRT_WHEEL_INDEX, else https://pypi.org/simple/.")
+@click.option(
+    "--wheel-index",
+    metavar="URL",
+    default=None,
+    help="Where the wheels of python-depends come from: a simple index (PEP 503/691). "
+    "Default: $FRT_WHEEL_INDEX, else https://pypi.org/simple/.",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No progress meter (drawn only when stderr is a terminal).")
 @json_option
 @click.pass_obj
@@ -47,26 +55,56 @@ def stage_cmd(app: App, manifest, targets, jobs, endpoint, wheel_index, quiet, a
     report = StageReport()
     with store_writer(app.home):  # gc waits: what is stored here is referenced only at the end
         if plan.requests:
-            report = stage(plan.requests, plan.targets, home=app.home, hub=app.hub(endpoint),
-                           jobs=jobs, publishers=plan.publishers, progress=not (quiet or as_json),
-                           wheel_index=wheel_index)
+            report = stage(
+                plan.requests,
+                plan.targets,
+                home=app.home,
+                hub=app.hub(endpoint),
+                jobs=jobs,
+                publishers=plan.publishers,
+                progress=not (quiet or as_json),
+                wheel_index=wheel_index,
+            )
         if plan.models:  # target-less: after the kernels, so a kernel failure is reported first
             stage_models(plan.models, home=app.home, hub=app.hub(endpoint), jobs=jobs, report=report)
     if as_json:
-        emit_json({"ok": report.ok, "downloaded_bytes": report.downloaded_bytes,
-                    "needed_bytes": report.needed_bytes, "rows": [r.to_json() for r in report.rows]})
+        emit_json(
+            {
+                "ok": report.ok,
+                "downloaded_bytes": report.downloaded_bytes,
+                "needed_bytes": report.needed_bytes,
+                "rows": [r.to_json() for r in report.rows],
+            }
+        )
     else:
-        click.echo(table(["repo", "requested", "target", "commit", "variant", "files", "bytes", "status"],
-                         [(r.repo, r.requested, r.target, (r.commit or "")[:12], r.variant or "", r.files,
-                           human_bytes(r.bytes), r.status) for r in report.rows]))
+        click.echo(
+            table(
+                ["repo", "requested", "target", "commit", "variant", "files", "bytes", "status"],
+                [
+                    (
+                        r.repo,
+                        r.requested,
+                        r.target,
+                        (r.commit or "")[:12],
+                        r.variant or "",
+                        r.files,
+                        human_bytes(r.bytes),
+                        r.status,
+                    )
+                    for r in report.rows
+                ],
+            )
+        )
         click.echo(f"downloaded {human_bytes(report.downloaded_bytes)} of {human_bytes(report.needed_bytes)} needed")
         wheels = sorted({w for r in report.rows for w in r.wheels})
         if wheels:
             click.echo(f"wheels for python-depends: {', '.join(wheels)}")
         bare = sorted({f"{r.repo}@{r.commit[:12]} {r.variant}" for r in report.rows if r.publisher_digest is False})
         if bare:
-            click.echo(f"note: {len(bare)} staged variant(s) carry no publisher digest in metadata.json (checked "
-                       f"against the upstream's hashes only): {', '.join(bare)}")
+            click.echo(
+                f"note: {len(bare)} staged variant(s) carry no publisher digest in metadata.json (checked "
+                f"against the upstream's hashes only): {', '.join(bare)}"
+            )
         for r in report.rows:
             if r.status != "staged":
                 say(f"{r.status}: {r.detail}")
@@ -84,16 +122,19 @@ def verify_cmd(app: App, as_json):
     if as_json:
         emit_json(report.to_json())
     else:
-        click.echo(f"{report.blobs} blobs ({human_bytes(report.bytes)}) re-hashed, {report.view_files} view files "
-                   f"and {report.model_files} model files checked{f', {report.wheels} wheels' if report.wheels else ''}, "
-                   f"publishers' digests checked "
-                   f"({report.no_digest} variant(s) have none): "
-                   f"{'ok' if report.ok else f'{len(report.problems)} problem(s)'}")
+        click.echo(
+            f"{report.blobs} blobs ({human_bytes(report.bytes)}) re-hashed, {report.view_files} view files "
+            f"and {report.model_files} model files checked{f', {report.wheels} wheels' if report.wheels else ''}, "
+            f"publishers' digests checked "
+            f"({report.no_digest} variant(s) have none): "
+            f"{'ok' if report.ok else f'{len(report.problems)} problem(s)'}"
+        )
         for p in report.problems:
             click.echo(f"  {p}")
         if report.readonly:
-            stray = (f" ({report.unadopted} verified blob(s) the ledger does not record stay so)"
-                     if report.unadopted else "")
+            stray = (
+                f" ({report.unadopted} verified blob(s) the ledger does not record stay so)" if report.unadopted else ""
+            )
             click.echo(f"note: the home is read-only here: verify reported only and adopted nothing{stray}")
     sys.exit(0 if report.ok else 1)
 
@@ -101,9 +142,14 @@ def verify_cmd(app: App, as_json):
 @cli.command("export-cache")
 @click.argument("out", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--target", "target", required=True, callback=parse_targets, help="The cluster's target.")
-@click.option("--wheels", "wheels_to", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Where the wheels of the kernels' python-depends go, a pip find-links folder "
-                   "[default: OUT-wheels beside OUT, only when there are any].")
+@click.option(
+    "--wheels",
+    "wheels_to",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where the wheels of the kernels' python-depends go, a pip find-links folder "
+    "[default: OUT-wheels beside OUT, only when there are any].",
+)
 @json_option
 @click.pass_obj
 def export_cache_cmd(app: App, out, target, wheels_to, as_json):
@@ -117,8 +163,15 @@ def export_cache_cmd(app: App, out, target, wheels_to, as_json):
     refs = export_cache(out, app.home, target, wheels_to)
     install = pip_line(wheels, wheels_to.absolute()) if wheels else None
     if as_json:
-        emit_json({"cache": str(out), "refs": [{"repo": r, "ref": ref, "commit": c} for r, ref, c in refs],
-                   "wheels": wheels, "find_links": str(wheels_to) if wheels_to else None, "pip_install": install})
+        emit_json(
+            {
+                "cache": str(out),
+                "refs": [{"repo": r, "ref": ref, "commit": c} for r, ref, c in refs],
+                "wheels": wheels,
+                "find_links": str(wheels_to) if wheels_to else None,
+                "pip_install": install,
+            }
+        )
         return
     click.echo(table(["repo", "ref", "commit"], [(r, ref, c[:12]) for r, ref, c in refs]))
     click.echo(f"\nHF_HUB_CACHE={out.absolute()}  (with HF_HUB_OFFLINE=1 on the cluster)")
@@ -126,18 +179,32 @@ def export_cache_cmd(app: App, out, target, wheels_to, as_json):
         click.echo(f"python-depends: {len(wheels)} wheel(s) in {wheels_to.absolute()}; on the cluster: {install}")
 
 
-quiet_option = click.option("--quiet", "-q", is_flag=True,
-                            help="No progress meter (it is drawn only when stderr is a terminal).")
+quiet_option = click.option(
+    "--quiet", "-q", is_flag=True, help="No progress meter (it is drawn only when stderr is a terminal)."
+)
 
 
 @cli.command("bundle")
 @click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--target", "targets", multiple=True, callback=parse_targets,
-              help="Only what is staged for this target (repeatable; default: everything staged).")
-@click.option("--since", type=click.Path(exists=True, dir_okay=False, path_type=Path), metavar="PREV.tar",
-              help="Incremental: only the blobs and records PREV.tar (and its bases) do not carry.")
-@click.option("--sign", type=click.Path(exists=True, dir_okay=False, path_type=Path), metavar="KEY",
-              help="Sign the manifest with this private key ('frt-mirror key new KEY').")
+@click.option(
+    "--target",
+    "targets",
+    multiple=True,
+    callback=parse_targets,
+    help="Only what is staged for this target (repeatable; default: everything staged).",
+)
+@click.option(
+    "--since",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    metavar="PREV.tar",
+    help="Incremental: only the blobs and records PREV.tar (and its bases) do not carry.",
+)
+@click.option(
+    "--sign",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    metavar="KEY",
+    help="Sign the manifest with this private key ('frt-mirror key new KEY').",
+)
 @quiet_option
 @json_option
 @click.pass_obj
@@ -145,8 +212,9 @@ def bundle_cmd(app: App, out, targets, since, sign, quiet, as_json):
     """Write OUT.tar: the staged set (blobs and ledger rows) for 'frt-mirror import' across an air gap."""
     from frt.mirror.bundle import bundle
 
-    report = bundle(out, app.home, [str(t) for t in targets] or None, since=since, sign=sign,
-                    progress=not (quiet or as_json))
+    report = bundle(
+        out, app.home, [str(t) for t in targets] or None, since=since, sign=sign, progress=not (quiet or as_json)
+    )
     if as_json:
         emit_json(report.to_json())
     else:
@@ -155,8 +223,12 @@ def bundle_cmd(app: App, out, targets, since, sign, quiet, as_json):
 
 @cli.command("import")
 @click.argument("src", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--require-signature", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              metavar="KEY.pub", help="Refuse the bundle unless this public key signed it.")
+@click.option(
+    "--require-signature",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    metavar="KEY.pub",
+    help="Refuse the bundle unless this public key signed it.",
+)
 @quiet_option
 @json_option
 @click.pass_obj
@@ -172,8 +244,7 @@ def import_cmd(app: App, src, require_signature, quiet, as_json):
     # Exclusive, as unstage: an incremental bundle may take views away, which no stager may be linking;
     # gc waits too (what is stored here is referenced only at the end).
     with store_collector(app.home, lambda what: as_json or say(what)):
-        report = import_bundle(src, app.home, require_signature=require_signature,
-                               progress=not (quiet or as_json))
+        report = import_bundle(src, app.home, require_signature=require_signature, progress=not (quiet or as_json))
     if as_json:
         emit_json(report.to_json())
     else:

@@ -12,5 +12,14 @@ from .format import FORMAT, MANIFEST, READS, SIGNATURE, BundleRejected, BundleRe
 from .read import import_bundle
 from .write import bundle
 
-__all__ = ["FORMAT", "MANIFEST", "READS", "SIGNATURE", "BundleRejected", "BundleReport", "bundle", "bundle_id",
-           "import_bundle"]
+__all__ = [
+    "FORMAT",
+    "MANIFEST",
+    "READS",
+    "SIGNATURE",
+    "BundleRejected",
+    "BundleReport",
+    "bundle",
+    "bundle_id",
+    "import_bundle",
+]

@@ -10,8 +10,6 @@ from datetime import datetime
 
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
-from frt.resolver.resolution import FileEntry, Request
-from frt.resolver.targets import parse_target
 from frt.resolver.gate import (
     check_commit,
     check_git_oid,
@@ -23,12 +21,13 @@ from frt.resolver.gate import (
     check_variant,
 )
 from frt.resolver.ledger import PublisherInfo
-from frt.resolver.resolution import VariantInfo, parent_chain
+from frt.resolver.resolution import FileEntry, Request, VariantInfo, parent_chain
+from frt.resolver.targets import parse_target
 
-from .format import READS, UNSTAGES, WHEELS
-from .state import check_state
 from ..records import MODEL_SELECTION, PULLED, StagedRow, WheelRecord
 from ..store import Digest
+from .format import READS, UNSTAGES, WHEELS
+from .state import check_state
 
 
 @dataclass
@@ -64,8 +63,7 @@ class Manifest:
 
 def check_manifest(doc: dict) -> Manifest:
     if doc["format"] not in READS:
-        raise ValueError(f"bundle format {doc['format']!r}; this frt-mirror reads formats "
-                         f"{', '.join(map(str, READS))}")
+        raise ValueError(f"bundle format {doc['format']!r}; this frt-mirror reads formats {', '.join(map(str, READS))}")
     json.dumps(doc, ensure_ascii=False).encode()  # a lone surrogate would fail later, inside SQLite
     base = doc.get("base")
     if base is not None:
@@ -93,8 +91,10 @@ def check_manifest(doc: dict) -> Manifest:
         for f in files:
             # An LFS file's git oid is its pointer's, not its content's: match those by sha256.
             blob = listed.get(f.sha256) if f.sha256 else by_oid.get(f.git_oid)
-            _need((blob is None and base) or (blob is not None and blob.size == f.size),
-                  f"{row.repo}: {f.path} has no listed blob")
+            _need(
+                (blob is None and base) or (blob is not None and blob.size == f.size),
+                f"{row.repo}: {f.path} has no listed blob",
+            )
             pairs.append((f, blob and blob.sha256))
         staged.append((row, pairs))
     publishers = [_parse_publisher(p) for p in doc.get("publishers", [])]  # absent in older bundles
@@ -120,8 +120,10 @@ def _wheels(doc: dict, staged: list, listed: dict[str, Digest], base: dict | Non
     _need(isinstance(records, list) and (not records or doc["format"] >= WHEELS), "wheels in a bundle before format 5")
     out = {}
     for w in records:
-        _need(isinstance(w, dict) and set(w) == {"filename", "project", "version", "sha256", "size"},
-              f"bad wheel record {str(w)[:80]}")
+        _need(
+            isinstance(w, dict) and set(w) == {"filename", "project", "version", "sha256", "size"},
+            f"bad wheel record {str(w)[:80]}",
+        )
         name = _wheel_names([w["filename"]])[0]
         sha = check_sha256(w["sha256"], where="wheels")
         _need(isinstance(w["project"], str) and isinstance(w["version"], str), f"bad wheel record {name}")
@@ -132,7 +134,9 @@ def _wheels(doc: dict, staged: list, listed: dict[str, Digest], base: dict | Non
         out[name] = WheelRecord(name, w["project"], w["version"], sha, size)
     for row, _ in staged:
         for name in row.wheels:
-            _need(name in out, f"staged {row.repo} {row.variant} needs wheel {name}, which the bundle does not describe")
+            _need(
+                name in out, f"staged {row.repo} {row.variant} needs wheel {name}, which the bundle does not describe"
+            )
     return list(out.values())
 
 
@@ -162,24 +166,29 @@ def _staged_row(s: dict) -> StagedRow:
     check_variant(row.variant, where=where)
     model = row.is_model and row.variant == MODEL_SELECTION
     pulled = row.target == PULLED + row.variant  # serve --upstream's: for whichever target accepts it
-    _need(_request(row).label == row.requested and (model or pulled or str(parse_target(row.target)) == row.target),
-          f"bad staged row {s}")
+    _need(
+        _request(row).label == row.requested and (model or pulled or str(parse_target(row.target)) == row.target),
+        f"bad staged row {s}",
+    )
     return row
 
 
 def _parse_publisher(p: dict) -> PublisherInfo:
-    _need(type(p["trusted"]) is bool and isinstance(p["endpoint"], (str, type(None)))
-          and isinstance(p["seen_at"], str), f"bad publisher {p}")
-    return PublisherInfo(check_org(p["org"], where="publishers"), p["trusted"], p["endpoint"],
-                         _when(p["seen_at"]))
+    _need(
+        type(p["trusted"]) is bool and isinstance(p["endpoint"], (str, type(None))) and isinstance(p["seen_at"], str),
+        f"bad publisher {p}",
+    )
+    return PublisherInfo(check_org(p["org"], where="publishers"), p["trusted"], p["endpoint"], _when(p["seen_at"]))
 
 
 def _parse_repo(d: dict, base_commits: dict) -> RepoRows:
     """`base_commits`: the commits an incremental bundle's base holds of this repo, which its listings
     may name."""
     where = f"repo {check_repo_id(d['repo'], where='repos')}"
-    _need(d["repo_type"] in ("kernel", "model", "dataset") and isinstance(d["endpoint"], (str, type(None))),
-          f"{d['repo']}: bad repo type or endpoint")
+    _need(
+        d["repo_type"] in ("kernel", "model", "dataset") and isinstance(d["endpoint"], (str, type(None))),
+        f"{d['repo']}: bad repo type or endpoint",
+    )
     refs = {}
     for r in d["refs"]:
         _need(r["kind"] in ("branch", "tag"), f"bad ref {r}")
@@ -193,26 +202,40 @@ def _parse_repo(d: dict, base_commits: dict) -> RepoRows:
         if "parent" in c:  # format 1 kept the upstream's list as parent links
             parents[sha] = None if c["parent"] is None else check_commit(c["parent"], where=where, what="parent")
         if c["variants"] is not None:
-            builds[c["sha"]] = [_parse_variant(v, f"{where}@{c['sha'][:12]}", model=d["repo_type"] != "kernel")
-                                for v in c["variants"]]
+            builds[c["sha"]] = [
+                _parse_variant(v, f"{where}@{c['sha'][:12]}", model=d["repo_type"] != "kernel") for v in c["variants"]
+            ]
     if "listings" in d:
         _need(isinstance(d["listings"], dict), f"{where}: bad listings")
-        listings = {check_commit(head, where=where, what="listed head"):
-                    [check_commit(sha, where=where, what="listed commit") for sha in shas]
-                    for head, shas in d["listings"].items()}
+        listings = {
+            check_commit(head, where=where, what="listed head"): [
+                check_commit(sha, where=where, what="listed commit") for sha in shas
+            ]
+            for head, shas in d["listings"].items()
+        }
         known = {c["sha"] for c in commits} | set(base_commits)
         _need(all(set(shas) <= known for shas in listings.values()), f"{where}: a listing names an unknown commit")
     else:
         listings = {head: parent_chain(parents, head) for head in set(refs.values())}
-    return RepoRows(d["repo"], d["repo_type"], d["endpoint"], _when(d["scanned_at"]), refs, commits,
-                    {head: shas for head, shas in listings.items() if shas}, builds)
+    return RepoRows(
+        d["repo"],
+        d["repo_type"],
+        d["endpoint"],
+        _when(d["scanned_at"]),
+        refs,
+        commits,
+        {head: shas for head, shas in listings.items() if shas},
+        builds,
+    )
 
 
 def _parse_variant(v: dict, where: str, model: bool = False) -> VariantInfo:
     name = check_variant(v["name"], where=where)
     _need(not model or name == MODEL_SELECTION, f"{where}: a model's selection is {MODEL_SELECTION!r}, not {name!r}")
-    _need(isinstance(v["metadata"], (dict, type(None))) and isinstance(v["metadata_oid"], (str, type(None))),
-          f"{name}: bad metadata")
+    _need(
+        isinstance(v["metadata"], (dict, type(None))) and isinstance(v["metadata_oid"], (str, type(None))),
+        f"{name}: bad metadata",
+    )
     files = []
     for f in v["files"]:
         # A kernel's lands in views/…/build/<variant>/; a model's only in an exported cache's snapshot.

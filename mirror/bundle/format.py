@@ -70,11 +70,20 @@ class BundleReport:
     unstaged: list[list[str]] = field(default_factory=list)  # [repo, requested, target] carried as removals
 
     def to_json(self) -> dict:
-        return {"ok": True, "bundle": str(self.path), "id": self.id, "base": self.base,
-                "base_name": self.base_name, "signed_by": self.signed_by, "blobs": self.blobs,
-                "bytes": self.bytes, "new_blobs": self.new_blobs, "new_rows": self.new_rows,
-                "staged": [r.to_json() for r in self.staged],
-                "unstaged": [dict(zip(("repo", "requested", "target"), k)) for k in self.unstaged]}
+        return {
+            "ok": True,
+            "bundle": str(self.path),
+            "id": self.id,
+            "base": self.base,
+            "base_name": self.base_name,
+            "signed_by": self.signed_by,
+            "blobs": self.blobs,
+            "bytes": self.bytes,
+            "new_blobs": self.new_blobs,
+            "new_rows": self.new_rows,
+            "staged": [r.to_json() for r in self.staged],
+            "unstaged": [dict(zip(("repo", "requested", "target"), k, strict=False)) for k in self.unstaged],
+        }
 
 
 class Hashing:

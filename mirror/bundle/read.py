@@ -14,11 +14,26 @@ import tarfile
 import uuid
 from pathlib import Path
 
-from frt.resolver.ledger import Ledger
 from frt.resolver.errors import BadInput
-from frt.resolver.ledger.retry import retried
+from frt.resolver.ledger import Ledger
 from frt.resolver.ledger.io import merge_repo_record
+from frt.resolver.ledger.retry import retried
 
+from ..events import events_with_ref, record_event
+from ..home import Home
+from ..progress import Progress
+from ..records import (
+    StagedRow,
+    blob_for,
+    delete_staged,
+    record_blobs,
+    record_staged_rows,
+    record_wheels,
+    staged_rows,
+)
+from ..store import BlobStore, Digest
+from ..unstage import drop_views
+from ..views import link_wheels
 from . import signing
 from .check import Manifest, check_manifest
 from .format import (
@@ -33,25 +48,11 @@ from .format import (
     read_head,
 )
 from .state import base_refusal, missing_here, without
-from ..events import events_with_ref, record_event
-from ..home import Home
-from ..progress import Progress
-from ..records import (
-    StagedRow,
-    blob_for,
-    delete_staged,
-    record_blobs,
-    record_staged_rows,
-    record_wheels,
-    staged_rows,
-)
-from ..views import link_wheels
-from ..store import BlobStore, Digest
-from ..unstage import drop_views
 
 
-def import_bundle(src: Path, home: Home, *, require_signature: Path | None = None,
-                  progress: bool = False) -> BundleReport:
+def import_bundle(
+    src: Path, home: Home, *, require_signature: Path | None = None, progress: bool = False
+) -> BundleReport:
     key = signing.load_public(require_signature) if require_signature else None  # bad input: before any read
     ledger, store = home.ledger, home.store
     parts: dict[str, Path | None] = {}  # sha -> its .part in tmp/ (None: already in the store)
@@ -84,17 +85,26 @@ def import_bundle(src: Path, home: Home, *, require_signature: Path | None = Non
     return report
 
 
-def _record_import(ledger: Ledger, src: Path, m: Manifest, ident: str, signer: str | None,
-                   parts: dict[str, Path | None]) -> tuple[BundleReport, list[StagedRow]]:
+def _record_import(
+    ledger: Ledger, src: Path, m: Manifest, ident: str, signer: str | None, parts: dict[str, Path | None]
+) -> tuple[BundleReport, list[StagedRow]]:
     """Every ledger row of the import, in one transaction: a unit that a dropped connection re-runs whole
     (Ledger.retrying), and a failure leaves the ledger as it was."""
     with ledger.transaction():
         record_blobs(ledger, m.listed.values())
         record_wheels(ledger, m.wheels)
         for repo in m.repos:
-            merge_repo_record(ledger, repo.repo, repo_type=repo.repo_type, endpoint=repo.endpoint,
-                              scanned_at=repo.scanned_at, refs=repo.refs, commits=repo.commits,
-                              listings=repo.listings, builds=repo.builds)
+            merge_repo_record(
+                ledger,
+                repo.repo,
+                repo_type=repo.repo_type,
+                endpoint=repo.endpoint,
+                scanned_at=repo.scanned_at,
+                refs=repo.refs,
+                commits=repo.commits,
+                listings=repo.listings,
+                builds=repo.builds,
+            )
         for pub in m.publishers:
             ledger.record_publisher(pub.org, pub.trusted, endpoint=pub.endpoint, seen_at=pub.seen_at)
         have = set(staged_rows(ledger))
@@ -103,15 +113,30 @@ def _record_import(ledger: Ledger, src: Path, m: Manifest, ident: str, signer: s
         taken = set(m.unstaged)
         gone = [r for r in have if r.key in taken]
         delete_staged(ledger, gone)
-        report = BundleReport(src, len(m.listed), sum(d.size for d in m.listed.values()),
-                              [r for r, _ in m.staged], id=ident, base=m.base and m.base["id"],
-                              base_name=m.base and m.base.get("name"), signed_by=signer,
-                              new_blobs=sum(p is not None for p in parts.values()), new_rows=len(new),
-                              unstaged=sorted(list(r.key) for r in gone))
+        report = BundleReport(
+            src,
+            len(m.listed),
+            sum(d.size for d in m.listed.values()),
+            [r for r, _ in m.staged],
+            id=ident,
+            base=m.base and m.base["id"],
+            base_name=m.base and m.base.get("name"),
+            signed_by=signer,
+            new_blobs=sum(p is not None for p in parts.values()),
+            new_rows=len(new),
+            unstaged=sorted(list(r.key) for r in gone),
+        )
         # Once per bundle and home: a repeated import that adds nothing leaves the home as it was.
         if new or gone or report.new_blobs or not events_with_ref(ledger, "import", ident):
-            record_event(ledger, "import", ref=ident, base=report.base, files=report.new_blobs,
-                         nbytes=report.bytes, detail=str(src))
+            record_event(
+                ledger,
+                "import",
+                ref=ident,
+                base=report.base,
+                files=report.new_blobs,
+                nbytes=report.bytes,
+                detail=str(src),
+            )
     return report, gone
 
 
@@ -155,8 +180,9 @@ def _blob_members(tf: tarfile.TarFile, first: list[tarfile.TarInfo], rest, liste
     for mem in blobs:
         match = BLOB.fullmatch(mem.name)
         if match is None or mem.type not in REGULAR:
-            raise BundleRejected(f"unexpected member {mem.name!r} (only regular files {MANIFEST}, {SIGNATURE}, "
-                                 "blobs/<sha256>)")
+            raise BundleRejected(
+                f"unexpected member {mem.name!r} (only regular files {MANIFEST}, {SIGNATURE}, blobs/<sha256>)"
+            )
         sha = match[1]
         if sha not in listed or sha in seen:
             raise BundleRejected(f"blob {sha} " + ("appears twice" if sha in seen else f"is not in {MANIFEST}"))
@@ -197,8 +223,13 @@ def _pair_from_home(m: Manifest, home: Home) -> None:
     listed = _listings(home.ledger, [row for row, pairs in m.staged if pairs is None])
     for i, (row, pairs) in enumerate(m.staged):
         if pairs is None:  # as check pairs a carried listing: LFS files by sha256, others by oid
-            m.staged[i] = (row, [(f, (f.sha256 if f.sha256 in m.listed else None) if f.sha256 else
-                                  by_oid.get(f.git_oid)) for f in listed[row]])
+            m.staged[i] = (
+                row,
+                [
+                    (f, (f.sha256 if f.sha256 in m.listed else None) if f.sha256 else by_oid.get(f.git_oid))
+                    for f in listed[row]
+                ],
+            )
     here = blob_for(home.ledger, (f for _, pairs in m.staged for f, sha in pairs if sha is None))
     for i, (row, pairs) in enumerate(m.staged):
         out = []
@@ -220,8 +251,14 @@ def _listings(ledger: Ledger, rows: list[StagedRow]) -> dict[StagedRow, list]:
         return {row: v.variant(row.repo, row.commit, row.variant)[0] for row in rows}
 
 
-def _verify_member(tf: tarfile.TarFile, m: tarfile.TarInfo, want: Digest, parts: dict[str, Path | None],
-                   store: BlobStore, meter: Progress | None) -> None:
+def _verify_member(
+    tf: tarfile.TarFile,
+    m: tarfile.TarInfo,
+    want: Digest,
+    parts: dict[str, Path | None],
+    store: BlobStore,
+    meter: Progress | None,
+) -> None:
     """Stream one `blobs/<sha256>` member (its header checked: _blob_members) into tmp/ (or nowhere, if
     the store has it), hashing it."""
     sha = want.sha256
@@ -232,7 +269,9 @@ def _verify_member(tf: tarfile.TarFile, m: tarfile.TarInfo, want: Digest, parts:
             if out is not None:
                 out.write(chunk)
     if (got := reader.digest()) != want:
-        raise BundleRejected(f"blob {sha} is tampered or damaged: expected sha256 {want.sha256}, "
-                             f"content hashes to {got.sha256} ({got.size} bytes)")
+        raise BundleRejected(
+            f"blob {sha} is tampered or damaged: expected sha256 {want.sha256}, "
+            f"content hashes to {got.sha256} ({got.size} bytes)"
+        )
     if meter:
         meter.file_done()

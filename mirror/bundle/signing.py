@@ -22,8 +22,8 @@ from pathlib import Path
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-from frt.resolver.errors import BadInput
 
+from frt.resolver.errors import BadInput
 from frt.resolver.fs import atomic_write
 
 ALGORITHM = "ed25519"
@@ -52,10 +52,10 @@ def new_key(path: Path) -> KeyPair:
     if not path.parent.is_dir():
         raise BadInput(f"{path.parent} is not a directory")
     key = Ed25519PrivateKey.generate()
-    private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                serialization.NoEncryption())
-    public = key.public_key().public_bytes(serialization.Encoding.PEM,
-                                           serialization.PublicFormat.SubjectPublicKeyInfo)
+    private = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    public = key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
     _write_new(path, private, 0o600)
     try:
         _write_new(pub_path, public, 0o644)
@@ -108,9 +108,12 @@ def _read(path: Path) -> bytes:
 
 def sign(manifest: bytes, key: Ed25519PrivateKey) -> bytes:
     """The signature member's bytes: which key signed which manifest (by sha256), and the signature."""
-    doc = {"algorithm": ALGORITHM, "key_id": key_id(key.public_key()),
-           "manifest_sha256": hashlib.sha256(manifest).hexdigest(),
-           "signature": base64.b64encode(key.sign(_CONTEXT + manifest)).decode()}
+    doc = {
+        "algorithm": ALGORITHM,
+        "key_id": key_id(key.public_key()),
+        "manifest_sha256": hashlib.sha256(manifest).hexdigest(),
+        "signature": base64.b64encode(key.sign(_CONTEXT + manifest)).decode(),
+    }
     return json.dumps(doc, indent=1, sort_keys=True).encode()
 
 
@@ -128,8 +131,10 @@ def check(manifest: bytes, signature: bytes, key: Ed25519PublicKey) -> str | Non
         return f"signed by key {signer}, not by the required key {want}"
     got = hashlib.sha256(manifest).hexdigest()
     if doc.get("manifest_sha256") != got:
-        return (f"the signature is over a manifest with sha256 {str(doc.get('manifest_sha256'))[:16]}…, this one "
-                f"hashes to {got[:16]}…: the bundle was altered after signing")
+        return (
+            f"the signature is over a manifest with sha256 {str(doc.get('manifest_sha256'))[:16]}…, this one "
+            f"hashes to {got[:16]}…: the bundle was altered after signing"
+        )
     try:
         key.verify(sig, _CONTEXT + manifest)
     except InvalidSignature:

@@ -64,13 +64,19 @@ def staged_key(row: dict) -> str:
 
 def own_state(doc: dict) -> dict:
     """The state of the records a manifest itself carries (not its base's)."""
-    return {"blobs": sorted(b["sha256"] for b in doc["blobs"]),
-            "repos": {r["repo"]: {"record": _repo_header(r),
-                                  "commits": {c["sha"]: [_commit(c), c["variants"] is not None] for c in r["commits"]},
-                                  "listings": {head: _h(shas) for head, shas in r.get("listings", {}).items()}}
-                      for r in doc["repos"]},
-            "staged": {staged_key(s): _h(s) for s in doc["staged"]},
-            "publishers": {p["org"]: _h(p) for p in doc.get("publishers", [])}}
+    return {
+        "blobs": sorted(b["sha256"] for b in doc["blobs"]),
+        "repos": {
+            r["repo"]: {
+                "record": _repo_header(r),
+                "commits": {c["sha"]: [_commit(c), c["variants"] is not None] for c in r["commits"]},
+                "listings": {head: _h(shas) for head, shas in r.get("listings", {}).items()},
+            }
+            for r in doc["repos"]
+        },
+        "staged": {staged_key(s): _h(s) for s in doc["staged"]},
+        "publishers": {p["org"]: _h(p) for p in doc.get("publishers", [])},
+    }
 
 
 def cumulative_state(doc: dict) -> dict:
@@ -116,9 +122,12 @@ def delta(full: dict, base: dict) -> dict:
     appears at all carries its header and all its refs (a few rows), since merging a repo's refs
     replaces them; of its commits and listings, only the new or changed."""
     have = set(base["blobs"])
-    out = {"blobs": [b for b in full["blobs"] if b["sha256"] not in have], "repos": [],
-           "staged": [s for s in full["staged"] if base["staged"].get(staged_key(s)) != _h(s)],
-           "publishers": [p for p in full["publishers"] if base["publishers"].get(p["org"]) != _h(p)]}
+    out = {
+        "blobs": [b for b in full["blobs"] if b["sha256"] not in have],
+        "repos": [],
+        "staged": [s for s in full["staged"] if base["staged"].get(staged_key(s)) != _h(s)],
+        "publishers": [p for p in full["publishers"] if base["publishers"].get(p["org"]) != _h(p)],
+    }
     for r in full["repos"]:
         old = base["repos"].get(r["repo"], {"record": None, "commits": {}, "listings": {}})
         commits = [c for c in r["commits"] if old["commits"].get(c["sha"], [None])[0] != _commit(c)]
@@ -162,8 +171,11 @@ def missing_here(state: dict, home: Home) -> list[str]:
     for repo in sorted(known):
         rec, rs = repo_record(ledger, repo), state["repos"][repo]
         here = {c["sha"]: c["variants"] is not None for c in rec["commits"]}
-        commits += [f"{repo}@{sha[:12]}" for sha, (_, scanned) in rs["commits"].items()
-                    if sha not in here or (scanned and not here[sha])]
+        commits += [
+            f"{repo}@{sha[:12]}"
+            for sha, (_, scanned) in rs["commits"].items()
+            if sha not in here or (scanned and not here[sha])
+        ]
         heads += [f"{repo}@{head[:12]}" for head in rs["listings"] if head not in rec["listings"]]
     out += _count("commit", commits) + _count("history listing", heads)
     have = {staged_key(r.__dict__) for r in staged_rows(ledger)}
@@ -187,8 +199,14 @@ def base_refusal(base: dict, missing: list[str], home: Home) -> str:
     name = f"{base.get('name') or 'its base'} (id {base['id'][:12]}, written {base.get('created', '?')})"
     imported = events_with_ref(home.ledger, "import", base["id"])
     wrote = events_with_ref(home.ledger, "bundle", base["id"])
-    seen = (f"it was imported here at {imported[-1].at:%Y-%m-%d %H:%M} but is no longer whole"
-            if imported else f"this home wrote it at {wrote[-1].at:%Y-%m-%d %H:%M} but has changed since"
-            if wrote else "it was never imported here")
-    return (f"an incremental bundle on base {name}, which this home does not hold ({seen}): missing "
-            f"{'; '.join(missing)}; import the base first")
+    seen = (
+        f"it was imported here at {imported[-1].at:%Y-%m-%d %H:%M} but is no longer whole"
+        if imported
+        else f"this home wrote it at {wrote[-1].at:%Y-%m-%d %H:%M} but has changed since"
+        if wrote
+        else "it was never imported here"
+    )
+    return (
+        f"an incremental bundle on base {name}, which this home does not hold ({seen}): missing "
+        f"{'; '.join(missing)}; import the base first"
+    )

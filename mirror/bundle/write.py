@@ -10,11 +10,15 @@ from importlib.metadata import version as dist_version
 from pathlib import Path
 
 from frt.resolver.errors import BadInput
+from frt.resolver.fs import atomic_file
 from frt.resolver.ledger.io import repo_record
 from frt.resolver.ledger.migrations import utcnow
 
-from frt.resolver.fs import atomic_file
-
+from ..events import record_event
+from ..home import Home
+from ..progress import Progress
+from ..records import StagedRow, all_blobs, blob_for, staged_rows, wheel_rows
+from ..store import BlobStore, Digest
 from . import signing
 from .format import (
     FORMAT,
@@ -30,15 +34,17 @@ from .format import (
     read_head,
 )
 from .state import cumulative_state, delta, unstaged_since
-from ..events import record_event
-from ..home import Home
-from ..progress import Progress
-from ..records import StagedRow, all_blobs, blob_for, staged_rows, wheel_rows
-from ..store import BlobStore, Digest
 
 
-def bundle(out: Path, home: Home, targets: list[str] | None = None, *, since: Path | None = None,
-           sign: Path | None = None, progress: bool = False) -> BundleReport:
+def bundle(
+    out: Path,
+    home: Home,
+    targets: list[str] | None = None,
+    *,
+    since: Path | None = None,
+    sign: Path | None = None,
+    progress: bool = False,
+) -> BundleReport:
     """Write OUT: a full bundle of what is staged (for `targets`, default all), or with `since` an
     incremental one that carries only the blobs and records PREV (and its bases) do not, naming
     PREV as its base. With `sign`, a private key's signature over the manifest travels with it."""
@@ -71,12 +77,27 @@ def bundle(out: Path, home: Home, targets: list[str] | None = None, *, since: Pa
     finally:
         if meter:
             meter.close()
-    report = BundleReport(out, len(blobs), sum(d.size for d in blobs), rows, id=bundle_id(manifest),
-                          base=base and base["id"], base_name=base and base["name"],
-                          signed_by=key and signing.key_id(key.public_key()), unstaged=gone)
+    report = BundleReport(
+        out,
+        len(blobs),
+        sum(d.size for d in blobs),
+        rows,
+        id=bundle_id(manifest),
+        base=base and base["id"],
+        base_name=base and base["name"],
+        signed_by=key and signing.key_id(key.public_key()),
+        unstaged=gone,
+    )
     if not home.ledger.readonly:  # a cluster's read-only home bundles too, and keeps no record of it
-        record_event(home.ledger, "bundle", ref=report.id, base=report.base, files=report.blobs,
-                     nbytes=report.bytes, detail=str(out))
+        record_event(
+            home.ledger,
+            "bundle",
+            ref=report.id,
+            base=report.base,
+            files=report.blobs,
+            nbytes=report.bytes,
+            detail=str(out),
+        )
     return report
 
 
@@ -118,31 +139,42 @@ def _full_doc(home: Home, rows: list[StagedRow]) -> tuple[dict, list[Digest]]:
         for f in entries:
             sha = blobs[f]
             if sha not in recorded or not store.has(sha):
-                raise BundleRejected(f"{repo}@{commit[:12]}: {f.path} has no verified blob in the store: "
-                                     "run 'frt-mirror verify', then 'frt-mirror stage' again")
+                raise BundleRejected(
+                    f"{repo}@{commit[:12]}: {f.path} has no verified blob in the store: "
+                    "run 'frt-mirror verify', then 'frt-mirror stage' again"
+                )
             needed[sha] = recorded[sha]
     wheels = wheel_rows(ledger, {w for r in rows for w in r.wheels})
     for name in sorted({w for r in rows for w in r.wheels}):
         sha = wheels.get(name, (None, None, None, None))[2]
         if sha is None or sha not in recorded or not store.has(sha):
-            raise BundleRejected(f"wheel {name} has no verified blob in the store: run 'frt-mirror verify', then "
-                                 "'frt-mirror stage' again")
+            raise BundleRejected(
+                f"wheel {name} has no verified blob in the store: run 'frt-mirror verify', then "
+                "'frt-mirror stage' again"
+            )
         needed[sha] = recorded[sha]
     listed = [needed[k] for k in sorted(needed)]
-    doc = {"format": FORMAT, "created": utcnow().isoformat(), "frt_mirror": dist_version("frt-mirror"),
-           "blobs": [{"sha256": d.sha256, "size": d.size, "git_oid": d.git_oid} for d in listed],
-           "repos": [repo_record(ledger, repo) for repo in sorted({r.repo for r in rows})],
-           "staged": [r.to_json() for r in rows],
-           # The wheels of python-depends the rows name (their blobs are listed above, or in the base).
-           "wheels": [{"filename": f, "project": p, "version": v, "sha256": sha, "size": size}
-                      for f, (p, v, sha, size) in sorted(wheels.items())],
-           # The upstream's trustedKernelPublisher per org, so `serve` on the other side repeats it.
-           "publishers": [p.to_json() for p in ledger.publishers({r.repo.split("/", 1)[0] for r in rows}).values()]}
+    doc = {
+        "format": FORMAT,
+        "created": utcnow().isoformat(),
+        "frt_mirror": dist_version("frt-mirror"),
+        "blobs": [{"sha256": d.sha256, "size": d.size, "git_oid": d.git_oid} for d in listed],
+        "repos": [repo_record(ledger, repo) for repo in sorted({r.repo for r in rows})],
+        "staged": [r.to_json() for r in rows],
+        # The wheels of python-depends the rows name (their blobs are listed above, or in the base).
+        "wheels": [
+            {"filename": f, "project": p, "version": v, "sha256": sha, "size": size}
+            for f, (p, v, sha, size) in sorted(wheels.items())
+        ],
+        # The upstream's trustedKernelPublisher per org, so `serve` on the other side repeats it.
+        "publishers": [p.to_json() for p in ledger.publishers({r.repo.split("/", 1)[0] for r in rows}).values()],
+    }
     return doc, listed
 
 
-def _write_tar(out: Path, manifest: bytes, signature: bytes | None, blobs: list[Digest], store: BlobStore,
-               meter: Progress | None) -> None:
+def _write_tar(
+    out: Path, manifest: bytes, signature: bytes | None, blobs: list[Digest], store: BlobStore, meter: Progress | None
+) -> None:
     mtime = int(time.time())
 
     def info(name: str, size: int) -> tarfile.TarInfo:

@@ -1,6 +1,6 @@
 """serve's access log: one line per request.
 
-    127.0.0.1 - - [2026-05-01T08:40:12Z] "HEAD /kernels/org/x/resolve/refs%2Fheads%2Fv1/build/a.py HTTP/1.1" 200 0 0.213ms
+    127.0.0.1 - - [2026-05-01T08:40:12Z] "HEAD /kernels/org/x/resolve/v1/build/a.py HTTP/1.1" 200 0 0.213ms
 
 The Common Log Format's fields (client, time, request line, status, body bytes sent), then the time the
 request took, in milliseconds. The path is the raw one the client sent, percent-encoding and query kept:
@@ -20,7 +20,7 @@ import os
 import re
 import time
 
-_UNSAFE = re.compile(rb'[^\x21\x23-\x5b\x5d-\x7e]')  # printable ASCII except space, `"` and `\`
+_UNSAFE = re.compile(rb"[^\x21\x23-\x5b\x5d-\x7e]")  # printable ASCII except space, `"` and `\`
 _PATHS_MAX = 8192  # escaped paths remembered (clients ask the same few thousand URLs over and over)
 
 
@@ -55,7 +55,7 @@ class LogSink:
         data, self._lines = "".join(self._lines).encode(), []
         try:
             while data:
-                data = data[os.write(self.fd, data):]
+                data = data[os.write(self.fd, data) :]
         except OSError:  # a closed pipe or a full disk must not take the mirror down with it
             pass
 
@@ -85,8 +85,10 @@ class AccessLog:
             path = self._paths[raw] = escape(raw)
         client = scope.get("client")
         flag = " stale" if "frt.stale" in scope else ""  # pull-through answered from the last known refs
-        self.sink.add(f'{client[0] if client else "-"} - - [{self.now()}] "{scope["method"]} {path} '
-                      f'HTTP/{scope.get("http_version", "1.1")}" {status} {nbytes} {ms:.3f}ms{flag}\n')
+        self.sink.add(
+            f'{client[0] if client else "-"} - - [{self.now()}] "{scope["method"]} {path} '
+            f'HTTP/{scope.get("http_version", "1.1")}" {status} {nbytes} {ms:.3f}ms{flag}\n'
+        )
 
     def now(self) -> str:
         """The time field, formatted once per second (strftime per request would cost more than the rest)."""

@@ -9,7 +9,7 @@ Behind nginx (`serve --accel-redirect PREFIX`, with the config `frt-mirror nginx
 file is answered with its headers and `X-Accel-Redirect: PREFIX/<blob under the store>`, no body: nginx
 sends the bytes from its `internal` location over the store (sendfile, Range). Only requests nginx
 marked (`X-Sendfile-Type: X-Accel-Redirect`) are redirected, so a client that reaches a replica directly
-still gets the bytes, and only those nginx answers exactly as serve would (see `accel_ok`). A blob is
+still gets the bytes, and only those nginx answers exactly as serve would (accel.py). A blob is
 handed off only once this process has verified it as it is now (integrity.py: nginx sends bytes that
 serve never sees, so they are hashed before, not as they go).
 """
@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import re
 import time
 from collections.abc import Callable
 from urllib.parse import parse_qs
@@ -30,27 +29,20 @@ from starlette.responses import JSONResponse, Response
 from frt.resolver.errors import FrtError
 from frt.resolver.gate import org_problem
 
-from ..store import blob_relpath
-from .accesslog import AccessLog, Counted
-from .catalog import Catalog, ServedCommit, ServedFile, ServedRepo, dir_oid, etag_of
-from .protocol import MAX_BODY, HubError, parse_range, read_body, split_raw_path, split_revision
-from .pull import STALE_HEADER, PullService, upstream_error
-from .blob import BlobResponse, file_headers
-from .integrity import Integrity
-from .stream import FlowResponse
 from . import simple
+from .accel import CONDITIONAL, accel_headers, accel_ok
+from .accesslog import AccessLog, Counted
+from .blob import BlobResponse, file_headers
+from .catalog import Catalog, ServedCommit, ServedRepo, dir_oid, etag_of
+from .integrity import Integrity
+from .protocol import MAX_BODY, HubError, iso_time, paginate, parse_range, read_body, split_raw_path, split_revision
+from .pull import STALE_HEADER, PullService, upstream_error
+from .stream import FlowResponse
 
 REPO_TYPES = {"models": "model", "kernels": "kernel", "datasets": "dataset", "spaces": "space"}
 PREFIXES = {"kernels": "kernel", "datasets": "dataset", "spaces": "space"}
 HOT_MAX = 8192  # resolve URLs remembered by MirrorApp.hot
 PAGE, PAGE_EXPAND, COMMITS_PAGE = 1000, 50, 100
-# What nginx's static file handler would answer otherwise than serve, which ignores them (a 304, a 412,
-# If-Range's whole-file 200): a GET carrying one is streamed by serve itself, even behind nginx.
-CONDITIONAL = frozenset({b"if-range", b"if-match", b"if-none-match", b"if-modified-since",
-                         b"if-unmodified-since"})
-# A single range that nginx's range filter and parse_range read alike. Anything else (spaces, `Bytes=`,
-# several ranges: serve sends the whole file, nginx a 206, a multipart or a 416) is streamed by serve.
-PLAIN_RANGE = re.compile(r"bytes=(\d{1,18}-\d{0,18}|-\d{1,18})", re.ASCII)
 
 
 class MirrorApp:
@@ -61,8 +53,14 @@ class MirrorApp:
     `/-/…` and `/metrics` before the Hub API is routed; make_app sets both, and `integrity` (what this
     process verified and quarantined: integrity.py) over the home."""
 
-    def __init__(self, catalog: Callable[[], Catalog], authorized: Callable[[str | None], bool],
-                 log: AccessLog | None = None, accel_redirect: str | None = None, pull: PullService | None = None):
+    def __init__(
+        self,
+        catalog: Callable[[], Catalog],
+        authorized: Callable[[str | None], bool],
+        log: AccessLog | None = None,
+        accel_redirect: str | None = None,
+        pull: PullService | None = None,
+    ):
         self.catalog = catalog
         self.pull = pull  # serve --upstream: misses of allowed repos go to the upstream (see pull.py)
         self.authorized = authorized
@@ -112,7 +110,10 @@ class MirrorApp:
         except HubError as e:
             response = e.response(head=request.method == "HEAD")
         if (stale := scope.get("frt.stale")) is not None:
-            response.raw_headers = [*response.raw_headers, (STALE_HEADER.lower().encode(), stale.encode("ascii", "replace"))]
+            response.raw_headers = [
+                *response.raw_headers,
+                (STALE_HEADER.lower().encode(), stale.encode("ascii", "replace")),
+            ]
         await response(scope, receive, send)
 
     async def hot(self, scope, receive, send) -> int | None:
@@ -205,8 +206,9 @@ class MirrorApp:
 
     # -- repos and revisions -------------------------------------------------------------------
 
-    async def repo(self, request: Request, repo_type: str, repo_id: str, rev: str | None = None,
-                   hold: bool = False) -> ServedRepo:
+    async def repo(
+        self, request: Request, repo_type: str, repo_id: str, rev: str | None = None, hold: bool = False
+    ) -> ServedRepo:
         """The staged repo; with pull-through, an allowed repo as the upstream has it (see pull.py)."""
         repo = stale = None
         if self.pull is not None and self.pull.allowed(repo_id):
@@ -228,11 +230,21 @@ class MirrorApp:
 
     def info(self, repo: ServedRepo, rev: str) -> Response:
         c = self.commit(repo, rev)
-        return JSONResponse({
-            "id": repo.repo_id, "sha": c.sha, "author": repo.repo_id.split("/")[0], "private": False,
-            "gated": False, "disabled": False, "lastModified": _iso(c.date), "tags": [], "downloads": 0, "likes": 0,
-            "siblings": [{"rfilename": p} for p in sorted(c.files)],
-        })
+        return JSONResponse(
+            {
+                "id": repo.repo_id,
+                "sha": c.sha,
+                "author": repo.repo_id.split("/")[0],
+                "private": False,
+                "gated": False,
+                "disabled": False,
+                "lastModified": iso_time(c.date),
+                "tags": [],
+                "downloads": 0,
+                "likes": 0,
+                "siblings": [{"rfilename": p} for p in sorted(c.files)],
+            }
+        )
 
     def refs(self, request: Request, repo: ServedRepo) -> Response:
         def refs(d: dict[str, str], kind: str) -> list[dict]:
@@ -256,7 +268,7 @@ class MirrorApp:
         prefix = f"{path}/" if path else ""
         names = [p for p in list(c.files) + sorted(dirs) if p.startswith(prefix) and p != path]
         if not recursive:
-            names = [p for p in names if "/" not in p[len(prefix):]]
+            names = [p for p in names if "/" not in p[len(prefix) :]]
         entries = [self.entry(c, p, expand) for p in sorted(names)]
         return paginate(request, entries, PAGE_EXPAND if expand else PAGE)
 
@@ -279,14 +291,16 @@ class MirrorApp:
         if not isinstance(paths, list):
             raise HubError(400, None, "paths must be a string or a list of strings")
         dirs = c.dirs()
-        known = [p.strip("/") for p in paths if isinstance(p, str) and (p.strip("/") in c.files or p.strip("/") in dirs)]
+        known = [
+            p.strip("/") for p in paths if isinstance(p, str) and (p.strip("/") in c.files or p.strip("/") in dirs)
+        ]
         return JSONResponse([self.entry(c, p, expand) for p in dict.fromkeys(known)])
 
     def entry(self, c: ServedCommit, path: str, expand: bool) -> dict:
         f = c.files.get(path)
         e = f.tree_entry() if f else {"type": "directory", "oid": dir_oid(c.sha, path), "path": path}
         if expand:
-            e["lastCommit"] = {"id": c.sha, "title": c.title, "date": _iso(c.date)}
+            e["lastCommit"] = {"id": c.sha, "title": c.title, "date": iso_time(c.date)}
         return e
 
     def commits(self, request: Request, repo: ServedRepo, rev: str) -> Response:
@@ -294,8 +308,15 @@ class MirrorApp:
         items = []
         for sha in repo.logs.get(c.sha, [c.sha]):
             date, title = repo.meta.get(sha, (None, ""))
-            items.append({"id": sha, "title": title, "message": "", "date": _iso(date),
-                          "authors": [{"user": repo.repo_id.split("/")[0]}]})
+            items.append(
+                {
+                    "id": sha,
+                    "title": title,
+                    "message": "",
+                    "date": iso_time(date),
+                    "authors": [{"user": repo.repo_id.split("/")[0]}],
+                }
+            )
         return paginate(request, items, COMMITS_PAGE)
 
     # -- files -----------------------------------------------------------------------------------
@@ -320,12 +341,22 @@ class MirrorApp:
             except FrtError as e:
                 raise upstream_error(e, f"{repo_id}/{path}@{c.sha[:12]}") from None
         rng, whole = parse_range(request.headers.get("range"), f.size), False
-        if (isinstance(rng, tuple) and rng[0] and self.pull is not None and self.pull.allowed(repo_id)
-                and self.pull.streams(f) and await self.pull.unvouched(f)):
+        if (
+            isinstance(rng, tuple)
+            and rng[0]
+            and self.pull is not None
+            and self.pull.allowed(repo_id)
+            and self.pull.streams(f)
+            and await self.pull.unvouched(f)
+        ):
             rng, whole = None, True  # once streamed unverified from a fetch that failed: a client's prefix may be bad
         if rng == "unsatisfiable":
-            raise HubError(416, None, "Requested Range Not Satisfiable",
-                           {"Content-Range": f"bytes */{f.size}", "X-Repo-Commit": c.sha})
+            raise HubError(
+                416,
+                None,
+                "Requested Range Not Satisfiable",
+                {"Content-Range": f"bytes */{f.size}", "X-Repo-Commit": c.sha},
+            )
         start, end = rng or (0, f.size)
         fixed = file_headers(c.sha, etag_of(f), f.sha256 if f.lfs else None, f.size)
         headers = [*fixed, (b"content-length", b"%d" % (end - start))]
@@ -334,55 +365,18 @@ class MirrorApp:
         if handoff or (rng is not None and not head):  # bytes sent unhashed: the whole blob verified first
             await self.integrity.ensure(f)
         if handoff:
-            return BlobResponse(f, 0, 0, 200, self.accel(f, fixed, ranged=rng is not None), head=True)
+            return BlobResponse(
+                f, 0, 0, 200, accel_headers(self.accel_redirect, f, fixed, ranged=rng is not None), head=True
+            )
         if rng is not None:
             headers.append((b"content-range", b"bytes %d-%d/%d" % (start, end - 1, f.size)))
-        elif (raw := request.scope.get("raw_path")) and catalog is self.catalog() and repo is catalog.repo(repo_type, repo_id):
+        elif (
+            (raw := request.scope.get("raw_path"))
+            and catalog is self.catalog()
+            and repo is catalog.repo(repo_type, repo_id)
+        ):
             if len(self._hot) >= HOT_MAX:  # distinct spellings of one URL must not grow it without bound
                 self._hot.clear()
-            accel = self.accel(f, fixed, ranged=False) if self.accel_redirect else None
+            accel = accel_headers(self.accel_redirect, f, fixed, ranged=False) if self.accel_redirect else None
             self._hot[raw] = (catalog, f, tuple(headers), accel)
         return BlobResponse(f, start, end, 206 if rng else 200, headers, head=head, integrity=self.integrity)
-
-    def accel(self, f: ServedFile, fixed: tuple, ranged: bool) -> tuple:
-        """The answer that hands a GET to nginx: the file's headers, no body, and where nginx finds it.
-        nginx keeps only Content-Type and Accept-Ranges of a redirecting answer (the internal location
-        puts X-Repo-Commit, ETag and X-Linked-* back from `$upstream_http_*`; Content-Length and
-        Content-Range are its own). Its range filter adds `Accept-Ranges: bytes` to a 200 but not to a
-        206, so ours goes along only with a Range: either way the client sees it once, as from serve.
-        Content-Length 0 lets nginx keep the connection to this replica alive."""
-        kept = tuple(h for h in fixed if ranged or h[0] != b"accept-ranges")
-        where = f"{self.accel_redirect}/{blob_relpath(f.sha256)}".encode()
-        return (*kept, (b"content-length", b"0"), (b"x-accel-redirect", where))
-
-
-def accel_ok(headers: list, rng) -> bool:
-    """Whether a GET came through nginx-conf's nginx and nginx would answer it as serve does: no
-    conditional header, and no Range or a plain satisfiable one (`rng`: parse_range's reading)."""
-    nginx, plain = False, True
-    for name, value in headers:
-        if name in CONDITIONAL:
-            return False
-        if name == b"x-sendfile-type":
-            nginx = value == b"X-Accel-Redirect"
-        elif name == b"range":
-            plain = rng is not None and PLAIN_RANGE.fullmatch(value.decode("latin-1")) is not None
-    return nginx and plain
-
-
-def paginate(request: Request, items: list, size: int) -> Response:
-    """`Link: <absolute url>; rel="next"`, as the Hub pages (huggingface_hub follows it verbatim)."""
-    try:
-        start = max(0, int(request.query_params.get("cursor", "0")))
-    except ValueError:
-        raise HubError(400, None, "Bad cursor") from None
-    page = items[start:start + size]
-    headers = {}
-    if start + size < len(items):
-        url = request.url.include_query_params(cursor=start + size)
-        headers["Link"] = f'<{url}>; rel="next"'
-    return JSONResponse(page, headers=headers)
-
-
-def _iso(dt) -> str:
-    return (dt.strftime("%Y-%m-%dT%H:%M:%S.000Z") if dt else "1970-01-01T00:00:00.000Z")

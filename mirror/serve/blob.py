@@ -25,8 +25,12 @@ log = logging.getLogger("frt.serve")
 def file_headers(commit: str, etag: str, lfs_sha256: str | None, size: int) -> tuple:
     """A file answer's fixed headers, encoded once: HEAD is the hot path (one per file per snapshot),
     and building them through Starlette's Response cost about as much as the rest of the request."""
-    headers = [(b"x-repo-commit", commit.encode()), (b"etag", f'"{etag}"'.encode()),
-               (b"accept-ranges", b"bytes"), (b"content-type", b"application/octet-stream")]
+    headers = [
+        (b"x-repo-commit", commit.encode()),
+        (b"etag", f'"{etag}"'.encode()),
+        (b"accept-ranges", b"bytes"),
+        (b"content-type", b"application/octet-stream"),
+    ]
     if lfs_sha256:
         headers += [(b"x-linked-etag", f'"{lfs_sha256}"'.encode()), (b"x-linked-size", b"%d" % size)]
     return tuple(headers)
@@ -40,8 +44,16 @@ class BlobResponse(Response):
     hashed as it is sent, and the last chunk goes once the digest matches; else it goes if the file is
     still the one verified. A bad file is cut short (or, before any byte went, a 500)."""
 
-    def __init__(self, f: ServedFile, start: int, end: int, status: int, headers: list, head: bool = False,
-                 integrity: Integrity | None = None):
+    def __init__(
+        self,
+        f: ServedFile,
+        start: int,
+        end: int,
+        status: int,
+        headers: list,
+        head: bool = False,
+        integrity: Integrity | None = None,
+    ):
         self.status_code, self.raw_headers, self.background = status, headers, None
         self.file, self.start, self.end, self.head, self.integrity = f, start, end, head, integrity
 
@@ -62,8 +74,7 @@ class BlobResponse(Response):
                 # file must still be that one after the read (what _held_back checks, inline: ~10 us less).
                 chunk = os.pread(fd, n, self.start)
                 if len(chunk) == n and file_key(os.fstat(fd)) == key:
-                    await send({"type": "http.response.start", "status": self.status_code,
-                                "headers": self.raw_headers})
+                    await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
                     await send({"type": "http.response.body", "body": chunk, "more_body": False})
                     return n
                 self.integrity.forget(self.file)  # changed: judged again below (hashed as it is sent)
@@ -114,8 +125,7 @@ class BlobResponse(Response):
                     return self._cut(off - len(chunk) - self.start, problem)
                 if not started:
                     started = True
-                    await send({"type": "http.response.start", "status": self.status_code,
-                                "headers": self.raw_headers})
+                    await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
                 await send({"type": "http.response.body", "body": chunk, "more_body": not last})
                 if last:
                     return off - self.start
@@ -151,8 +161,13 @@ class BlobResponse(Response):
         (uvicorn's line for that is dropped, see stream.CutSaid: this one says why)."""
         from .stream import _cut_said
 
-        log.warning("frt-mirror: serve: %s: answer cut after %d of %d bytes: %s", self.file.path, sent,
-                    self.end - self.start, problem)
+        log.warning(
+            "frt-mirror: serve: %s: answer cut after %d of %d bytes: %s",
+            self.file.path,
+            sent,
+            self.end - self.start,
+            problem,
+        )
         _cut_said.set(True)
         return sent
 

@@ -35,8 +35,11 @@ class ServedFile:
     def tree_entry(self) -> dict:
         entry = {"type": "file", "oid": self.oid, "size": self.size, "path": self.path}
         if self.lfs:
-            entry["lfs"] = {"oid": self.sha256, "size": self.size,
-                            "pointerSize": len(lfs_pointer(self.sha256, self.size))}
+            entry["lfs"] = {
+                "oid": self.sha256,
+                "size": self.size,
+                "pointerSize": len(lfs_pointer(self.sha256, self.size)),
+            }
         return entry
 
 
@@ -128,8 +131,9 @@ def load_catalog(home: Home, trust_override: frozenset[str] = frozenset()) -> Ca
                 for f in files:
                     content = blobs[f]
                     if content and store.has(content):  # only verified bytes are served
-                        commit.files[f.path] = ServedFile(f.path, f.size, f.git_oid, content, f.sha256 is not None,
-                                                          store.path(content))
+                        commit.files[f.path] = ServedFile(
+                            f.path, f.size, f.git_oid, content, f.sha256 is not None, store.path(content)
+                        )
             add_refs(v, served, [r for r in rows if r.repo == repo_id])
     publishers = {org: p.trusted for org, p in ledger.publishers().items()}
     return Catalog(repos, publishers, frozenset(trust_override), token_hashes(ledger), _wheels(home, rows))

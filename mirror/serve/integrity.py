@@ -122,13 +122,21 @@ class Integrity:
     def error(self, f: ServedFile) -> HubError:
         """What a request for a refused blob gets: a 500, which nginx-conf's nginx does not retry on
         another replica (a replica that has not looked yet could hand the same bad file to nginx)."""
-        return HubError(500, None, f"{f.path}: the mirror's stored copy failed verification (blob {f.sha256}) "
-                        "and is quarantined: 'frt-mirror stage' fetches it again")
+        return HubError(
+            500,
+            None,
+            f"{f.path}: the mirror's stored copy failed verification (blob {f.sha256}) "
+            "and is quarantined: 'frt-mirror stage' fetches it again",
+        )
 
     def gone(self, f: ServedFile) -> HubError:
         self.bad[f.sha256] = None  # moved out by another process, or removed: as refused until it is back
-        return HubError(500, None, f"{f.path}: blob {f.sha256} is no longer in the mirror's store "
-                        "(quarantined, or collected): 'frt-mirror verify' says which")
+        return HubError(
+            500,
+            None,
+            f"{f.path}: blob {f.sha256} is no longer in the mirror's store "
+            "(quarantined, or collected): 'frt-mirror verify' says which",
+        )
 
     async def ensure(self, f: ServedFile) -> None:
         """Raise a 500 unless the whole blob is verified now: cached, or hashed once for every request that
@@ -196,8 +204,10 @@ class Integrity:
         if self.counter is not None:
             self.counter.inc()
         where = self._set_aside(f, st)
-        detail = (f"{f.path}: content hashes to {got or f'fewer than {f.size} bytes'}; "
-                  f"{f'moved to {where}' if where else 'left in place (the home is read-only here)'}")
+        detail = (
+            f"{f.path}: content hashes to {got or f'fewer than {f.size} bytes'}; "
+            f"{f'moved to {where}' if where else 'left in place (the home is read-only here)'}"
+        )
         log.warning("frt-mirror: serve: blob %s failed verification on read, quarantined: %s", f.sha256, detail)
         if self.home is not None:
             threading.Thread(target=self._record, args=(f, detail), name="frt-quarantine", daemon=True).start()
@@ -222,8 +232,11 @@ class Integrity:
         try:
             record_event(self.home.ledger, QUARANTINE, ref=f.sha256, files=1, nbytes=f.size, detail=detail)
         except Exception as e:  # the ledger down or read-only: the log line above and /metrics still say it
-            print(f"frt-mirror: warning: could not record the quarantine of blob {f.sha256} in the ledger: {e}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"frt-mirror: warning: could not record the quarantine of blob {f.sha256} in the ledger: {e}",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 def _counter(metrics):
@@ -234,5 +247,8 @@ def _counter(metrics):
     from .metrics import MULTIPROC_ENV
 
     registry = None if os.environ.get(MULTIPROC_ENV) else metrics.registry
-    return Counter("frt_mirror_quarantined_blobs", "Blobs serve found changed on disk (their bytes no longer "
-                   "hash to their name) and quarantined", registry=registry)
+    return Counter(
+        "frt_mirror_quarantined_blobs",
+        "Blobs serve found changed on disk (their bytes no longer hash to their name) and quarantined",
+        registry=registry,
+    )

@@ -51,16 +51,19 @@ class HttpLimits:
     max_connections: int = MAX_CONNECTIONS
 
     # name -> (environment variable, kind, lowest, highest): serve's options read the same variables.
-    ENV = {"max_header_bytes": ("FRT_SERVE_MAX_HEADER_BYTES", int, 1024, 16 << 20),
-           "header_timeout": ("FRT_SERVE_HEADER_TIMEOUT", float, 0.1, 3600),
-           "keep_alive_timeout": ("FRT_SERVE_KEEP_ALIVE_TIMEOUT", int, 1, 3600),
-           "max_connections": ("FRT_SERVE_MAX_CONNECTIONS", int, 1, 1 << 20)}
+    ENV = {
+        "max_header_bytes": ("FRT_SERVE_MAX_HEADER_BYTES", int, 1024, 16 << 20),
+        "header_timeout": ("FRT_SERVE_HEADER_TIMEOUT", float, 0.1, 3600),
+        "keep_alive_timeout": ("FRT_SERVE_KEEP_ALIVE_TIMEOUT", int, 1, 3600),
+        "max_connections": ("FRT_SERVE_MAX_CONNECTIONS", int, 1, 1 << 20),
+    }
 
     @classmethod
     def from_env(cls) -> HttpLimits:
         """The limits FRT_SERVE_* name, the defaults for the rest; a bad value is one line (BadInput)."""
-        return cls(**{f: env_number(var, getattr(cls, f), kind, low, high)
-                      for f, (var, kind, low, high) in cls.ENV.items()})
+        return cls(
+            **{f: env_number(var, getattr(cls, f), kind, low, high) for f, (var, kind, low, high) in cls.ENV.items()}
+        )
 
     def environ(self) -> dict[str, str]:
         """These limits as FRT_SERVE_* variables: how serve --workers hands them to its forked workers."""
@@ -70,8 +73,11 @@ class HttpLimits:
         """uvicorn.Config's own settings for these limits, and the guarded protocol for the rest."""
         # uvicorn answers 503 once len(connections) >= limit_concurrency, counting the asking one: +1, so
         # that max_connections connections are served and the one past them refused.
-        return {"http": guarded(self), "limit_concurrency": self.max_connections + 1,
-                "timeout_keep_alive": self.keep_alive_timeout}
+        return {
+            "http": guarded(self),
+            "limit_concurrency": self.max_connections + 1,
+            "timeout_keep_alive": self.keep_alive_timeout,
+        }
 
 
 def raise_open_files(limits: HttpLimits) -> None:
@@ -83,9 +89,14 @@ def raise_open_files(limits: HttpLimits) -> None:
         new = want if hard == resource.RLIM_INFINITY else min(want, hard)
         resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
         if new < want:
-            log.warning("frt-mirror: the open-file limit (%d) is below --max-connections %d + %d: past about "
-                        "%d connections new ones wait in the listen backlog (raise it: ulimit -n, LimitNOFILE=)",
-                        new, limits.max_connections, SPARE_FILES, new - SPARE_FILES)
+            log.warning(
+                "frt-mirror: the open-file limit (%d) is below --max-connections %d + %d: past about "
+                "%d connections new ones wait in the listen backlog (raise it: ulimit -n, LimitNOFILE=)",
+                new,
+                limits.max_connections,
+                SPARE_FILES,
+                new - SPARE_FILES,
+            )
 
 
 def guarded(limits: HttpLimits) -> type:
@@ -166,8 +177,13 @@ def guarded(limits: HttpLimits) -> type:
             head = [STATUS_LINE[status]]
             for name, value in self.server_state.default_headers:
                 head += [name, b": ", value, b"\r\n"]
-            head += [b"content-type: text/plain; charset=utf-8\r\n", b"content-length: ",
-                     str(len(body)).encode(), b"\r\nconnection: close\r\n\r\n", body]
+            head += [
+                b"content-type: text/plain; charset=utf-8\r\n",
+                b"content-length: ",
+                str(len(body)).encode(),
+                b"\r\nconnection: close\r\n\r\n",
+                body,
+            ]
             self.transport.write(b"".join(head))
             self._lingering = True
             self._disarm()

@@ -19,8 +19,9 @@ def listen(host: str, port: int) -> list[socket.socket]:
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as e:
-        raise BadInput(f"cannot listen on {host}: {e.strerror} (--host takes an address or a name of this "
-                       "machine)") from None
+        raise BadInput(
+            f"cannot listen on {host}: {e.strerror} (--host takes an address or a name of this machine)"
+        ) from None
     socks: list[socket.socket] = []
     try:
         for family, kind, proto, _, addr in dict.fromkeys(infos):

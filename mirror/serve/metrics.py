@@ -39,15 +39,30 @@ from __future__ import annotations
 import os
 import re
 
-ROUTES = ("resolve", "api_repo", "api_refs", "api_tree", "api_paths_info", "api_commits", "api_overview",
-          "page", "metrics", "other")
+ROUTES = (
+    "resolve",
+    "api_repo",
+    "api_refs",
+    "api_tree",
+    "api_paths_info",
+    "api_commits",
+    "api_overview",
+    "page",
+    "metrics",
+    "other",
+)
 METHODS = frozenset({"GET", "HEAD", "POST"})
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 # Durations of resolve, stage and pull-through: a resolve from the ledger takes milliseconds, a pull of a
 # large file through a slow upstream minutes.
 WORK_BUCKETS = (0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 180.0, 600.0)
-_API_ROUTES = {"refs": "api_refs", "revision": "api_repo", "tree": "api_tree", "paths-info": "api_paths_info",
-               "commits": "api_commits"}
+_API_ROUTES = {
+    "refs": "api_refs",
+    "revision": "api_repo",
+    "tree": "api_tree",
+    "paths-info": "api_paths_info",
+    "commits": "api_commits",
+}
 _WORD = re.compile(r"[a-z][a-z0-9_]{0,31}")
 
 _process: Metrics | None = None  # this process's serve metrics, once built; None in every other process
@@ -94,14 +109,23 @@ class Metrics:
         # Multiprocess mode: the series live in the folder's files and a collector reads them all back;
         # registering the metric objects too would report this worker's share twice.
         reg = None if folder else self.registry
-        self.requests = Counter("frt_mirror_requests", "HTTP requests answered, by route, method and status",
-                                ["route", "method", "status"], registry=reg)
-        self.sent = Counter("frt_mirror_response_bytes", "Response body bytes sent, by route", ["route"],
-                            registry=reg)
-        self.pull_seconds = Histogram("frt_mirror_pull_seconds", "Pull-through fetches from upstream, by kind "
-                                      "and outcome", ["kind", "outcome"], buckets=WORK_BUCKETS, registry=reg)
-        self.pull_bytes = Counter("frt_mirror_pull_bytes", "Bytes pulled through from upstream, by kind",
-                                  ["kind", "outcome"], registry=reg)
+        self.requests = Counter(
+            "frt_mirror_requests",
+            "HTTP requests answered, by route, method and status",
+            ["route", "method", "status"],
+            registry=reg,
+        )
+        self.sent = Counter("frt_mirror_response_bytes", "Response body bytes sent, by route", ["route"], registry=reg)
+        self.pull_seconds = Histogram(
+            "frt_mirror_pull_seconds",
+            "Pull-through fetches from upstream, by kind and outcome",
+            ["kind", "outcome"],
+            buckets=WORK_BUCKETS,
+            registry=reg,
+        )
+        self.pull_bytes = Counter(
+            "frt_mirror_pull_bytes", "Bytes pulled through from upstream, by kind", ["kind", "outcome"], registry=reg
+        )
         if folder:
             from prometheus_client.multiprocess import MultiProcessCollector
 
@@ -119,8 +143,10 @@ class Metrics:
         key = (route, method, status)
         inc = self._children.get(key)
         if inc is None:
-            inc = self._children[key] = (self.requests.labels(route, method, str(status)).inc,
-                                         self.sent.labels(route).inc)
+            inc = self._children[key] = (
+                self.requests.labels(route, method, str(status)).inc,
+                self.sent.labels(route).inc,
+            )
         inc[0]()
         if nbytes:
             inc[1](nbytes)
@@ -128,8 +154,12 @@ class Metrics:
     def request(self, scope, status: int, nbytes: int) -> None:
         """A request the hot path did not answer: its route named from the raw path."""
         method = scope["method"]
-        self.count(route_name(scope.get("raw_path") or scope["path"].encode()),
-                   method if method in METHODS else "other", status, nbytes)
+        self.count(
+            route_name(scope.get("raw_path") or scope["path"].encode()),
+            method if method in METHODS else "other",
+            status,
+            nbytes,
+        )
 
     def flush(self) -> None:
         """Nothing to do: every request is in the counters once counted. Kept for its callers (the app's
@@ -165,9 +195,10 @@ class HomeCollector:
         self.home = home
 
     def collect(self):
-        from frt.resolver.errors import FrtError
         from prometheus_client.core import GaugeMetricFamily
         from sqlalchemy.exc import SQLAlchemyError
+
+        from frt.resolver.errors import FrtError
 
         from ..events import last_events
         from .page import store_usage
@@ -176,26 +207,36 @@ class HomeCollector:
             usage, staged, events = store_usage(self.home), self.home.staged(), last_events(self.home.ledger)
         except (FrtError, SQLAlchemyError, OSError):
             return
-        yield GaugeMetricFamily("frt_mirror_store_bytes", "Bytes of the blobs the store holds (the ledger's "
-                                "record)", value=usage.nbytes)
+        yield GaugeMetricFamily(
+            "frt_mirror_store_bytes", "Bytes of the blobs the store holds (the ledger's record)", value=usage.nbytes
+        )
         yield GaugeMetricFamily("frt_mirror_store_blobs", "Blobs the store holds", value=usage.blobs)
         if usage.disk_free is not None:
-            yield GaugeMetricFamily("frt_mirror_disk_free_bytes", "Free bytes on the store's filesystem",
-                                    value=usage.disk_free)
+            yield GaugeMetricFamily(
+                "frt_mirror_disk_free_bytes", "Free bytes on the store's filesystem", value=usage.disk_free
+            )
         per_target: dict[str, int] = {}
         for r in staged:
             per_target[r.target] = per_target.get(r.target, 0) + 1
-        g = GaugeMetricFamily("frt_mirror_staged_variants", "Staged sets (a repo's requested version or "
-                              "revision for a target: one variant; models: target \"model\")", labels=["target"])
+        g = GaugeMetricFamily(
+            "frt_mirror_staged_variants",
+            'Staged sets (a repo\'s requested version or revision for a target: one variant; models: target "model")',
+            labels=["target"],
+        )
         for target, n in sorted(per_target.items()):
             g.add_metric([target], n)
         yield g
-        at = GaugeMetricFamily("frt_mirror_last_event_timestamp_seconds", "When the last stage, import, bundle "
-                               "or gc on this home finished", labels=["kind"])
-        files = GaugeMetricFamily("frt_mirror_last_event_files", "Files of the last event of each kind",
-                                  labels=["kind"])
-        nbytes = GaugeMetricFamily("frt_mirror_last_event_bytes", "Bytes of the last event of each kind",
-                                   labels=["kind"])
+        at = GaugeMetricFamily(
+            "frt_mirror_last_event_timestamp_seconds",
+            "When the last stage, import, bundle or gc on this home finished",
+            labels=["kind"],
+        )
+        files = GaugeMetricFamily(
+            "frt_mirror_last_event_files", "Files of the last event of each kind", labels=["kind"]
+        )
+        nbytes = GaugeMetricFamily(
+            "frt_mirror_last_event_bytes", "Bytes of the last event of each kind", labels=["kind"]
+        )
         for kind, e in sorted(events.items()):
             at.add_metric([kind], _epoch(e.at))
             files.add_metric([kind], e.files)

@@ -35,10 +35,12 @@ class NamePick:
 
     @property
     def text(self) -> str:
-        return (f"{self.repo}@{self.commit[:12]}: through serve, kernels on {self.target} picks {self.picked} by "
-                f"name ({self.declared.label}) and would refuse to load it on {', '.join(self.missing)}: hand "
-                f"those nodes 'frt-mirror env --target {self.target}' or 'export-cache DIR --target {self.target}'"
-                + (f", which give them {self.handed}" if self.handed else ""))
+        return (
+            f"{self.repo}@{self.commit[:12]}: through serve, kernels on {self.target} picks {self.picked} by "
+            f"name ({self.declared.label}) and would refuse to load it on {', '.join(self.missing)}: hand "
+            f"those nodes 'frt-mirror env --target {self.target}' or 'export-cache DIR --target {self.target}'"
+            + (f", which give them {self.handed}" if self.handed else "")
+        )
 
 
 def name_picks(home: Home) -> list[NamePick]:
@@ -60,6 +62,7 @@ def name_picks(home: Home) -> list[NamePick]:
                 declared = view.declared(repo, commit).get(picked, Declared(None, None))
                 missing = uncovered(target.device, target.archs, declared)
                 if missing:
-                    out.append(NamePick(repo, commit, text, picked, declared, missing,
-                                        handed.get((repo, commit, text))))
+                    out.append(
+                        NamePick(repo, commit, text, picked, declared, missing, handed.get((repo, commit, text)))
+                    )
     return out

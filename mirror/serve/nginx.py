@@ -54,8 +54,10 @@ def check_accel_prefix(prefix: str) -> str:
     """`/_frt_store` (a trailing slash is dropped); raises BadInput."""
     p = prefix.rstrip("/")
     if not _PREFIX.fullmatch(p):
-        raise BadInput(f"--accel-redirect {prefix!r}: expected a URL path such as {DEFAULT_ACCEL} "
-                       "(letters, digits, . _ ~ - between slashes)")
+        raise BadInput(
+            f"--accel-redirect {prefix!r}: expected a URL path such as {DEFAULT_ACCEL} "
+            "(letters, digits, . _ ~ - between slashes)"
+        )
     return p
 
 
@@ -99,8 +101,7 @@ class ReplicaLedger:
 
     def __post_init__(self):
         if self.text is not None and re.search(r"[\x00-\x1f\x7f]", self.text):
-            raise BadInput("the ledger URL holds a control character: it cannot be written in a config "
-                           "comment")
+            raise BadInput("the ledger URL holds a control character: it cannot be written in a config comment")
 
     @property
     def url(self):
@@ -131,13 +132,17 @@ class ReplicaLedger:
         url = self.url
         if url is None or url.drivername == "sqlite":
             which = "the home's SQLite ledger" if url is None else "the SQLite ledger nginx-conf was given"
-            return (f", on {which},\n# which only the processes of one host may share (replicas on other "
-                    "hosts need the ledger on a\n# database server: nginx-conf --ledger postgresql://...):")
+            return (
+                f", on {which},\n# which only the processes of one host may share (replicas on other "
+                "hosts need the ledger on a\n# database server: nginx-conf --ledger postgresql://...):"
+            )
         said = ", on the ledger nginx-conf was given"
         if url.password is not None:
-            said += (f":\n# {url.render_as_string(hide_password=True)}. Its password is not written "
-                     "in this file: set FRT_LEDGER_URL\n# to that URL, password included, where each "
-                     "replica runs")
+            said += (
+                f":\n# {url.render_as_string(hide_password=True)}. Its password is not written "
+                "in this file: set FRT_LEDGER_URL\n# to that URL, password included, where each "
+                "replica runs"
+            )
         return said + ":"
 
 
@@ -146,17 +151,21 @@ def check_replicas_share(upstreams: tuple[Address, ...], ledger: ReplicaLedger) 
     BadInput."""
     elsewhere = [str(u) for u in upstreams if not on_this_host(u.host)]
     if len(upstreams) > 1 and elsewhere and not ledger.on_server:
-        raise BadInput(f"--upstream {', '.join(elsewhere)}: replicas on other hosts than this one cannot "
-                       "share a SQLite ledger (the home's file over a shared filesystem): give the ledger "
-                       "on a database server, --ledger postgresql://USER@HOST:PORT/DB or FRT_LEDGER_URL, or "
-                       "run every replica on this host")
+        raise BadInput(
+            f"--upstream {', '.join(elsewhere)}: replicas on other hosts than this one cannot "
+            "share a SQLite ledger (the home's file over a shared filesystem): give the ledger "
+            "on a database server, --ledger postgresql://USER@HOST:PORT/DB or FRT_LEDGER_URL, or "
+            "run every replica on this host"
+        )
 
 
 def _quoted(path: Path | str, what: str) -> str:
     text = str(path)
     if _UNQUOTABLE.search(text):
-        raise BadInput(f"{what} {text!r} cannot be written in an nginx config ($, quotes, backslashes and "
-                       "control characters): use a path without them")
+        raise BadInput(
+            f"{what} {text!r} cannot be written in an nginx config ($, quotes, backslashes and "
+            "control characters): use a path without them"
+        )
     return f'"{text}"'
 
 
@@ -180,16 +189,28 @@ class NginxSite:
         servers = "\n".join(f"    server {u} max_fails=1 fail_timeout=5s;" for u in self.upstreams)
         user = f"user {self.user};\n" if self.user else ""
         ledger = self.ledger.option()
-        replicas = "\n".join(f"#   frt-mirror --home {shlex.quote(str(home))}{ledger} serve --host "
-                             f"{u.host.strip('[]')} --port {u.port} --accel-redirect {self.accel}"
-                             for u in self.upstreams)
+        replicas = "\n".join(
+            f"#   frt-mirror --home {shlex.quote(str(home))}{ledger} serve --host "
+            f"{u.host.strip('[]')} --port {u.port} --accel-redirect {self.accel}"
+            for u in self.upstreams
+        )
         ttl, cached = self.head_cache, self.head_cache > 0
         return TEMPLATE.format(
-            home=home, replicas=replicas, ledger_note=self.ledger.note(), run=run, user=user,
-            servers=servers, store=self.store, alias=alias, accel=self.accel, listen=self.listen,
-            tries=max(2, len(self.upstreams)), keepalive=32 * len(self.upstreams),
+            home=home,
+            replicas=replicas,
+            ledger_note=self.ledger.note(),
+            run=run,
+            user=user,
+            servers=servers,
+            store=self.store,
+            alias=alias,
+            accel=self.accel,
+            listen=self.listen,
+            tries=max(2, len(self.upstreams)),
+            keepalive=32 * len(self.upstreams),
             cache_http=CACHE_HTTP.format(run=run, ttl=ttl) if cached else "",
-            cache_location=CACHE_LOCATION.format(ttl=ttl) if cached else "")
+            cache_location=CACHE_LOCATION.format(ttl=ttl) if cached else "",
+        )
 
 
 TEMPLATE = """\

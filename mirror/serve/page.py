@@ -21,18 +21,18 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from urllib.parse import quote
 
-from frt.resolver.matrix import build_matrix
+from sqlalchemy import func, select
+
 from frt.resolver.errors import FrtError
-from frt.resolver.matrix import Matrix, MatrixRow, targets_named_by
 from frt.resolver.ledger.schema import RefusalRow
+from frt.resolver.matrix import Matrix, MatrixRow, build_matrix, targets_named_by
 from frt.resolver.targets import Target, parse_target
 from frt.resolver.variants import decide, parse_fields
-from sqlalchemy import func, select
 
 from ..events import EventRow, last_events
 from ..home import Home
-from ..records import PULLED, StagedRow
 from ..progress import human_bytes
+from ..records import PULLED, StagedRow
 from ..schema import Blob
 from .name_picks import NamePick, name_picks
 
@@ -107,38 +107,54 @@ class OperatorView:
     name_picks: tuple[NamePick, ...] = ()  # where serve's clients would pick by name a build their GPUs refuse
 
 
-def operator_view(home: Home, repo: str | None = None, targets: list[Target] | None = None,
-                  index: bool = False) -> OperatorView:
+def operator_view(
+    home: Home, repo: str | None = None, targets: list[Target] | None = None, index: bool = False
+) -> OperatorView:
     """The page's data. `repo`: that repo only; `targets`: the matrix's columns (default: the targets
     its variants were built for and every target something is staged for); `index`: cap each matrix
     at its newest revisions (plus the ones a ref or a staged set names), as `/` shows them."""
     ledger = home.ledger
     staged = home.staged()
     refusals = ledger.refusals()
-    names = sorted(({repo} if repo else set(ledger.repos()) | {r.repo for r in staged}
-                    | {r.repo_id for r in refusals}))
+    names = sorted({repo} if repo else set(ledger.repos()) | {r.repo for r in staged} | {r.repo_id for r in refusals})
     staged_targets = sorted({r.target for r in staged if not (r.is_model or r.is_pulled)})
     columns = targets or [parse_target(t) for t in staged_targets]
     with ledger.view() as view:
         sets = {r: _staged_set(view, r) for r in staged if r.repo in names}
-        repos = [_repo_view(view, name, [r for r in staged if r.repo == name], sets,
-                            [r for r in refusals if r.repo_id == name], columns, bool(targets), index)
-                 for name in names]
+        repos = [
+            _repo_view(
+                view,
+                name,
+                [r for r in staged if r.repo == name],
+                sets,
+                [r for r in refusals if r.repo_id == name],
+                columns,
+                bool(targets),
+                index,
+            )
+            for name in names
+        ]
     repos.sort(key=lambda r: (not r.staged, r.matrix is None, r.repo))  # what is served first
     totals: dict[str, list[int]] = {}
     for s in sets.values():
         t = totals.setdefault(s.target, [0, 0])
         t[0], t[1] = t[0] + 1, t[1] + s.nbytes
     picks = tuple(p for p in name_picks(home) if p.repo in names)
-    return OperatorView(str(home), datetime.now(timezone.utc), tuple(repos), store_usage(home), last_events(ledger),
-                        tuple((t, n, b) for t, (n, b) in sorted(totals.items())), picks)
+    return OperatorView(
+        str(home),
+        datetime.now(timezone.utc),
+        tuple(repos),
+        store_usage(home),
+        last_events(ledger),
+        tuple((t, n, b) for t, (n, b) in sorted(totals.items())),
+        picks,
+    )
 
 
 def store_usage(home: Home) -> StoreUsage:
     """Blobs recorded as stored and their bytes (the ledger's index of the store), and the disk under it."""
     with home.ledger.session(write=False) as s:
-        blobs, nbytes = s.execute(select(func.count(), func.coalesce(func.sum(Blob.size), 0))
-                                  .select_from(Blob)).one()
+        blobs, nbytes = s.execute(select(func.count(), func.coalesce(func.sum(Blob.size), 0)).select_from(Blob)).one()
     try:
         disk = shutil.disk_usage(home.store.root)
     except OSError:
@@ -151,8 +167,16 @@ def _staged_set(view, r: StagedRow) -> StagedSet:
     return StagedSet(r.requested, r.target, r.commit, r.variant, len(files), sum(f.size for f in files))
 
 
-def _repo_view(view, name: str, staged: list[StagedRow], sets: dict, refusals: list[RefusalRow],
-               columns: list[Target], explicit: bool, index: bool) -> RepoView:
+def _repo_view(
+    view,
+    name: str,
+    staged: list[StagedRow],
+    sets: dict,
+    refusals: list[RefusalRow],
+    columns: list[Target],
+    explicit: bool,
+    index: bool,
+) -> RepoView:
     mine = tuple(sets[r] for r in staged)
     if staged and all(r.is_model for r in staged) or not view.known(name):
         kind = "model" if staged and all(r.is_model for r in staged) else "kernel"
@@ -185,21 +209,32 @@ def _cell(row: MatrixRow, t: Target, served: dict, recorded: dict, declared: dic
         return Cell("served", staged, by_name=by_name) if staged else Cell("not-staged", chosen, by_name=by_name)
     if (r := recorded.get(key)) is not None:
         text = r.message + (f"\n\n{r.detail}" if r.detail and r.detail != r.message else "")
-        return Cell("refused", refusal=text, source=f"recorded: {r.requested}, {r.error}, seen {r.count}x, "
-                                                    f"last {r.last_seen:%Y-%m-%d %H:%M} UTC")
+        return Cell(
+            "refused",
+            refusal=text,
+            source=f"recorded: {r.requested}, {r.error}, seen {r.count}x, last {r.last_seen:%Y-%m-%d %H:%M} UTC",
+        )
     trace = "\n".join(f"{d.name}: {d.reason}" for d in decide(t, tuple(row.variants), declared))
-    return Cell("refused", refusal=trace or "this revision has no build variants",
-                source="kernels' variant rules, for this revision's variants")
+    return Cell(
+        "refused",
+        refusal=trace or "this revision has no build variants",
+        source="kernels' variant rules, for this revision's variants",
+    )
 
 
 # -- rendering --------------------------------------------------------------------------------------
 
+
 def _environment():
     import jinja2  # here: jinja2 and the templates load only where a page is rendered
 
-    env = jinja2.Environment(loader=jinja2.PackageLoader("frt.mirror.serve", "templates"),
-                             autoescape=True, trim_blocks=True, lstrip_blocks=True,
-                             undefined=jinja2.StrictUndefined)
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("frt.mirror.serve", "templates"),
+        autoescape=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        undefined=jinja2.StrictUndefined,
+    )
     env.filters["bytes"] = human_bytes
     env.filters["urlpath"] = lambda repo: quote(repo, safe="/")
     env.filters["target"] = _target_heading
@@ -229,7 +264,7 @@ def _variant_heading(name: str):
     tail = f"-{f.cpu}-{f.os}" if f and f.cpu and f.os else ""
     if not tail or not name.endswith(tail) or len(name) == len(tail):
         return name
-    return Markup("{}<br>{}").format(name[:-len(tail)], tail[1:])
+    return Markup("{}<br>{}").format(name[: -len(tail)], tail[1:])
 
 
 @functools.lru_cache(maxsize=1)
@@ -240,11 +275,15 @@ def _templates():
 def render(view: OperatorView, *, title: str, standalone: bool = False, base: str = "") -> str:
     """The page as one HTML document (its CSS inline: no other request, no script). `standalone`: a
     file (matrix --html), with no links to the server's other pages; `base`: the server's root path."""
-    return _templates().get_template("page.html").render(view=view, title=title, standalone=standalone, base=base,
-                                                 kinds=EVENT_KINDS)
+    return (
+        _templates()
+        .get_template("page.html")
+        .render(view=view, title=title, standalone=standalone, base=base, kinds=EVENT_KINDS)
+    )
 
 
 # -- serving ----------------------------------------------------------------------------------------
+
 
 class OperatorRoutes:
     """serve's pages for people and Prometheus, routed before the Hub API: GET (or HEAD) `/` (every repo),
@@ -288,14 +327,17 @@ class OperatorRoutes:
         if w is None:
             return ""
         checked = datetime.fromtimestamp(w.checked_at, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-        return (f"\nThis serve process still serves the {len(w.current.repos)} repos of its catalog, as the "
-                f"ledger last gave it ({checked}), unchanged until the ledger answers again.")
+        return (
+            f"\nThis serve process still serves the {len(w.current.repos)} repos of its catalog, as the "
+            f"ledger last gave it ({checked}), unchanged until the ledger answers again."
+        )
 
     def page(self, repo: str | None, base: str) -> tuple[int, str]:
         view = operator_view(self.home, repo, index=repo is None)
         if repo is not None and not _anything(view.repos[0]):
-            return 404, _not_found(f"{repo} is not in this mirror's ledger (neither scanned, staged nor refused).",
-                                   base)
+            return 404, _not_found(
+                f"{repo} is not in this mirror's ledger (neither scanned, staged nor refused).", base
+            )
         return 200, render(view, title=f"{repo} · frt-mirror" if repo else "frt-mirror", base=base)
 
 
@@ -306,5 +348,7 @@ def _anything(r: RepoView) -> bool:
 def _not_found(text: str, base: str) -> str:
     from markupsafe import escape
 
-    return (f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Not found · frt-mirror"
-            f"</title></head><body><p>{escape(text)}</p><p><a href=\"{escape(base)}/\">frt-mirror</a></p></body></html>")
+    return (
+        f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>Not found · frt-mirror'
+        f'</title></head><body><p>{escape(text)}</p><p><a href="{escape(base)}/">frt-mirror</a></p></body></html>'
+    )

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import re
 
-from starlette.responses import JSONResponse
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 
 MAX_PATH = 4096
 # A POST body (paths-info: a list of paths; huggingface_hub sends all it asks for in one): 4 MiB holds
@@ -116,3 +117,21 @@ def parse_range(header: str | None, size: int):
 
 def _num(digits: str) -> int:
     return int(digits) if len(digits.lstrip("0")) <= 18 else 1 << 62
+
+
+def paginate(request: Request, items: list, size: int) -> Response:
+    """`Link: <absolute url>; rel="next"`, as the Hub pages (huggingface_hub follows it verbatim)."""
+    try:
+        start = max(0, int(request.query_params.get("cursor", "0")))
+    except ValueError:
+        raise HubError(400, None, "Bad cursor") from None
+    page = items[start : start + size]
+    headers = {}
+    if start + size < len(items):
+        url = request.url.include_query_params(cursor=start + size)
+        headers["Link"] = f'<{url}>; rel="next"'
+    return JSONResponse(page, headers=headers)
+
+
+def iso_time(dt) -> str:
+    return dt.strftime("%Y-%m-%dT%H:%M:%S.000Z") if dt else "1970-01-01T00:00:00.000Z"

@@ -24,10 +24,10 @@ import anyio
 
 from frt.resolver.errors import BadInput, FrtError, LedgerUnavailable, UpstreamUnavailable, VerificationFailed
 
-from .pull_through import NotAllowed, PullThrough
 from .catalog import ServedFile, ServedRepo
 from .metrics import observe_pull
 from .protocol import HubError
+from .pull_through import NotAllowed, PullThrough
 
 STALE_HEADER = "X-Mirror-Stale"
 HOLD_S = 120.0  # serve --upstream-hold's default
@@ -48,14 +48,14 @@ class Upstream:
     hold: float = HOLD_S
 
     def service(self, home) -> PullService:
-        from frt.resolver.hub import HubClient
-        from frt.resolver.hub import RetryPolicy
+        from frt.resolver.hub import HubClient, RetryPolicy
         from frt.resolver.pacing import Pacer
 
         # A serve runs for months: no cap on the rate-limit waits of its whole life (a stager's run has one).
         hub = HubClient(self.endpoint, retry=RetryPolicy.from_env(refused=False), pacer=Pacer(max_wait=float("inf")))
-        return PullService(PullThrough(home, hub, self.allow), refs_ttl=self.refs_ttl, timeout=self.timeout,
-                           hold=self.hold)
+        return PullService(
+            PullThrough(home, hub, self.allow), refs_ttl=self.refs_ttl, timeout=self.timeout, hold=self.hold
+        )
 
 
 @dataclass(eq=False)
@@ -102,8 +102,9 @@ class PullService:
     def allowed(self, repo_id: str) -> bool:
         return self.pull.allowed(repo_id)
 
-    async def repo(self, repo_type: str, repo_id: str, revision: str | None = None,
-                   hold: bool = False) -> tuple[ServedRepo | None, str | None]:
+    async def repo(
+        self, repo_type: str, repo_id: str, revision: str | None = None, hold: bool = False
+    ) -> tuple[ServedRepo | None, str | None]:
         """The repo as the mirror can answer it now, and why that is stale (None: fresh). The refs are
         asked for when older than the TTL (or after a failed try, within a second); a commit sha
         nobody listed yet, at most once per TTL. `hold`: the client can wait (an API call), so for a
@@ -136,10 +137,17 @@ class PullService:
         if known is not None and known.repo is not None:
             return known.repo, f"upstream did not answer within {self.timeout:g} s"
         wait = self.pull.hub.pacer.blocked_for()
-        why = (f"the upstream is rate-limiting this mirror for {wait:.0f} s more" if wait > 0
-               else f"the upstream did not answer within {self.timeout:g} s")
-        raise HubError(503, None, f"{repo_id} is on its way from the upstream ({why}): try again shortly",
-                       {"Retry-After": str(max(1, round(wait or self.timeout)))})
+        why = (
+            f"the upstream is rate-limiting this mirror for {wait:.0f} s more"
+            if wait > 0
+            else f"the upstream did not answer within {self.timeout:g} s"
+        )
+        raise HubError(
+            503,
+            None,
+            f"{repo_id} is on its way from the upstream ({why}): try again shortly",
+            {"Retry-After": str(max(1, round(wait or self.timeout)))},
+        )
 
     async def _wait(self, key, start: Callable[[], Awaitable], limit: float) -> asyncio.Future | None:
         """Wait up to `limit` seconds for the flight `key` (started if none is): the flight, landed, or
@@ -203,8 +211,9 @@ class PullService:
         t0, outcome, nbytes = time.perf_counter(), "error", 0
         on_bytes = flow.wrote if flow is not None else (lambda n: None)
         try:
-            stored, nbytes = await anyio.to_thread.run_sync(self.pull.fetch, repo.repo_type, repo.repo_id, commit,
-                                                            f.path, on_bytes)
+            stored, nbytes = await anyio.to_thread.run_sync(
+                self.pull.fetch, repo.repo_type, repo.repo_id, commit, f.path, on_bytes
+            )
             outcome = "ok"
             if (c := repo.commits.get(commit)) is not None:
                 c.files[f.path] = stored
@@ -227,8 +236,9 @@ class PullService:
         key, now = ("org", org), time.monotonic()
         if now - self._tried.get(key, -self.refs_ttl) >= self.refs_ttl:
             self._tried[key] = now
-            fut = await self._wait(key, lambda: anyio.to_thread.run_sync(self._ask_publisher, org),
-                                   max(self.hold, self.timeout))
+            fut = await self._wait(
+                key, lambda: anyio.to_thread.run_sync(self._ask_publisher, org), max(self.hold, self.timeout)
+            )
             if fut is not None:
                 return fut.result()
         return await anyio.to_thread.run_sync(self._recorded_publisher, org)

@@ -24,11 +24,11 @@ import re
 import threading
 from collections.abc import Callable
 
-from frt.resolver.hub import HubClient
-from frt.resolver.resolve import make_request
 from frt.resolver.errors import BadInput, LedgerUnavailable
 from frt.resolver.gate import check_repo_id
+from frt.resolver.hub import HubClient
 from frt.resolver.resolution import FileEntry, Resolution, VariantInfo
+from frt.resolver.resolve import make_request
 from frt.resolver.scan import heads_without_history, scan
 from frt.resolver.targets import parse_target
 
@@ -36,11 +36,21 @@ from ..events import events_with_ref, record_event
 from ..fetch import IntegrityError, expected_key, fetch_file
 from ..home import Home
 from ..publisher import digest_mismatch, publisher_expectations, variant_metadata, view_check
-from ..records import (MODEL_SELECTION, MODEL_TARGET, PULLED, StagedRow, blob_for, record_blobs,
-                      record_staged_rows, recorded_blobs, sha256_by_git_oid, staged_rows)
+from ..records import (
+    MODEL_SELECTION,
+    MODEL_TARGET,
+    PULLED,
+    StagedRow,
+    blob_for,
+    record_blobs,
+    record_staged_rows,
+    recorded_blobs,
+    sha256_by_git_oid,
+    staged_rows,
+)
 from ..storelock import store_writer
-from .catalog import ServedCommit, ServedFile, ServedRepo, add_refs
 from ..transport import Transport
+from .catalog import ServedCommit, ServedFile, ServedRepo, add_refs
 
 SHA = re.compile(r"[0-9a-f]{40}")
 VERSION = re.compile(r"v(\d+)")
@@ -75,8 +85,14 @@ class PullThrough:
             raise NotAllowed(f"{repo_id} is not in this mirror's allow-list")
         extra = (revision,) if revision and SHA.fullmatch(revision) else ()
         if repo_type == "kernel":
-            scan(repo_id, hub=self.hub, ledger=self.home.ledger, repo_type=repo_type, extra_revisions=extra,
-                 heads_only=True)
+            scan(
+                repo_id,
+                hub=self.hub,
+                ledger=self.home.ledger,
+                repo_type=repo_type,
+                extra_revisions=extra,
+                heads_only=True,
+            )
             return
         ledger, hub = self.home.ledger, self.hub
         refs = hub.refs(repo_id, repo_type)
@@ -138,8 +154,9 @@ class PullThrough:
         it is answered with a tail (serve answers the whole file)."""
         return bool(events_with_ref(self.home.ledger, UNVOUCHED, key))
 
-    def fetch(self, repo_type: str, repo_id: str, commit: str, path: str,
-              on_bytes: Callable[[int], None] = lambda n: None) -> tuple[ServedFile, int]:
+    def fetch(
+        self, repo_type: str, repo_id: str, commit: str, path: str, on_bytes: Callable[[int], None] = lambda n: None
+    ) -> tuple[ServedFile, int]:
         """Fetch `path` at `commit` into the store (verified), record it, and when that completes a
         kernel variant, stage the variant. The file as served from now on, and the bytes downloaded.
         `on_bytes` is told each write to the `.part` file (a negative count: it restarted from byte 0)."""
@@ -150,10 +167,20 @@ class PullThrough:
             if variant is not None:
                 publisher = publisher_expectations([(variant, variant_metadata(variant))]).get(expected_key(entry))
             known = sha256_by_git_oid(ledger, [entry.git_oid]) if not entry.sha256 else {}
-            got = fetch_file(self.transport, store, repo_id, commit, entry, known_sha256=known.get(entry.git_oid),
-                             publisher=publisher, recorded=recorded_blobs(ledger, [entry.sha256] if entry.sha256 else []),
-                             repo_type=repo_type, stored_by_oid=lambda oid: sha256_by_git_oid(ledger, [oid]).get(oid),
-                             on_stored=lambda d: record_blobs(ledger, [d]), on_bytes=on_bytes)
+            got = fetch_file(
+                self.transport,
+                store,
+                repo_id,
+                commit,
+                entry,
+                known_sha256=known.get(entry.git_oid),
+                publisher=publisher,
+                recorded=recorded_blobs(ledger, [entry.sha256] if entry.sha256 else []),
+                repo_type=repo_type,
+                stored_by_oid=lambda oid: sha256_by_git_oid(ledger, [oid]).get(oid),
+                on_stored=lambda d: record_blobs(ledger, [d]),
+                on_bytes=on_bytes,
+            )
             if got.downloaded:
                 record_event(ledger, "pull", ref=f"{repo_id}@{commit}", files=1, nbytes=got.downloaded, detail=path)
             if variant is not None:
@@ -172,8 +199,11 @@ class PullThrough:
         name = path.split("/")[1] if path.startswith("build/") and path.count("/") >= 2 else None
         with self.home.ledger.view() as v:
             files, meta = v.variant(repo_id, commit, name) if name else ((), {})
-            versions = [int(m.group(1)) for kind, ref, sha in v.refs(repo_id)
-                        if kind == "branch" and sha == commit and (m := VERSION.fullmatch(ref))]
+            versions = [
+                int(m.group(1))
+                for kind, ref, sha in v.refs(repo_id)
+                if kind == "branch" and sha == commit and (m := VERSION.fullmatch(ref))
+            ]
         entry = next((f for f in files if f.path == path), None)
         if entry is None:
             raise BadInput(f"{path} is not listed at {repo_id}@{commit[:12]}")
@@ -190,33 +220,45 @@ class PullThrough:
         meta = variant_metadata(r)
         problem = digest_mismatch(r, meta, lambda f: blobs[f])
         if problem is None:
-            problems = self.home.views.link(r.repo, r.commit, r.variant, [(f, blobs[f]) for f in r.files],
-                                            check=view_check(meta))
+            problems = self.home.views.link(
+                r.repo, r.commit, r.variant, [(f, blobs[f]) for f in r.files], check=view_check(meta)
+            )
             problem = "; ".join(problems) or None
         if problem is not None:
             raise IntegrityError(problem, repo=r.repo, path="", commit=r.commit, error="PublisherDigestMismatch")
         req = r.request
-        record_staged_rows(ledger, [StagedRow(r.repo, req.label, req.version, req.revision, PULLED + r.variant,
-                                              r.commit, r.variant)])
+        record_staged_rows(
+            ledger, [StagedRow(r.repo, req.label, req.version, req.revision, PULLED + r.variant, r.commit, r.variant)]
+        )
 
     def _extend_selection(self, repo_id: str, commit: str, entry: FileEntry) -> None:
         """A model's selection is what was pulled of it: one more file, recorded as stage_models would."""
         ledger = self.home.ledger
         with self._selection, ledger.named_lock(f"pull {repo_id}@{commit}"):
             with ledger.view() as v:
-                have = v.variant(repo_id, commit, MODEL_SELECTION)[0] if MODEL_SELECTION in (
-                    v.variant_names(repo_id, commit) or ()) else ()
+                have = (
+                    v.variant(repo_id, commit, MODEL_SELECTION)[0]
+                    if MODEL_SELECTION in (v.variant_names(repo_id, commit) or ())
+                    else ()
+                )
             if entry in have:
                 return
             files = tuple(sorted({*have, entry}, key=lambda f: f.path))
             ledger.record_builds(repo_id, {commit: [VariantInfo(MODEL_SELECTION, files)]})
             request = make_request(repo_id, revision=commit)
-            record_staged_rows(ledger, [StagedRow(repo_id, request.label, None, commit, MODEL_TARGET, commit,
-                                                  MODEL_SELECTION)])
+            record_staged_rows(
+                ledger, [StagedRow(repo_id, request.label, None, commit, MODEL_TARGET, commit, MODEL_SELECTION)]
+            )
 
 
 def served_file(f: FileEntry, content: str | None, store) -> ServedFile:
     """A listed file as serve answers it; `blob` None until its verified bytes are stored."""
     stored = bool(content) and store.has(content)
-    return ServedFile(f.path, f.size, f.git_oid, content or f.sha256 or "", f.sha256 is not None,
-                      store.path(content) if stored else None)
+    return ServedFile(
+        f.path,
+        f.size,
+        f.git_oid,
+        content or f.sha256 or "",
+        f.sha256 is not None,
+        store.path(content) if stored else None,
+    )

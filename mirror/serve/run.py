@@ -10,15 +10,19 @@ from ..tokens import TokenCheck
 from .accesslog import AccessLog
 from .app import MirrorApp
 from .catalog import Catalog
-from .limits import HttpLimits, raise_open_files
 from .integrity import Integrity
-from .watch import CatalogWatcher, LedgerCollector
+from .limits import HttpLimits, raise_open_files
 from .metrics import Metrics
 from .page import OperatorRoutes
+from .watch import CatalogWatcher, LedgerCollector
 
 
-def make_app(home: Home, trust_override: frozenset[str] = frozenset(), log: AccessLog | None = None,
-             fallback: Catalog | None = None) -> MirrorApp:
+def make_app(
+    home: Home,
+    trust_override: frozenset[str] = frozenset(),
+    log: AccessLog | None = None,
+    fallback: Catalog | None = None,
+) -> MirrorApp:
     """The app over `home`; its catalog follows the ledger's changes (see watch.py), and starts from
     `fallback` when the ledger does not answer now. It answers the operator's page and /metrics too
     (page.py, metrics.py)."""
@@ -39,8 +43,15 @@ def serve(app: MirrorApp, sockets: list[socket.socket], limits: HttpLimits | Non
     from .stream import CutSaid
 
     limits = limits or HttpLimits.from_env()
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", server_header=False,
-                            date_header=True, **limits.uvicorn())
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+        server_header=False,
+        date_header=True,
+        **limits.uvicorn(),
+    )
     logging.getLogger("uvicorn.error").addFilter(CutSaid())  # after Config, which configures uvicorn's loggers
     raise_open_files(limits)  # after Config too: a warning it says goes through uvicorn's handler
     try:

@@ -24,8 +24,10 @@ HTML = "text/html; charset=utf-8"
 
 def _page(title: str, links: list[tuple[str, str]]) -> str:
     body = "\n".join(f'<a href="{escape(href)}">{escape(text)}</a><br/>' for href, text in links)
-    return (f'<!DOCTYPE html>\n<html><head><meta name="pypi:repository-version" content="1.0">'
-            f"<title>{escape(title)}</title></head>\n<body><h1>{escape(title)}</h1>\n{body}\n</body></html>\n")
+    return (
+        f'<!DOCTYPE html>\n<html><head><meta name="pypi:repository-version" content="1.0">'
+        f"<title>{escape(title)}</title></head>\n<body><h1>{escape(title)}</h1>\n{body}\n</body></html>\n"
+    )
 
 
 def answer(catalog: Catalog, integrity: Integrity, segs: list[str], method: str) -> Response:
@@ -41,16 +43,24 @@ def answer(catalog: Catalog, integrity: Integrity, segs: list[str], method: str)
     if files is None:
         raise HubError(404, None, f"{project}: no staged kernel needs it")
     if project != canonical:  # PEP 503: the normalized name is the page's one URL
-        return RedirectResponse("/".join(["/simple", canonical, *segs[1:]]) + ("/" if len(segs) == 1 else ""),
-                                status_code=301)
+        return RedirectResponse(
+            "/".join(["/simple", canonical, *segs[1:]]) + ("/" if len(segs) == 1 else ""), status_code=301
+        )
     if len(segs) == 1:
-        return HTMLResponse(_page(f"Links for {project}", [(f"/simple/{project}/{name}#sha256={f.sha256}", name)
-                                                           for name, f in sorted(files.items())]))
+        return HTMLResponse(
+            _page(
+                f"Links for {project}",
+                [(f"/simple/{project}/{name}#sha256={f.sha256}", name) for name, f in sorted(files.items())],
+            )
+        )
     f = files.get(segs[1]) if len(segs) == 2 else None
     if f is None:
         raise HubError(404, None, f"{'/'.join(segs)}: not a staged wheel")
     if integrity.refused(f):
         raise integrity.error(f)
-    headers = [(b"content-type", b"application/octet-stream"), (b"etag", f'"{f.sha256}"'.encode()),
-               (b"content-length", b"%d" % f.size)]
+    headers = [
+        (b"content-type", b"application/octet-stream"),
+        (b"etag", f'"{f.sha256}"'.encode()),
+        (b"content-length", b"%d" % f.size),
+    ]
     return BlobResponse(f, 0, f.size, 200, headers, head=head, integrity=integrity)

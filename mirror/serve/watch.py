@@ -33,8 +33,13 @@ class CatalogWatcher:
     """Call it for the current catalog. The poller is a daemon thread started on first use in each
     process: a worker forked after this was built gets its own (and its own ledger connections)."""
 
-    def __init__(self, home: Home, trust_override: frozenset[str] = frozenset(), interval: float | None = None,
-                 fallback: Catalog | None = None):
+    def __init__(
+        self,
+        home: Home,
+        trust_override: frozenset[str] = frozenset(),
+        interval: float | None = None,
+        fallback: Catalog | None = None,
+    ):
         self.home, self.trust_override = home, trust_override
         self.interval = env_number("FRT_SERVE_POLL", 1.0) if interval is None else interval
         self._pid: int | None = None
@@ -101,16 +106,22 @@ class CatalogWatcher:
                     self._down(RuntimeError(traceback.format_exc(limit=3).strip()), "still serving")
             else:
                 if self.down_since is not None:
-                    print(f"frt-mirror: the ledger answers again after {time.time() - self.down_since:.1f} s",
-                          file=sys.stderr, flush=True)
+                    print(
+                        f"frt-mirror: the ledger answers again after {time.time() - self.down_since:.1f} s",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                 self.down_since = None
                 return
 
     def _down(self, e: BaseException, doing: str) -> None:
         if self.down_since is None:  # once per outage
             n = len(self._catalog.repos)
-            print(f"frt-mirror: warning: the ledger does not answer ({e}); {doing} ({n} repos)",
-                  file=sys.stderr, flush=True)
+            print(
+                f"frt-mirror: warning: the ledger does not answer ({e}); {doing} ({n} repos)",
+                file=sys.stderr,
+                flush=True,
+            )
             self.down_since = time.time()
 
 
@@ -124,8 +135,14 @@ class LedgerCollector:
         from prometheus_client.core import GaugeMetricFamily
 
         w = self.watcher
-        yield GaugeMetricFamily("frt_mirror_ledger_up", "1 while the ledger answers this serve process's polls, "
-                                "0 during an outage (it serves the catalog it loaded before)",
-                                value=1 if w.ledger_up else 0)
-        yield GaugeMetricFamily("frt_mirror_catalog_age_seconds", "Seconds since this process's catalog was last "
-                                "checked against the ledger", value=max(0.0, time.time() - w.checked_at))
+        yield GaugeMetricFamily(
+            "frt_mirror_ledger_up",
+            "1 while the ledger answers this serve process's polls, "
+            "0 during an outage (it serves the catalog it loaded before)",
+            value=1 if w.ledger_up else 0,
+        )
+        yield GaugeMetricFamily(
+            "frt_mirror_catalog_age_seconds",
+            "Seconds since this process's catalog was last checked against the ledger",
+            value=max(0.0, time.time() - w.checked_at),
+        )

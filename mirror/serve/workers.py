@@ -26,11 +26,11 @@ from pathlib import Path
 from frt.resolver.errors import EXIT_UNAVAILABLE, BadInput, FrtError
 
 from ..home import Home
-from .pull import Upstream
-from .run import make_app, serve
 from .accesslog import AccessLog, open_sink
 from .app import MirrorApp
 from .catalog import Catalog
+from .pull import Upstream
+from .run import make_app, serve
 
 STOP = (signal.SIGINT, signal.SIGTERM)
 
@@ -92,8 +92,11 @@ def serve_workers(spec: AppSpec, sockets: list[socket.socket], workers: int, cat
                 code = EXIT_UNAVAILABLE
                 stop(None, None)
                 continue
-            how = (f"was killed by {signal.Signals(os.WTERMSIG(status)).name}" if os.WIFSIGNALED(status)
-                   else f"exited {os.WEXITSTATUS(status)}")
+            how = (
+                f"was killed by {signal.Signals(os.WTERMSIG(status)).name}"
+                if os.WIFSIGNALED(status)
+                else f"exited {os.WEXITSTATUS(status)}"
+            )
             print(f"frt-mirror: worker {pid} {how}; starting another", file=sys.stderr, flush=True)
             start()
     finally:

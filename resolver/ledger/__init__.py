@@ -14,51 +14,34 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from contextvars import ContextVar
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import TypeVar
 
-from sqlalchemy import Connection, delete, select, update
-from sqlalchemy import URL
+from sqlalchemy import URL, Connection, delete, select
 from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from .dialect import cached
-from ..errors import (FrtError, HomeReadOnly, LocalDiskError, LedgerCorrupt, LedgerDropped, LedgerUnavailable,
-                     first_line)
-from .open import (WRITING, AdvisoryLock, busy_timeout, cannot_write, ledger_url, lock_server_writes,
-                          read_only_engine, read_write_engine, server_engine)
-from .retry import dropped, retried, retry_budget, run_retrying
-from .view import LedgerView
+from ..errors import FrtError, HomeReadOnly, LedgerCorrupt, LedgerDropped, LedgerUnavailable, LocalDiskError, first_line
+from ..resolution import CommitInfo, Refusal, VariantInfo
 from .migrations import SchemaTrack, check_read_only, migrate
-from ..archs import declared_archs
-from ..resolution import CommitInfo, Refusal, VariantInfo, declared_depends
-from .schema import RESOLVER_TRACK, Commit, File, Listing, Publisher, Ref, RefusalRow, Repo, Variant, utcnow
-from ..variants import parse_fields
+from .open import (
+    WRITING,
+    AdvisoryLock,
+    busy_timeout,
+    cannot_write,
+    ledger_url,
+    lock_server_writes,
+    read_only_engine,
+    read_write_engine,
+    server_engine,
+)
+from .retry import dropped, retried, retry_budget, run_retrying
+from .rows import PublisherInfo, find_repo, upsert_refusal, variant_row
+from .schema import RESOLVER_TRACK, Commit, Listing, Publisher, Ref, RefusalRow, Repo, Variant, utcnow
+from .view import LedgerView
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class PublisherInfo:
-    org: str
-    trusted: bool
-    endpoint: str | None
-    seen_at: datetime
-
-    def to_json(self) -> dict:
-        return {"org": self.org, "trusted": self.trusted, "endpoint": self.endpoint,
-                "seen_at": self.seen_at.isoformat()}
-
-
-@cached
-def _upsert_refusal(insert):
-    stmt = insert(RefusalRow.__table__)
-    return stmt.on_conflict_do_update(
-        index_elements=["repo_id", "requested", "target", "error", "detail"],
-        set_={"count": RefusalRow.__table__.c.count + 1, "last_seen": stmt.excluded.last_seen,
-              "message": stmt.excluded.message, "commit_sha": stmt.excluded.commit_sha})
 
 
 def _locked(orig: BaseException) -> bool:
@@ -75,8 +58,13 @@ class Ledger:
     read-only, with the resolver's. `retry_s`: how long `retrying` rides out a server's dropped
     connections (None: retry.retry_budget, 0 outside a writer command)."""
 
-    def __init__(self, where: Path | str | URL, readonly: bool | None = None,
-                 tracks: tuple[SchemaTrack, ...] = (), retry_s: float | None = None):
+    def __init__(
+        self,
+        where: Path | str | URL,
+        readonly: bool | None = None,
+        tracks: tuple[SchemaTrack, ...] = (),
+        retry_s: float | None = None,
+    ):
         url = ledger_url(where) if isinstance(where, str) and "://" in where else where
         if isinstance(url, URL) and url.drivername == "sqlite":
             url = Path(url.database)
@@ -96,8 +84,13 @@ class Ledger:
         # The write transaction that this thread's sessions and writes join (`transaction`), if any.
         self._outer: ContextVar[Session | None] = ContextVar(f"ledger-outer-{id(self)}", default=None)
         try:
-            self.engine = (server_engine(self.url, readonly=readonly) if self.url else
-                           read_only_engine(self.path) if readonly else read_write_engine(self.path))
+            self.engine = (
+                server_engine(self.url, readonly=readonly)
+                if self.url
+                else read_only_engine(self.path)
+                if readonly
+                else read_write_engine(self.path)
+            )
             self._sessions = sessionmaker(self.engine, expire_on_commit=False)
             self.retrying(self._check_or_migrate)
         except (FrtError, DatabaseError, sqlite3.DatabaseError) as e:
@@ -129,15 +122,18 @@ class Ledger:
             return fn(*args, **kwargs)
         token = self._retrying.set(True)
         try:
-            return run_retrying(lambda: fn(*args, **kwargs), budget=self.retry_s, where=self.where,
-                                before_retry=self._retake_locks)
+            return run_retrying(
+                lambda: fn(*args, **kwargs), budget=self.retry_s, where=self.where, before_retry=self._retake_locks
+            )
         finally:
             self._retrying.reset(token)
 
     def _check_writable(self) -> None:
         if self.readonly:
-            raise HomeReadOnly(f"ledger {self.where} is open read-only (its home is read-only here) and this "
-                               "writes to it: run it where the home is writable")
+            raise HomeReadOnly(
+                f"ledger {self.where} is open read-only (its home is read-only here) and this "
+                "writes to it: run it where the home is writable"
+            )
 
     @contextmanager
     def transaction(self) -> Iterator[Session]:
@@ -208,8 +204,10 @@ class Ledger:
             if getattr(orig, "sqlite_errorname", "") == "SQLITE_FULL":
                 raise LocalDiskError(f"cannot write ledger {self.where}: {orig} (a local disk error)") from None
             if _locked(orig):
-                raise LedgerUnavailable(f"ledger {self.where} is locked by another process past the "
-                                        f"{busy_timeout():g} s busy timeout: try again later") from None
+                raise LedgerUnavailable(
+                    f"ledger {self.where} is locked by another process past the "
+                    f"{busy_timeout():g} s busy timeout: try again later"
+                ) from None
             if self.url and dropped(e):  # a writer retries it (`retrying`)
                 raise LedgerDropped(f"ledger {self.where} is unavailable: {first_line(orig)}") from None
             if self.url and isinstance(e, OperationalError):
@@ -249,12 +247,13 @@ class Ledger:
     # -- writes -------------------------------------------------------------------------
 
     @retried
-    def record_refs(self, repo_id: str, refs: dict[tuple[str, str], str], *, endpoint: str | None,
-                    repo_type: str = "kernel") -> None:
+    def record_refs(
+        self, repo_id: str, refs: dict[tuple[str, str], str], *, endpoint: str | None, repo_type: str = "kernel"
+    ) -> None:
         """Record upstream's refs {(kind, name): sha}; refs it no longer has are marked gone."""
         now = utcnow()
         with self.session() as s:
-            repo = _repo(s, repo_id, repo_type=repo_type, endpoint=endpoint)
+            repo = find_repo(s, repo_id, repo_type=repo_type, endpoint=endpoint)
             existing = {(r.kind, r.name): r for r in s.scalars(select(Ref).where(Ref.repo_pk == repo.id))}
             for key, sha in refs.items():
                 row = existing.pop(key, None)
@@ -271,7 +270,7 @@ class Ledger:
         """Record what the upstream listed as `head`'s history (list_repo_commits), newest first: its
         commits, and the listing itself, which replaces an earlier one of the same head."""
         with self.session() as s:
-            repo = _repo(s, repo_id)
+            repo = find_repo(s, repo_id)
             known = {c.sha: c for c in s.scalars(select(Commit).where(Commit.repo_pk == repo.id))}
             for depth, c in enumerate(reversed(history)):
                 row = known.get(c.sha)
@@ -287,9 +286,11 @@ class Ledger:
     def record_builds(self, repo_id: str, builds: dict[str, list[VariantInfo]]) -> None:
         """Record the build/ listings of commits {sha: variants}, in one transaction."""
         with self.session() as s:
-            repo = _repo(s, repo_id)
-            rows = {c.sha: c for c in s.scalars(select(Commit).where(Commit.repo_pk == repo.id,
-                                                                     Commit.sha.in_(list(builds))))}
+            repo = find_repo(s, repo_id)
+            rows = {
+                c.sha: c
+                for c in s.scalars(select(Commit).where(Commit.repo_pk == repo.id, Commit.sha.in_(list(builds))))
+            }
             for sha, variants in builds.items():
                 commit = rows.get(sha)
                 if commit is None:
@@ -297,7 +298,7 @@ class Ledger:
                     s.add(commit)
                     s.flush()
                 s.execute(delete(Variant).where(Variant.commit_pk == commit.id))
-                s.add_all(_variant_row(commit.id, v) for v in variants)
+                s.add_all(variant_row(commit.id, v) for v in variants)
                 commit.scanned = True
 
     @retried
@@ -307,15 +308,28 @@ class Ledger:
             return
         r, now = refusal, utcnow()
         with self.write() as conn:
-            conn.execute(_upsert_refusal(conn), {
-                "repo_id": r.repo, "requested": r.request.label, "target": str(r.target), "error": r.error,
-                "detail": r.detail, "version": r.request.version, "revision": r.request.revision,
-                "commit_sha": r.commit, "message": r.message, "count": 1, "first_seen": now, "last_seen": now,
-            })
+            conn.execute(
+                upsert_refusal(conn),
+                {
+                    "repo_id": r.repo,
+                    "requested": r.request.label,
+                    "target": str(r.target),
+                    "error": r.error,
+                    "detail": r.detail,
+                    "version": r.request.version,
+                    "revision": r.request.revision,
+                    "commit_sha": r.commit,
+                    "message": r.message,
+                    "count": 1,
+                    "first_seen": now,
+                    "last_seen": now,
+                },
+            )
 
     @retried
-    def record_publisher(self, org: str, trusted: bool, *, endpoint: str | None,
-                         seen_at: datetime | None = None) -> None:
+    def record_publisher(
+        self, org: str, trusted: bool, *, endpoint: str | None, seen_at: datetime | None = None
+    ) -> None:
         """The upstream's trustedKernelPublisher for `org` (a later answer replaces an earlier one;
         an import keeps the newer of its own and the bundle's)."""
         seen = seen_at or utcnow()
@@ -340,16 +354,24 @@ class Ledger:
         if not oids:
             return {}
         with self.session(write=False) as s:
-            rows = s.execute(select(Variant.metadata_oid, Variant.metadata_json)
-                             .where(Variant.metadata_oid.in_(oids), Variant.metadata_json.is_not(None))
-                             .distinct())
+            rows = s.execute(
+                select(Variant.metadata_oid, Variant.metadata_json)
+                .where(Variant.metadata_oid.in_(oids), Variant.metadata_json.is_not(None))
+                .distinct()
+            )
             return {oid: json.loads(doc) for oid, doc in rows}
 
     @retried
     def unscanned_commits(self, repo_id: str) -> list[str]:
         with self.session(write=False) as s:
-            return list(s.scalars(select(Commit.sha).join(Repo).where(Repo.repo_id == repo_id, ~Commit.scanned)
-                                  .order_by(Commit.depth.desc())))
+            return list(
+                s.scalars(
+                    select(Commit.sha)
+                    .join(Repo)
+                    .where(Repo.repo_id == repo_id, ~Commit.scanned)
+                    .order_by(Commit.depth.desc())
+                )
+            )
 
     @retried
     def refusals(self) -> list[RefusalRow]:
@@ -360,29 +382,3 @@ class Ledger:
     def repos(self) -> list[str]:
         with self.session(write=False) as s:
             return list(s.scalars(select(Repo.repo_id).order_by(Repo.repo_id)))
-
-
-def _variant_row(commit_pk: int, v: VariantInfo) -> Variant:
-    fields = parse_fields(v.name)
-    meta = v.metadata or {}
-    return Variant(
-        commit_pk=commit_pk, name=v.name,
-        framework=fields and fields.framework, framework_version=fields and fields.framework_version,
-        cxx11=fields and fields.cxx11, backend=fields and fields.backend, cpu=fields and fields.cpu,
-        os=fields and fields.os, metadata_oid=v.metadata_oid,
-        metadata_json=json.dumps(v.metadata, sort_keys=True) if v.metadata is not None else None,
-        archs=json.dumps(declared_archs(meta)) if meta else None,
-        kernel_depends=json.dumps(declared_depends(meta)) if meta else None,
-        files=[File(path=f.path, size=f.size, git_oid=f.git_oid, sha256=f.sha256) for f in v.files],
-    )
-
-
-def _repo(s: Session, repo_id: str, *, repo_type: str = "kernel", endpoint: str | None = None) -> Repo:
-    repo = s.scalar(select(Repo).where(Repo.repo_id == repo_id))
-    if repo is None:
-        repo = Repo(repo_id=repo_id, repo_type=repo_type, endpoint=endpoint)
-        s.add(repo)
-        s.flush()
-    elif endpoint is not None:
-        s.execute(update(Repo).where(Repo.id == repo.id).values(endpoint=endpoint, repo_type=repo_type))
-    return repo

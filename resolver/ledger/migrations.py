@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from sqlalchemy import Column, Connection, DateTime, Integer, MetaData, Table, inspect, select, func
+from sqlalchemy import Column, Connection, DateTime, Integer, MetaData, Table, func, inspect, select
 
 from ..errors import HomeReadOnly, LedgerCorrupt
 
@@ -41,11 +41,20 @@ class SchemaTrack:
     version_table: Table
 
     @classmethod
-    def of(cls, name: str, metadata: MetaData, version: int, table_name: str,
-           migrations: dict[int, Callable[[Connection], None]]) -> SchemaTrack:
-        table = Table(table_name, metadata,
-                      Column("version", Integer, primary_key=True, autoincrement=False),
-                      Column("applied_at", DateTime, nullable=False))
+    def of(
+        cls,
+        name: str,
+        metadata: MetaData,
+        version: int,
+        table_name: str,
+        migrations: dict[int, Callable[[Connection], None]],
+    ) -> SchemaTrack:
+        table = Table(
+            table_name,
+            metadata,
+            Column("version", Integer, primary_key=True, autoincrement=False),
+            Column("applied_at", DateTime, nullable=False),
+        )
         return cls(name, metadata, version, migrations, table)
 
 
@@ -78,17 +87,21 @@ def check_read_only(conn: Connection, track: SchemaTrack, where: str) -> None:
     if current == track.version:
         _check_tables(conn, track, where=where)
     if current != track.version:
-        raise HomeReadOnly(f"{where} {track.name} schema v{current or 0} needs migrating to v{track.version}; "
-                           "open it once read-write (any frt-mirror command where the home is writable) "
-                           "to migrate it")
+        raise HomeReadOnly(
+            f"{where} {track.name} schema v{current or 0} needs migrating to v{track.version}; "
+            "open it once read-write (any frt-mirror command where the home is writable) "
+            "to migrate it"
+        )
 
 
 def _check_known(current: int, track: SchemaTrack, where: str) -> None:
     if current < 1:
         raise LedgerCorrupt(f"{where} has a {track.version_table.name} table but no version in it")
     if current > track.version:
-        raise LedgerCorrupt(f"{where} {track.name} schema v{current} is newer than this frt-mirror understands "
-                            f"(v{track.version}): upgrade frt-mirror")
+        raise LedgerCorrupt(
+            f"{where} {track.name} schema v{current} is newer than this frt-mirror understands "
+            f"(v{track.version}): upgrade frt-mirror"
+        )
 
 
 def _check_tables(conn: Connection, track: SchemaTrack, where: str) -> None:
@@ -96,9 +109,11 @@ def _check_tables(conn: Connection, track: SchemaTrack, where: str) -> None:
     was an OperationalError traceback at its first query ("no such table: staged"), not one line."""
     have = set(inspect(conn).get_table_names())
     if missing := sorted(set(track.metadata.tables) - have):
-        raise LedgerCorrupt(f"{where} {track.name} schema v{track.version} is missing its table(s) "
-                            f"{', '.join(missing)} (dropped or damaged): restore the ledger from a backup, or move "
-                            "it aside and stage or import again")
+        raise LedgerCorrupt(
+            f"{where} {track.name} schema v{track.version} is missing its table(s) "
+            f"{', '.join(missing)} (dropped or damaged): restore the ledger from a backup, or move "
+            "it aside and stage or import again"
+        )
 
 
 def _stamp(conn: Connection, track: SchemaTrack, version: int) -> None:

@@ -35,14 +35,16 @@ from sqlalchemy import URL, Connection, Engine, create_engine, event, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError
 
 from ..errors import BadInput, HomeReadOnly, LedgerDropped, LedgerUnavailable, first_line
-from .retry import dropped
 from ..settings import env_number
+from .retry import dropped
+
 
 def busy_timeout() -> float:
     """How long a ledger write waits for another process's write lock, in seconds
     (FRT_LEDGER_BUSY_TIMEOUT, default 30): past it, the command stops with "try again later"."""
     # At most 10^6 s: SQLite's busy timeout and PostgreSQL's lock_timeout take milliseconds as a C int.
     return env_number("FRT_LEDGER_BUSY_TIMEOUT", 30.0, high=10**6)
+
 
 # Whether the transaction being begun on this thread will write (see Ledger.write).
 WRITING: ContextVar[bool] = ContextVar("frt_ledger_writing", default=False)
@@ -73,8 +75,7 @@ def read_only_engine(path: Path) -> Engine:
     if not path.is_file():
         raise BadInput(f"no ledger at {path}: nothing was staged or scanned in this home")
     uri = _uri(path)
-    url = URL.create("sqlite", database=f"file:{uri}",
-                     query={**_read_only_params(path, uri), "uri": "true"})
+    url = URL.create("sqlite", database=f"file:{uri}", query={**_read_only_params(path, uri), "uri": "true"})
     timeout = busy_timeout()
     engine = create_engine(url, connect_args={"timeout": timeout})
     event.listen(engine, "connect", functools.partial(_configure_read_only, timeout))
@@ -89,16 +90,19 @@ def ledger_url(text: str) -> URL:
         url = make_url(text)
         port = url.port  # make_url takes `[::1` or `:notaport` and raises ValueError only here
     except (ArgumentError, ValueError):
-        raise BadInput(f"ledger URL {text!r} is not a URL: expected postgresql://USER@HOST:PORT/DB or "
-                       "sqlite:///PATH") from None
+        raise BadInput(
+            f"ledger URL {text!r} is not a URL: expected postgresql://USER@HOST:PORT/DB or sqlite:///PATH"
+        ) from None
     if port is not None and not 0 < port < 65536:
         raise BadInput(f"ledger URL {url.render_as_string(hide_password=True)!r}: port {port} is not 1-65535")
     if url.drivername in ("postgresql", "postgres", "postgresql+psycopg"):
         return url.set(drivername="postgresql+psycopg")
     if url.drivername == "sqlite" and url.database and "\0" not in url.database:
         return url
-    raise BadInput(f"ledger URL {url.render_as_string(hide_password=True)!r}: frt-mirror keeps its ledger in "
-                   "SQLite (sqlite:///PATH) or PostgreSQL (postgresql://USER@HOST:PORT/DB)")
+    raise BadInput(
+        f"ledger URL {url.render_as_string(hide_password=True)!r}: frt-mirror keeps its ledger in "
+        "SQLite (sqlite:///PATH) or PostgreSQL (postgresql://USER@HOST:PORT/DB)"
+    )
 
 
 def server_engine(url: URL, *, readonly: bool) -> Engine:
@@ -114,8 +118,9 @@ def server_engine(url: URL, *, readonly: bool) -> Engine:
     except ImportError:
         raise BadInput("a PostgreSQL ledger needs psycopg 3: pip install 'frt-mirror[postgres]'") from None
     timeout = max(1, int(env_number("FRT_LEDGER_CONNECT_TIMEOUT", 10.0)))
-    engine = create_engine(url, pool_size=12, max_overflow=24,
-                           connect_args={"connect_timeout": timeout, "application_name": "frt-mirror"})
+    engine = create_engine(
+        url, pool_size=12, max_overflow=24, connect_args={"connect_timeout": timeout, "application_name": "frt-mirror"}
+    )
     return engine.execution_options(postgresql_readonly=True) if readonly else engine
 
 
@@ -218,9 +223,11 @@ def _read_only_params(path: Path, uri: str) -> dict[str, str]:
     wal = path.with_name(f"{path.name}-wal")
     if not wal.exists() or wal.stat().st_size == 0:
         return {"immutable": "1"}  # no log to lose: the main file is the whole ledger
-    raise HomeReadOnly(f"ledger {path} has a write-ahead log ({wal.name}) but no {path.name}-shm, and its "
-                       "directory is read-only, so SQLite cannot read it here; open it once read-write (any "
-                       "frt-mirror command where the home is writable) to fold the log into the ledger")
+    raise HomeReadOnly(
+        f"ledger {path} has a write-ahead log ({wal.name}) but no {path.name}-shm, and its "
+        "directory is read-only, so SQLite cannot read it here; open it once read-write (any "
+        "frt-mirror command where the home is writable) to fold the log into the ledger"
+    )
 
 
 def _begin(conn: Connection) -> None:
@@ -244,4 +251,3 @@ def _configure_read_only(timeout: float, dbapi_conn, _record) -> None:
     cur = dbapi_conn.cursor()
     cur.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
     cur.close()
-

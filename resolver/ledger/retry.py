@@ -36,9 +36,17 @@ FIRST_WAIT_S, MAX_WAIT_S = 0.1, 2.0
 # connection_exception.
 _DROPPED_STATES = {"57P01", "57P02", "57P03"}
 # What libpq says, with no SQLSTATE, when the connection itself is lost or cannot be made yet.
-_DROPPED_TEXT = ("server closed the connection unexpectedly", "connection refused", "terminating connection",
-                 "the database system is", "could not receive data from server", "connection reset",
-                 "the connection is lost", "the connection is closed", "no such file or directory")
+_DROPPED_TEXT = (
+    "server closed the connection unexpectedly",
+    "connection refused",
+    "terminating connection",
+    "the database system is",
+    "could not receive data from server",
+    "connection reset",
+    "the connection is lost",
+    "the connection is closed",
+    "no such file or directory",
+)
 
 # Whether ledgers opened in this context are a writer command's, which rides out a restart.
 _RIDING_OUT: ContextVar[bool] = ContextVar("frt_ledger_riding_out", default=False)
@@ -97,6 +105,7 @@ def _gave_up(e: BaseException, where: str, budget: float) -> str:
 
 def retried(fn: Callable[..., T]) -> Callable[..., T]:
     """A function of a ledger (its first argument, `self` for a method), as one retried unit."""
+
     @functools.wraps(fn)
     def unit(ledger, *args, **kwargs):
         return ledger.retrying(fn, ledger, *args, **kwargs)

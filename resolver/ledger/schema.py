@@ -12,8 +12,8 @@ from datetime import datetime
 from sqlalchemy import Connection, ForeignKey, String, Text, UniqueConstraint, select, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-from .migrations import SchemaTrack, utcnow
 from ..resolution import parent_chain
+from .migrations import SchemaTrack, utcnow
 
 
 class Base(DeclarativeBase):
@@ -169,8 +169,11 @@ def _v5_listings(conn: Connection) -> None:
     for pk, sha, parent in conn.execute(text("SELECT repo_pk, sha, parent_sha FROM commits")):
         parents.setdefault(pk, {})[sha] = parent
     heads = set(conn.execute(select(Ref.repo_pk, Ref.commit_sha).where(~Ref.gone)).all())
-    rows = [{"repo_pk": pk, "head": head, "position": i, "sha": sha}
-            for pk, head in heads for i, sha in enumerate(parent_chain(parents.get(pk, {}), head))]
+    rows = [
+        {"repo_pk": pk, "head": head, "position": i, "sha": sha}
+        for pk, head in heads
+        for i, sha in enumerate(parent_chain(parents.get(pk, {}), head))
+    ]
     if rows:
         conn.execute(Listing.__table__.insert(), rows)
     conn.execute(text("DROP INDEX IF EXISTS ix_commits_parent"))
@@ -180,6 +183,10 @@ def _v5_listings(conn: Connection) -> None:
 # version -> step that brings a ledger at version-1 up to version; `test_ledger` checks that every
 # version after 1 has one.
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {
-    2: _moved_to_mirror, 3: _moved_to_mirror, 4: _v4_publishers, 5: _v5_listings}
+    2: _moved_to_mirror,
+    3: _moved_to_mirror,
+    4: _v4_publishers,
+    5: _v5_listings,
+}
 
 RESOLVER_TRACK = SchemaTrack.of("resolver", Base.metadata, SCHEMA_VERSION, "schema_migrations", MIGRATIONS)

@@ -22,34 +22,58 @@ class CommitRow:
     variants: list[str]
     no_digest: list[str] = field(default_factory=list)  # variants whose metadata.json has no publisher digest
 
-# The view's queries, built once: constructing a select() costs more than running it here.
-_REPO_REFS = (select(Repo.id, Ref.kind, Ref.name, Ref.commit_sha)
-              .outerjoin(Ref, (Ref.repo_pk == Repo.id) & ~Ref.gone)
-              .where(Repo.repo_id == bindparam("repo")).order_by(Ref.kind, Ref.name))
-_SHA_PREFIX = (select(Commit.sha).where(Commit.repo_pk == bindparam("pk"),
-                                        Commit.sha.startswith(bindparam("prefix"))).limit(2))
-_VARIANT_NAMES = (select(Commit.scanned, Variant.name).outerjoin(Variant, Variant.commit_pk == Commit.id)
-                  .where(Commit.repo_pk == bindparam("pk"), Commit.sha == bindparam("sha")).order_by(Variant.name))
-_VARIANT_FILES = (select(Variant.metadata_json, File.path, File.size, File.git_oid, File.sha256)
-                  .join(Commit, Variant.commit_pk == Commit.id).outerjoin(File, File.variant_pk == Variant.id)
-                  .where(Commit.repo_pk == bindparam("pk"), Commit.sha == bindparam("sha"),
-                         Variant.name == bindparam("name"))
-                  .order_by(File.path))
-_VARIANT_METADATA = (select(Variant.name, Variant.metadata_json).join(Commit, Variant.commit_pk == Commit.id)
-                     .where(Commit.repo_pk == bindparam("pk"), Commit.sha == bindparam("sha")))
-_REPO_METADATA = (select(Commit.sha, Variant.name, Variant.metadata_json).join(Commit, Variant.commit_pk == Commit.id)
-                  .where(Commit.repo_pk == bindparam("pk")))
-_ALL_COMMIT_VARIANTS = (select(Commit.sha, Commit.scanned, Variant.name)
-                        .outerjoin(Variant, Variant.commit_pk == Commit.id)
-                        .where(Commit.repo_pk == bindparam("pk")).order_by(Commit.sha, Variant.name))
-_LISTINGS = (select(Listing.head, Listing.sha).where(Listing.repo_pk == bindparam("pk"))
-             .order_by(Listing.head, Listing.position))
 
-_COMMITS_NEWEST_FIRST = (select(Commit.sha, Commit.date, Commit.title, Commit.scanned, Variant.name,
-                                 Variant.metadata_json.contains('"digest"'))
-                         .outerjoin(Variant, Variant.commit_pk == Commit.id)
-                         .where(Commit.repo_pk == bindparam("pk"))
-                         .order_by(Commit.date.desc().nulls_last(), Commit.depth.desc(), Commit.sha, Variant.name))
+# The view's queries, built once: constructing a select() costs more than running it here.
+_REPO_REFS = (
+    select(Repo.id, Ref.kind, Ref.name, Ref.commit_sha)
+    .outerjoin(Ref, (Ref.repo_pk == Repo.id) & ~Ref.gone)
+    .where(Repo.repo_id == bindparam("repo"))
+    .order_by(Ref.kind, Ref.name)
+)
+_SHA_PREFIX = (
+    select(Commit.sha).where(Commit.repo_pk == bindparam("pk"), Commit.sha.startswith(bindparam("prefix"))).limit(2)
+)
+_VARIANT_NAMES = (
+    select(Commit.scanned, Variant.name)
+    .outerjoin(Variant, Variant.commit_pk == Commit.id)
+    .where(Commit.repo_pk == bindparam("pk"), Commit.sha == bindparam("sha"))
+    .order_by(Variant.name)
+)
+_VARIANT_FILES = (
+    select(Variant.metadata_json, File.path, File.size, File.git_oid, File.sha256)
+    .join(Commit, Variant.commit_pk == Commit.id)
+    .outerjoin(File, File.variant_pk == Variant.id)
+    .where(Commit.repo_pk == bindparam("pk"), Commit.sha == bindparam("sha"), Variant.name == bindparam("name"))
+    .order_by(File.path)
+)
+_VARIANT_METADATA = (
+    select(Variant.name, Variant.metadata_json)
+    .join(Commit, Variant.commit_pk == Commit.id)
+    .where(Commit.repo_pk == bindparam("pk"), Commit.sha == bindparam("sha"))
+)
+_REPO_METADATA = (
+    select(Commit.sha, Variant.name, Variant.metadata_json)
+    .join(Commit, Variant.commit_pk == Commit.id)
+    .where(Commit.repo_pk == bindparam("pk"))
+)
+_ALL_COMMIT_VARIANTS = (
+    select(Commit.sha, Commit.scanned, Variant.name)
+    .outerjoin(Variant, Variant.commit_pk == Commit.id)
+    .where(Commit.repo_pk == bindparam("pk"))
+    .order_by(Commit.sha, Variant.name)
+)
+_LISTINGS = (
+    select(Listing.head, Listing.sha).where(Listing.repo_pk == bindparam("pk")).order_by(Listing.head, Listing.position)
+)
+
+_COMMITS_NEWEST_FIRST = (
+    select(
+        Commit.sha, Commit.date, Commit.title, Commit.scanned, Variant.name, Variant.metadata_json.contains('"digest"')
+    )
+    .outerjoin(Variant, Variant.commit_pk == Commit.id)
+    .where(Commit.repo_pk == bindparam("pk"))
+    .order_by(Commit.date.desc().nulls_last(), Commit.depth.desc(), Commit.sha, Variant.name)
+)
 
 
 class LedgerView:
@@ -87,8 +111,11 @@ class LedgerView:
 
     def versions(self, repo_id: str) -> dict[int, str]:
         """Branches named v<N> (what `kernels` calls versions; tags are ignored, as it does)."""
-        out = {int(name[1:]): sha for kind, name, sha in self.refs(repo_id)
-               if kind == "branch" and name[:1] == "v" and name[1:].isdigit()}
+        out = {
+            int(name[1:]): sha
+            for kind, name, sha in self.refs(repo_id)
+            if kind == "branch" and name[:1] == "v" and name[1:].isdigit()
+        }
         return dict(sorted(out.items()))
 
     def commit_for(self, repo_id: str, revision: str) -> str | None:
@@ -160,8 +187,9 @@ class LedgerView:
     def commits(self, repo_id: str) -> list[CommitRow]:
         """Every recorded commit, newest first, with its variant names (for the matrix)."""
         out: dict[str, CommitRow] = {}
-        for sha, date, title, scanned, vname, digest in self._conn.execute(_COMMITS_NEWEST_FIRST,
-                                                                           {"pk": self.repo_pk(repo_id)}):
+        for sha, date, title, scanned, vname, digest in self._conn.execute(
+            _COMMITS_NEWEST_FIRST, {"pk": self.repo_pk(repo_id)}
+        ):
             row = out.setdefault(sha, CommitRow(sha, date, title, bool(scanned), []))
             if vname is not None:
                 row.variants.append(vname)
@@ -170,5 +198,6 @@ class LedgerView:
         return list(out.values())
 
     def commit_count(self, repo_id: str) -> int:
-        return self._conn.execute(select(func.count()).select_from(Commit)
-                                  .where(Commit.repo_pk == self.repo_pk(repo_id))).scalar_one()
+        return self._conn.execute(
+            select(func.count()).select_from(Commit).where(Commit.repo_pk == self.repo_pk(repo_id))
+        ).scalar_one()

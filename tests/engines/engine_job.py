@@ -13,9 +13,10 @@ import json
 import os
 import subprocess
 import sys
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -41,8 +42,7 @@ def source_tree(dest: Path) -> Path:
 
 def clean_env(**extra: str) -> dict[str, str]:
     """This process's environment without anything frt, an engine or the Hub would read from it."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("FRT_", "VLLM_", "SGLANG_", "HF_", "PYTHONPATH"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FRT_", "VLLM_", "SGLANG_", "HF_", "PYTHONPATH"))}
     env.update(HF_HUB_DISABLE_XET="1", PYTHONWARNINGS="ignore")
     env.update(extra)
     return env
@@ -50,15 +50,21 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 def frt_cli(src: Path, *args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
     code = "import sys; from frt.cli import main; sys.argv[0] = 'frt-mirror'; main()"
-    return subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, capture_output=True, text=True,
-                          env=clean_env(PYTHONPATH=str(src)), timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env=clean_env(PYTHONPATH=str(src)),
+        timeout=timeout,
+    )
 
 
 @dataclass
 class Prepared:
-    src: Path       # frt from this checkout, for the CLI (and SGLang's install())
-    home: Path      # the staged mirror home
-    env_doc: dict   # what `frt-mirror env --engine <engine> --format json` printed
+    src: Path  # frt from this checkout, for the CLI (and SGLang's install())
+    home: Path  # the staged mirror home
+    env_doc: dict  # what `frt-mirror env --engine <engine> --format json` printed
 
     def env(self, overrides: dict[str, str | None], **base: str) -> dict[str, str]:
         """The job's environment: ``base``, then what `frt-mirror env` printed, then ``overrides``
@@ -78,15 +84,33 @@ def prepare(root: Path, engine: str, repos: tuple[str, ...], catalog: Path) -> P
     from tests.support.seat_fixtures import seat_repos, write_stage_manifest
 
     src = source_tree(root / "src")
-    p = subprocess.run([sys.executable, "-c", "from frt.resolver.targets import host_target; print(host_target())"],
-                       cwd=root, capture_output=True, text=True, env=clean_env(PYTHONPATH=str(src)))
+    p = subprocess.run(
+        [sys.executable, "-c", "from frt.resolver.targets import host_target; print(host_target())"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        env=clean_env(PYTHONPATH=str(src)),
+    )
     assert p.returncode == 0, p.stderr
     home = root / "home"
     with FakeHub(seat_repos(), trusted_orgs=[ORG]) as hub:
         manifest = write_stage_manifest(root / "stage.toml", p.stdout.strip(), repos)
         p = frt_cli(src, "--home", str(home), "--endpoint", hub.url, "stage", str(manifest), cwd=root)
     assert p.returncode == 0, f"staging failed:\n{p.stdout}\n{p.stderr}"
-    p = frt_cli(src, "--home", str(home), "env", "--engine", engine, "--seats", str(catalog),
-                "--python-dir", str(root / "python"), "--format", "json", cwd=root)
+    p = frt_cli(
+        src,
+        "--home",
+        str(home),
+        "env",
+        "--engine",
+        engine,
+        "--seats",
+        str(catalog),
+        "--python-dir",
+        str(root / "python"),
+        "--format",
+        "json",
+        cwd=root,
+    )
     assert p.returncode == 0, f"frt-mirror env --engine {engine} failed:\n{p.stdout}\n{p.stderr}"
     return Prepared(src, home, json.loads(p.stdout))

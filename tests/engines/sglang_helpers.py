@@ -16,11 +16,17 @@ __all__ = ["HERE", "SGLangJob", "prepare", "read_json", "run_py"]
 CATALOG = ROOT / "manifests" / "examples" / "seats-qwen3.toml"
 
 
-def run_py(args: list[str], env: dict[str, str], cwd: Path,
-           timeout: float = 300) -> subprocess.CompletedProcess:
+def run_py(args: list[str], env: dict[str, str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
     """This venv's python, one stream (SGLang logs to stdout, frt to stderr: the tests read both)."""
-    return subprocess.run([sys.executable, *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @dataclass

@@ -29,9 +29,14 @@ import textwrap
 def real_load_model_contract(fn) -> dict:
     """What the hook relies on, read from the real method's source: it sets self.model, returns nothing."""
     tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+
     def is_self_model(t: ast.expr) -> bool:
-        return isinstance(t, ast.Attribute) and t.attr == "model" and isinstance(t.value, ast.Name) \
+        return (
+            isinstance(t, ast.Attribute)
+            and t.attr == "model"
+            and isinstance(t.value, ast.Name)
             and t.value.id == "self"
+        )
 
     sets_model = any(isinstance(n, ast.Assign) and any(map(is_self_model, n.targets)) for n in ast.walk(tree))
     returns_value = any(isinstance(n, ast.Return) and n.value is not None for n in ast.walk(tree))
@@ -48,10 +53,13 @@ def main() -> None:
 
     ModelRunner = model_runner.ModelRunner
     real = ModelRunner.load_model
-    doc: dict = {"real": real_load_model_contract(real),
-                 "entry_points": [{"name": ep.name, "value": ep.value, "dist": ep.dist.name,
-                                   "dir": str(ep.dist.locate_file(""))}
-                                  for ep in entry_points(group=plugins.GENERAL_PLUGINS_GROUP)]}
+    doc: dict = {
+        "real": real_load_model_contract(real),
+        "entry_points": [
+            {"name": ep.name, "value": ep.value, "dist": ep.dist.name, "dir": str(ep.dist.locate_file(""))}
+            for ep in entry_points(group=plugins.GENERAL_PLUGINS_GROUP)
+        ],
+    }
 
     from tests.support.seat_fixtures import tiny_qwen3
 
@@ -70,8 +78,15 @@ def main() -> None:
 
     hooks = HookRegistry._hooks.get(sglang_engine.TARGET, [])
     wrapped = ModelRunner.load_model
-    doc["hooks"] = [{"type": t.value, "fn": f"{h.__module__}.{h.__qualname__}", "plugin": s and s.plugin_name,
-                     "dist": s and s.dist_name} for t, h, s in hooks]
+    doc["hooks"] = [
+        {
+            "type": t.value,
+            "fn": f"{h.__module__}.{h.__qualname__}",
+            "plugin": s and s.plugin_name,
+            "dist": s and s.dist_name,
+        }
+        for t, h, s in hooks
+    ]
     doc["wrapped"] = wrapped is not load_model
     doc["wraps_stand_in"] = getattr(wrapped, "__wrapped__", None) is load_model
 
@@ -86,10 +101,13 @@ def main() -> None:
     handles = sglang_engine.attached()
     doc.update(
         result=repr(result),
-        handles=[{"line": h.line(), "seats": len(h.records), "refused": h.notes["refused"],
-                  "summary": h.summary()} for h in handles],
-        seated_modules=sorted({type(m).__name__ for m in runner.model.modules()} -
-                              {type(m).__name__ for m in reference.modules()}),
+        handles=[
+            {"line": h.line(), "seats": len(h.records), "refused": h.notes["refused"], "summary": h.summary()}
+            for h in handles
+        ],
+        seated_modules=sorted(
+            {type(m).__name__ for m in runner.model.modules()} - {type(m).__name__ for m in reference.modules()}
+        ),
         rel_err=float((got - want).norm() / want.norm()),
         pid=os.getpid(),
     )

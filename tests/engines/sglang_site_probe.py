@@ -24,11 +24,11 @@ import sys
 from pathlib import Path
 
 MODULE = "sglang.srt.model_executor.model_runner"
-DISTRO = '''import os
+DISTRO = """import os
 # A stand-in for a distro's sitecustomize: proves it still runs, once per interpreter.
 open(os.path.join(os.environ["DISTRO_MARK_DIR"], f"distro-{os.getpid()}"), "w").close()
 DISTRO = True
-'''
+"""
 
 
 def child(out: str) -> None:
@@ -49,12 +49,13 @@ def child(out: str) -> None:
 
     lm = model_runner.ModelRunner.__dict__["load_model"]
     real = getattr(lm, "__wrapped__", lm)
-    doc.update(wrapped_by_frt=bool(getattr(lm, "__frt_sglang_hook__", False)),
-               wraps_real=real.__qualname__ == "ModelRunner.load_model" and
-               os.path.samefile(real.__code__.co_filename, model_runner.__file__))
+    doc.update(
+        wrapped_by_frt=bool(getattr(lm, "__frt_sglang_hook__", False)),
+        wraps_real=real.__qualname__ == "ModelRunner.load_model"
+        and os.path.samefile(real.__code__.co_filename, model_runner.__file__),
+    )
     if doc["active"]:
         from frt.adapters import sglang_engine
-
         from tests.support.seat_fixtures import tiny_qwen3
 
         def load_model(self):  # the stand-in: what the real one does to the runner
@@ -65,8 +66,7 @@ def child(out: str) -> None:
         sglang_engine.activate()
         runner = object.__new__(model_runner.ModelRunner)
         doc["result"] = repr(runner.load_model())
-        doc["handles"] = [{"seats": len(h.records), "refused": h.notes["refused"]}
-                          for h in sglang_engine.attached()]
+        doc["handles"] = [{"seats": len(h.records), "refused": h.notes["refused"]} for h in sglang_engine.attached()]
     with open(out, "w") as f:
         json.dump(doc, f, indent=1)
 
@@ -97,8 +97,7 @@ def main() -> None:
     marks.mkdir()
     (distro / "sitecustomize.py").write_text(DISTRO)
     frt_dir = os.environ["PYTHONPATH"]
-    os.environ.update(PYTHONPATH=os.pathsep.join([str(site), frt_dir, str(distro)]),
-                      DISTRO_MARK_DIR=str(marks))
+    os.environ.update(PYTHONPATH=os.pathsep.join([str(site), frt_dir, str(distro)]), DISTRO_MARK_DIR=str(marks))
 
     ctx = multiprocessing.get_context("spawn")
     procs = {}

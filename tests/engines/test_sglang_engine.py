@@ -46,16 +46,22 @@ class Runs:
 
     def _plugin(self, name: str, env: dict) -> tuple[dict, str, list[dict]]:
         out, markers = self.job.root / f"{name}.json", self.job.root / f"markers-{name}"
-        p = run_py([str(HERE / "sglang_plugin_probe.py"), str(out)],
-                   self.job.env(FRT_SEATS_MARKER_DIR=str(markers), **env), cwd=self.job.root)
+        p = run_py(
+            [str(HERE / "sglang_plugin_probe.py"), str(out)],
+            self.job.env(FRT_SEATS_MARKER_DIR=str(markers), **env),
+            cwd=self.job.root,
+        )
         assert p.returncode == 0, f"{name}: probe failed (rc {p.returncode}):\n{p.stdout[-6000:]}"
         return read_json(out), p.stdout, _markers(markers)
 
     def _site(self) -> tuple[dict, str, list[dict]]:
         work, markers = self.job.root / "site-work", self.job.root / "markers-site"
         work.mkdir()
-        p = run_py([str(HERE / "sglang_site_probe.py"), str(work), str(work / "out.json")],
-                   self.job.env(FRT_SEATS_MARKER_DIR=str(markers), SGLANG_PLUGINS=None), cwd=self.job.root)
+        p = run_py(
+            [str(HERE / "sglang_site_probe.py"), str(work), str(work / "out.json")],
+            self.job.env(FRT_SEATS_MARKER_DIR=str(markers), SGLANG_PLUGINS=None),
+            cwd=self.job.root,
+        )
         assert p.returncode == 0, f"site probe failed (rc {p.returncode}):\n{p.stdout[-6000:]}"
         return read_json(work / "out.json"), p.stdout, _markers(markers)
 
@@ -78,11 +84,18 @@ def test_entry_point_from_pythonpath_hooks_load_model_and_attaches(runs: Runs):
     doc, log, markers = runs.result("plugin")
     python_dir = runs.job.env_doc["env"]["PYTHONPATH"]
     # Found by sglang's own discovery, from the dist-info `frt-mirror env` wrote: no install anywhere.
-    assert [(e["name"], e["value"], e["dir"]) for e in doc["entry_points"]] == \
-        [("frt", "frt.adapters.sglang_engine:register", python_dir)]
+    assert [(e["name"], e["value"], e["dir"]) for e in doc["entry_points"]] == [
+        ("frt", "frt.adapters.sglang_engine:register", python_dir)
+    ]
     # One AFTER hook, attributed to our plugin, although load_plugins ran twice (guard reset).
-    assert doc["hooks"] == [{"type": "after", "fn": "frt.adapters.sglang_engine.after_load_model",
-                             "plugin": "frt", "dist": doc["entry_points"][0]["dist"]}]
+    assert doc["hooks"] == [
+        {
+            "type": "after",
+            "fn": "frt.adapters.sglang_engine.after_load_model",
+            "plugin": "frt",
+            "dist": doc["entry_points"][0]["dist"],
+        }
+    ]
     assert doc["wrapped"] and doc["wraps_stand_in"]
     # What the hook relies on holds for the real ModelRunner.load_model: it sets self.model, returns None.
     assert doc["real"] == {"sets_self_model": True, "returns_value": False}
@@ -99,8 +112,7 @@ def test_entry_point_from_pythonpath_hooks_load_model_and_attaches(runs: Runs):
     assert "catalog seats-qwen3.toml" in lines[0][1]
     # Weights still loading in the background (startup overlap): refused with a reason, nothing seated.
     assert doc["handles_after_overlap"] == 2 and "seats not attached: weights load in the background" in log
-    assert [(m["engine"], m["pid"], len(m["seats"])) for m in markers] == \
-        [("sglang", doc["pid"], handle["seats"])]
+    assert [(m["engine"], m["pid"], len(m["seats"])) for m in markers] == [("sglang", doc["pid"], handle["seats"])]
 
 
 def test_sglang_plugins_without_frt_leaves_it_off(runs: Runs):

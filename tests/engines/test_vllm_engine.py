@@ -51,11 +51,16 @@ def assert_seated(run, *, worker_pid: int) -> dict:
     assert list(run.markers) == [f"vllm-{worker_pid}.json"], run.markers.keys()
     marker = run.markers[f"vllm-{worker_pid}.json"]
     assert marker["pid"] == worker_pid and marker["refused"] == []
-    layers = [f"model.layers.{i}.{site}" for i in (0, 1)
-              for site in ("input_layernorm", "mlp.act_fn", "post_attention_layernorm")]
+    layers = [
+        f"model.layers.{i}.{site}"
+        for i in (0, 1)
+        for site in ("input_layernorm", "mlp.act_fn", "post_attention_layernorm")
+    ]
     assert sorted(s["site"] for s in marker["seats"]) == sorted([*layers, "model.norm"])
-    assert {s["kernel"] for s in marker["seats"]} == {"kernels-test/seat-activation v1 silu_and_mul",
-                                                      "kernels-test/seat-rmsnorm v1 rms_norm"}
+    assert {s["kernel"] for s in marker["seats"]} == {
+        "kernels-test/seat-activation v1 silu_and_mul",
+        "kernels-test/seat-rmsnorm v1 rms_norm",
+    }
     (worker,) = run.doc["workers"]
     assert worker["pid"] == worker_pid
     assert set(worker["act_fn"].values()) == set(worker["norms"].values()) == {"Seat"}, worker
@@ -72,13 +77,14 @@ def assert_unseated(run) -> None:
 
 def assert_same_greedy(base: dict, got: dict) -> None:
     compared = 0
-    for i, (want, have) in enumerate(zip(base["tokens"], got["tokens"])):
+    for i, (want, have) in enumerate(zip(base["tokens"], got["tokens"], strict=False)):
         assert len(want) == len(have)
-        for step, (a, b) in enumerate(zip(want, have)):
+        for step, (a, b) in enumerate(zip(want, have, strict=False)):
             if a != b:
                 margin = base["margins"][i][step]
-                assert margin < LOGPROB_TOL, f"prompt {i} step {step}: token {b} instead of {a} " \
-                                             f"(baseline margin {margin:.3g}, not a near tie)"
+                assert margin < LOGPROB_TOL, (
+                    f"prompt {i} step {step}: token {b} instead of {a} (baseline margin {margin:.3g}, not a near tie)"
+                )
                 break
             assert abs(base["logprobs"][i][step] - got["logprobs"][i][step]) < LOGPROB_TOL, (i, step)
             compared += 1

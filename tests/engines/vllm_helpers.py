@@ -28,10 +28,20 @@ def write_tiny_llama(path: Path) -> Path:
 
     from tests.support.seat_fixtures import randomize
 
-    cfg = LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=1, head_dim=64,  # vLLM CPU: head_dim 64
-                      max_position_embeddings=256, rms_norm_eps=1e-5, tie_word_embeddings=False,
-                      bos_token_id=1, eos_token_id=2)
+    cfg = LlamaConfig(
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=64,  # vLLM CPU: head_dim 64
+        max_position_embeddings=256,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     torch.manual_seed(0)
     model = randomize(LlamaForCausalLM(cfg))
     model.save_pretrained(path)
@@ -59,8 +69,9 @@ class Engine:
         # (vLLM's CPU default takes a share of RAM) and one thread each, two runs side by side.
         return self.prepared.env(overrides, HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS="1")
 
-    def submit(self, name: str, args: list[str], env: dict[str, str], script: str = "vllm_run.py",
-               timeout: float = 420) -> None:
+    def submit(
+        self, name: str, args: list[str], env: dict[str, str], script: str = "vllm_run.py", timeout: float = 420
+    ) -> None:
         if name not in self.runs:
             self.runs[name] = self.pool.submit(self._run, name, args, env, script, timeout)
 
@@ -75,8 +86,15 @@ class Engine:
         # One stream, unbuffered: vLLM logs to stdout, frt to stderr, and the tests read their order.
         env = {**env, "FRT_SEATS_MARKER_DIR": str(markers), "PYTHONUNBUFFERED": "1"}
         t0 = time.perf_counter()
-        p = subprocess.run([sys.executable, str(HERE / script), str(out), *args], cwd=self.root,
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, timeout=timeout)
+        p = subprocess.run(
+            [sys.executable, str(HERE / script), str(out), *args],
+            cwd=self.root,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+            timeout=timeout,
+        )
         seconds = time.perf_counter() - t0
         (self.root / f"{name}.log").write_text(p.stdout)  # kept for whoever reads a failure
         assert p.returncode == 0 and out.exists(), f"{name} failed (rc {p.returncode}):\n{p.stdout[-8000:]}"

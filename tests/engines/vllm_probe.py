@@ -28,9 +28,10 @@ def trap() -> dict:
     from frt.adapters import vllm_engine
 
     out: dict = {}
-    for name, env in (("cpu_multiprocess", {}),
-                      ("spawn_method", {"VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-                                        "VLLM_WORKER_MULTIPROC_METHOD": "spawn"})):
+    for name, env in (
+        ("cpu_multiprocess", {}),
+        ("spawn_method", {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_WORKER_MULTIPROC_METHOD": "spawn"}),
+    ):
         os.environ.update(env)
         try:
             vllm_engine.install_load_hook(os.environ["FRT_SEATS"])
@@ -38,8 +39,7 @@ def trap() -> dict:
         except vllm_engine.SpawnTrap as e:
             out[name] = str(e)
         out[name + "_depth"] = wrapper_depth()
-    out["numa_reasons"] = vllm_engine.spawn_reasons({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
-                                                    ["serve", "--numa-bind"])
+    out["numa_reasons"] = vllm_engine.spawn_reasons({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}, ["serve", "--numa-bind"])
     out["in_process_reasons"] = vllm_engine.spawn_reasons({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}, [])
     vllm_engine.install_load_hook(os.environ["FRT_SEATS"], allow_spawn=True)
     out["allow_spawn_depth"] = wrapper_depth()

@@ -28,8 +28,12 @@ def worker_report(worker) -> dict:
     model = worker.model_runner.get_model()
     acts = {n: type(m).__name__ for n, m in model.named_modules() if n.endswith("mlp.act_fn")}
     norms = {n: type(m).__name__ for n, m in model.named_modules() if n.endswith("norm")}
-    return {"pid": os.getpid(), "act_fn": acts, "norms": norms,
-            "handles": [{"line": h.line(), "summary": h.summary()} for h in vllm_engine.attached()]}
+    return {
+        "pid": os.getpid(),
+        "act_fn": acts,
+        "norms": norms,
+        "handles": [{"line": h.line(), "summary": h.summary()} for h in vllm_engine.attached()],
+    }
 
 
 def _margin(step: dict) -> float:
@@ -52,9 +56,11 @@ def main() -> None:
         from frt.resolver.errors import BadInput
 
         try:
-            vllm_engine.install_load_hook(os.environ["FRT_SEATS"], allow_spawn=a.allow_spawn,
-                                          on_attached=lambda h, m: out.setdefault("on_attached", []).append(
-                                              [len(h.records), type(m).__name__]))
+            vllm_engine.install_load_hook(
+                os.environ["FRT_SEATS"],
+                allow_spawn=a.allow_spawn,
+                on_attached=lambda h, m: out.setdefault("on_attached", []).append([len(h.records), type(m).__name__]),
+            )
         except BadInput as e:
             out["refused"] = f"{type(e).__name__}: {e}"
             with open(a.out, "w") as f:
@@ -67,14 +73,23 @@ def main() -> None:
     from vllm.inputs import TokensPrompt
 
     t0 = time.perf_counter()
-    llm = LLM(model=a.model, load_format="dummy" if a.dummy else "auto", skip_tokenizer_init=True, dtype="float32",
-              enforce_eager=not a.compiled, max_model_len=128, max_num_seqs=4, seed=0,
-              gpu_memory_utilization=0.2)
+    llm = LLM(
+        model=a.model,
+        load_format="dummy" if a.dummy else "auto",
+        skip_tokenizer_init=True,
+        dtype="float32",
+        enforce_eager=not a.compiled,
+        max_model_len=128,
+        max_num_seqs=4,
+        seed=0,
+        gpu_memory_utilization=0.2,
+    )
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, logprobs=2, detokenize=False)
     results = llm.generate([TokensPrompt(prompt_token_ids=p) for p in PROMPTS], params, use_tqdm=False)
     out["tokens"] = [list(r.outputs[0].token_ids) for r in results]
-    out["logprobs"] = [[lp[t].logprob for t, lp in zip(r.outputs[0].token_ids, r.outputs[0].logprobs)]
-                       for r in results]
+    out["logprobs"] = [
+        [lp[t].logprob for t, lp in zip(r.outputs[0].token_ids, r.outputs[0].logprobs, strict=False)] for r in results
+    ]
     out["margins"] = [[_margin(lp) for lp in r.outputs[0].logprobs] for r in results]
     out["workers"] = llm.collective_rpc(worker_report)
     out["seconds"] = round(time.perf_counter() - t0, 2)

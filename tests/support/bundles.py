@@ -27,8 +27,11 @@ def import_offline(home: Path, bundle: Path, *extra: str):
 def snapshot(home: Path) -> tuple:
     """Everything an import could change: every file under the home (but the ledger's own
     files, compared as a full SQL dump instead) with its size, and the ledger's contents."""
-    files = sorted((str(p.relative_to(home)), p.stat().st_size) for p in home.rglob("*")
-                   if p.is_file() and not p.name.startswith("ledger.sqlite"))
+    files = sorted(
+        (str(p.relative_to(home)), p.stat().st_size)
+        for p in home.rglob("*")
+        if p.is_file() and not p.name.startswith("ledger.sqlite")
+    )
     if not (home / "ledger.sqlite").exists():
         return files, None
     with sqlite3.connect(home / "ledger.sqlite") as db:

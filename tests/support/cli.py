@@ -22,11 +22,17 @@ def cli_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def run_cli(*args: str, home: Path, env: dict | None = None, wrap: list[str] | None = None,
-            timeout: float = 120) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str, home: Path, env: dict | None = None, wrap: list[str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess:
     """Run the installed `frt-mirror` console script as a user would, in a subprocess."""
-    return subprocess.run([*(wrap or []), EXE, "--home", str(home), *args], capture_output=True, text=True,
-                          env=env or cli_env(), timeout=timeout)
+    return subprocess.run(
+        [*(wrap or []), EXE, "--home", str(home), *args],
+        capture_output=True,
+        text=True,
+        env=env or cli_env(),
+        timeout=timeout,
+    )
 
 
 def write_manifest(path: Path, kernels: dict[str, dict], targets: list[str], trust: list[str] | None = None) -> Path:

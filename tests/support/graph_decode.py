@@ -68,8 +68,13 @@ class StaticDecoder:
         causal = torch.ones(plen, self.max_len, dtype=torch.bool, device=dev).tril()
         mask = causal.expand(batch, 1, plen, self.max_len)
         positions = torch.arange(plen, device=dev).expand(batch, plen)
-        out = self.model(input_ids=self.prompt, position_ids=positions, attention_mask={"full_attention": mask},
-                         past_key_values=self.cache, use_cache=True)
+        out = self.model(
+            input_ids=self.prompt,
+            position_ids=positions,
+            attention_mask={"full_attention": mask},
+            past_key_values=self.cache,
+            use_cache=True,
+        )
         self.first.copy_(out.logits[:, -1].argmax(-1, keepdim=True))
         self.ids.copy_(self.first)
         self.pos.fill_(plen)
@@ -81,8 +86,13 @@ class StaticDecoder:
     def step(self) -> None:
         """One decode step, entirely in device ops on the buffers (what the graph records)."""
         self.mask.index_fill_(-1, self.pos[0], True)  # this step's own slot: written by the cache update first
-        out = self.model(input_ids=self.ids, position_ids=self.pos, attention_mask={"full_attention": self.mask},
-                         past_key_values=self.cache, use_cache=True)
+        out = self.model(
+            input_ids=self.ids,
+            position_ids=self.pos,
+            attention_mask={"full_attention": self.mask},
+            past_key_values=self.cache,
+            use_cache=True,
+        )
         logits = out.logits[:, -1]
         nxt = logits.argmax(-1, keepdim=True)
         self.tokens.index_copy_(1, self.step_i, nxt)
@@ -131,5 +141,5 @@ def teacher_forced_logits(model: torch.nn.Module, prompt: torch.Tensor, generate
     tokens but the last: the logits the decode steps must have produced, step for step (float32)."""
     with torch.no_grad():
         full = torch.cat([prompt, generated[:, :-1]], dim=1)
-        out = model(full).logits[:, prompt.shape[1]:]
+        out = model(full).logits[:, prompt.shape[1] :]
     return out.float()

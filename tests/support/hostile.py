@@ -67,7 +67,7 @@ class HostileProxy:
 
     @property
     def url(self) -> str:
-        return "http://127.0.0.1:%d" % self._server.server_address[1]
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
 
     def rule(self, match: str, answer: Answer, times: int | None = None) -> Rule:
         r = Rule(match, answer, times)
@@ -233,7 +233,7 @@ def trickle(interval: float) -> Answer:
         def chunks():
             for i in range(len(f.body)):
                 time.sleep(interval)
-                yield f.body[i:i + 1]
+                yield f.body[i : i + 1]
 
         h.stream(chunks(), f.status, f.headers, length=len(f.body))
 
@@ -277,8 +277,9 @@ def extra_entries(n: int, under: str) -> Answer:
     def add(page):
         if isinstance(page, list):  # new names on every page: a listing that only grows
             p = next(pages)
-            page.extend({"type": "file", "oid": "0" * 40, "size": 1, "path": f"{under}extra-{p}-{i}.py"}
-                        for i in range(n))
+            page.extend(
+                {"type": "file", "oid": "0" * 40, "size": 1, "path": f"{under}extra-{p}-{i}.py"} for i in range(n)
+            )
 
     return edit_json(add)
 

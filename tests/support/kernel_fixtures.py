@@ -58,17 +58,31 @@ def backend_type(variant: str) -> str:
 def publisher_digest(files: dict[str, bytes]) -> dict:
     """metadata.json `digest` as kernel-builder writes it: base64 of each file's raw sha256, over the
     variant's files (paths inside it) except metadata.json, its .sigstore and __pycache__/."""
-    return {"algorithm": "sha256", "files": {
-        rel: base64.b64encode(hashlib.sha256(data).digest()).decode() for rel, data in sorted(files.items())
-        if rel not in ("metadata.json", "metadata.json.sigstore") and not rel.startswith("__pycache__/")}}
+    return {
+        "algorithm": "sha256",
+        "files": {
+            rel: base64.b64encode(hashlib.sha256(data).digest()).decode()
+            for rel, data in sorted(files.items())
+            if rel not in ("metadata.json", "metadata.json.sigstore") and not rel.startswith("__pycache__/")
+        },
+    }
 
 
 DEFAULT_CUDA_ARCHS = ["8.0", "9.0", "10.0"]
 
 
-def variant_files(name: str, variant: str, *, version: int, note: str = "", extra: dict | None = None,
-                  depends: list | None = None, digest: bool = True,
-                  archs: list[str] | None | str = "default", python_depends: list[str] | None = None) -> dict[str, bytes]:
+def variant_files(
+    name: str,
+    variant: str,
+    *,
+    version: int,
+    note: str = "",
+    extra: dict | None = None,
+    depends: list | None = None,
+    digest: bool = True,
+    archs: list[str] | None | str = "default",
+    python_depends: list[str] | None = None,
+) -> dict[str, bytes]:
     """The files of one build variant directory, keyed by repo path; metadata.json carries the
     publisher's digest of the others unless `digest=False` (as older builds have none). `archs`: its
     backend.archs (None: none declared, a noarch build); by default CUDA builds declare 8.0, 9.0, 10.0."""
@@ -86,21 +100,42 @@ def variant_files(name: str, variant: str, *, version: int, note: str = "", extr
     }
     if depends:
         meta["kernel-depends"] = depends
-    inner = {"__init__.py": _INIT.format(name=name, variant=variant, version=version, note=note).encode(),
-             **(extra or {})}
+    inner = {
+        "__init__.py": _INIT.format(name=name, variant=variant, version=version, note=note).encode(),
+        **(extra or {}),
+    }
     if digest:
         meta["digest"] = publisher_digest(inner)
     inner["metadata.json"] = json.dumps(meta, indent=2).encode()
     return {f"build/{variant}/{rel}": data for rel, data in inner.items()}
 
 
-def build(name: str, variants: list[str], *, version: int, note: str = "", extra: dict | None = None,
-          depends: list | None = None, digest: bool = True, archs: dict[str, list[str] | None] | None = None) -> dict:
+def build(
+    name: str,
+    variants: list[str],
+    *,
+    version: int,
+    note: str = "",
+    extra: dict | None = None,
+    depends: list | None = None,
+    digest: bool = True,
+    archs: dict[str, list[str] | None] | None = None,
+) -> dict:
     """`archs`: per variant, its backend.archs where not the default (None: a noarch build)."""
     out: dict[str, bytes] = {"README.md": f"# {name}\n".encode(), "build/": None}
     for v in variants:
-        out.update(variant_files(name, v, version=version, note=note, extra=extra, depends=depends, digest=digest,
-                                 **({"archs": archs[v]} if archs and v in archs else {})))
+        out.update(
+            variant_files(
+                name,
+                v,
+                version=version,
+                note=note,
+                extra=extra,
+                depends=depends,
+                digest=digest,
+                **({"archs": archs[v]} if archs and v in archs else {}),
+            )
+        )
     return out
 
 
@@ -119,10 +154,16 @@ def activation_repo() -> FakeRepo:
     v1 = [X86_CU, X86_CPU, "torch-cpu"]
     repo.commit(build("activation", v1, version=1, note="initial", extra=so), title="Initial build", branch="v1")
     repo.commit(build("activation", v1, version=1, note="rebuild", extra=so), title="Rebuild with fixes", branch="v1")
-    repo.commit(build("activation", v1 + [ARM_CU, ARM_CPU], version=1, note="aarch64", extra=so),
-                title="Add aarch64 builds", branch="v1")
-    repo.commit(build("activation", v1 + [ARM_CPU], version=1, note="cu-rebuild", extra=so),
-                title="Rebuild CUDA (aarch64 CUDA dropped)", branch="v1")
+    repo.commit(
+        build("activation", v1 + [ARM_CU, ARM_CPU], version=1, note="aarch64", extra=so),
+        title="Add aarch64 builds",
+        branch="v1",
+    )
+    repo.commit(
+        build("activation", v1 + [ARM_CPU], version=1, note="cu-rebuild", extra=so),
+        title="Rebuild CUDA (aarch64 CUDA dropped)",
+        branch="v1",
+    )
     so2 = {"_activation.abi3.so": blob("activation-v2", 128 * 1024)}
     v2 = [X86_CU, X86_CPU, ARM_CU, ARM_CPU, "torch-cpu", "torch-cuda"]
     repo.commit(build("activation", v2, version=2, note="v2", extra=so2), title="v2: new API", branch="v2")
@@ -136,8 +177,7 @@ def activation_repo() -> FakeRepo:
 def relu_repo() -> FakeRepo:
     repo = FakeRepo(f"{ORG}/relu")
     repo.commit(build("relu", ["torch-universal"], version=1, note="initial"), title="Initial build", branch="v1")
-    repo.commit(build("relu", ["torch-universal", X86_CPU], version=1, note="cpu"), title="Add CPU build",
-                branch="v1")
+    repo.commit(build("relu", ["torch-universal", X86_CPU], version=1, note="cpu"), title="Add CPU build", branch="v1")
     repo.branch("main", "v1")
     return repo
 
@@ -146,8 +186,11 @@ def layernorm_repo() -> FakeRepo:
     """Depends on activation v2 through metadata.json `kernel-depends`: staging it stages both."""
     repo = FakeRepo(f"{ORG}/layernorm")
     deps = [{"repo-id": f"{ORG}/activation", "version": 2}]
-    repo.commit(build("layernorm", [X86_CPU, ARM_CPU, "torch-cuda"], version=1, note="initial", depends=deps),
-                title="Initial build", branch="v1")
+    repo.commit(
+        build("layernorm", [X86_CPU, ARM_CPU, "torch-cuda"], version=1, note="initial", depends=deps),
+        title="Initial build",
+        branch="v1",
+    )
     return repo
 
 
@@ -159,14 +202,28 @@ def fleet_repos() -> list[FakeRepo]:
     covered 8.0 too) and has no fallback; `hopper-fb` builds 9.0 only beside a noarch Triton-style
     torch-cuda that declares no archs."""
     hopper = FakeRepo(f"{ORG}/hopper")
-    hopper.commit(build("hopper", [H100_CU], version=1, note="sm80-sm90", archs={H100_CU: ["8.0", "9.0"]}),
-                  title="Initial build", branch="v1")
-    hopper.commit(build("hopper", [H100_CU], version=1, note="sm90-only", archs={H100_CU: ["9.0"]}),
-                  title="Rebuild for Hopper only", branch="v1")
+    hopper.commit(
+        build("hopper", [H100_CU], version=1, note="sm80-sm90", archs={H100_CU: ["8.0", "9.0"]}),
+        title="Initial build",
+        branch="v1",
+    )
+    hopper.commit(
+        build("hopper", [H100_CU], version=1, note="sm90-only", archs={H100_CU: ["9.0"]}),
+        title="Rebuild for Hopper only",
+        branch="v1",
+    )
     fb = FakeRepo(f"{ORG}/hopper-fb")
-    fb.commit(build("hopper-fb", [H100_CU, "torch-cuda"], version=1, note="sm90+triton",
-                    archs={H100_CU: ["9.0"], "torch-cuda": None}), title="Hopper build and a Triton fallback",
-              branch="v1")
+    fb.commit(
+        build(
+            "hopper-fb",
+            [H100_CU, "torch-cuda"],
+            version=1,
+            note="sm90+triton",
+            archs={H100_CU: ["9.0"], "torch-cuda": None},
+        ),
+        title="Hopper build and a Triton fallback",
+        branch="v1",
+    )
     return [hopper, fb]
 
 

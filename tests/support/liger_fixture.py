@@ -74,7 +74,7 @@ def swiglu(gate, up):
 from . import layers  # noqa: E402  (after the functions: layers imports them)
 '''
 
-_LAYERS = '''"""kernels-style layers (forward only, reading the replaced module's own weights) over Liger's functions."""
+_LAYERS = '''"""kernels-style layers over Liger's functions (forward only, reading the replaced module's weights)."""
 
 import torch
 
@@ -145,8 +145,9 @@ def _from_installed() -> LigerSource | None:
     if dist.version != LIGER_VERSION:
         raise LigerUnavailable(f"liger-kernel {dist.version} is installed; these tests package {LIGER_VERSION}")
     record = dist.read_text("RECORD") or ""
-    return _checked(f"installed distribution at {dist.locate_file('')}", record,
-                    lambda p: Path(dist.locate_file(p)).read_bytes())
+    return _checked(
+        f"installed distribution at {dist.locate_file('')}", record, lambda p: Path(dist.locate_file(p)).read_bytes()
+    )
 
 
 def liger_source(environ: dict | None = None) -> LigerSource:
@@ -161,9 +162,11 @@ def liger_source(environ: dict | None = None) -> LigerSource:
             return _from_wheel(wheel)
     found = _from_installed()
     if found is None:
-        raise LigerUnavailable(f"no liger-kernel {LIGER_VERSION}: set FRT_LIGER_WHEEL, put its wheel in "
-                               f"{ROOT / 'device-wheels'} (bash bench/device_wheels.sh), or pip install "
-                               f"--no-deps liger-kernel=={LIGER_VERSION}")
+        raise LigerUnavailable(
+            f"no liger-kernel {LIGER_VERSION}: set FRT_LIGER_WHEEL, put its wheel in "
+            f"{ROOT / 'device-wheels'} (bash bench/device_wheels.sh), or pip install "
+            f"--no-deps liger-kernel=={LIGER_VERSION}"
+        )
     return found
 
 
@@ -180,16 +183,22 @@ def relative_imports(wheel_path: str, text: str) -> tuple[str, list[int]]:
     out = _ABSOLUTE.sub(lambda m: f"{m.group(1)}from {'.' * depth}", text)
     stray = re.search(r"^[ \t]*(import liger_kernel|from liger_kernel\b)", out, re.M)
     if stray:
-        raise LigerUnavailable(f"{wheel_path}: an import of liger_kernel the packaging does not rewrite: "
-                               f"{stray.group(0).strip()!r}")
+        raise LigerUnavailable(
+            f"{wheel_path}: an import of liger_kernel the packaging does not rewrite: {stray.group(0).strip()!r}"
+        )
     return out, lines
 
 
 def variant_files(source: LigerSource, version: int = 1) -> dict[str, bytes]:
     """The files of ``build/torch-cuda/`` for this package, keyed by repo path."""
     inner: dict[str, bytes] = {}
-    provenance = {"package": "liger-kernel", "version": LIGER_VERSION, "from": Path(source.origin).name,
-                  "rewrite": "from liger_kernel.X -> relative to the file's package under _liger/", "files": {}}
+    provenance = {
+        "package": "liger-kernel",
+        "version": LIGER_VERSION,
+        "from": Path(source.origin).name,
+        "rewrite": "from liger_kernel.X -> relative to the file's package under _liger/",
+        "files": {},
+    }
     for wheel_path, rel in FILES.items():
         data = source.files[wheel_path]
         lines: list[int] = []
@@ -197,24 +206,39 @@ def variant_files(source: LigerSource, version: int = 1) -> dict[str, bytes]:
             text, lines = relative_imports(wheel_path, data.decode())
             data = text.encode()
         inner[f"{PACKAGE}/{rel}"] = data
-        provenance["files"][f"{PACKAGE}/{rel}"] = {"wheel_path": wheel_path, "record": source.record[wheel_path],
-                                                   "rewritten_lines": lines}
+        provenance["files"][f"{PACKAGE}/{rel}"] = {
+            "wheel_path": wheel_path,
+            "record": source.record[wheel_path],
+            "rewritten_lines": lines,
+        }
     for pkg in ("_liger", "_liger/ops"):  # the wheel's own __init__.py import everything Liger has: ours are empty
         inner[f"{PACKAGE}/{pkg}/__init__.py"] = b""
     inner[f"{PACKAGE}/__init__.py"] = _INIT.format(version=LIGER_VERSION).encode()
     inner[f"{PACKAGE}/layers.py"] = _LAYERS.encode()
     inner[f"{PACKAGE}/PROVENANCE.json"] = json.dumps(provenance, indent=2).encode()
-    meta = {"id": f"_liger_kernels_{hashlib.sha1(LIGER_VERSION.encode()).hexdigest()[:8]}_v{version}",
-            "name": "liger-kernels", "version": version, "license": "BSD-2-Clause",
-            "upstream": "https://github.com/linkedin/Liger-Kernel", "python-depends": [],
-            "backend": {"type": "cuda"}, "digest": publisher_digest(inner)}
+    meta = {
+        "id": f"_liger_kernels_{hashlib.sha1(LIGER_VERSION.encode()).hexdigest()[:8]}_v{version}",
+        "name": "liger-kernels",
+        "version": version,
+        "license": "BSD-2-Clause",
+        "upstream": "https://github.com/linkedin/Liger-Kernel",
+        "python-depends": [],
+        "backend": {"type": "cuda"},
+        "digest": publisher_digest(inner),
+    }
     inner["metadata.json"] = json.dumps(meta, indent=2).encode()
     return {f"build/torch-cuda/{rel}": data for rel, data in inner.items()}
 
 
 def liger_repo(source: LigerSource) -> FakeRepo:
     repo = FakeRepo(LIGER)
-    repo.commit({"README.md": f"# liger-kernels\n\nLiger-Kernel {LIGER_VERSION}, packaged by the tests.\n".encode(),
-                 **variant_files(source)}, title=f"liger-kernel {LIGER_VERSION}", branch="v1")
+    repo.commit(
+        {
+            "README.md": f"# liger-kernels\n\nLiger-Kernel {LIGER_VERSION}, packaged by the tests.\n".encode(),
+            **variant_files(source),
+        },
+        title=f"liger-kernel {LIGER_VERSION}",
+        branch="v1",
+    )
     repo.branch("main", "v1")
     return repo

@@ -48,8 +48,9 @@ LOAD = """
 
 def write_tiny_model(out: Path) -> dict:
     """Save the model under `out`; return what a load of it must reproduce (logits of a fixed input)."""
-    p = subprocess.run([str(ROOT / ".venv" / "bin" / "python"), "-c", _WRITE, str(out)], capture_output=True,
-                       text=True, timeout=300)
+    p = subprocess.run(
+        [str(ROOT / ".venv" / "bin" / "python"), "-c", _WRITE, str(out)], capture_output=True, text=True, timeout=300
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
 

@@ -52,15 +52,19 @@ def nginx(conf: str, run: Path, replicas: list[Served], timeout: float = 30) -> 
     (run / "nginx.conf").write_text(conf)
     port = int(re.search(r"listen 127\.0\.0\.1:(\d+);", conf)[1])
     with open(run / "stderr", "wb") as err:
-        proc = subprocess.Popen([NGINX, "-c", str(run / "nginx.conf"), "-e", str(run / "error.log"),
-                                 "-g", "daemon off;"], stdout=subprocess.DEVNULL, stderr=err)
+        proc = subprocess.Popen(
+            [NGINX, "-c", str(run / "nginx.conf"), "-e", str(run / "error.log"), "-g", "daemon off;"],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
     front = Front(f"http://127.0.0.1:{port}", port, proc, run, replicas)
     try:
         deadline = time.monotonic() + timeout
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"nginx exited {proc.returncode}: {(run / 'stderr').read_text()}"
-                                   f"{front.error_log()[-2000:]}")
+                raise RuntimeError(
+                    f"nginx exited {proc.returncode}: {(run / 'stderr').read_text()}{front.error_log()[-2000:]}"
+                )
             with contextlib.suppress(OSError):
                 # A replica's answer (404; 401 on a home with tokens), not nginx's own 502.
                 if raw_http(port, raw_request("GET", "/api/agent-harnesses"), timeout=2)[0] in (401, 404):
@@ -84,8 +88,9 @@ def front_of(home: Path, run: Path, n: int = 2, conf_args: tuple[str, ...] = ())
     (`nginx-conf ... CONF_ARGS`)."""
     run.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
-        replicas = [stack.enter_context(serving(home, "--accel-redirect", PREFIX, "--access-log",
-                                                str(run / f"replica{i}.log")))
-                    for i in range(n)]
+        replicas = [
+            stack.enter_context(serving(home, "--accel-redirect", PREFIX, "--access-log", str(run / f"replica{i}.log")))
+            for i in range(n)
+        ]
         conf = nginx_conf(home, [r.port for r in replicas], free_port(), run, *conf_args)
         yield stack.enter_context(nginx(conf, run, replicas))

@@ -29,13 +29,14 @@ import psycopg
 
 SUPERUSER = "postgres"
 DEBIAN_BINDIRS = "/usr/lib/postgresql/*/bin"
-INSTALL_HINT = ("PostgreSQL server binaries (initdb, postgres) not found in {where}: install Debian's "
-                "`postgresql` package (apt-get install postgresql), or set FRT_PG_BINDIR to their directory")
+INSTALL_HINT = (
+    "PostgreSQL server binaries (initdb, postgres) not found in {where}: install Debian's "
+    "`postgresql` package (apt-get install postgresql), or set FRT_PG_BINDIR to their directory"
+)
 # Settings for a disposable server: fsync buys nothing when the cluster is thrown away at the end of the
 # session. synchronous_commit stays on: a commit still reaches the WAL file (the OS's page cache), so a
 # crashed server (kill()) recovers every committed row, as a real one would.
-TEST_SETTINGS = {"fsync": "off", "full_page_writes": "off", "listen_addresses": "127.0.0.1",
-                 "max_connections": "200"}
+TEST_SETTINGS = {"fsync": "off", "full_page_writes": "off", "listen_addresses": "127.0.0.1", "max_connections": "200"}
 
 _live: set[PgServer] = set()
 
@@ -148,14 +149,25 @@ class PgServer:
 
     def execute(self, sql: str, database: str = "postgres") -> None:
         """One statement outside a transaction (CREATE/DROP DATABASE cannot run inside one)."""
-        with psycopg.connect(host="127.0.0.1", port=self.port, user=SUPERUSER, dbname=database,
-                             autocommit=True, connect_timeout=10) as conn:
+        with psycopg.connect(
+            host="127.0.0.1", port=self.port, user=SUPERUSER, dbname=database, autocommit=True, connect_timeout=10
+        ) as conn:
             conn.execute(sql)
 
     # -- internals ---------------------------------------------------------------------------------
     def _initdb(self) -> None:
-        cmd = [str(self.bindir / "initdb"), "-D", str(self.data), "-U", SUPERUSER, "--auth=trust",
-               "--encoding=UTF8", "--locale=C", "--no-sync", "--no-instructions"]
+        cmd = [
+            str(self.bindir / "initdb"),
+            "-D",
+            str(self.data),
+            "-U",
+            SUPERUSER,
+            "--auth=trust",
+            "--encoding=UTF8",
+            "--locale=C",
+            "--no-sync",
+            "--no-instructions",
+        ]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, **self._as_user())
         if done.returncode != 0:
             raise RuntimeError(f"initdb failed ({done.returncode}): {done.stderr[-2000:]}")
@@ -175,8 +187,7 @@ class PgServer:
         cmd += [arg for k, v in settings.items() for arg in ("-c", f"{k}={v}")]
         start = self.log.stat().st_size if self.log.exists() else 0
         with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                         **self._as_user())
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, **self._as_user())
         self.port = port
         self._wait_ready(start)
 
@@ -190,15 +201,17 @@ class PgServer:
                     raise _PortTaken(f"port {self.port} is taken by another process: {tail}")
                 raise RuntimeError(f"postgres exited {self.proc.returncode} while starting: {tail}")
             try:
-                psycopg.connect(host="127.0.0.1", port=self.port, user=SUPERUSER, dbname="postgres",
-                                connect_timeout=2).close()
+                psycopg.connect(
+                    host="127.0.0.1", port=self.port, user=SUPERUSER, dbname="postgres", connect_timeout=2
+                ).close()
                 return
             except psycopg.OperationalError:
                 pass
             if time.monotonic() > deadline:
                 self._signal_and_wait(signal.SIGQUIT, 10)
-                raise RuntimeError(f"postgres did not accept connections in {self.start_timeout:.0f} s: "
-                                   f"{self._log_tail(log_start)}")
+                raise RuntimeError(
+                    f"postgres did not accept connections in {self.start_timeout:.0f} s: {self._log_tail(log_start)}"
+                )
             time.sleep(0.05)  # the polling interval, not a wait for the server
 
     def _signal_and_wait(self, sig: int, timeout: float) -> None:
@@ -245,8 +258,10 @@ def _check_traversable(path: Path) -> None:
     """`nobody` must be able to reach the cluster's directory: every ancestor needs o+x."""
     for p in [path, *path.parents]:
         if not p.stat().st_mode & stat.S_IXOTH:
-            raise PgUnavailable(f"{p} is not traversable by other users, so PostgreSQL (run as nobody) "
-                                f"cannot reach its data directory; set TMPDIR to a directory like /tmp")
+            raise PgUnavailable(
+                f"{p} is not traversable by other users, so PostgreSQL (run as nobody) "
+                f"cannot reach its data directory; set TMPDIR to a directory like /tmp"
+            )
 
 
 @atexit.register

@@ -82,7 +82,7 @@ class GatedMLP(torch.nn.Module):
 
 SOURCES: dict[str, dict[str, str]] = {
     "seat-rmsnorm": {
-        "__init__.py": '''
+        "__init__.py": """
 from . import layers
 
 
@@ -90,8 +90,8 @@ def rms_norm(x, weight, eps):
     y = x.float()
     y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + eps)
     return weight * y.to(x.dtype)
-''',
-        "layers.py": '''
+""",
+        "layers.py": """
 
 class RMSNorm(torch.nn.Module):
     can_torch_compile = True
@@ -101,10 +101,10 @@ class RMSNorm(torch.nn.Module):
         from . import rms_norm
 
         return rms_norm(hidden_states, self.weight, self.variance_epsilon)
-''',
+""",
     },
     "seat-activation": {
-        "__init__.py": '''
+        "__init__.py": """
 from . import layers
 
 
@@ -115,19 +115,19 @@ def silu(x):
 def silu_and_mul(x):
     d = x.shape[-1] // 2
     return silu(x[..., :d]) * x[..., d:]
-''',
+""",
         "layers.py": _ACTIVATION_LAYERS,
     },
     "seat-linear": {
-        "__init__.py": '''
+        "__init__.py": """
 from . import layers
 
 
 def linear(x, weight, bias):
     y = torch.matmul(x, weight.t())
     return y if bias is None else y + bias
-''',
-        "layers.py": '''
+""",
+        "layers.py": """
 
 class Linear(torch.nn.Module):
     can_torch_compile = True
@@ -137,7 +137,7 @@ class Linear(torch.nn.Module):
         from . import linear
 
         return linear(input, self.weight, self.bias)
-''',
+""",
     },
     "seat-experts": {
         "__init__.py": '''
@@ -156,7 +156,7 @@ def expert_bank(hidden, top_k_index, top_k_weights, gate_up_proj, down_proj):
     out = torch.einsum("tki,tkhi->tkh", act, down_proj[top_k_index])
     return (out * top_k_weights.unsqueeze(-1).to(out.dtype)).sum(1).to(hidden.dtype)
 ''',
-        "layers.py": '''
+        "layers.py": """
 
 class ExpertBank(torch.nn.Module):
     can_torch_compile = True
@@ -166,16 +166,16 @@ class ExpertBank(torch.nn.Module):
         from . import expert_bank
 
         return expert_bank(hidden_states, top_k_index, top_k_weights, self.gate_up_proj, self.down_proj)
-''',
+""",
     },
     "seat-wrong": {
-        "__init__.py": '''
+        "__init__.py": """
 from . import layers
 
 
 def linear_drops_bias(x, weight, bias):
     return torch.matmul(x, weight.t())
-''',
+""",
         "layers.py": '''
 
 class RMSNorm(torch.nn.Module):
@@ -192,7 +192,7 @@ class RMSNorm(torch.nn.Module):
 ''',
     },
     "seat-triton": {
-        "__init__.py": '''
+        "__init__.py": """
 import triton
 import triton.language as tl
 
@@ -262,8 +262,8 @@ def silu_and_mul(x):
         _silu_and_mul[(rows.shape[0], triton.cdiv(d, block))](rows, out, rows.stride(0), out.stride(0), d,
                                                               BLOCK=block)
     return out.reshape(*x.shape[:-1], d)
-''',
-        "layers.py": '''
+""",
+        "layers.py": """
 
 class RMSNorm(torch.nn.Module):
     can_torch_compile = True
@@ -273,18 +273,31 @@ class RMSNorm(torch.nn.Module):
         from . import rms_norm
 
         return rms_norm(hidden_states, self.weight, self.variance_epsilon)
-''' + _ACTIVATION_LAYERS,
+"""
+        + _ACTIVATION_LAYERS,
     },
 }
 
 
-def _variant(name: str, variant: str, version: int, depends: list | None = None,
-             source: str | None = None, archs: list[str] | None = None) -> dict[str, bytes]:
+def _variant(
+    name: str,
+    variant: str,
+    version: int,
+    depends: list | None = None,
+    source: str | None = None,
+    archs: list[str] | None = None,
+) -> dict[str, bytes]:
     backend: dict = {"type": "cuda" if variant.startswith("torch-cuda") else "cpu"}
     if archs:
         backend["archs"] = archs
-    meta = {"id": f"_{name.replace('-', '_')}_v{version}_{variant.replace('-', '_')}", "name": name,
-            "version": version, "license": "apache-2.0", "python-depends": [], "backend": backend}
+    meta = {
+        "id": f"_{name.replace('-', '_')}_v{version}_{variant.replace('-', '_')}",
+        "name": name,
+        "version": version,
+        "license": "apache-2.0",
+        "python-depends": [],
+        "backend": backend,
+    }
     if depends:
         meta["kernel-depends"] = depends
     files = {f"build/{variant}/metadata.json": json.dumps(meta, indent=2).encode()}
@@ -293,8 +306,14 @@ def _variant(name: str, variant: str, version: int, depends: list | None = None,
     return files
 
 
-def _repo(name: str, variants: list[str], versions: tuple[int, ...] = (1,), depends: list | None = None,
-          source: str | None = None, archs: list[str] | None = None) -> FakeRepo:
+def _repo(
+    name: str,
+    variants: list[str],
+    versions: tuple[int, ...] = (1,),
+    depends: list | None = None,
+    source: str | None = None,
+    archs: list[str] | None = None,
+) -> FakeRepo:
     repo = FakeRepo(f"{ORG}/{name}")
     for version in versions:
         files: dict = {"README.md": f"# {name}\n".encode()}
@@ -386,21 +405,42 @@ def tiny_qwen3(**overrides):
     """A dense Qwen3 from a tiny config (attention with a bias, so bias handling is exercised)."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    cfg = dict(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-               num_key_value_heads=2, head_dim=16, attention_bias=True, tie_word_embeddings=False)
+    cfg = dict(
+        vocab_size=320,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        attention_bias=True,
+        tie_word_embeddings=False,
+    )
     return randomize(Qwen3ForCausalLM(Qwen3Config(**{**cfg, **overrides})))
 
 
 def tiny_qwen3_moe(**overrides):
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    cfg = dict(vocab_size=320, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
-               num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=2,
-               norm_topk_prob=True, tie_word_embeddings=False)
+    cfg = dict(
+        vocab_size=320,
+        hidden_size=64,
+        intermediate_size=128,
+        moe_intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_experts=8,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        tie_word_embeddings=False,
+    )
     return randomize(Qwen3MoeForCausalLM(Qwen3MoeConfig(**{**cfg, **overrides})))
 
 
 # --- what the seat tests compare -------------------------------------------------------------------
+
 
 def logits(model, ids):
     import torch

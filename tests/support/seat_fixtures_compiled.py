@@ -190,8 +190,7 @@ def _compiler() -> str:
     if shutil.which(cxx, path=path) is None:
         raise BuildUnavailable(f"no C++ compiler ({cxx!r} is not on PATH)")
     if shutil.which("ninja", path=path) is None:
-        raise BuildUnavailable("ninja is not on PATH; torch.utils.cpp_extension.load needs it "
-                               "(pip install ninja)")
+        raise BuildUnavailable("ninja is not on PATH; torch.utils.cpp_extension.load needs it (pip install ninja)")
     p = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=True, env=_build_env())
     return p.stdout.splitlines()[0].strip()
 
@@ -200,9 +199,16 @@ def build_key() -> str:
     """Everything the bytes of the .so depend on (Python too: the library links libtorch_python)."""
     import torch
 
-    parts = {"builder": _BUILDER, "source": CPP_SOURCE, "torch": torch.__version__,
-             "cxx11_abi": torch.compiled_with_cxx11_abi(), "compiler": _compiler(), "flags": list(FLAGS),
-             "python": sys.implementation.cache_tag, "machine": platform.machine()}
+    parts = {
+        "builder": _BUILDER,
+        "source": CPP_SOURCE,
+        "torch": torch.__version__,
+        "cxx11_abi": torch.compiled_with_cxx11_abi(),
+        "compiler": _compiler(),
+        "flags": list(FLAGS),
+        "python": sys.implementation.cache_tag,
+        "machine": platform.machine(),
+    }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
@@ -239,8 +245,16 @@ def build_compiled(root: Path | None = None) -> CompiledBuild:
         if not hit:
             _build_into(entry, key)
         info = json.loads((entry / "build.json").read_text())
-    return CompiledBuild(key, info["namespace"], entry / f"{info['namespace']}.so", info["sha256"], hit,
-                         time.perf_counter() - start, info["build_seconds"], problem)
+    return CompiledBuild(
+        key,
+        info["namespace"],
+        entry / f"{info['namespace']}.so",
+        info["sha256"],
+        hit,
+        time.perf_counter() - start,
+        info["build_seconds"],
+        problem,
+    )
 
 
 def _build_into(entry: Path, key: str) -> None:
@@ -251,8 +265,7 @@ def _build_into(entry: Path, key: str) -> None:
         source = tmp / "kernel.cpp"
         source.write_text(CPP_SOURCE)
         start = time.perf_counter()
-        argv = [sys.executable, "-c", _BUILD_SCRIPT, namespace, str(source), str(tmp), *FLAGS,
-                f"-DFRT_NS={namespace}"]
+        argv = [sys.executable, "-c", _BUILD_SCRIPT, namespace, str(source), str(tmp), *FLAGS, f"-DFRT_NS={namespace}"]
         p = subprocess.run(argv, capture_output=True, text=True, timeout=_LOCK_TIMEOUT_S, env=_build_env())
         seconds = time.perf_counter() - start
         if p.returncode != 0:
@@ -261,8 +274,13 @@ def _build_into(entry: Path, key: str) -> None:
         for junk in tmp.iterdir():  # objects and ninja state: only the source, the .so and build.json stay
             if junk not in (source, lib):
                 junk.unlink()
-        info = {"key": key, "namespace": namespace, "sha256": _sha256(lib), "flags": list(FLAGS),
-                "build_seconds": round(seconds, 3)}
+        info = {
+            "key": key,
+            "namespace": namespace,
+            "sha256": _sha256(lib),
+            "flags": list(FLAGS),
+            "build_seconds": round(seconds, 3),
+        }
         (tmp / "build.json").write_text(json.dumps(info, indent=2))
         tmp.chmod(0o755)  # mkdtemp made it private; the entry is an ordinary cache directory
         if entry.exists():  # an untrusted entry: out of the way first (rename does not replace a directory)
@@ -341,8 +359,14 @@ class RMSNorm(torch.nn.Module):
 
 
 def _metadata(variant: str, key: str) -> bytes:
-    meta = {"id": f"_seat_compiled_{key[:12]}_{variant.replace('-', '_')}", "name": "seat-compiled",
-            "version": 1, "license": "apache-2.0", "python-depends": [], "backend": {"type": "cpu"}}
+    meta = {
+        "id": f"_seat_compiled_{key[:12]}_{variant.replace('-', '_')}",
+        "name": "seat-compiled",
+        "version": 1,
+        "license": "apache-2.0",
+        "python-depends": [],
+        "backend": {"type": "cpu"},
+    }
     return json.dumps(meta, indent=2).encode()
 
 

@@ -22,9 +22,11 @@ from pathlib import Path
 
 RESULT = "RESULT "
 # One line of serve's access log (--access-log FILE|-, default stderr).
-LINE = re.compile(r'(?P<client>\S+) - - \[(?P<time>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)\] '
-                  r'"(?P<method>[A-Z]+) (?P<path>\S+) HTTP/1\.1" (?P<status>\d{3}) (?P<bytes>\d+) '
-                  r'(?P<ms>\d+\.\d{3})ms')
+LINE = re.compile(
+    r"(?P<client>\S+) - - \[(?P<time>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)\] "
+    r'"(?P<method>[A-Z]+) (?P<path>\S+) HTTP/1\.1" (?P<status>\d{3}) (?P<bytes>\d+) '
+    r"(?P<ms>\d+\.\d{3})ms"
+)
 
 
 def free_port() -> int:
@@ -56,8 +58,9 @@ def serving(home: Path, *args: str, env: dict | None = None, timeout: float = 30
     logs = Path(tempfile.mkdtemp(prefix="frt-serve-"))
     out, err = logs / "stdout", logs / "stderr"
     with open(out, "wb") as o, open(err, "wb") as e:
-        proc = subprocess.Popen([exe, "--home", str(home), "serve", "--port", str(port), *args],
-                                stdout=o, stderr=e, env=env or _base_env())
+        proc = subprocess.Popen(
+            [exe, "--home", str(home), "serve", "--port", str(port), *args], stdout=o, stderr=e, env=env or _base_env()
+        )
     served = Served(f"http://127.0.0.1:{port}", port, proc, out, err)
     try:
         deadline = time.monotonic() + timeout
@@ -85,9 +88,11 @@ def serving(home: Path, *args: str, env: dict | None = None, timeout: float = 30
 
 
 def _base_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items()
-            if not k.startswith(("FRT_", "HF_", "LOCAL_KERNELS")) or k == "FRT_LEDGER_URL"} | {
-        "PYTHONWARNINGS": "ignore"}
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("FRT_", "HF_", "LOCAL_KERNELS")) or k == "FRT_LEDGER_URL"
+    } | {"PYTHONWARNINGS": "ignore"}
 
 
 FAST = {"FRT_RETRY_ATTEMPTS": "2", "FRT_RETRY_BASE_WAIT": "0.05"}  # a pull-through's retries, brief
@@ -101,18 +106,28 @@ def serve_env(**extra: str) -> dict:
 
 def client_env(url: str, hf_home: Path, **extra: str) -> dict[str, str]:
     """What a cluster job sets to use the mirror: HF_ENDPOINT, Xet off, and a fresh HF_HOME."""
-    return _base_env() | {"HF_ENDPOINT": url, "HF_HUB_DISABLE_XET": "1", "HF_HOME": str(hf_home),
-                          "HF_HUB_ETAG_TIMEOUT": "30", **extra}
+    return _base_env() | {
+        "HF_ENDPOINT": url,
+        "HF_HUB_DISABLE_XET": "1",
+        "HF_HOME": str(hf_home),
+        "HF_HUB_ETAG_TIMEOUT": "30",
+        **extra,
+    }
 
 
 def run_client(code: str, url: str, hf_home: Path, timeout: float = 120, **extra: str):
     """Run unmodified client code in a subprocess (this interpreter, so this venv's huggingface_hub).
     The code reports with `report(obj)`; returns (CompletedProcess, the reported object or None)."""
     prelude = f"import json\ndef report(obj):\n    print({RESULT!r} + json.dumps(obj), flush=True)\n"
-    p = subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)], capture_output=True,
-                       text=True, env=client_env(url, hf_home, **extra), timeout=timeout)
+    p = subprocess.run(
+        [sys.executable, "-c", prelude + textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env=client_env(url, hf_home, **extra),
+        timeout=timeout,
+    )
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith(RESULT)]
-    return p, (json.loads(lines[-1][len(RESULT):]) if lines else None)
+    return p, (json.loads(lines[-1][len(RESULT) :]) if lines else None)
 
 
 def raw_request(method: str, path: str, *headers: str, body: bytes = b"") -> bytes:
@@ -164,7 +179,7 @@ class Tripwire:
         while not self._stop.is_set():
             try:
                 conn, _ = self.sock.accept()
-            except (TimeoutError, socket.timeout):
+            except TimeoutError:
                 continue
             except OSError:
                 return
@@ -254,8 +269,7 @@ class CuttingProxy:
                     ex = Exchange(method, path, headers)
                     with self._lock:
                         self.exchanges.append(ex)
-                        cut = (method == "GET" and path == self.cut_path and "range" not in headers
-                               and not self.cuts)
+                        cut = method == "GET" and path == self.cut_path and "range" not in headers and not self.cuts
                         self.cuts += cut
                         conn.update(pending=ex, head=b"", body=0, cut_at=self.cut_after if cut else None)
                     upstream.sendall(head + b"\r\n\r\n" + rest[:length])
@@ -284,7 +298,7 @@ class CuttingProxy:
                 body = len(data) - head_len
                 cut = conn["cut_at"]
                 if cut is not None and conn["body"] + body >= cut:
-                    client.sendall(data[:head_len + cut - conn["body"]])
+                    client.sendall(data[: head_len + cut - conn["body"]])
                     client.shutdown(socket.SHUT_WR)  # FIN mid-body: the client sees a short read
                     upstream.shutdown(socket.SHUT_RDWR)
                     return

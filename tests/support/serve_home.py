@@ -26,6 +26,7 @@ def big_repo() -> FakeRepo:
     for huggingface_hub to resume a dropped download at 10 MiB). `release/v1` is the middle one."""
     weights = hashlib.shake_128(b"frt-big-weights").digest(BIG_SIZE)
     repo = FakeRepo(BIG)
+
     def build(note, extra=None):
         return variant_files("big", "torch-universal", version=1, note=note, extra=extra)
 

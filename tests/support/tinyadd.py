@@ -37,18 +37,24 @@ def universal_files(version: int) -> dict[str, bytes]:
 def build_repo() -> tuple[FakeRepo, dict[str, str]]:
     """main → v1 (8 commits: more than one page) → v2; release/v1 mid-way; tag v1.0 at v1."""
     r = FakeRepo(REPO_ID, "kernel")
-    shas = {"root": r.commit({"README.md": b"# tinyadd\n", ".gitattributes": b"*.bin filter=lfs\n"},
-                             title="initial commit")}
+    shas = {
+        "root": r.commit({"README.md": b"# tinyadd\n", ".gitattributes": b"*.bin filter=lfs\n"}, title="initial commit")
+    }
     r.branch("v1", "main")
     r.commit(universal_files(1), title="add universal build", branch="v1")
-    shas["cuda"] = r.commit({f"{CUDA}/__init__.py": b"raise ImportError('foreign')\n",
-                             f"{CUDA}/_ops.py": b"", f"{CUDA}/metadata.json": b"{}"},
-                            title="add cuda variant", branch="v1")
+    shas["cuda"] = r.commit(
+        {
+            f"{CUDA}/__init__.py": b"raise ImportError('foreign')\n",
+            f"{CUDA}/_ops.py": b"",
+            f"{CUDA}/metadata.json": b"{}",
+        },
+        title="add cuda variant",
+        branch="v1",
+    )
     r.branch("release/v1", "v1")
     r.commit({"weights.bin": BIG}, title="add weights", branch="v1")
     for i in range(4):
-        r.commit({"README.md": f"# tinyadd\nrev {i}\n".encode()}, title=f"docs {i}", branch="v1",
-                 message=f"body {i}")
+        r.commit({"README.md": f"# tinyadd\nrev {i}\n".encode()}, title=f"docs {i}", branch="v1", message=f"body {i}")
     shas["v1"] = r.tag("v1.0", "v1")
     r.branch("v2", "v1")
     shas["v2"] = r.commit({**universal_files(2), f"{CUDA}/": None}, title="v2", branch="v2")

@@ -30,19 +30,31 @@ def _normal(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def make_wheel(folder: Path, project: str, version: str, files: dict[str, str], *, requires: tuple[str, ...] = (),
-               tag: str = "py3-none-any", requires_python: str | None = None) -> Path:
+def make_wheel(
+    folder: Path,
+    project: str,
+    version: str,
+    files: dict[str, str],
+    *,
+    requires: tuple[str, ...] = (),
+    tag: str = "py3-none-any",
+    requires_python: str | None = None,
+) -> Path:
     """A wheel of `project` holding `files` (path in site-packages -> source), installable by pip."""
     dist = f"{project.replace('-', '_')}-{version}"
     path = folder / f"{dist}-{tag}.whl"
-    meta = [f"Metadata-Version: 2.1", f"Name: {project}", f"Version: {version}"]
+    meta = ["Metadata-Version: 2.1", f"Name: {project}", f"Version: {version}"]
     if requires_python:
         meta.append(f"Requires-Python: {requires_python}")
     meta += [f"Requires-Dist: {r}" for r in requires]
-    contents = {**{k: v.encode() for k, v in files.items()},
-                f"{dist}.dist-info/METADATA": ("\n".join(meta) + "\n").encode(),
-                f"{dist}.dist-info/WHEEL": (f"Wheel-Version: 1.0\nGenerator: frt-tests\nRoot-Is-Purelib: "
-                                            f"{'true' if tag.endswith('none-any') else 'false'}\nTag: {tag}\n").encode()}
+    contents = {
+        **{k: v.encode() for k, v in files.items()},
+        f"{dist}.dist-info/METADATA": ("\n".join(meta) + "\n").encode(),
+        f"{dist}.dist-info/WHEEL": (
+            f"Wheel-Version: 1.0\nGenerator: frt-tests\nRoot-Is-Purelib: "
+            f"{'true' if tag.endswith('none-any') else 'false'}\nTag: {tag}\n"
+        ).encode(),
+    }
     record = []
     for name, data in contents.items():
         digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
@@ -106,10 +118,20 @@ class LocalIndex:
             return 404, "text/plain", b"Not Found"
         files = self.wheels()[parts[1]]
         if JSON_TYPE in accept:
-            doc = {"meta": {"api-version": "1.1"}, "name": parts[1], "files": [
-                {"filename": p.name, "url": f"/files/{p.name}", "size": p.stat().st_size,
-                 "hashes": {} if self.no_hash else {"sha256": hashlib.sha256(p.read_bytes()).hexdigest()},
-                 **({"yanked": True} if p.name in self.yanked else {})} for p in files]}
+            doc = {
+                "meta": {"api-version": "1.1"},
+                "name": parts[1],
+                "files": [
+                    {
+                        "filename": p.name,
+                        "url": f"/files/{p.name}",
+                        "size": p.stat().st_size,
+                        "hashes": {} if self.no_hash else {"sha256": hashlib.sha256(p.read_bytes()).hexdigest()},
+                        **({"yanked": True} if p.name in self.yanked else {}),
+                    }
+                    for p in files
+                ],
+            }
             return 200, JSON_TYPE, json.dumps(doc).encode()
         links = []
         for p in files:

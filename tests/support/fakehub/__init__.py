@@ -7,5 +7,14 @@ from .repo import Commit, FakeRepo, FileMeta, git_blob_oid, sha256
 from .server import FakeHub
 from .wire import LoggedRequest
 
-__all__ = ["Commit", "FakeHub", "FakeRepo", "Faults", "FileMeta", "LoggedRequest", "RateLimits",
-           "git_blob_oid", "sha256"]
+__all__ = [
+    "Commit",
+    "FakeHub",
+    "FakeRepo",
+    "Faults",
+    "FileMeta",
+    "LoggedRequest",
+    "RateLimits",
+    "git_blob_oid",
+    "sha256",
+]

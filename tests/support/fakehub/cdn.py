@@ -72,8 +72,9 @@ class CdnHandler(BaseHandler):
     def _send_error(self, e: HubError) -> None:
         # S3 / CloudFront errors: XML, no X-Error-Code, so the client cannot map them to Hub errors.
         code = {403: "AccessDenied", 404: "NoSuchKey"}.get(e.status, "ServiceUnavailable")
-        body = (f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code>'
-                f"<Message>{e.message}</Message></Error>").encode()
+        body = (
+            f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code><Message>{e.message}</Message></Error>'
+        ).encode()
         self._send(e.status, body, dict(e.headers), "application/xml")
 
 

@@ -57,7 +57,6 @@ class RateLimiter:
             "RateLimit-Policy": f'"fixed window";"{bucket}";q={q};w={w}',
         }
         if used > q:
-            msg = (f"You have exceeded our quota of {q} requests per {w} s for '{bucket}'."
-                   f" Retry after {reset} seconds.")
+            msg = f"You have exceeded our quota of {q} requests per {w} s for '{bucket}'. Retry after {reset} seconds."
             raise HubError(429, None, msg, {"Retry-After": reset, "X-Error-Message": msg, **headers})
         return headers

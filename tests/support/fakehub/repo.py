@@ -127,8 +127,14 @@ class FakeRepo:
         if date is None:
             date = _EPOCH + timedelta(minutes=len(self.commits))
         self.commits[sha] = Commit(
-            sha=sha, parents=parents, title=title, message=message, date=date,
-            authors=list(authors or ["fixture-bot"]), files=files, meta=meta,
+            sha=sha,
+            parents=parents,
+            title=title,
+            message=message,
+            date=date,
+            authors=list(authors or ["fixture-bot"]),
+            files=files,
+            meta=meta,
         )
         self.branches[branch] = sha
         return sha
@@ -155,8 +161,7 @@ class FakeRepo:
         """
         old = self.branches[branch]
         self.branches[branch] = self._must_resolve(new_head)
-        reachable = {c.sha for head in {*self.branches.values(), *self.tags.values()}
-                     for c in self.history(head)}
+        reachable = {c.sha for head in {*self.branches.values(), *self.tags.values()} for c in self.history(head)}
         old_commit = self.commits[old]
         for sha in [s for s in self.commits if s not in reachable]:
             del self.commits[sha]

@@ -115,8 +115,7 @@ class FakeHub:
         return self.url
 
     def _serve(self, server: ThreadingHTTPServer, name: str) -> None:
-        t = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, name=name,
-                             daemon=True)
+        t = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, name=name, daemon=True)
         t.start()
         self._threads.append(t)
 
@@ -184,8 +183,9 @@ class FakeHub:
         name = path.rsplit("/", 1)[-1]
         # As cdn-lfs URLs do: the file name rides in the query (so fault rules matching it apply here).
         disposition = f"inline; filename*=UTF-8''{quote(name)}; filename=\"{name}\";"
-        signed = self._signer.sign(f"/cdn/{meta.sha256}", {"response-content-disposition": disposition},
-                                   self.cdn_url_ttl)
+        signed = self._signer.sign(
+            f"/cdn/{meta.sha256}", {"response-content-disposition": disposition}, self.cdn_url_ttl
+        )
         return self.cdn_url + signed
 
     # -- request log ---------------------------------------------------------------------------
@@ -312,10 +312,16 @@ class _Handler(BaseHandler):
 
     def _info(self, repo: FakeRepo, rev: str) -> None:
         c = repo.take_stale(rev) or self._commit(repo, rev)  # a stale answer after a force-push
-        self._send_json({
-            "id": repo.repo_id, "sha": c.sha, "private": False, "lastModified": iso(c.date),
-            "author": repo.author, "siblings": [{"rfilename": p} for p in sorted(c.files)],
-        })
+        self._send_json(
+            {
+                "id": repo.repo_id,
+                "sha": c.sha,
+                "private": False,
+                "lastModified": iso(c.date),
+                "author": repo.author,
+                "siblings": [{"rfilename": p} for p in sorted(c.files)],
+            }
+        )
 
     def _refs(self, repo: FakeRepo) -> None:
         def refs(d, kind):
@@ -331,13 +337,13 @@ class _Handler(BaseHandler):
         path = path.strip("/")
         dirs = c.dirs()
         if path and path not in dirs:
-            raise HubError(404, "EntryNotFound", f"{path} does not exist on \"{rev}\"")
+            raise HubError(404, "EntryNotFound", f'{path} does not exist on "{rev}"')
         recursive = self.query.get("recursive", "false").lower() in ("1", "true")
         expand = self.query.get("expand", "false").lower() in ("1", "true")
         prefix = path + "/" if path else ""
         below = [p for p in sorted(set(c.files) | dirs) if p.startswith(prefix)]
         if not recursive:
-            below = [p for p in below if "/" not in p[len(prefix):]]
+            below = [p for p in below if "/" not in p[len(prefix) :]]
         self._paginate([self._entry(repo, c, p, expand) for p in below])
 
     def _paths_info(self, repo: FakeRepo, rev: str) -> None:
@@ -354,11 +360,18 @@ class _Handler(BaseHandler):
 
     def _commits(self, repo: FakeRepo, rev: str) -> None:
         c = self._commit(repo, rev)
-        self._paginate([
-            {"id": h.sha, "title": h.title, "message": h.message, "date": iso(h.date),
-             "authors": [{"user": a} for a in h.authors]}
-            for h in repo.history(c.sha)
-        ])
+        self._paginate(
+            [
+                {
+                    "id": h.sha,
+                    "title": h.title,
+                    "message": h.message,
+                    "date": iso(h.date),
+                    "authors": [{"user": a} for a in h.authors],
+                }
+                for h in repo.history(c.sha)
+            ]
+        )
 
     def _entry(self, repo: FakeRepo, c: Commit, path: str, expand: bool) -> dict:
         if path in c.meta:
@@ -386,10 +399,9 @@ class _Handler(BaseHandler):
         end = start + self.hub.page_size
         headers = {}
         if end < len(items):
-            params = [(k, v) for k, v in parse_qsl(urlsplit(self.path).query, keep_blank_values=True)
-                      if k != "cursor"]
+            params = [(k, v) for k, v in parse_qsl(urlsplit(self.path).query, keep_blank_values=True) if k != "cursor"]
             params.append(("cursor", base64.urlsafe_b64encode(str(end).encode()).decode().rstrip("=")))
-            host = self.headers.get("Host") or "%s:%s" % self.server.server_address[:2]
+            host = self.headers.get("Host") or "{}:{}".format(*self.server.server_address[:2])
             headers["Link"] = f'<http://{host}{urlsplit(self.path).path}?{urlencode(params)}>; rel="next"'
         self._send_json(items[start:end], headers)
 
@@ -409,8 +421,7 @@ class _Handler(BaseHandler):
             # The real Hub: 302 to a signed CDN URL; the metadata rides on the 302 itself.
             return self._redirect(302, "Found", self.hub._cdn_location(c, path, meta), headers)
         # The real Hub: 307 to its own resolve-cache, a *relative* Location on the same host.
-        location = (f"/api/resolve-cache/{repo_type}s/{quote(repo_id)}/{c.sha}/{quote(path)}"
-                    f"?etag=%22{meta.oid}%22")
+        location = f"/api/resolve-cache/{repo_type}s/{quote(repo_id)}/{c.sha}/{quote(path)}?etag=%22{meta.oid}%22"
         return self._redirect(307, "Temporary Redirect", location, headers)
 
     def _resolve_cache(self, rest: list[str]) -> None:
@@ -427,13 +438,15 @@ class _Handler(BaseHandler):
 
     def _file_headers(self, c: Commit, path: str, rev: str) -> tuple[FileMeta, dict]:
         if path not in c.meta:
-            raise HubError(404, "EntryNotFound", f"{path} does not exist on \"{rev}\"",
-                           {"X-Repo-Commit": c.sha})  # lets the client record .no_exist/<sha>/<path>
+            raise HubError(
+                404, "EntryNotFound", f'{path} does not exist on "{rev}"', {"X-Repo-Commit": c.sha}
+            )  # lets the client record .no_exist/<sha>/<path>
         meta = c.meta[path]
         headers = {"X-Repo-Commit": c.sha, "Accept-Ranges": "bytes"}
         if meta.size >= self.hub.lfs_threshold:
-            headers.update({"ETag": f'"{meta.sha256}"', "X-Linked-Etag": f'"{meta.sha256}"',
-                            "X-Linked-Size": meta.size})
+            headers.update(
+                {"ETag": f'"{meta.sha256}"', "X-Linked-Etag": f'"{meta.sha256}"', "X-Linked-Size": meta.size}
+            )
         else:
             headers["ETag"] = f'"{meta.oid}"'
         return meta, headers
@@ -445,11 +458,12 @@ class _Handler(BaseHandler):
 
 def _last_touch(repo: FakeRepo, c: Commit, path: str) -> Commit:
     """The newest commit in c's history that changed `path` (file oid or directory contents)."""
+
     def key(commit: Commit):
         return commit.meta[path].oid if path in commit.meta else commit.dir_oid(path)
 
     history = repo.history(c.sha)
-    for newer, older in zip(history, history[1:]):
+    for newer, older in zip(history, history[1:], strict=False):
         if key(newer) != key(older):
             return newer
     return history[-1]

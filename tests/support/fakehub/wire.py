@@ -12,8 +12,8 @@ import socket
 import time
 import traceback
 from http.server import BaseHTTPRequestHandler
-from urllib.parse import parse_qsl, unquote, urlsplit
 from typing import TYPE_CHECKING, NamedTuple
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 if TYPE_CHECKING:
     from .server import FakeHub
@@ -77,8 +77,11 @@ class BaseHandler(BaseHTTPRequestHandler):
 
     def log_request(self, code="-", size="-"):  # called by send_response: one log entry per answer
         headers = dict(self.headers.items()) if getattr(self, "headers", None) else {}
-        self.hub._log(LoggedRequest(self.command or "-", getattr(self, "path", "-"), int(code),
-                                    self.server_kind, headers, time.monotonic()))
+        self.hub._log(
+            LoggedRequest(
+                self.command or "-", getattr(self, "path", "-"), int(code), self.server_kind, headers, time.monotonic()
+            )
+        )
 
     def end_headers(self):
         for k, v in self.extra_headers.items():  # e.g. RateLimit: on every answer of a bucket
@@ -153,8 +156,9 @@ class BaseHandler(BaseHTTPRequestHandler):
             rng = None
         if rng == "unsatisfiable":
             keep = {k: v for k, v in headers.items() if k == "X-Repo-Commit"}
-            raise HubError(416, None, "Requested Range Not Satisfiable",
-                           {"Content-Range": f"bytes */{len(data)}", **keep})
+            raise HubError(
+                416, None, "Requested Range Not Satisfiable", {"Content-Range": f"bytes */{len(data)}", **keep}
+            )
         if rng is not None:
             status, (start, end) = 206, rng
             headers = {**headers, "Content-Range": f"bytes {start}-{end - 1}/{len(data)}"}
@@ -182,7 +186,7 @@ class BaseHandler(BaseHTTPRequestHandler):
                 self.hub.faults.wait_released()
                 view = view[held:]
             for off in range(0, len(view), step):  # stream: no per-request copy of a large body
-                self.wfile.write(view[off:off + step])
+                self.wfile.write(view[off : off + step])
                 self.hub._sent(min(step, len(view) - off))
                 if rate is not None:
                     time.sleep(step / rate)
