@@ -16,9 +16,11 @@ $(VENV)/.base: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e '.[test,postgres,lint]'
 	touch $@
 
-# Tests also compare our variant choice with kernels' own for this host, which needs torch.
+# Tests also compare our variant choice with kernels' own for this host, which needs torch. transformers
+# 5.23 and later ask for a newer kernels than the one we wrap (pip would replace it): held at 5.22, and
+# kernels named again so that nothing here moves it.
 $(VENV)/.torch: $(VENV)/.base
-	$(BIN)/pip install -q torch==2.13.0 numpy transformers
+	$(BIN)/pip install -q torch==2.13.0 numpy 'transformers<=5.22' 'kernels>=0.17.2,<0.18'
 	touch $@
 
 # The protocol-facing tests (marked hub1: pytest -m hub1) again under huggingface_hub 1.x (httpx) — 2.x
