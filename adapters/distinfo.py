@@ -63,11 +63,16 @@ def write_dist_info(directory: Path) -> Path:
 def package_dirs() -> dict[str, Path]:
     """Where each part of ``frt`` lives now (``frt`` and its subpackages), without importing them:
     ``frt.seats`` imports torch, which the connected box writing this directory may not have."""
-    dirs = {"frt": Path(importlib.util.find_spec("frt").origin).parent}
+    dirs = {"frt": _package_dir("frt")}
     for sub in SUBPACKAGES:
-        spec = importlib.util.find_spec(f"frt.{sub}")
-        dirs[f"frt.{sub}"] = Path(spec.origin).parent
+        dirs[f"frt.{sub}"] = _package_dir(f"frt.{sub}")
     return dirs
+
+
+def _package_dir(name: str) -> Path:
+    spec = importlib.util.find_spec(name)
+    assert spec is not None and spec.origin is not None, name  # each part of frt is a regular package
+    return Path(spec.origin).parent
 
 
 def write_python_dir(directory: Path) -> Path:

@@ -85,17 +85,19 @@ def attach_to_runner(runner: Any) -> Handle | None:
         return None
     model = getattr(runner, "model", None)
     if model is None:
-        return _not_attached(f"{type(runner).__name__} has no model after load_model")
+        _not_attached(f"{type(runner).__name__} has no model after load_model")
+        return None
     if model in _seated:
         return None
     # With startup weight-load overlap, load_model returns placeholder weights that are committed
     # only after graph capture: parity would judge placeholders, and capture would freeze the
     # originals. Refuse loudly rather than seat something unverified.
     if getattr(runner, "startup_weight_load", None) is not None:
-        return _not_attached(
+        _not_attached(
             "weights load in the background (startup weight-load overlap) and are "
             "committed after graph capture; start SGLang without that overlap"
         )
+        return None
     handle = common.attach_from_env(model, ENGINE)
     if handle is not None:
         _seated.add(model)
@@ -126,7 +128,7 @@ def attached() -> list[Handle]:
 # --- the sitecustomize door --------------------------------------------------------------------------
 
 
-def wrap_load_model(cls: type) -> bool:
+def wrap_load_model(cls: type[Any]) -> bool:
     """Wrap ``cls.load_model`` with `after_load_model`; False when a wrapper of ours is already on it
     (anywhere in its ``__wrapped__`` chain, e.g. under SGLang's own hook wrapper)."""
     current = cls.__dict__.get("load_model")

@@ -7,9 +7,10 @@ and returns a model object or raises ManifestError pointing at the offending lin
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from .model import KernelSpec, ModelSpec, TargetSpec, Trust
-from .source import Source
+from .source import Source, ValuePath, field_name
 
 TARGET_FIELDS = ("torch", "backend", "cpu", "os")
 _TARGET_KEYS = ("name", "target", *TARGET_FIELDS, "archs", "python")
@@ -49,7 +50,7 @@ def org_problem(org: object) -> str | None:
     return None
 
 
-def check_version(src: Source, value: object, path: tuple) -> int:
+def check_version(src: Source, value: object, path: ValuePath) -> int:
     """A kernel version: the N of a ``v<N>`` branch. bool is an int subclass, so exclude it."""
     if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_INT:
         return value
@@ -66,11 +67,11 @@ def short(value: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def parse_targets(src: Source, value: object, path: tuple) -> tuple[TargetSpec, ...]:
+def parse_targets(src: Source, value: object, path: ValuePath) -> tuple[TargetSpec, ...]:
     if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
         raise src.error(path, "must be an array of tables: [[targets]] sections (or targets = [{...}, ...])")
     specs = tuple(_parse_target(src, t, path + (i,)) for i, t in enumerate(value))
-    names: set[str] = set()
+    names: set[str | None] = set()
     for i, spec in enumerate(specs):
         if spec.name is not None and spec.name in names:
             raise src.error(path + (i, "name"), f"duplicate target name {spec.name!r}")
@@ -78,7 +79,7 @@ def parse_targets(src: Source, value: object, path: tuple) -> tuple[TargetSpec, 
     return specs
 
 
-def _parse_target(src: Source, t: dict, path: tuple) -> TargetSpec:
+def _parse_target(src: Source, t: dict[str, Any], path: ValuePath) -> TargetSpec:
     for key in t:
         if key not in _TARGET_KEYS:
             raise src.error(path + (key,), f"unknown key; {_TARGET_HINT}")
@@ -97,7 +98,14 @@ def _parse_target(src: Source, t: dict, path: tuple) -> TargetSpec:
         archs = _archs(src, t, path)
         if archs and "@" in text:
             raise src.error(path + ("archs",), "the target string already names archs after '@': give them once")
-        return TargetSpec(name=name, text=text, source=src.at(path), archs=archs, python=_python(src, t, path))
+        return TargetSpec(
+            name=name,
+            text=text,
+            source=src.at(path),
+            archs=archs,
+            python=_python(src, t, path),
+            where=_where(src, t, path),
+        )
     missing = [f for f in TARGET_FIELDS if f not in t]
     if missing:
         raise src.error(path, f"missing {', '.join(missing)}; {_TARGET_HINT}")
@@ -114,10 +122,15 @@ def _parse_target(src: Source, t: dict, path: tuple) -> TargetSpec:
         source=src.at(path),
         archs=_archs(src, t, path),
         python=_python(src, t, path),
+        where=_where(src, t, path),
     )
 
 
-def _python(src: Source, t: dict, path: tuple) -> str | None:
+def _where(src: Source, t: dict[str, Any], path: ValuePath) -> dict[str, str]:
+    return {key: f"{src.at(path + (key,))}: {field_name(path + (key,))}" for key in t}
+
+
+def _python(src: Source, t: dict[str, Any], path: ValuePath) -> str | None:
     """``python = "3.12"``: the cluster's Python, major.minor, for the binary wheels of python-depends."""
     if "python" not in t:
         return None
@@ -127,7 +140,7 @@ def _python(src: Source, t: dict, path: tuple) -> str | None:
     return value
 
 
-def _archs(src: Source, t: dict, path: tuple) -> tuple[str, ...] | None:
+def _archs(src: Source, t: dict[str, Any], path: ValuePath) -> tuple[str, ...] | None:
     """``archs = ["8.0", "9.0"]``: GPU archs (CUDA capabilities, ROCm gfx names), each a plain string;
     which are valid for the backend is the resolver's to say."""
     if "archs" not in t:
@@ -145,7 +158,7 @@ def _archs(src: Source, t: dict, path: tuple) -> tuple[str, ...] | None:
     return tuple(value)
 
 
-def _check_torch(src: Source, value: object, path: tuple) -> None:
+def _check_torch(src: Source, value: object, path: ValuePath) -> None:
     # torch = 2.10 in TOML is the float 2.1: the minor version is gone before we see it. Refuse
     # numbers outright rather than guess, and say how to write it.
     if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -158,16 +171,34 @@ def _check_torch(src: Source, value: object, path: tuple) -> None:
         raise src.error(path, f'must be "<major>.<minor>" like "2.11", got {value!r}')
 
 
-def parse_kernels(src: Source, table: object, path: tuple) -> tuple[KernelSpec, ...]:
-    """The frt ``[kernels]`` table: ``"org/name" = { version = N }`` or ``{ revision = "..." }``."""
+def parse_kernels(src: Source, table: object, path: ValuePath) -> tuple[KernelSpec, ...]:
+    """The frt ``[kernels]`` table: ``"org/name" = { version = N }`` or ``{ revision = "..." }``, or a list of
+    those for one repo at several versions."""
     if not isinstance(table, dict):
         raise src.error(path, 'must be a table: [kernels] with "org/name" = { version = 1 } entries')
     if not table:
         raise src.error(path, "is empty: nothing to stage")
-    return tuple(_parse_kernel(src, repo, entry, path + (repo,)) for repo, entry in table.items())
+    specs: list[KernelSpec] = []
+    for repo, entry in table.items():
+        if not isinstance(entry, list):
+            specs.append(_parse_kernel(src, repo, entry, path + (repo,)))
+            continue
+        # One repo at several versions: "org/name" = [{ version = 1 }, { version = 2 }].
+        if not entry:
+            raise src.error(path + (repo,), "is empty: give [{ version = 1 }, ...] or one { version = 1 }")
+        seen: dict[tuple[int | None, str | None], int] = {}
+        for i, one in enumerate(entry):
+            spec = _parse_kernel(src, repo, one, path + (repo, i))
+            key = (spec.version, spec.revision)
+            if key in seen:
+                what = f"version = {spec.version}" if spec.version is not None else f"revision = {spec.revision!r}"
+                raise src.error(path + (repo, i), f"{what} is asked twice (also [{seen[key]}])")
+            seen[key] = i
+            specs.append(spec)
+    return tuple(specs)
 
 
-def _parse_kernel(src: Source, repo: str, entry: object, path: tuple) -> KernelSpec:
+def _parse_kernel(src: Source, repo: str, entry: object, path: ValuePath) -> KernelSpec:
     problem = repo_id_problem(repo)
     if problem:
         raise src.error(path, problem)
@@ -189,7 +220,7 @@ def _parse_kernel(src: Source, repo: str, entry: object, path: tuple) -> KernelS
     return KernelSpec(repo, revision=rev, source=src.at(path))
 
 
-def parse_trust(src: Source, table: object, path: tuple) -> Trust:
+def parse_trust(src: Source, table: object, path: ValuePath) -> Trust:
     if not isinstance(table, dict):
         raise src.error(path, 'must be a table: [trust] with publishers = ["org", ...]')
     for key in table:
@@ -207,14 +238,14 @@ def parse_trust(src: Source, table: object, path: tuple) -> Trust:
 _MODEL_KEYS = ("revision", "include", "exclude")
 
 
-def parse_models(src: Source, table: object, path: tuple) -> tuple[ModelSpec, ...]:
+def parse_models(src: Source, table: object, path: ValuePath) -> tuple[ModelSpec, ...]:
     """The frt ``[models]`` table: ``"org/name" = { revision = "main", include = [...], exclude = [...] }``."""
     if not isinstance(table, dict):
         raise src.error(path, 'must be a table: [models] with "org/name" = { include = ["*.json"] } entries')
     return tuple(_parse_model(src, repo, entry, path + (repo,)) for repo, entry in table.items())
 
 
-def _parse_model(src: Source, repo: str, entry: object, path: tuple) -> ModelSpec:
+def _parse_model(src: Source, repo: str, entry: object, path: ValuePath) -> ModelSpec:
     if problem := repo_id_problem(repo):
         raise src.error(path, problem)
     if not isinstance(entry, dict):
@@ -231,7 +262,7 @@ def _parse_model(src: Source, repo: str, entry: object, path: tuple) -> ModelSpe
     return ModelSpec(repo, rev, include, exclude, source=src.at(path))
 
 
-def _patterns(src: Source, value: object, path: tuple) -> tuple[str, ...]:
+def _patterns(src: Source, value: object, path: ValuePath) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(p, str) and p.strip() for p in value):
         raise src.error(path, f'must be a list of non-empty fnmatch patterns like ["*.safetensors"], got {value!r}')
     return tuple(dict.fromkeys(value))

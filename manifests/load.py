@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import re
+import sys
 from functools import partial
 from pathlib import Path
+from typing import Any
 
-try:
+if sys.version_info >= (3, 11):
     import tomllib
-except ImportError:  # Python 3.10: the same parser, as a package
+else:  # Python 3.10: the same parser, as a package
     import tomli as tomllib
 
 from .lockfmt import parse_lock
@@ -71,7 +73,7 @@ def _read(path: Path) -> str:
         raise ManifestError(path, line, "encoding", f"not UTF-8 text (byte {e.start})") from None
 
 
-def _parse_toml(path: Path, text: str) -> dict:
+def _parse_toml(path: Path, text: str) -> dict[str, Any]:
     try:
         return tomllib.loads(text)
     except RecursionError:  # tomllib recurses per nesting level: `a = [[[[…` 100k deep

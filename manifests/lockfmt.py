@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .fields import check_version, repo_id_problem
 from .model import KernelSpec, Manifest, ManifestError, Trust
-from .source import Source
+from .source import Source, ValuePath
 
 _WS = re.compile(r"[ \t\n\r]*")
 _COMMIT = re.compile(r"[0-9a-fA-F]{40}|[0-9a-fA-F]{64}")  # SHA-1 or SHA-256 git object id
@@ -44,7 +44,8 @@ def parse_lock(path: Path, text: str) -> Manifest:
         raise src.error((), "must be a JSON array of {dependency, lock} entries, as `kernels lock` writes", line=1)
     if not data:
         raise src.error((), "is empty: nothing to stage", line=1)
-    kernels, seen = [], set()
+    kernels: list[KernelSpec] = []
+    seen: set[tuple[str, str, object]] = set()
     for i, entry in enumerate(data):
         spec, dep = _entry(src, entry, (i,))
         if dep in seen:  # kernels' parser refuses this too ("duplicate dependency")
@@ -54,7 +55,7 @@ def parse_lock(path: Path, text: str) -> Manifest:
     return Manifest(path, "kernels.lock", (), tuple(kernels), Trust())
 
 
-def _entry(src: Source, entry: object, path: tuple) -> tuple[KernelSpec, tuple]:
+def _entry(src: Source, entry: object, path: ValuePath) -> tuple[KernelSpec, tuple[str, str, object]]:
     if not isinstance(entry, dict):
         raise src.error(path, "must be an object with dependency and lock")
     old = [k for k in _OLD_KEYS if k in entry]
@@ -90,7 +91,9 @@ def _entry(src: Source, entry: object, path: tuple) -> tuple[KernelSpec, tuple]:
     return spec, (repo, kind, dep[kind])
 
 
-def _known_keys(src: Source, obj: dict, path: tuple, required: tuple, optional: tuple = ()) -> None:
+def _known_keys(
+    src: Source, obj: dict[str, object], path: ValuePath, required: tuple[str, ...], optional: tuple[str, ...] = ()
+) -> None:
     for key in obj:
         if key not in required + optional:
             raise src.error(path + (key,), f"unknown key; expected {', '.join(required + optional)}")
@@ -105,21 +108,29 @@ def _entry_spans(text: str) -> list[tuple[int, int]]:
     json gives no positions for values, but raw_decode reports where each element ends, so
     walking the array one element at a time recovers exact spans for error lines.
     """
-    dec, spans = json.JSONDecoder(), []
-    pos = _WS.match(text, 0).end() + 1  # just past '['
+    dec = json.JSONDecoder()
+    spans: list[tuple[int, int]] = []
+    pos = _ws_end(text, 0) + 1  # just past '['
     while True:
-        pos = _WS.match(text, pos).end()
+        pos = _ws_end(text, pos)
         if text.startswith("]", pos):
             return spans
         _, end = dec.raw_decode(text, pos)
         spans.append((pos, end))
-        pos = _WS.match(text, end).end()
+        pos = _ws_end(text, end)
         if not text.startswith(",", pos):
             return spans
         pos += 1
 
 
-def _line_of(text: str, spans: list[tuple[int, int]], path: tuple) -> int | None:
+def _ws_end(text: str, pos: int) -> int:
+    """Where the whitespace starting at ``pos`` ends."""
+    m = _WS.match(text, pos)
+    assert m is not None  # _WS matches the empty string too: it matches at every position
+    return m.end()
+
+
+def _line_of(text: str, spans: list[tuple[int, int]], path: ValuePath) -> int | None:
     """Line of the entry ``path[0]``, narrowed to the last of ``path[1:]``'s keys found in order
     inside it (so ``(2, "lock", "commit")`` finds the ``"commit"`` line of the third entry)."""
     if not path or not isinstance(path[0], int) or path[0] >= len(spans):

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 KINDS = ("frt", "pyproject", "kernels.lock")
@@ -23,7 +24,8 @@ class ManifestError(ValueError):
         where = self.file if line is None else f"{self.file}:{line}"
         super().__init__(f"{where}: {field}: {what}")
 
-    def __reduce__(self):  # keep it picklable (multiprocessing workers) despite the 4-arg __init__
+    def __reduce__(self) -> tuple[type[ManifestError], tuple[str, int | None, str, str]]:
+        # keep it picklable (multiprocessing workers) despite the 4-arg __init__
         return (type(self), (self.file, self.line, self.field, self.what))
 
 
@@ -44,8 +46,11 @@ class TargetSpec:
     source: str = ""
     archs: tuple[str, ...] | None = None  # the fleet's GPU archs (``archs = ["8.0", "9.0"]``), checked by the resolver
     python: str | None = None  # the cluster's Python (``python = "3.12"``): binary wheels for python-depends
+    # Each field as written (target, torch, backend, cpu, os, archs, python) -> "file:line: targets[0].os", the
+    # start of an error about it, so that one found later (an unknown os) points at its line, not [[targets]]'s.
+    where: Mapping[str, str] = field(default_factory=dict, compare=False)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         fields = (self.torch, self.backend, self.cpu, self.os)
         if (self.text is not None and fields != (None,) * 4) or (self.text is None and None in fields):
             raise ValueError("TargetSpec needs either text or all of torch/backend/cpu/os, not both")
@@ -73,7 +78,7 @@ class KernelSpec:
     source: str = ""
     locked_version: int | None = None
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if (self.version is None) == (self.revision is None):
             raise ValueError(f"KernelSpec({self.repo!r}) needs exactly one of version or revision")
 

@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import Any, TypeVar
 
 from .fields import MAX_INT, repo_id_problem, short
 from .load import _parse_toml, _read
-from .source import Source
+from .source import Source, ValuePath
 from .toml_lines import line_of, scan
 
 #: linear: a dense projection (``y = x W^T + b``); norm: RMSNorm-like (weight, eps);
@@ -42,6 +44,8 @@ _SEAT_KEYS = ("name", "match", "match_class", "kind", "kernel", "guards", "parit
 _KERNEL_KEYS = ("repo", "version", "revision", "layer", "function")
 _GUARD_KEYS = ("dtypes", "devices", "width", "max_rows")
 _LIST_KEYS = ("match", "match_class", "dtypes", "devices")
+
+_T = TypeVar("_T")
 
 
 class SeatSpecError(ValueError):
@@ -78,7 +82,7 @@ class KernelRef:
     function: str | None = None  # a function of the kernel module, called by the kind's convention
     source: str = field(default="", compare=False)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         problem = repo_id_problem(self.repo)
         if problem:
             raise SeatSpecError("repo", problem)
@@ -125,7 +129,7 @@ class Guards:
     width: int | None = None  # the input's last dimension
     max_rows: int | None = None  # rows = numel / width; above it the original serves
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         _names(self.dtypes, "dtypes", DTYPES)
         _names(self.devices, "devices", DEVICE_TYPES)
         _positive_int(self.width, "width")
@@ -146,7 +150,7 @@ class SeatSpec:
     slab_rows: int | None = None  # lm_head: rows per slab; None: ceil(rows/4) floored to 64
     source: str = field(default="", compare=False)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise SeatSpecError("kind", f"unknown {self.kind!r}; expected one of {', '.join(KINDS)}")
         if not isinstance(self.kernel, KernelRef):
@@ -212,7 +216,7 @@ class SeatCatalog:
     seats: tuple[SeatSpec, ...]
     path: Path | None = None
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not isinstance(self.seats, tuple) or not all(isinstance(s, SeatSpec) for s in self.seats):
             raise SeatSpecError("seats", "must be a tuple of SeatSpec")
 
@@ -241,7 +245,7 @@ def parse_seat_catalog(text: str, path: str | Path = "<seats>") -> SeatCatalog:
     return SeatCatalog(tuple(_seat(src, s, ("seats", i)) for i, s in enumerate(raw)), path)
 
 
-def _seat(src: Source, raw: dict, path: tuple) -> SeatSpec:
+def _seat(src: Source, raw: dict[str, Any], path: ValuePath) -> SeatSpec:
     _known(src, raw, _SEAT_KEYS, path)
     for required in ("kind", "kernel"):
         if required not in raw:
@@ -252,7 +256,7 @@ def _seat(src: Source, raw: dict, path: tuple) -> SeatSpec:
     return _build(src, path, SeatSpec, kernel=kernel, guards=guards, source=src.at(path), **kwargs)
 
 
-def _sub(src: Source, raw: object, keys: tuple[str, ...], path: tuple, cls):
+def _sub(src: Source, raw: object, keys: tuple[str, ...], path: ValuePath, cls: Callable[..., _T]) -> _T:
     if not isinstance(raw, dict):
         raise src.error(path, f"must be a table with {', '.join(keys)}")
     _known(src, raw, keys, path)
@@ -260,14 +264,14 @@ def _sub(src: Source, raw: object, keys: tuple[str, ...], path: tuple, cls):
     return _build(src, path, cls, **{k: _value(k, v) for k, v in raw.items()}, **extra)
 
 
-def _build(src: Source, path: tuple, cls, **kwargs):
+def _build(src: Source, path: ValuePath, cls: Callable[..., _T], **kwargs: object) -> _T:
     try:
         return cls(**kwargs)
     except SeatSpecError as e:
         raise src.error(path + tuple(e.field.split(".")), e.what) from None
 
 
-def _known(src: Source, raw: dict, keys: tuple[str, ...], path: tuple) -> None:
+def _known(src: Source, raw: dict[str, Any], keys: tuple[str, ...], path: ValuePath) -> None:
     for key in raw:
         if key not in keys:
             raise src.error(path + (key,), f"unknown key; expected {', '.join(keys)}")

@@ -14,8 +14,9 @@ get approximate indices. Good enough for error messages, which is all this is us
 from __future__ import annotations
 
 import re
+from typing import TypeAlias
 
-Path = tuple  # a value path: str keys and int array indices, e.g. ("targets", 0, "torch")
+Path: TypeAlias = tuple[str | int, ...]  # a value path: str keys and int array indices, e.g. ("targets", 0, "torch")
 
 # One part of a (dotted) key: "basic string", 'literal string', or a bare key.
 _KEY_PART = re.compile(r"""[ \t]*(?:"((?:[^"\\]|\\.)*)"|'([^']*)'|([A-Za-z0-9_-]+))[ \t]*""")
@@ -35,9 +36,9 @@ def _dotted_key(s: str, pos: int) -> tuple[list[str], int] | None:
         pos += 1
 
 
-def _with_indices(key: tuple, counts: dict[tuple, int]) -> tuple:
+def _with_indices(key: tuple[str, ...], counts: dict[tuple[str, ...], int]) -> Path:
     """Put the current element index after every array-of-tables prefix of a header key."""
-    out: list = []
+    out: list[str | int] = []
     for i in range(len(key)):
         out.append(key[i])
         if counts.get(key[: i + 1]):
@@ -48,7 +49,7 @@ def _with_indices(key: tuple, counts: dict[tuple, int]) -> tuple:
 def scan(text: str) -> list[tuple[int, Path]]:
     """(line number, value path) for every table header and ``key =`` line, in file order."""
     entries: list[tuple[int, Path]] = []
-    counts: dict[tuple, int] = {}  # array-of-tables header -> elements seen so far
+    counts: dict[tuple[str, ...], int] = {}  # array-of-tables header -> elements seen so far
     table: Path = ()
     # Split on "\n" only: that is how tomllib counts lines (str.splitlines also splits on \x0c etc.).
     for n, line in enumerate(text.split("\n"), 1):

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from .fields import check_version, parse_kernels, parse_models, parse_targets, parse_trust, repo_id_problem
-from .model import KernelSpec, Manifest, Trust
-from .source import Source
+from .model import KernelSpec, Manifest, TargetSpec, Trust
+from .source import Source, ValuePath
 
 _FRT_KEYS = ("targets", "kernels", "models", "trust")
 _TOOL_KEYS = ("targets", "trust")  # [tool.frt-mirror]: kernels come from [tool.kernels.dependencies]
 
 
-def parse_frt(src: Source, data: dict) -> Manifest:
+def parse_frt(src: Source, data: dict[str, Any]) -> Manifest:
     """``[[targets]]`` (optional: the caller may pass --target), ``[kernels]``, ``[models]`` (at least
     one of the two), ``[trust]``."""
     for key in data:
@@ -25,12 +27,12 @@ def parse_frt(src: Source, data: dict) -> Manifest:
     return Manifest(src.path, "frt", targets, kernels, trust, models)
 
 
-def parse_pyproject(src: Source, data: dict) -> Manifest:
+def parse_pyproject(src: Source, data: dict[str, Any]) -> Manifest:
     """``[tool.kernels.dependencies]`` as ``kernels lock`` reads it (``"org/name" = <int version>``),
     plus an optional ``[tool.frt-mirror]`` with ``targets`` and ``trust`` in the frt shapes."""
     tool = data.get("tool")
     kern = tool.get("kernels") if isinstance(tool, dict) else None
-    if not isinstance(kern, dict) or "dependencies" not in kern:
+    if not isinstance(tool, dict) or not isinstance(kern, dict) or "dependencies" not in kern:
         # Point at [tool.kernels] when it exists; otherwise there is no line to point at (the
         # nearest-match search would land on an unrelated [tool.x] header).
         line = src.line(("tool", "kernels")) if isinstance(kern, dict) else None
@@ -48,7 +50,8 @@ def parse_pyproject(src: Source, data: dict) -> Manifest:
         raise src.error(deps_path, "is empty: nothing to stage")
     kernels = tuple(_dependency(src, repo, v, deps_path + (repo,)) for repo, v in deps.items())
 
-    targets, trust = (), Trust()
+    targets: tuple[TargetSpec, ...] = ()
+    trust = Trust()
     frt = tool.get("frt-mirror")
     if frt is not None:
         path = ("tool", "frt-mirror")
@@ -67,7 +70,7 @@ def parse_pyproject(src: Source, data: dict) -> Manifest:
     return Manifest(src.path, "pyproject", targets, kernels, trust)
 
 
-def _dependency(src: Source, repo: str, value: object, path: tuple) -> KernelSpec:
+def _dependency(src: Source, repo: str, value: object, path: ValuePath) -> KernelSpec:
     problem = repo_id_problem(repo)
     if problem:
         raise src.error(path, problem)

@@ -188,6 +188,7 @@ def judge(metric: Metric, sample: Sample, base: Sample, *, alongside: bool) -> t
     if sample.failure or base.failure:
         return "skip", sample.failure or f"{whose}: {base.failure}", None
     for who, s in (("its runs", sample), (whose, base)):
+        assert s.spread is not None  # neither failed: both have runs (at least one each)
         if s.spread > metric.threshold:
             return (
                 "skip",
@@ -197,6 +198,7 @@ def judge(metric: Metric, sample: Sample, base: Sample, *, alongside: bool) -> t
                 ),
                 None,
             )
+    assert sample.median is not None and base.median is not None  # as their spreads
     change = metric.worse_by(sample.median, base.median)
     if change > metric.threshold:
         return "bad", f"{change:.1f}% worse than the good median {base.median:g}", change
@@ -291,12 +293,14 @@ def _ends(result: PerfResult, rng: Range, probe: _Probe, record) -> Sample:
     when they cannot be measured or show no drift to find. Returns the good end's sample, the baseline."""
     metric = probe.metric
     g, b = probe.measure(rng.good, rng.bad) if metric.interleave else (probe.measure(rng.good)[0], None)
-    why = g.failure or (
-        f"its runs spread {g.spread:.1f}% (MAD) > the {metric.threshold:g}% threshold "
-        "(more --repeat, a larger --threshold, or a quieter machine)"
-        if g.spread > metric.threshold
-        else ""
-    )
+    why = g.failure
+    if not why:
+        assert g.spread is not None  # not failed: it has runs (the good end's come first)
+        if g.spread > metric.threshold:
+            why = (
+                f"its runs spread {g.spread:.1f}% (MAD) > the {metric.threshold:g}% threshold "
+                "(more --repeat, a larger --threshold, or a quieter machine)"
+            )
     result.good_median = g.median
     record(
         _step(rng.good, probe.pinned(rng.good).variant, "good end", g, "skip" if why else "good", why or "the baseline")
@@ -312,6 +316,7 @@ def _ends(result: PerfResult, rng: Range, probe: _Probe, record) -> Sample:
     if verdict == "skip":
         result.stopped = f"cannot measure the bad end {rng.bad[:12]}: {reason}"
     elif verdict == "good":
+        assert change is not None  # judge's "good" comes with its change
         if change < -metric.threshold:
             hint = "--lower-is-better" if metric.higher_is_better else "--higher-is-better"
             how = f"the bad end is {-change:.1f}% better ({metric.direction}; pass {hint} if not)"

@@ -70,7 +70,8 @@ def choose_staged(
             chosen[repo] = match[0]
             continue
         staged_versions = [r for r in candidates if r.version is not None]
-        chosen[repo] = max(staged_versions, key=lambda r: r.version) if staged_versions else candidates[-1]
+        # `or 0` only for the type checker: each of these has a version (an int), so the order is the same
+        chosen[repo] = max(staged_versions, key=lambda r: r.version or 0) if staged_versions else candidates[-1]
         if len({r.commit for r in candidates}) > 1:
             others = ", ".join(sorted(r.requested for r in candidates if r is not chosen[repo]))
             warnings.append(

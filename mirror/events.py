@@ -66,5 +66,18 @@ def events_of(ledger: Ledger, kind: str) -> list[EventRow]:
         return [_row(e) for e in s.scalars(q)]
 
 
+@retried
+def pulled_by_repo(ledger: Ledger) -> dict[str, tuple[int, int, datetime]]:
+    """What pull-through fetched, per repo: files, bytes, and when last (its "pull" events name repo@commit)."""
+    q = select(Event.ref, func.sum(Event.files), func.sum(Event.nbytes), func.max(Event.at)).where(Event.kind == "pull")
+    out: dict[str, tuple[int, int, datetime]] = {}
+    with ledger.session(write=False) as s:
+        for ref, files, nbytes, at in s.execute(q.group_by(Event.ref)):
+            repo = (ref or "").rpartition("@")[0]
+            f0, b0, a0 = out.get(repo, (0, 0, at))
+            out[repo] = (f0 + int(files or 0), b0 + int(nbytes or 0), max(a0, at))
+    return out
+
+
 def _row(e: Event) -> EventRow:
     return EventRow(e.kind, e.at, e.ref, e.base, e.files, e.nbytes, e.detail)

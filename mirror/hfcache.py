@@ -5,7 +5,8 @@ listing huggingface_hub caches (`trees/<sha>.json`) names files of other variant
 so the offline snapshot lookup raises IncompleteSnapshotError. Here every staged
 version gets its `refs/vN`, snapshots hold only staged files (relative symlinks to
 `blobs/<etag>`, as huggingface_hub lays them out), and no tree listing is written —
-an old one for an exported commit is removed.
+an old one for an exported commit is removed. Exported into a folder it wrote before, the folder follows
+the home: what was withdrawn since goes (hfcache_prune.py).
 
 Every file is hashed before the first write, and linked only if its bytes still hash to the blob the
 ledger recorded: a stored blob changed on disk since it was verified (bit rot, an edit) is refused,
@@ -16,13 +17,16 @@ from __future__ import annotations
 
 import os
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 from frt.resolver.errors import BadInput, VerificationFailed
 from frt.resolver.fs import atomic_write
 from frt.resolver.gate import check_commit, check_git_oid, check_path, check_ref, check_repo_id, check_sha256
+from frt.resolver.resolution import FileEntry
 from frt.resolver.targets import Target
 
+from .hfcache_prune import Wanted, prune, read_record, write_record
 from .home import Home
 from .records import MODEL_TARGET, blob_for, repo_types
 from .store import digest_file
@@ -35,13 +39,26 @@ def cache_folder(repo_id: str, repo_type: str = "kernel") -> str:
     return f"{repo_type}s--{org}--{name}"
 
 
-def export_cache(out: Path, home: Home, target: Target, wheels_to: Path | None = None) -> list[tuple[str, str, str]]:
-    """Write the cache for `target` into `out`; return (repo, ref, commit) for every ref written. The
-    wheels its kernels' python-depends need go to `wheels_to` (see export_wheels)."""
+@dataclass(frozen=True)
+class Exported:
+    refs: list[tuple[str, str, str]]  # (repo, ref, commit) of every ref written
+    removed: list[tuple[str, str, str]]  # (repo, ref, commit) of every ref taken out: no longer staged
+
+
+def export_cache(
+    out: Path, home: Home, target: Target, wheels_to: Path | None = None, *, keep: bool = False
+) -> Exported:
+    """Write the cache for `target`, and for the targets exported into `out` before, into `out`; unless
+    `keep`, take out what the home no longer stages for them (hfcache_prune.py). The wheels its kernels'
+    python-depends need go to `wheels_to` (see export_wheels)."""
+    targets, folders = read_record(out)
+    targets = list(dict.fromkeys([str(target), *targets]))
     # Models have no targets: every target's cache gets every staged model.
-    rows = home.staged(str(target)) + home.staged(MODEL_TARGET)
-    if not rows:
+    models = home.staged(MODEL_TARGET)
+    mine = home.staged(str(target))
+    if not mine + models:
         raise BadInput(f"nothing is staged for {target}: run 'frt-mirror stage --target {target}' first")
+    rows = mine + [r for t in targets[1:] for r in home.staged(t)] + models
     plan = []
     for row in rows:  # every name checked before the first write: a bad one leaves `out` untouched
         with home.ledger.view() as v:
@@ -56,26 +73,35 @@ def export_cache(out: Path, home: Home, target: Target, wheels_to: Path | None =
         plan.append((row, _checked(row, files, at)))
     sources = _sources(home, plan)
     blobs = _check_sources(home, plan, sources)
-    wheels = _check_wheels(home, rows) if wheels_to is not None else []
+    wheels = _check_wheels(home, mine + models) if wheels_to is not None else []
     out.mkdir(parents=True, exist_ok=True)
     if not (out / "CACHEDIR.TAG").exists():
         (out / "CACHEDIR.TAG").write_text(CACHEDIR_TAG)
     written, types = [], repo_types(home.ledger, rows)
+    wanted: dict[str, Wanted] = {}  # repo folder -> what it holds after this export
     for row, (files, refs) in plan:
-        repo_dir = out / cache_folder(row.repo, types[row])
+        folder = cache_folder(row.repo, types[row])
+        want = wanted.setdefault(folder, Wanted(row.repo))
         for entry in files:
             src = sources[(row.repo, row.commit, entry.path)]
+            assert src is not None  # _check_sources refused a missing one
             # huggingface_hub names a blob by the ETag the Hub sends: sha256 for LFS files, git oid otherwise.
-            _place(repo_dir, row.commit, entry.path, src, etag=entry.sha256 or entry.git_oid, sha256=blobs[entry])
-        (repo_dir / "trees" / f"{row.commit}.json").unlink(missing_ok=True)
+            etag = entry.sha256 or entry.git_oid
+            _place(out / folder, row.commit, entry.path, src, etag=etag, sha256=blobs[entry])
+            want.files.setdefault(row.commit, set()).add(entry.path)
+            want.blobs.add(etag)
+        (out / folder / "trees" / f"{row.commit}.json").unlink(missing_ok=True)
         for ref in refs:
-            atomic_write(repo_dir / "refs" / ref, row.commit)
+            atomic_write(out / folder / "refs" / ref, row.commit)
+            want.refs.add(ref)
             written.append((row.repo, ref, row.commit))
-    if wheels:
+    removed = [] if keep else prune(out, wanted, [*folders, *wanted])
+    write_record(out, targets, sorted({*folders, *wanted}))
+    if wheels and wheels_to is not None:  # wheels is empty without wheels_to
         wheels_to.mkdir(parents=True, exist_ok=True)
         for name, src, sha in wheels:
             _copy_in(src, wheels_to / name, sha)
-    return written
+    return Exported(list(dict.fromkeys(written)), removed)
 
 
 def wheels_needed(home: Home, target: Target) -> list[str]:
@@ -116,7 +142,7 @@ def _sources(home: Home, plan) -> dict[tuple[str, str, str], Path | None]:
     for row, (files, _) in plan:
         for f in files:
             if row.is_model:
-                out[(row.repo, row.commit, f.path)] = home.store.path(blobs[f]) if blobs[f] else None
+                out[(row.repo, row.commit, f.path)] = home.store.path(sha) if (sha := blobs[f]) else None
             else:
                 out[(row.repo, row.commit, f.path)] = views.root / views.repo_folder(row.repo) / row.commit / f.path
     return out
@@ -153,7 +179,7 @@ def _holds(blob: Path, src: Path, sha256: str) -> bool:
     return os.path.samefile(blob, src) or digest_file(blob).sha256 == sha256
 
 
-def _checked(row, files, at: list[str]) -> tuple[list, list[str]]:
+def _checked(row, files: tuple[FileEntry, ...], at: list[str]) -> tuple[tuple[FileEntry, ...], list[str]]:
     """The row's files and ref names (its own, then `at`), through the gate: each becomes a path under
     `out` (blobs/<etag>, snapshots/<commit>/<path>, refs/<ref>), and the ledger is only a file on disk."""
     where = f"ledger's staged row {check_repo_id(row.repo, where='ledger')}@{row.commit[:12]}"

@@ -10,7 +10,7 @@ from pathlib import Path
 from frt.resolver.ledger import Ledger
 from frt.resolver.resolution import FileEntry
 
-from .home_path import check_not_forgotten, default_ledger_url, ledger_path
+from .home_path import check_home, check_not_forgotten, default_ledger_url, ledger_path
 from .records import StagedRow, blob_for, staged_for, staged_rows
 from .schema import MIRROR_TRACK
 from .store import BlobStore, store_root
@@ -39,6 +39,7 @@ class Home:
         ledger_url: str | None = None,
     ):
         self.root = Path(root)
+        check_home(self.root)
         self._ledger, self._readonly = ledger, readonly
         self.ledger_url = ledger_url or default_ledger_url()
 

@@ -55,6 +55,28 @@ class HomeLayout:
         return self.root / "python"
 
 
+def check_home(root: Path) -> None:
+    """One line for a home that cannot be one, the same whichever command asks first: before, each found
+    its own OSError on the way (`…/store/sha256: Not a directory`, `File exists`, nothing at all)."""
+    layout = HomeLayout(root)
+    if root.is_symlink() and not root.exists():
+        _unusable(root, f"{root} is a link to {os.readlink(root)}, which does not exist")
+    for above in (root, *root.parents):
+        if above.exists() or above.is_symlink():
+            if not above.is_dir():
+                _unusable(root, f"{above} is a file, not a directory")
+            break
+    folders = (layout.store.parent, layout.store, layout.tmp, layout.locks, layout.views.parent, layout.views,
+               layout.views_tmp, layout.wheels, layout.quarantine, layout.python)  # fmt: skip
+    for folder in folders:
+        if (folder.exists() or folder.is_symlink()) and not folder.is_dir():
+            _unusable(root, f"{folder} is not a directory")
+
+
+def _unusable(root: Path, why: str) -> None:
+    raise BadInput(f"home {root} is not usable: {why}")
+
+
 def default_home() -> Path:
     if env := os.environ.get("FRT_MIRROR_HOME"):
         return Path(env)

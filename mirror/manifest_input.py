@@ -6,7 +6,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from frt.manifests import Manifest, ManifestError, ModelSpec, load_manifest
-from frt.resolver.errors import BadInput
+from frt.resolver.errors import BadInput, BadTargetField
 from frt.resolver.resolution import Request
 from frt.resolver.resolve import make_request
 from frt.resolver.targets import Target, make_target, parse_target, with_archs
@@ -43,12 +43,17 @@ def _manifest_targets(manifest: Manifest) -> list[Target]:
     out = []
     for t in manifest.targets:
         try:
-            if getattr(t, "text", None):
+            if t.text:
                 target = parse_target(t.text, name=t.name)
                 target = with_archs(target, t.archs) if t.archs else target
-            else:
+            else:  # TargetSpec: without text, all four fields (and the manifest's parser refuses a blank text)
+                assert t.backend is not None and t.cpu is not None and t.os is not None
                 target = make_target(torch=t.torch, backend=t.backend, cpu=t.cpu, os=t.os, name=t.name, archs=t.archs)
             out.append(replace(target, python=t.python) if t.python else target)
+        except BadTargetField as e:
+            # The line of the field at fault; a target string stands for all four of its fields.
+            where = t.where.get(e.field) or t.where.get("target") or t.source
+            raise BadInput(f"{where}: {e}") from None
         except BadInput as e:
             raise BadInput(f"{t.source}: {e}") from None
     return out

@@ -18,7 +18,7 @@ from frt.resolver.kernel_metadata import (
     parse_metadata,
     validate_variant,
 )
-from frt.resolver.resolution import Refusal, Resolution
+from frt.resolver.resolution import FileEntry, Refusal, Resolution
 
 from .fetch import expected_key
 
@@ -55,7 +55,7 @@ def publisher_expectations(pairs: Iterable[tuple[Resolution, KernelMetadata]]) -
     return out
 
 
-def digest_mismatch(r: Resolution, meta: KernelMetadata, sha256_of: Callable[[object], str]) -> str | None:
+def digest_mismatch(r: Resolution, meta: KernelMetadata, sha256_of: Callable[[FileEntry], str | None]) -> str | None:
     """Why this variant's stored files are not what its publisher's digest lists; None when they are."""
     for f in r.files:
         rel = _in_variant(r, f.path)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import datetime
 
 from sqlalchemy import delete, select, tuple_
 from sqlalchemy.orm import Session
@@ -336,8 +337,11 @@ def delete_blob_records(ledger: Ledger, shas: Iterable[str]) -> None:
 
 
 @retried
-def delete_staged(ledger: Ledger, rows: Iterable[StagedRow]) -> None:
-    """Drop staged rows (unstage), in one write that tells serve's replicas."""
+def delete_staged(ledger: Ledger, rows: Iterable[StagedRow], *, at: datetime | None = None) -> None:
+    """Drop staged rows (unstage), in one write that tells serve's replicas and remembers them as withdrawn
+    at `at` (default now; withdrawn.py)."""
+    from .withdrawn import record_withdrawn
+
     keys = sorted({r.key for r in rows})
     if keys:
         with ledger.session() as s:
@@ -346,4 +350,5 @@ def delete_staged(ledger: Ledger, rows: Iterable[StagedRow]) -> None:
                     delete(Staged).where(tuple_(Staged.repo_id, Staged.requested, Staged.target).in_(keys[i : i + 300]))
                 )
             _delete_wheel_links(s, keys)
+            record_withdrawn(s, keys, at or utcnow())
             bump_serial(s)

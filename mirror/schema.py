@@ -1,13 +1,14 @@
 """The mirror's tables in the ledger, and their migration track (see frt.resolver.ledger.migrations): the
 blob store's index, what is staged for which target (and the wheels it needs), and serve's bearer tokens,
-the change serial, the events log. Only this package
+the change serial, the events log, the withdrawals and the fleet's demand. Only this package
 reads or writes them; the resolver's tables are the resolver's."""
 
 from __future__ import annotations
 
 from datetime import datetime
+from typing import cast
 
-from sqlalchemy import Connection, String, UniqueConstraint
+from sqlalchemy import Connection, String, Table, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from frt.resolver.ledger.migrations import SchemaTrack, utcnow
@@ -99,24 +100,67 @@ class StagedWheel(Base):
     filename: Mapped[str] = mapped_column(String(255), primary_key=True)
 
 
+class Withdrawn(Base):
+    """A staged row taken away (unstage, or an incremental bundle's removal), and when, by the clock of the
+    box that decided it: a bundle written before then does not bring the row back (bundle/read.py)."""
+
+    __tablename__ = "withdrawn"
+    repo_id: Mapped[str] = mapped_column(primary_key=True)
+    requested: Mapped[str] = mapped_column(primary_key=True)
+    target: Mapped[str] = mapped_column(primary_key=True)
+    at: Mapped[datetime]
+
+
+class Demand(Base):
+    """What serve's kernels clients asked for and what it answered, counted per day (frt.mirror.demand): one
+    row per day x repo x what was asked x target x outcome (x client, only with serve
+    --demand-log-clients), never one per request."""
+
+    __tablename__ = "demand"
+    day: Mapped[str] = mapped_column(String(10), primary_key=True)  # UTC, "2026-12-03"
+    repo_id: Mapped[str] = mapped_column(primary_key=True)
+    asked: Mapped[str] = mapped_column(primary_key=True)  # "v2", "revision <sha>", "" (the repo, any version)
+    target: Mapped[str] = mapped_column(primary_key=True)  # from the client's User-Agent; "" where it names none
+    outcome: Mapped[str] = mapped_column(String(16), primary_key=True)  # demand.OUTCOMES
+    client: Mapped[str] = mapped_column(primary_key=True, default="")
+    variant: Mapped[str] = mapped_column(default="")  # served: the variant kernels picks from the listing
+    count: Mapped[int] = mapped_column(default=0)
+    first_seen: Mapped[datetime]
+    last_seen: Mapped[datetime]
+
+
 def _v2_changes(conn: Connection) -> None:
     """Version 2: the change serial serve's replicas poll."""
-    Base.metadata.create_all(conn, tables=[Change.__table__])
+    Base.metadata.create_all(conn, tables=[cast(Table, Change.__table__)])
 
 
 def _v3_events(conn: Connection) -> None:
     """Version 3: the events the operator's page and incremental bundles read."""
-    Base.metadata.create_all(conn, tables=[Event.__table__])
+    Base.metadata.create_all(conn, tables=[cast(Table, Event.__table__)])
 
 
 def _v4_wheels(conn: Connection) -> None:
     """Version 4: the wheels of python-depends, and which staged rows need them."""
-    Base.metadata.create_all(conn, tables=[Wheel.__table__, StagedWheel.__table__])
+    Base.metadata.create_all(conn, tables=[cast(Table, Wheel.__table__), cast(Table, StagedWheel.__table__)])
+
+
+def _v5_withdrawn(conn: Connection) -> None:
+    """Version 5: the rows withdrawn, so that an older bundle's import does not bring them back."""
+    Base.metadata.create_all(conn, tables=[cast(Table, Withdrawn.__table__)])
+
+
+def _v6_demand(conn: Connection) -> None:
+    """Version 6: what the fleet asked serve for, and what it could not answer."""
+    Base.metadata.create_all(conn, tables=[cast(Table, Demand.__table__)])
 
 
 # Version 1 is blobs, staged and tokens as the resolver's track created them up to its version 3: a
 # ledger from then keeps its rows (create_all skips tables that exist) and is stamped.
-MIRROR_VERSION = 4
+MIRROR_VERSION = 6
 MIRROR_TRACK = SchemaTrack.of(
-    "mirror", Base.metadata, MIRROR_VERSION, "mirror_schema_migrations", {2: _v2_changes, 3: _v3_events, 4: _v4_wheels}
+    "mirror",
+    Base.metadata,
+    MIRROR_VERSION,
+    "mirror_schema_migrations",
+    {2: _v2_changes, 3: _v3_events, 4: _v4_wheels, 5: _v5_withdrawn, 6: _v6_demand},
 )

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 
 from frt.resolver.errors import FrtError, UpstreamUnavailable
 from frt.resolver.hub import HubClient
-from frt.resolver.kernel_metadata import MetadataInvalid, dependency_request
+from frt.resolver.kernel_metadata import KernelMetadata, MetadataInvalid, dependency_request
 from frt.resolver.ledger import Ledger
 from frt.resolver.python_depends import UnsupportedDependency
-from frt.resolver.resolution import Refusal, Request, Resolution
+from frt.resolver.resolution import FileEntry, Refusal, Request, Resolution
 from frt.resolver.resolve import refresh_and_decide
 from frt.resolver.targets import Target
 
@@ -88,7 +88,7 @@ def stage(
             )
 
     # One download per distinct content, whichever repos, commits and targets share it.
-    unique: dict[str, tuple[Resolution, object]] = {}
+    unique: dict[str, tuple[Resolution, FileEntry]] = {}
     for r in resolutions:
         for f in r.files:
             unique.setdefault(expected_key(f), (r, f))
@@ -212,7 +212,7 @@ class _Checked:
     """A resolution whose metadata.json `kernels` can read (the mirror stages nothing it would not load)."""
 
     resolution: Resolution
-    metadata_parsed: object
+    metadata_parsed: KernelMetadata
 
 
 def _key(r) -> tuple:
@@ -235,9 +235,11 @@ def _resolve_closure(requests, targets, *, ledger, hub, publishers) -> list[_Che
     With a trust policy, a kernel from another publisher is refused before upstream is asked about it."""
     refreshed: set[str] = set()
 
-    def resolve_trusted(reqs: list[Request], tgts: list[Target]) -> list[Resolution | Refusal]:
+    def resolve_trusted(reqs: list[Request], tgts: list[Target]) -> list[_Checked | Refusal]:
         trusted = [r for r in reqs if publishers is None or r.repo.split("/", 1)[0] in publishers]
-        out = [_untrusted(r, t, publishers, ledger) for r in reqs if r not in trusted for t in tgts]
+        out: list[Resolution | Refusal] = [
+            _untrusted(r, t, publishers, ledger) for r in reqs if r not in trusted for t in tgts
+        ]
         if trusted:
             out += refresh_and_decide(trusted, targets=tgts, ledger=ledger, hub=hub, refreshed=refreshed)
         return [_checked(o, ledger) for o in out]

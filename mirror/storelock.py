@@ -46,7 +46,7 @@ def store_collector(home: Home, on_wait: Callable[[str], None] = _nothing) -> It
 
 @contextmanager
 def _store_lock(home: Home, *, exclusive: bool, on_wait: Callable[[str], None]) -> Iterator[None]:
-    told = []
+    told: list[bool] = []
 
     def wait_note() -> None:
         if not told:

@@ -6,8 +6,9 @@ import hashlib
 import hmac
 import secrets
 from collections.abc import Callable
+from typing import Any, cast
 
-from sqlalchemy import delete, select
+from sqlalchemy import CursorResult, delete, select
 
 from frt.resolver.errors import BadInput
 from frt.resolver.ledger import Ledger
@@ -40,7 +41,9 @@ def list_tokens(ledger: Ledger) -> list[tuple[str, str]]:
 
 def revoke_token(ledger: Ledger, name: str) -> None:
     with ledger.session() as s:
-        if s.execute(delete(Token).where(Token.name == name)).rowcount == 0:
+        # a DELETE's result is a CursorResult (it has rowcount); Session.execute is typed as plain Result
+        result = cast("CursorResult[Any]", s.execute(delete(Token).where(Token.name == name)))
+        if result.rowcount == 0:
             raise BadInput(f"no token named {name!r}")
         bump_serial(s)
 

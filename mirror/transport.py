@@ -39,7 +39,8 @@ from .store import RunningDigest
 try:  # huggingface_hub 2.x speaks httpx2, 1.x httpx
     import httpx2 as _httpx
 except ImportError:  # pragma: no cover - exercised in the 1.x environment
-    import httpx as _httpx
+    # 1.x's httpx is not installed beside mypy, which checks the module as httpx2 (the same API here)
+    import httpx as _httpx  # type: ignore[no-redef, import-not-found]
 
 MAX_RESIGNS = 5
 
@@ -104,10 +105,10 @@ class Transport:
                 if resigns > MAX_RESIGNS:
                     return UpstreamUnavailable(f"{where}: the CDN refused {resigns} freshly signed URLs")
                 return AGAIN  # the Hub signs a new URL on the next request
-            if redirect_refusal(e) is None and getattr(getattr(e, "response", None), "status_code", None) in (404, 410):
+            status = getattr(getattr(e, "response", None), "status_code", None)
+            if redirect_refusal(e) is None and status in (404, 410):
                 return ListedFileMissing(
-                    f"{where}: the upstream lists this file ({size} bytes) but answers "
-                    f"{e.response.status_code} for it: {first_line(e)}"
+                    f"{where}: the upstream lists this file ({size} bytes) but answers {status} for it: {first_line(e)}"
                 )
             return None
 

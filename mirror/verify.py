@@ -115,7 +115,7 @@ def _check_models(ledger: Ledger, store: BlobStore, report: VerifyReport) -> Non
     blobs = blob_for(ledger, (f for _, _, f in entries))
     for repo, commit, f in entries:
         report.model_files += 1
-        if blobs[f] is None or not store.has(blobs[f]):
+        if (sha := blobs[f]) is None or not store.has(sha):
             report.problems.append(f"model {repo}@{commit[:12]} {f.path}: no verified blob is stored for it")
 
 

@@ -18,7 +18,7 @@ _CUDA_ARCH = re.compile(r"(\d+)\.(\d+)")  # a device's compute capability, major
 _ROCM_ARCH = re.compile(r"gfx[0-9a-f]+")  # a device's gcnArchName, its feature flags stripped
 
 
-def declared_archs(metadata) -> list | None:
+def declared_archs(metadata: object) -> list[object] | None:
     """A metadata.json's `backend.archs`, or None: the upstream's document may be any JSON shape (kernels'
     parser refuses a bad one at stage; reading it for a listing must not fail first)."""
     backend = metadata.get("backend") if isinstance(metadata, dict) else None
@@ -35,7 +35,7 @@ class Declared:
     archs: tuple[str, ...] | None
 
     @classmethod
-    def of(cls, metadata: dict | None) -> Declared:
+    def of(cls, metadata: object) -> Declared:
         backend = metadata.get("backend") if isinstance(metadata, dict) else None
         kind = backend.get("type") if isinstance(backend, dict) else None
         archs = declared_archs(metadata)
@@ -60,7 +60,8 @@ def _cuda_supports(archs: tuple[str, ...], arch: str) -> bool:
     from kernels.archs import _supports_cuda_capability
 
     major, minor = (int(x) for x in arch.split("."))
-    return _supports_cuda_capability(list(archs), (major, minor))
+    supported: bool = _supports_cuda_capability(list(archs), (major, minor))  # kernels is untyped
+    return supported
 
 
 # kernels.archs._check_arch_incompatibility, as data: a CUDA build is checked only on a CUDA device (by
@@ -108,14 +109,15 @@ def normalize(backend: str, archs: list[str] | tuple[str, ...]) -> tuple[str, ..
             f"backend {backend!r} has no GPU archs kernels checks: archs go with a CUDA "
             "(cu<MM><m>, @8.0,9.0) or ROCm (rocm<M><m>, @gfx942) target"
         )
-    out = set()
+    rocm: set[str] = set()
+    cuda: set[tuple[int, int]] = set()
     for a in archs:
         a = a.strip()
         if device == "rocm":
             a = a.split(":", 1)[0]  # as kernels strips the device's feature flags: gfx90a:sramecc+:xnack-
             if not _ROCM_ARCH.fullmatch(a):
                 raise ValueError(f"bad ROCm arch {a!r}: expected a gfx name like gfx90a or gfx942")
-            out.add(a)
+            rocm.add(a)
         else:
             m = _CUDA_ARCH.fullmatch(a)
             if not m:
@@ -123,9 +125,9 @@ def normalize(backend: str, archs: list[str] | tuple[str, ...]) -> tuple[str, ..
                     f"bad CUDA arch {a!r}: expected a device's compute capability like 8.0 or 9.0 "
                     "(a/f/+PTX describe builds, not devices)"
                 )
-            out.add((int(m[1]), int(m[2])))
-    if not out:
+            cuda.add((int(m[1]), int(m[2])))
+    if not (rocm or cuda):
         raise ValueError("no archs after '@': name at least one, e.g. @8.0,9.0")
     if device == "rocm":
-        return tuple(sorted(out))
-    return tuple(f"{major}.{minor}" for major, minor in sorted(out))
+        return tuple(sorted(rocm))
+    return tuple(f"{major}.{minor}" for major, minor in sorted(cuda))

@@ -7,7 +7,8 @@ variants, files) from a provider — a `LedgerView` in practice — and applies 
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Sequence
+from typing import Any, Protocol, cast
 
 from .archs import NOARCH, Declared
 from .resolution import FileEntry, Refusal, Request, Resolution
@@ -20,7 +21,7 @@ class Availability(Protocol):
     def versions(self, repo_id: str) -> dict[int, str]: ...
     def commit_for(self, repo_id: str, revision: str) -> str | None: ...
     def variant_names(self, repo_id: str, sha: str) -> tuple[str, ...] | None: ...
-    def variant(self, repo_id: str, sha: str, name: str) -> tuple[tuple[FileEntry, ...], dict]: ...
+    def variant(self, repo_id: str, sha: str, name: str) -> tuple[tuple[FileEntry, ...], dict[str, Any]]: ...
     def history(self, repo_id: str, sha: str) -> list[str] | None: ...
     def declared(self, repo_id: str, sha: str) -> dict[str, Declared]: ...
 
@@ -46,7 +47,7 @@ def resolve_request(avail: Availability, request: Request, target: Target) -> Re
             text = f"Version {request.version} not found, available versions: {', '.join(map(str, versions))}"
             return Refusal(request, target, "VersionNotFound", f"{repo}: {text}", detail=text)
     else:
-        commit = avail.commit_for(repo, request.revision)
+        commit = avail.commit_for(repo, cast(str, request.revision))  # no version: a revision (Request)
         if commit is None:
             text = f"revision {request.revision!r} not found in {repo}"
             return Refusal(request, target, "RevisionNotFound", f"{repo}: {text}", detail=text)
@@ -59,7 +60,15 @@ def resolve_request(avail: Availability, request: Request, target: Target) -> Re
     return _no_variant(avail, request, target, commit, names, decisions, versions)
 
 
-def _no_variant(avail, request, target, commit, names, decisions, versions) -> Refusal:
+def _no_variant(
+    avail: Availability,
+    request: Request,
+    target: Target,
+    commit: str,
+    names: tuple[str, ...],
+    decisions: Sequence[VariantDecision],
+    versions: dict[int, str],
+) -> Refusal:
     repo = request.repo
 
     def has_target(sha: str) -> bool:
@@ -106,13 +115,13 @@ def _no_variant(avail, request, target, commit, names, decisions, versions) -> R
     )
 
 
-def _what_it_has(request: Request, commit: str, names: tuple[str, ...], declared: dict | None) -> str:
+def _what_it_has(request: Request, commit: str, names: tuple[str, ...], declared: dict[str, Declared] | None) -> str:
     """What the commit has; for an arch target, with what each build declares."""
     listed = [f"{n} ({declared.get(n, NOARCH).label})" for n in names] if declared is not None else list(names)
     return f"{request.repo} {request.label} → {commit[:12]} has {', '.join(listed) if names else 'no build variants'}"
 
 
-def _none_for(target: Target, names: tuple[str, ...], decisions) -> str:
+def _none_for(target: Target, names: tuple[str, ...], decisions: Sequence[VariantDecision]) -> str:
     best = by_name_best(target, names) if target.archs else None
     if best is None:
         return f"none for {target}"

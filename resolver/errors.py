@@ -18,7 +18,7 @@ class FrtError(Exception):
     """Base of every error frt-mirror raises on purpose; its str() is one line for users."""
 
 
-def first_line(e: BaseException) -> str:
+def first_line(e: BaseException | None) -> str:
     """One line for users from any error: its first line (a database error's driver message, not
     SQLAlchemy's wrapper), plus the server's own message when huggingface_hub kept it on a later line
     (after a generic "404 Client Error.")."""
@@ -38,6 +38,15 @@ def one_line(text: str) -> str:
 
 class BadInput(FrtError, ValueError):
     """The user gave something we cannot use: target syntax, repo id, manifest, option."""
+
+
+class BadTargetField(BadInput):
+    """A target's field (`torch`, `backend`, `cpu`, `os`, `archs`) is not one a build can name: `field` says
+    which, so that a manifest's error points at that field's line."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
 
 
 class UpstreamUnavailable(FrtError):
@@ -108,5 +117,6 @@ def error_line(exc: BaseException) -> str:
         return str(exc)
     if isinstance(exc, KeyboardInterrupt):
         return "interrupted"
-    where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
+    filename = getattr(exc, "filename", None)
+    where = f"{filename}: " if filename else ""
     return f"{where}{getattr(exc, 'strerror', None) or exc}"

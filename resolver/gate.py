@@ -21,6 +21,7 @@ import re
 import unicodedata
 from collections.abc import Callable
 from datetime import datetime, timezone
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 from frt.manifests.fields import org_problem, repo_id_problem
@@ -109,11 +110,11 @@ def check_path(path: object, *, where: str, under: str = "") -> str:
     """A repo file path to join under a root: relative, no `..`, `.` or empty segment, no backslash
     or control character, not overlong; with `under` ("build/<variant>/"), it must lie below that."""
     problem = path_problem(path)
-    if problem is None and under and not path.startswith(under):
+    if problem is None and under and not cast(str, path).startswith(under):  # no problem: a str
         problem = f"lies outside {under}"
     if problem:
         raise UnsafePath(_say(where, f"path {path!r} {problem}"))
-    return path
+    return cast(str, path)  # path_problem found none: a str
 
 
 def check_commit(sha: object, *, where: str, what: str = "commit id") -> str:
@@ -170,7 +171,7 @@ def check_ref(name: object, *, where: str, what: str = "ref name") -> str:
     problem = ref_problem(name)
     if problem:
         raise BadRefName(_say(where, f"{what} {name!r} {problem}"))
-    return name
+    return cast(str, name)  # ref_problem found none: a str
 
 
 def check_repo_id(repo_id: object, *, where: str | None = None) -> str:
@@ -179,7 +180,7 @@ def check_repo_id(repo_id: object, *, where: str | None = None) -> str:
         raise BadRepoId(
             _say(where, f"malformed repo id {repo_id!r}: expected <org>/<name>, e.g. kernels-community/activation")
         )
-    return repo_id
+    return cast(str, repo_id)  # repo_id_problem found none: a str
 
 
 def check_org(org: object, *, where: str) -> str:
@@ -187,7 +188,7 @@ def check_org(org: object, *, where: str) -> str:
     problem = org_problem(org)
     if problem:
         raise BadRepoId(_say(where, problem))
-    return org
+    return cast(str, org)  # org_problem found none: a str
 
 
 def check_variant(name: object, *, where: str) -> str:
@@ -246,7 +247,7 @@ SHAPES: dict[str, dict[str, Rule]] = {
 }
 
 
-def check_shape(doc: object, shape: str, *, where: str, what: str = "the answer") -> dict:
+def check_shape(doc: object, shape: str, *, where: str, what: str = "the answer") -> dict[str, Any]:
     """`doc` if it is a JSON object whose fields pass SHAPES[shape]; else one line saying which does not."""
     if not isinstance(doc, dict):
         raise UpstreamMalformed(f"{where}: {what} is {json_kind(doc)}, not a JSON object")
@@ -258,14 +259,14 @@ def check_shape(doc: object, shape: str, *, where: str, what: str = "the answer"
     return doc
 
 
-def check_entry(doc: object, *, where: str, what: str) -> dict:
+def check_entry(doc: object, *, where: str, what: str) -> dict[str, Any]:
     """A tree listing's entry: a directory, or a file with its git oid, size and optional LFS record."""
-    check_shape(doc, "entry", where=where, what=what)
-    if doc["type"] == "file":
-        check_shape(doc, "file", where=where, what=what)
-        if doc.get("lfs") is not None:
-            check_shape(doc["lfs"], "lfs", where=where, what=f"{what} 'lfs'")
-    return doc
+    entry = check_shape(doc, "entry", where=where, what=what)
+    if entry["type"] == "file":
+        check_shape(entry, "file", where=where, what=what)
+        if entry.get("lfs") is not None:
+            check_shape(entry["lfs"], "lfs", where=where, what=f"{what} 'lfs'")
+    return entry
 
 
 def _short(value: object) -> str:

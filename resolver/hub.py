@@ -19,7 +19,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TYPE_CHECKING, Any, TypeGuard, TypeVar
 from urllib.parse import quote
 
 from huggingface_hub import hf_hub_url
@@ -50,10 +50,13 @@ from .pacing import Pacer
 from .resolution import CommitInfo, FileEntry
 from .settings import env_number
 
-try:  # huggingface_hub 2.x speaks httpx2, 1.x httpx; both name their transport errors alike.
+if TYPE_CHECKING:  # checked against httpx2, the lint environment's (1.x's httpx has the same API)
     import httpx2 as _httpx
-except ImportError:  # pragma: no cover - exercised in the 1.x environment
-    import httpx as _httpx
+else:
+    try:  # huggingface_hub 2.x speaks httpx2, 1.x httpx; both name their transport errors alike.
+        import httpx2 as _httpx
+    except ImportError:  # pragma: no cover - exercised in the 1.x environment
+        import httpx as _httpx
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
@@ -252,18 +255,18 @@ class HubClient:
     def _api(self, repo_type: str, repo_id: str) -> str:
         return f"{self.endpoint}/api/{repo_type}s/{repo_id}"
 
-    def _headers(self) -> dict:
+    def _headers(self) -> dict[str, str]:
         return build_hf_headers(token=self.token)
 
-    def _json(self, url: str, where: str, params=None):
+    def _json(self, url: str, where: str, params: wire.Params | None = None) -> object:
         return wire.get_json(url, headers=self._headers(), limits=self.limits, what=where, params=params)
 
-    def _pages(self, url: str, where: str, params=None) -> list:
+    def _pages(self, url: str, where: str, params: wire.Params | None = None) -> list[Any]:
         """Every entry of a paged listing, bounded (wire.pages); the whole listing is one call to retry."""
         pages = wire.pages(url, headers=self._headers(), limits=self.limits, what=where, params=params)
         return list(itertools.chain.from_iterable(pages))
 
-    def _tree(self, repo_id: str, sha: str, repo_type: str, path: str = "") -> tuple[list[dict], str]:
+    def _tree(self, repo_id: str, sha: str, repo_type: str, path: str = "") -> tuple[list[dict[str, Any]], str]:
         """A recursive tree listing, each entry's shape checked, no path twice; and its `where`."""
         where = f"upstream listing of {repo_id}@{sha[:12]}"
         url = f"{self._api(repo_type, repo_id)}/tree/{quote(sha, safe='')}" + (
@@ -272,7 +275,7 @@ class HubClient:
         entries = self._call(
             lambda: self._pages(url, where, params={"recursive": True, "expand": False}), repo_id, where=where
         )
-        seen: set = set()
+        seen: set[str] = set()
         for i, e in enumerate(entries):
             check_entry(e, where=where, what=f"entry {i}")
             if e["path"] in seen:  # one row per path in the ledger: a second would be a constraint error
@@ -372,7 +375,7 @@ def redirect_refusal(e: BaseException) -> str | None:
     return None
 
 
-def rate_limited(e: BaseException) -> bool:
+def rate_limited(e: BaseException) -> TypeGuard[HfHubHTTPError]:
     return isinstance(e, HfHubHTTPError) and getattr(e.response, "status_code", None) == 429
 
 
@@ -389,7 +392,7 @@ class _EntryMissing(FrtError):
     pass
 
 
-def _file_entry(e: dict, where: str) -> FileEntry:
+def _file_entry(e: dict[str, Any], where: str) -> FileEntry:
     """A listed file (its shape checked by gate.check_entry), its hashes checked too: they name blobs in
     the store and in exported caches."""
     sha256 = check_sha256(e["lfs"]["oid"], where=where) if e.get("lfs") else None

@@ -12,11 +12,16 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from .errors import FrtError
 from .gate import check_repo_id
+
+if TYPE_CHECKING:
+    from .resolution import Request
 
 DIGEST_EXEMPT = ("metadata.json", "metadata.json.sigstore")
 
@@ -40,7 +45,7 @@ class KernelMetadata:
     digest_algorithm: str | None  # "sha256"; None: the publisher recorded no digest
     digest: dict[str, str]  # path inside the variant -> hex sha256 (as the publisher computed it)
     python_depends: tuple[str, ...] = ()  # names in kernels' curated list (python_depends.py)
-    raw: object = field(default=None, compare=False, repr=False)  # the library's Metadata (validate_variant)
+    raw: Any = field(default=None, compare=False, repr=False)  # the library's Metadata (untyped; validate_variant)
 
     @property
     def has_digest(self) -> bool:
@@ -54,7 +59,7 @@ def digest_exempt(path_in_variant: str) -> bool:
     return path_in_variant in DIGEST_EXEMPT or path_in_variant.split("/", 1)[0] == "__pycache__"
 
 
-def parse_metadata(doc: dict | bytes | None) -> KernelMetadata:
+def parse_metadata(doc: dict[str, Any] | bytes | None) -> KernelMetadata:
     """Parse with `kernels`; a variant without metadata.json has no digest and no dependencies."""
     if doc is None or doc == {}:
         return KernelMetadata((), None, {})
@@ -70,7 +75,7 @@ def parse_metadata(doc: dict | bytes | None) -> KernelMetadata:
     if meta.digest is None:
         return KernelMetadata(deps, None, {}, py, meta)
     algorithm = str(meta.digest.algorithm).rsplit(".", 1)[-1].lower()
-    files = {}
+    files: dict[str, str] = {}
     for path, b64 in meta.digest.files.items():
         try:
             raw_hash = base64.b64decode(b64, validate=True)
@@ -95,14 +100,14 @@ def validate_variant(meta: KernelMetadata, variant_dir: Path) -> list[str]:
     return []
 
 
-def _dependency(dep) -> Dependency:
+def _dependency(dep: Any) -> Dependency:  # a kernel-depends entry of kernels' (untyped) Metadata
     v = dep.version
     if hasattr(v, "version"):
         return Dependency(dep.repo_id, version=int(v.version))
     return Dependency(dep.repo_id, revision=str(v.revision))
 
 
-def dependency_request(dep: Dependency, environ=None):
+def dependency_request(dep: Dependency, environ: Mapping[str, str] | None = None) -> Request:
     """A `kernel-depends` entry as the request to resolve (a pin on the dependency still wins)."""
     from .resolve import make_request
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from .core import judge
 from .ledger.view import LedgerView
@@ -36,7 +38,7 @@ class Matrix:
     targets: tuple[Target, ...]
     rows: tuple[MatrixRow, ...]
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "repo": self.repo,
             "variants": list(self.variants),
@@ -69,10 +71,15 @@ def targets_named_by(variants: list[str] | tuple[str, ...]) -> list[Target]:
     return sorted(out, key=str)
 
 
-def build_matrix(view: LedgerView, repo_id: str, targets: list[Target] | None = None) -> Matrix:
+def build_matrix(
+    view: LedgerView, repo_id: str, targets: list[Target] | None = None, *, also: Sequence[Target] = ()
+) -> Matrix:
+    """`targets`: the columns; default, the targets the repo's variants were built for and `also` (those
+    it is staged for: a noarch-only repo names none)."""
     commits = [c for c in view.commits(repo_id) if c.scanned]
     names = sorted({v for c in commits for v in c.variants})
-    targets = list(targets) if targets else targets_named_by(names)
+    if not targets:
+        targets = sorted({str(t): t for t in [*targets_named_by(names), *also]}.values(), key=str)
     refs: dict[str, list[str]] = {}
     for _kind, name, sha in view.refs(repo_id):
         refs.setdefault(sha, []).append(name)

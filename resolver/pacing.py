@@ -15,7 +15,7 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from huggingface_hub.utils import parse_ratelimit_headers
 
@@ -32,7 +32,11 @@ def bucket_of(url: str) -> str:
 
 
 class Pacer:
-    def __init__(self, max_wait: float | None = None):
+    """`on_wait(bucket, seconds)`, if set, hears of each window a 429 makes this run wait out (once per
+    window, whichever thread met it): the CLI's "waiting 43 s: the upstream's api window" line."""
+
+    def __init__(self, max_wait: float | None = None, on_wait: Callable[[str, float], None] | None = None):
+        self.on_wait = on_wait
         self.max_wait = env_number("FRT_RATE_LIMIT_MAX_WAIT", DEFAULT_MAX_WAIT) if max_wait is None else max_wait
         self._lock = threading.Lock()
         self._until: dict[str, float] = {}  # bucket -> monotonic time its window resets
@@ -67,7 +71,11 @@ class Pacer:
                     f"(bucket {bucket!r}); try again later, or raise FRT_RATE_LIMIT_MAX_WAIT"
                 )
             self.waited += pause
-            self._until[bucket] = max(self._until.get(bucket, 0.0), time.monotonic() + pause)
+            until, known = time.monotonic() + pause, self._until.get(bucket, 0.0)
+            fresh = until > known + 1.0  # not a window another thread already met and announced
+            self._until[bucket] = max(known, until)
+        if fresh and self.on_wait is not None:
+            self.on_wait(bucket, pause)
         self.wait(bucket)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
+from typing import Any
 
 from .archs import declared_archs
 from .targets import Target
@@ -31,7 +32,9 @@ def parent_chain(parents: Mapping[str, str | None], head: str) -> list[str]:
     """`head` and the commits its recorded parents lead back to, newest first. Only an old record
     (a v4 ledger, a format-1 bundle) has parents: each was the next entry of the upstream's list, so
     the chain replays that list, which is what it is now kept as."""
-    out, seen, cur = [], set(), head
+    out: list[str] = []
+    seen: set[str] = set()
+    cur: str | None = head
     while cur is not None and cur in parents and cur not in seen:
         out.append(cur)
         seen.add(cur)
@@ -46,7 +49,7 @@ class VariantInfo:
     name: str
     files: tuple[FileEntry, ...]
     metadata_oid: str | None = None
-    metadata: dict | None = None
+    metadata: dict[str, Any] | None = None  # its metadata.json, a JSON object
 
 
 @dataclass(frozen=True)
@@ -58,7 +61,7 @@ class Request:
     revision: str | None = None
     pinned: bool = False
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if (self.version is None) == (self.revision is None):
             raise ValueError("a request names exactly one of version or revision")
 
@@ -76,13 +79,13 @@ class Resolution:
     commit: str
     variant: str
     files: tuple[FileEntry, ...]
-    metadata: dict = field(default_factory=dict, compare=False)
+    metadata: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
     def repo(self) -> str:
         return self.request.repo
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "repo": self.repo,
             "requested": self.request.label,
@@ -96,7 +99,7 @@ class Resolution:
         }
 
 
-def declared_depends(metadata) -> list:
+def declared_depends(metadata: object) -> list[object]:
     """A metadata.json's `kernel-depends` list, [] when it has none or it is not a list."""
     deps = metadata.get("kernel-depends") if isinstance(metadata, dict) else None
     return deps if isinstance(deps, list) else []
@@ -125,7 +128,7 @@ class Refusal:
     def repo(self) -> str:
         return self.request.repo
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "repo": self.repo,
             "requested": self.request.label,

@@ -11,8 +11,9 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import select
 
@@ -127,7 +128,15 @@ def _metadata_file(files: list[FileEntry]) -> FileEntry | None:
     return next((f for f in files if f.path.count("/") == 2 and f.path.endswith("/metadata.json")), None)
 
 
-def _fetch_metadata(repo_id, listings, *, hub, ledger, pool, repo_type) -> dict[str, dict | None]:
+def _fetch_metadata(
+    repo_id: str,
+    listings: dict[str, dict[str, list[FileEntry]]],
+    *,
+    hub: HubClient,
+    ledger: Ledger,
+    pool: Executor,
+    repo_type: str,
+) -> dict[str, dict[str, Any] | None]:
     """metadata.json contents by git oid: from the ledger if seen before, else from upstream."""
     wanted: dict[str, tuple[FileEntry, str]] = {}  # oid -> (the file, the commit to fetch it from)
     for sha, listing in listings.items():
@@ -135,10 +144,10 @@ def _fetch_metadata(repo_id, listings, *, hub, ledger, pool, repo_type) -> dict[
             meta = _metadata_file(files)
             if meta is not None:
                 wanted.setdefault(meta.git_oid, (meta, sha))
-    known: dict[str, dict | None] = dict(ledger.known_metadata(set(wanted)))
+    known: dict[str, dict[str, Any] | None] = dict(ledger.known_metadata(set(wanted)))
     missing = [oid for oid in wanted if oid not in known]
 
-    def fetch(oid: str) -> dict | None:
+    def fetch(oid: str) -> dict[str, Any] | None:
         entry, sha = wanted[oid]
         try:  # read to its listed size at most: more is not the file the listing names either
             raw = hub.fetch_small_file(repo_id, entry.path, sha, repo_type, size=entry.size)
@@ -160,6 +169,6 @@ def _git_blob_oid(data: bytes) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
-def _variant_info(name: str, files: list[FileEntry], metadata: dict[str, dict | None]) -> VariantInfo:
+def _variant_info(name: str, files: list[FileEntry], metadata: dict[str, dict[str, Any] | None]) -> VariantInfo:
     meta = _metadata_file(files)
     return VariantInfo(name, tuple(files), meta.git_oid if meta else None, metadata.get(meta.git_oid) if meta else None)

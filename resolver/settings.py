@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
+from typing import TypeVar, overload
 
 from .errors import BadInput
 
@@ -13,7 +15,16 @@ from .errors import BadInput
 MAX_SETTING = 10**9
 
 
-def env_number(name: str, default, kind=float, low=0, high=MAX_SETTING):
+N = TypeVar("N", bound=float)  # int or float: what `kind` makes of the text
+
+
+@overload
+def env_number(name: str, default: float, *, low: float = 0, high: float = MAX_SETTING) -> float: ...
+@overload
+def env_number(name: str, default: N, kind: Callable[[str], N], low: float = 0, high: float = MAX_SETTING) -> N: ...
+def env_number(
+    name: str, default: float, kind: Callable[[str], float] = float, low: float = 0, high: float = MAX_SETTING
+) -> float:
     """A numeric setting from the environment, finite and within [low, high]; else one line of bad
     input naming the variable and what it takes."""
     raw = os.environ.get(name)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from packaging.version import Version
 
 from . import archs as _archs
-from .errors import BadInput
+from .errors import BadInput, BadTargetField
 
 _TARGET_RE = re.compile(
     r"torch(?P<major>\d+)\.(?P<minor>\d+)-(?P<backend>[a-z0-9]+)-(?P<cpu>[a-z0-9_]+)-(?P<os>[a-z]+)"
@@ -109,7 +109,7 @@ def with_archs(target: Target, archs: list[str] | tuple[str, ...]) -> Target:
     try:
         return replace(target, archs=_archs.normalize(target.backend, archs))
     except ValueError as e:
-        raise BadInput(f"target {target.by_name}: {e}") from None
+        raise BadTargetField("archs", f"target {target.by_name}: {e}") from None
 
 
 def make_target(
@@ -131,20 +131,20 @@ def make_target(
     # kernels reads "cu13" as CUDA 1.3: no torch was ever built for it. A build variant names CUDA
     # by its major (11+) and minor, cu<MM><m>.
     if parsed is None or (parsed.name == "cuda" and parsed.version.major < 11):
-        raise BadInput(
+        raise BadTargetField(
+            "backend",
             f"unknown backend {backend!r} in target: expected cpu, cu<MM><m> (cu126, cu130), rocm<M><m>, "
-            "xpu<YYYY><n>, cann<M><m>, metal, neuron or tpu"
+            "xpu<YYYY><n>, cann<M><m>, metal, neuron or tpu",
         ) from None
     version = None
     if torch is not None:
         if not re.fullmatch(r"\d+\.\d+", str(torch)):
-            raise BadInput(f"bad torch version {torch!r} in target: expected <major>.<minor>, e.g. 2.11")
+            raise BadTargetField("torch", f"bad torch version {torch!r} in target: expected <major>.<minor>, e.g. 2.11")
         version = Version(str(torch))
-    if cpu not in CPUS or os not in OSES:
-        raise BadInput(
-            f"unknown cpu/os {cpu!r}/{os!r} in target: expected a cpu of {', '.join(CPUS)} and an "
-            f"os of {', '.join(OSES)}"
-        )
+    if cpu not in CPUS:
+        raise BadTargetField("cpu", f"unknown cpu {cpu!r} in target: expected one of {', '.join(CPUS)}")
+    if os not in OSES:
+        raise BadTargetField("os", f"unknown os {os!r} in target: expected one of {', '.join(OSES)}")
     target = Target(
         torch=version, backend=backend, cpu=cpu, os=os, name=name, macos=_MACOS_FOR_TARGETS if os == "darwin" else None
     )

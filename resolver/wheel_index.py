@@ -60,7 +60,7 @@ def read_project(index: str, project: str, limits: wire.Limits | None = None) ->
     return _from_html(body, url, what)
 
 
-def _from_json(doc, url: str, what: str) -> list[IndexFile]:
+def _from_json(doc: object, url: str, what: str) -> list[IndexFile]:
     files = doc.get("files") if isinstance(doc, dict) else None
     if not isinstance(files, list):
         raise UpstreamMalformed(f"{what}: a JSON page without a 'files' list")
@@ -86,21 +86,21 @@ def _from_json(doc, url: str, what: str) -> list[IndexFile]:
 
 
 class _Anchors(HTMLParser):
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__(convert_charrefs=True)
-        self.found: list[tuple[dict, str]] = []
-        self._open: dict | None = None
+        self.found: list[tuple[dict[str, str | None], str]] = []  # each <a>: its attributes, its text
+        self._open: dict[str, str | None] | None = None
         self._text = ""
 
-    def handle_starttag(self, tag, attrs):
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         if tag == "a":
             self._open, self._text = dict(attrs), ""
 
-    def handle_data(self, data):
+    def handle_data(self, data: str) -> None:
         if self._open is not None:
             self._text += data
 
-    def handle_endtag(self, tag):
+    def handle_endtag(self, tag: str) -> None:
         if tag == "a" and self._open is not None:
             self.found.append((self._open, self._text.strip()))
             self._open = None

@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import urljoin, urlsplit
 
 from huggingface_hub import get_session
@@ -39,14 +39,18 @@ from .errors import UpstreamMalformed
 from .gate import json_kind
 from .settings import env_number
 
-try:  # huggingface_hub 2.x speaks httpx2, 1.x httpx
+if TYPE_CHECKING:  # checked against httpx2, the lint environment's (1.x's httpx has the same API)
     import httpx2 as _httpx
-except ImportError:  # pragma: no cover - exercised in the 1.x environment
-    import httpx as _httpx
+else:
+    try:  # huggingface_hub 2.x speaks httpx2, 1.x httpx
+        import httpx2 as _httpx
+    except ImportError:  # pragma: no cover - exercised in the 1.x environment
+        import httpx as _httpx
 
 ERROR_BODY_CAP = 64 << 10
 CONNECT_S, READ_S = 30.0, 120.0  # httpx's per-phase timeouts; the deadline bounds the whole
 _REBUILT = {"content-encoding", "content-length", "transfer-encoding"}  # describe bytes we no longer hold
+Params = Mapping[str, str | int | float | bool | None]  # a request's query, as httpx takes one
 
 
 @dataclass(frozen=True)
@@ -92,7 +96,7 @@ class Deadline:
                 f"{what}: no complete answer within the {self.seconds:g} s deadline (FRT_UPSTREAM_DEADLINE_S)"
             )
 
-    def timeout(self):
+    def timeout(self) -> _httpx.Timeout:
         """httpx's timeouts for a request under this deadline: no phase may wait past it."""
         left = max(0.05, self.left())
         return _httpx.Timeout(min(READ_S, left), connect=min(CONNECT_S, left))
@@ -107,7 +111,9 @@ class Got(NamedTuple):
     next_url: str | None  # the answer's `Link: <…>; rel="next"`, absolute
 
 
-def read_body(r, cap: int, deadline: Deadline, what: str, limit_name: str = "FRT_MAX_API_BYTES") -> bytes:
+def read_body(
+    r: _httpx.Response, cap: int, deadline: Deadline, what: str, limit_name: str = "FRT_MAX_API_BYTES"
+) -> bytes:
     """`r`'s body, at most `cap` bytes, before the deadline; more is TooLarge, and reading stops there."""
     declared = r.headers.get("Content-Length", "")
     if declared.isdigit() and int(declared) > cap:
@@ -121,7 +127,7 @@ def read_body(r, cap: int, deadline: Deadline, what: str, limit_name: str = "FRT
     return bytes(buf)
 
 
-def raise_for_status(r, deadline: Deadline) -> None:
+def raise_for_status(r: _httpx.Response, deadline: Deadline) -> None:
     """huggingface_hub's own error for an error answer (RepositoryNotFoundError, …, HfHubHTTPError), from
     at most 64 KiB of its body: a 500 whose body never ends is one error, not all the memory there is.
     (hf_raise_for_status would read a streamed body whole.)"""
@@ -148,11 +154,11 @@ def raise_for_status(r, deadline: Deadline) -> None:
 def get(
     url: str,
     *,
-    headers: dict,
+    headers: Mapping[str, str],
     deadline: Deadline,
     cap: int,
     what: str,
-    params=None,
+    params: Params | None = None,
     limit_name: str = "FRT_MAX_API_BYTES",
 ) -> Got:
     """GET `url` through huggingface_hub's session, redirects followed, its body read to at most `cap`
@@ -167,7 +173,7 @@ def get(
         return Got(body, urljoin(str(r.url), nxt) if nxt else None)
 
 
-def parse_json(body: bytes, what: str):
+def parse_json(body: bytes, what: str) -> object:
     """The answer as JSON, or one line saying it is not."""
     try:
         return json.loads(body)
@@ -177,27 +183,38 @@ def parse_json(body: bytes, what: str):
         raise UpstreamMalformed(f"{what}: the answer is not JSON ({e}; it starts {body[:40]!r})") from None
 
 
-def get_json(url: str, *, headers: dict, limits: Limits, what: str, params=None, deadline: Deadline | None = None):
+def get_json(
+    url: str,
+    *,
+    headers: Mapping[str, str],
+    limits: Limits,
+    what: str,
+    params: Params | None = None,
+    deadline: Deadline | None = None,
+) -> object:
     got = get(
         url, headers=headers, deadline=deadline or limits.deadline(), cap=limits.api_bytes, what=what, params=params
     )
     return parse_json(got.body, what)
 
 
-def pages(url: str, *, headers: dict, limits: Limits, what: str, params=None) -> Iterator[list]:
+def pages(
+    url: str, *, headers: Mapping[str, str], limits: Limits, what: str, params: Params | None = None
+) -> Iterator[list[Any]]:
     """Each page of a listing (a JSON list), following `Link: rel="next"`, all under one deadline; past
     `limits.pages` pages or `limits.entries` entries it stops with one line."""
     deadline, n, entries = limits.deadline(), 0, 0
-    while url is not None:
+    at: str | None = url  # this page's URL; None past the last
+    while at is not None:
         n += 1
         if n > limits.pages:
             raise UpstreamMalformed(f"{what}: the listing runs past {limits.pages} pages (FRT_MAX_PAGES); stopped")
-        if urlsplit(url).scheme not in ("http", "https"):
-            raise UpstreamMalformed(f"{what}: page {n} is at {url!r}, not an http(s) URL")
+        if urlsplit(at).scheme not in ("http", "https"):
+            raise UpstreamMalformed(f"{what}: page {n} is at {at!r}, not an http(s) URL")
         got = get(
-            url, headers=headers, deadline=deadline, cap=limits.api_bytes, what=what, params=params if n == 1 else None
+            at, headers=headers, deadline=deadline, cap=limits.api_bytes, what=what, params=params if n == 1 else None
         )  # a next URL carries its own query
-        page, url = parse_json(got.body, what), got.next_url
+        page, at = parse_json(got.body, what), got.next_url
         if not isinstance(page, list):
             raise UpstreamMalformed(f"{what}: page {n} is {json_kind(page)}, not a list")
         entries += len(page)

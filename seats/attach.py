@@ -14,6 +14,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import torch
 
@@ -69,7 +70,7 @@ def attach(
         Path(home) if home is not None else ledger.path.parent if ledger is not None and ledger.path else default_home()
     )
     led = open_ledger(home) if ledger is None else ledger
-    own = ledger is None and led is not None
+    own = led if ledger is None else None  # opened here, so closed here
     try:
         sites, nested, unmatched = find_sites(model, catalog)
         source = KernelSource(home, led, environ)
@@ -81,8 +82,8 @@ def attach(
             except SiteRefused as e:
                 refused.append((site.path, str(e)))
     finally:
-        if own:
-            led.close()
+        if own is not None:
+            own.close()
     if strict and (refused or not plans):
         raise SeatsRefused(refused or [("<model>", "no module matched the catalog")])
     handle = Handle(_commit(model, plans), {"refused": refused, "nested": nested, "unmatched": unmatched})
@@ -100,7 +101,10 @@ def _plan(site: Site, model: torch.nn.Module, source: KernelSource, default_band
     guard = build_guard(spec.guards, spec.kind, module, dtype, device)
     kernel = source.get(spec.kernel)
     refuse_if(device_problem(kernel, device))
-    slabs = slab_bounds(int(module.weight.shape[0]), spec.slab_rows) if spec.kind == "lm_head" else []
+    # module_problem checked it: an lm_head's weight is a 2-D tensor.
+    slabs = (
+        slab_bounds(int(cast(torch.Tensor, module.weight).shape[0]), spec.slab_rows) if spec.kind == "lm_head" else []
+    )
     call = kernel_call(spec, module, kernel.module, slabs)
     band = spec.band or default_band
     parity = None

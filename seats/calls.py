@@ -18,6 +18,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from types import ModuleType
+from typing import cast
 
 import torch
 
@@ -35,6 +36,7 @@ def kernel_call(
     ref = spec.kernel
     if ref.layer is not None:
         return _layer_forward(ref.layer, module, kernel)
+    assert ref.function is not None  # KernelRef holds exactly one of layer and function
     fn = getattr(kernel, ref.function, None)
     if not callable(fn):
         raise SiteRefused(f"{ref.label}: the kernel has no function {ref.function!r}")
@@ -70,7 +72,7 @@ def slab_bounds(rows: int, slab_rows: int | None = None) -> list[tuple[int, int]
 
 def _slabbed(fn: Callable, slabs: list[tuple[int, int]]) -> Call:
     def call(m: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-        w, b = m.weight, getattr(m, "bias", None)
+        w, b = cast(torch.Tensor, m.weight), getattr(m, "bias", None)  # an lm_head's weight is a tensor
         return torch.cat([fn(x, w[lo:hi], None if b is None else b[lo:hi]) for lo, hi in slabs], dim=-1)
 
     return call

@@ -60,7 +60,8 @@ def install() -> None:
             finally:
                 _shift(-1)  # ended or aborted: either way it is no longer underway
 
-        cls.capture_begin, cls.capture_end = capture_begin, capture_end
+        # Replacing the methods in place is the point: every capture path goes through this class.
+        cls.capture_begin, cls.capture_end = capture_begin, capture_end  # type: ignore[method-assign]
         _installed = True
 
 

@@ -22,4 +22,5 @@ class SeatsRefused(KernelUnavailable):
         lines = "; ".join(f"{site}: {reason}" for site, reason in refused)
         Exception.__init__(self, f"{len(refused)} site(s) refused: {lines}")
         self.refused = list(refused)
-        self.refusal = None
+        # The base types it Refusal; this error deliberately has none (see the docstring).
+        self.refusal = None  # type: ignore[assignment]

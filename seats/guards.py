@@ -97,7 +97,7 @@ def tensor_match(g: Guard, example: torch.Tensor):
     express) or where this torch has no such class or it does not behave as probed."""
     if g.max_rows is not None or not _probe():
         return None
-    sizes = [None] * example.dim()
+    sizes: list[int | None] = [None] * example.dim()
     if g.width is not None:
         sizes[-1] = g.width
     try:
@@ -115,7 +115,9 @@ def _probe() -> bool:
             from torch._C._dynamo.guards import TensorGuards
 
             ex = torch.zeros(2, 1, 8)
-            check = TensorGuards(ex, dynamic_dims_sizes=[[None, None, 8]], dynamic_dims_strides=[[None] * 3]).check
+            # torch's stub (_C/_dynamo/guards.pyi) lacks the positional tensors and types dynamic_dims_* as
+            # one flat list, where the C++ constructor takes a list per tensor; the checks below probe it.
+            check = TensorGuards(ex, dynamic_dims_sizes=[[None, None, 8]], dynamic_dims_strides=[[None] * 3]).check  # type: ignore[misc, arg-type, list-item]
             if (
                 check(torch.zeros(5, 3, 8)) is True
                 and not check(torch.zeros(2, 1, 4))

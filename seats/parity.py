@@ -40,9 +40,9 @@ def probe_args(
         return (randn(2, PROBE_ROWS // 2, width or 64),)
     # An expert bank: tokens within the band (the rows the kernel will serve), top-k routing.
     bank = getattr(module, "gate_up_proj", None)
-    has_bank = isinstance(bank, torch.Tensor) and bank.dim() == 3
-    experts = getattr(module, "num_experts", None) or (bank.shape[0] if has_bank else None)
-    width = width or (bank.shape[-1] if has_bank else None)
+    bank = bank if isinstance(bank, torch.Tensor) and bank.dim() == 3 else None  # a 3-d expert bank, or None
+    experts = getattr(module, "num_experts", None) or (bank.shape[0] if bank is not None else None)
+    width = width or (bank.shape[-1] if bank is not None else None)
     if not isinstance(experts, int) or not width:
         raise SiteRefused(
             f"parity: no probe for {type(module).__name__} (it has no num_experts/hidden_dim); "

@@ -39,6 +39,9 @@ _STEP = "original."
 class Seat(torch.nn.Module):
     #: False where a subclass's calls must go through nn.Module.__call__ (band.MoeSeat): no class of its own
     own_class = True
+    # Set through __dict__ in __init__ (no nn.Module __getattr__ on the way): declared for the type only.
+    _original: torch.nn.Module
+    _hot: Hot
 
     def __init__(self, original: torch.nn.Module, call: Call, guard: Guard, site: str, kind: str):
         super().__init__()
@@ -92,7 +95,7 @@ class Seat(torch.nn.Module):
         return f"site={self.site!r}, kind={self.kind}, guard={self._guard.describe()!r}"
 
 
-def _shared_class(cls: type) -> type:
+def _shared_class(cls: type[Seat]) -> type[Seat]:
     return cls.__dict__.get("_shared_class", cls)
 
 

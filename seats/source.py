@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import cast
 
 from frt.manifests import KernelRef
 from frt.mirror.home import Home
@@ -21,7 +22,7 @@ from frt.mirror.home_path import ledger_path
 from frt.mirror.records import blob_for
 from frt.resolver.errors import KernelUnavailable
 from frt.resolver.ledger import Ledger
-from frt.resolver.resolution import Resolution
+from frt.resolver.resolution import FileEntry, Resolution
 from frt.resolver.resolve import resolve
 from frt.resolver.targets import Target, host_target
 
@@ -116,7 +117,9 @@ class KernelSource:
         except ValueError as e:  # BadInput: a malformed version/revision in kernel-depends
             raise SiteRefused(f"{repo} {label}: {e}") from None
         pairs = list(blob_for(self.ledger, res.files).items())
-        if any(sha is None for _, sha in pairs) or not self.views.is_complete(repo, res.commit, pairs):
+        # is_complete sees the pairs only once none of their blobs is None.
+        complete = cast(list[tuple[FileEntry, str]], pairs)
+        if any(sha is None for _, sha in pairs) or not self.views.is_complete(repo, res.commit, complete):
             raise SiteRefused(
                 f"{repo} {res.request.label} resolves to {res.commit[:12]} ({res.variant}) for "
                 f"{self.target}, which is not staged under {self.home}: "

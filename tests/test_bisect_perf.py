@@ -247,3 +247,13 @@ def test_bad_options_are_bad_input(hub, home, speed, opts, message):
         home=home,
     )
     assert p.returncode == 2 and message in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    # Refused before any work (issue 30, item 6: a bad regex failed only after staging both ends).
+    assert not hub.requests and not home.exists(), hub.requests[:3]
+
+
+def test_a_regex_that_never_matches_says_so_and_nothing_else(speed):
+    """Issue 30, item 6: it printed a stray `good median , bad median` line besides the reason."""
+    shas, bisect = speed
+    p = bisect(0, 7, "--metric", r"tokens_per_s: (\d+)")
+    assert p.returncode == 1 and "no match for" in p.stdout, p.stdout
+    assert "good median ," not in p.stdout, p.stdout

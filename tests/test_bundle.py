@@ -289,8 +289,7 @@ def test_truncated_bundle_is_a_clean_refusal(home_a, tmp_path, keep):
     p = import_offline(b, bad)
     assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
     assert len(p.stderr.strip().splitlines()) == 1
-    assert not list((b / "store").rglob("*")) or not any(f.is_file() for f in (b / "store").rglob("*"))
-    assert not any((b / "tmp").iterdir())
+    assert not b.exists()  # the import made the home, and took it away with the refusal
 
 
 def test_bundle_of_nothing_is_bad_input(home, tmp_path):

@@ -152,3 +152,12 @@ def test_a_key_of_the_wrong_kind_is_bad_input(signed, cluster, args, says):
     p = run_cli(*args(signed), home=cluster)
     assert p.returncode == 2 and says in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
     assert not (signed.root / "x.tar").exists()
+
+
+@pytest.mark.parametrize("case", ["unsigned", "other"])
+def test_a_refused_import_into_no_home_leaves_no_home(signed, tmp_path, case):
+    """Issue 30, item 6: a refused signed import created an empty home (folders and a ledger) first."""
+    home = tmp_path / "new-cluster"
+    p = import_offline(home, signed.tar[case], "--require-signature", str(signed.pub))
+    assert p.returncode == 1 and "nothing was imported" in p.stderr, p.stderr
+    assert not home.exists(), sorted(str(x) for x in home.rglob("*"))

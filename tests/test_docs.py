@@ -60,6 +60,7 @@ def test_reference_lists_every_command_and_option():
         (cli, "frt-mirror"),
         (cli.commands["token"], "frt-mirror token"),
         (cli.commands["key"], "frt-mirror key"),
+        (cli.commands["demand"], "frt-mirror demand"),
     ):
         for name, cmd in group.commands.items():
             assert f"\n## {path} {name}\n" in text, name

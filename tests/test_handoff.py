@@ -147,6 +147,22 @@ def test_an_org_the_upstream_calls_untrusted_stays_untrusted_through_serve(untru
         assert out == "cpu", p.stderr
 
 
+def test_staging_an_org_the_upstream_calls_untrusted_says_so(untrusting_hub, hub, home, tmp_path):
+    """Issue 30, item 6: it said nothing, and the cluster learned it from kernels' refusal at load time."""
+    m = write_manifest(tmp_path / "m.toml", {RELU: {"version": 1}}, [X86])
+    p = run_cli("--endpoint", untrusting_hub.url, "stage", str(m), home=home)
+    notes = [ln for ln in p.stderr.splitlines() if "a trusted kernel publisher" in ln]
+    assert p.returncode == 0 and len(notes) == 1, p.stderr
+    assert notes[0] == (
+        f"frt-mirror: note: the upstream does not call {ORG} a trusted kernel publisher: kernels on the cluster will "
+        f"refuse its kernels unless trust_remote_code=True (or serve --trust {ORG})"
+    )
+    p = run_cli("--endpoint", untrusting_hub.url, "stage", str(m), "--json", home=home)
+    assert json.loads(p.stdout)["untrusted_orgs"] == [ORG]
+    p = run_cli("--endpoint", hub.url, "stage", str(m), home=tmp_path / "trusted")
+    assert p.returncode == 0 and "trusted kernel publisher" not in p.stderr, p.stderr
+
+
 def test_serve_override_is_announced(untrusting_hub, home, tmp_path):
     m = write_manifest(tmp_path / "m.toml", {RELU: {"version": 1}}, [X86])
     assert run_cli("--endpoint", untrusting_hub.url, "stage", str(m), home=home).returncode == 0

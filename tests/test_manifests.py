@@ -422,3 +422,28 @@ def test_seat_integers_are_range_checked():
         with pytest.raises(ManifestError, match=says) as e:
             parse_seat_catalog(text.format(v=v, w=w))
         assert "\n" not in str(e.value)
+
+
+def test_one_repo_at_several_versions(tmp_path):
+    """Issue 30, item 5: `"org/x" = [{ version = 1 }, { version = 2 }]` asks for both, in one manifest."""
+    p = write(tmp_path, "m.toml", '[kernels]\n"a/b" = [{ version = 1 }, { version = 2 }, { revision = "main" }]\n')
+    m = load_manifest(p)
+    assert [(k.repo, k.version, k.revision) for k in m.kernels] == [
+        ("a/b", 1, None),
+        ("a/b", 2, None),
+        ("a/b", None, "main"),
+    ]
+    assert [k.source for k in m.kernels] == [f"{p}:2"] * 3
+    fails(
+        write(tmp_path, "a.toml", '[kernels]\n"a/b" = [{ version = 1 }, { version = 1 }]\n'),
+        2,
+        'kernels."a/b"[1]',
+        "twice",
+    )
+    fails(
+        write(tmp_path, "b.toml", '[kernels]\n"a/b" = [{ version = 1 }, 2]\n'),
+        2,
+        'kernels."a/b"[1]',
+        r"\{ version = 1 \}",
+    )
+    fails(write(tmp_path, "c.toml", '[kernels]\n"a/b" = []\n'), 2, 'kernels."a/b"', "empty")

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import struct
 import subprocess
 import sys
 import zipfile
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.browser import chromium, dump_dom, png_size
 from tests.support.cli import run_cli, write_manifest
 from tests.support.fakehub import FakeHub
 from tests.support.kernel_fixtures import ACTIVATION, ORG, RELU, demo_repos
@@ -32,44 +32,6 @@ PWNED = 'data-pwned="yes"'
 SCRIPT = "<script>document.documentElement.setAttribute('data-pwned','yes')</script>"
 HOSTILE_REPO = "<img src=x onerror=\"document.documentElement.setAttribute('data-pwned','yes')\">/evil"
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def chromium(tmp: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    """Headless chromium, as CI runs it: as root (so --no-sandbox), a private profile, no proxy."""
-    exe = shutil.which("chromium") or shutil.which("chromium-browser")
-    if exe is None:
-        pytest.fail("these tests need Debian's chromium (apt-get install chromium; .ci/run installs it)", pytrace=False)
-    profile = tmp / f"chromium-profile-{len(list(tmp.glob('chromium-profile-*')))}"
-    return subprocess.run(
-        [
-            exe,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-dev-shm-usage",
-            "--no-first-run",
-            "--no-default-browser-check",
-            "--no-proxy-server",
-            "--hide-scrollbars",
-            f"--user-data-dir={profile}",
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-def dump_dom(tmp: Path, url: str) -> str:
-    p = chromium(tmp, "--dump-dom", url)
-    assert p.returncode == 0 and "</html>" in p.stdout, p.stderr[-2000:]
-    return p.stdout
-
-
-def png_size(path: Path) -> tuple[int, int]:
-    data = path.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
-    return struct.unpack(">II", data[16:24])
 
 
 @pytest.fixture(scope="module")
@@ -303,3 +265,48 @@ def test_a_pulled_through_variant_serves_the_targets_that_choose_it(staged, tmp_
     (relu,) = view.repos
     assert {str(t) for t in relu.matrix.targets} == {X86, ARM_CU}
     assert {relu.cells[(initial, t)] for t in (X86, ARM_CU)} == {Cell("served", "torch-universal")}
+
+
+# What the test adds to a copy of the page (the page itself runs no script): after layout, how many
+# opened refusals there are and how many reach outside their own cell.
+OVERFLOW_PROBE = """<script>addEventListener('load', () => { let bad = 0, open = 0;
+for (const pre of document.querySelectorAll('td.refused pre')) { open++;
+  const cell = pre.closest('td').getBoundingClientRect(), r = pre.getBoundingClientRect();
+  if (r.right > cell.right + 0.5 || r.left < cell.left - 0.5) bad++; }
+document.body.setAttribute('data-open', open); document.body.setAttribute('data-overflowing', bad); });</script>"""
+
+
+def test_an_opened_refusal_stays_inside_its_cell(staged, tmp_path):
+    """Issue 30: an expanded refusal ran over the next target's column (its text was held to 22em inside a
+    200px cell). Every refusal opened, laid out by chromium at 1400px: each stays inside its cell."""
+    home, _, _ = staged
+    with serving(home) as srv:
+        _, _, body = raw_http(srv.port, raw_request("GET", f"/-/repos/{ACTIVATION}"))
+    page = tmp_path / "opened.html"
+    page.write_text(body.decode().replace("<details>", "<details open>").replace("</body>", OVERFLOW_PROBE + "</body>"))
+    dom = dump_dom(tmp_path, page.as_uri())
+    body_tag = re.search(r"<body[^>]*>", dom)
+    assert body_tag and 'data-overflowing="0"' in body_tag[0] and 'data-open="0"' not in body_tag[0], body_tag
+
+
+def test_what_pull_through_fetched_shows_on_the_page(tmp_path):
+    """Issue 30: files serve --upstream fetched were invisible on the page ("Nothing of this repo is
+    staged", no card for the last pull). One file pulled (no whole variant): the repo says what was
+    pulled, and a "Last pull" card shows it."""
+    from tests.support.serve_helpers import run_client, serve_env
+
+    home = tmp_path / "home"
+    with FakeHub(demo_repos(), trusted_orgs=[ORG]) as hub:
+        with serving(home, "--upstream", hub.url, "--allow", ORG, "--upstream-timeout", "30", env=serve_env()) as m:
+            code = f"""
+                from huggingface_hub import hf_hub_download
+                hf_hub_download({RELU!r}, "build/torch-universal/__init__.py", revision="v1", repo_type="kernel")
+                report("ok")
+            """
+            p, out = run_client(code, m.url, tmp_path / "hf")
+            assert out == "ok", p.stderr[-3000:]
+            dom = dump_dom(tmp_path, f"{m.url}/")
+            repo_dom = dump_dom(tmp_path, f"{m.url}/-/repos/{RELU}")
+    for d in (dom, repo_dom):
+        assert "Pulled through from the upstream: 1 file" in d and "no whole variant yet" in d, d[-3000:]
+    assert "Last pull" in dom and "build/torch-universal/__init__.py" in dom

@@ -243,3 +243,56 @@ def test_a_write_ahead_log_left_on_a_read_only_mount(staged, tmp_path):
     os.unlink(other / "ledger.sqlite-shm")
     p = ro_cli(staged, "token", "list", src=other)
     assert p.returncode == 2 and "write-ahead log" in one_line(p)
+
+
+KERNELS_AGENT = "kernels/0.17.2; python/3.11; backend/cpu; platform/x86_64-linux; file_type/kernel; torch/2.13.0"
+
+
+def test_serve_counts_demand_on_a_read_only_home_without_failing_a_request(staged, tmp_path):
+    """The demand counts cannot be written to a read-only ledger: under load from kernels clients (8
+    threads, listings and file GETs) no request fails and no byte is wrong; serve says once that its
+    counts wait in memory, and nothing on the mount changes."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    before = {p.name: p.stat().st_mtime_ns for p in staged.home.glob("ledger.sqlite*")}
+    port, err = free_port(), tmp_path / "serve.err"
+    with open(err, "wb") as e:
+        proc = read_only(
+            staged.home,
+            staged.ro,
+            "exec " + shlex.join([EXE, "--home", str(staged.ro), "serve", "--port", str(port)]),
+            net=True,
+            popen=True,
+            stdout=subprocess.DEVNULL,
+            stderr=e,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        info = _get_json(f"{url}/api/kernels/{ACTIVATION}/revision/v2", proc, err)
+        path = next(s["rfilename"] for s in info["siblings"] if s["rfilename"].endswith("__init__.py"))
+        view = staged.home / "views" / "local" / ACTIVATION.replace("/", "--") / info["sha"]
+        want = (view / path).read_bytes()
+
+        def ask(i: int) -> bool:
+            where = f"/api/kernels/{ACTIVATION}/tree/v2/build" if i % 2 else f"/kernels/{ACTIVATION}/resolve/v2/{path}"
+            req = urllib.request.Request(url + where, headers={"User-Agent": KERNELS_AGENT})
+            try:
+                with urllib.request.urlopen(req, timeout=30) as r:
+                    body = r.read()
+            except OSError:
+                return False
+            return i % 2 == 1 and X86_CPU in body.decode() or body == want
+
+        deadline = time.monotonic() + 5  # past two of the recorder's write attempts (every 2 s)
+        results: list[bool] = []
+        with ThreadPoolExecutor(8) as pool:
+            while time.monotonic() < deadline:
+                results += pool.map(ask, range(200))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    text = err.read_text()
+    assert results and all(results), f"{results.count(False)} of {len(results)} requests failed"
+    assert "Traceback" not in text
+    assert text.count("demand: counts not written to the ledger yet (kept in memory)") == 1, text[-3000:]
+    assert {p.name: p.stat().st_mtime_ns for p in staged.home.glob("ledger.sqlite*")} == before

@@ -357,6 +357,30 @@ def test_tokens(serve_staged, serve_mirror, tmp_path):
     assert _until(lambda: _status(serve_mirror.port)[0], 200, timeout=30) == 200
 
 
+def test_a_missing_token_is_named_as_such_not_as_trust(serve_staged, serve_mirror, tmp_path):
+    """Issue 30, item 1: kernels asks /api/organizations/{org}/overview first; a 401 there read as "could not
+    verify publisher trust status. Set trust_remote_code=True", advice that turns the trust check off. The
+    overview is public (as on the Hub), so the first request to fail is the revision's, with the token's
+    message; the 401 body and serve's log (once) name HF_TOKEN and `frt-mirror token add`."""
+    home = tmp_path / "home"
+    shutil.copytree(serve_staged.home, home, symlinks=True)
+    assert run_cli("token", "add", "ci", home=home).returncode == 0
+    with serving(home) as m:
+        st, _, body = raw_http(m.port, raw_request("GET", f"/api/organizations/{ORG}/overview"))
+        assert st == 200 and json.loads(body)["name"] == ORG
+        st, headers, body = raw_http(m.port, raw_request("GET", f"/api/kernels/{ACTIVATION}/revision/v1"))
+        assert st == 401 and "HF_TOKEN" in headers["x-error-message"] and "frt-mirror token add" in body.decode()
+        code = f"import kernels; report(kernels.get_kernel({ACTIVATION!r}, version=1).REVISION_NOTE)"
+        p, out = run_client(code, m.url, tmp_path / "hf-none")
+        assert out is None and p.returncode != 0
+        assert "trust_remote_code" not in p.stderr and "HF_TOKEN" in p.stderr, p.stderr
+        # serve's own log says it once, beside the access lines' 401s.
+        assert sum("HF_TOKEN" in ln for ln in m.err.read_text().splitlines()) == 1
+    # The token goes again: on PostgreSQL the copied home shares the module's ledger (see test_tokens).
+    assert run_cli("token", "revoke", "ci", home=home).returncode == 0
+    assert _until(lambda: _status(serve_mirror.port)[0], 200, timeout=30) == 200
+
+
 # -- hostile input ---------------------------------------------------------------------------------
 
 HOSTILE = [

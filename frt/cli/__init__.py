@@ -7,7 +7,7 @@ ledger's database) unavailable: try again later.
 
 from __future__ import annotations
 
-from . import bisect_cmds, env_cmd, gc_cmds, key_cmd, ledger_cmds, nginx_cmd, serve_cmds, stage_cmds  # noqa: F401  (they register)
+from . import bisect_cmds, demand_cmds, env_cmd, gc_cmds, key_cmd, ledger_cmds, nginx_cmd, serve_cmds, stage_cmds  # noqa: F401  (they register)
 from .app import cli
 
 

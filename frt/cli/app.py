@@ -11,7 +11,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 import click
 
@@ -56,10 +56,16 @@ class App:
 
         ride_out()
 
-    def hub(self, endpoint: str | None) -> HubClient:
+    def hub(self, endpoint: str | None, *, quiet: bool = False) -> HubClient:
+        """The upstream's client; unless `quiet`, each rate-limit window it waits out is one line on stderr."""
         from frt.resolver.hub import HubClient
 
-        return HubClient(endpoint or self.endpoint)
+        from .say import say_waiting
+
+        hub = HubClient(endpoint or self.endpoint)
+        if not quiet:
+            hub.pacer.on_wait = say_waiting
+        return hub
 
 
 class _Group(click.Group):
@@ -86,7 +92,7 @@ class _Group(click.Group):
 _NO_ARGS = getattr(click.exceptions, "NoArgsIsHelpError", ())
 
 
-def _usage_error(ctx: click.Context, e: click.ClickException) -> None:
+def _usage_error(ctx: click.Context, e: click.ClickException) -> NoReturn:
     if isinstance(e, _NO_ARGS):  # `frt-mirror` or a group alone: its help, as click shows it
         raise e
     hint = f" (see {ctx.command_path} --help)" if isinstance(e, click.UsageError) else ""

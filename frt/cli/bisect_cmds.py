@@ -232,7 +232,8 @@ def render_perf(result) -> str:
         lines.append(f"first bad commit: {result.first_bad}  {result.first_bad_date}  {result.first_bad_title}")
     else:
         lines.append("undecided (runs were skipped): first bad is one of " + ", ".join(result.undecided))
-    if not result.stopped or result.stopped.startswith("cannot"):
+    # Only with a figure on record: an end that printed none ("cannot measure") has no median to name.
+    if result.good_median is not None and (not result.stopped or result.stopped.startswith("cannot")):
         lines.append(
             f"good median {_figure(result.good_median)}, bad median {_figure(result.bad_median)} "
             f"({result.direction}, threshold {result.threshold:g}%, {result.repeat} runs per commit"

@@ -18,6 +18,9 @@ def _note(what: str) -> None:
 
 
 def _existing(app: App) -> None:
+    from frt.mirror.home_path import check_home
+
+    check_home(app.root)  # a home that cannot be one says why, as for every command
     if not app.root.is_dir():  # rather than create an empty home only to find nothing in it
         raise BadInput(f"home {app.root} does not exist")
 

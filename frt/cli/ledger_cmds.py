@@ -13,6 +13,7 @@ from frt.resolver.errors import BadInput, KernelUnavailable, exit_code
 from frt.resolver.gate import check_repo_id
 
 from .app import App, cli, emit_json, endpoint_option, json_option, parse_targets
+from .demand_cmds import report_demand, since_option
 from .render import table
 from .say import say
 
@@ -113,7 +114,8 @@ def resolve_cmd(app: App, repo, version, revision, target, offline, endpoint, as
     "targets",
     multiple=True,
     callback=parse_targets,
-    help="Targets to show (repeatable; default: the targets the repo's variants were built for).",
+    help="Targets to show (repeatable; default: the targets the repo's variants were built for and those it "
+    "is staged for).",
 )
 @click.option(
     "--html",
@@ -129,6 +131,7 @@ def matrix_cmd(app: App, repo, targets, html, as_json):
     check_repo_id(repo)
     from frt.mirror.records import MODEL_TARGET, repo_types
     from frt.resolver.matrix import build_matrix
+    from frt.resolver.targets import parse_target
 
     models = [r for r in app.home.staged(MODEL_TARGET) if r.repo == repo]
     if html is not None:
@@ -154,7 +157,8 @@ def matrix_cmd(app: App, repo, targets, html, as_json):
     with app.ledger.view() as view:
         if not view.known(repo):
             raise BadInput(f"{repo} is not in the ledger: run 'frt-mirror scan {repo}' first")
-        m = build_matrix(view, repo, list(targets) or None)
+        staged_for = {r.target for r in app.home.staged() if r.repo == repo and not (r.is_model or r.is_pulled)}
+        m = build_matrix(view, repo, list(targets) or None, also=[parse_target(t) for t in sorted(staged_for)])
     if as_json:
         emit_json(m.to_json())
         return
@@ -215,10 +219,17 @@ def _declared_archs(m, variant: str) -> str:
 
 
 @cli.command("report")
+@click.option("--demand", is_flag=True, help="What serve's kernels clients asked for, and what it could not answer.")
+@since_option
 @json_option
 @click.pass_obj
-def report_cmd(app: App, as_json):
-    """Every refusal on record: repo, version, target, error, detail (verbatim)."""
+def report_cmd(app: App, demand, since, as_json):
+    """Every refusal on record: repo, version, target, error, detail (verbatim). With --demand: per repo
+    and target, what the fleet asked serve for, when last, what it was served and what it missed."""
+    if demand:
+        return report_demand(app, since, as_json)
+    if since is not None:
+        raise BadInput("--since goes with --demand: the refusals on record are listed whole")
     rows = app.ledger.refusals()
     if as_json:
         emit_json(

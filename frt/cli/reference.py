@@ -12,6 +12,7 @@ from __future__ import annotations
 import inspect
 import re
 from collections.abc import Iterator
+from typing import TypeGuard
 
 import click
 
@@ -65,7 +66,7 @@ def _section(ctx: click.Context) -> str:
     return "\n".join(parts)
 
 
-def _listed(param: click.Parameter, ctx: click.Context) -> bool:
+def _listed(param: click.Parameter, ctx: click.Context) -> TypeGuard[click.Option]:
     """Options only (arguments are in the usage line), and not the help option every command has."""
     if not isinstance(param, click.Option) or param.hidden:
         return False

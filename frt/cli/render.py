@@ -65,6 +65,12 @@ def render_bundle(r: BundleReport) -> str:
         )
     if r.signed_by:
         done += f", signed by key {r.signed_by}"
+    if r.skipped:
+        names = ", ".join(f"{x.repo}@{x.requested} for {x.target}" for x in r.skipped)
+        done += (
+            f"; skipped {len(r.skipped)} staged row(s) withdrawn since this bundle was written ({names}): "
+            "import --allow-rollback brings them back"
+        )
     return (
         table(["repo", "requested", "target", "commit", "variant"], rows)
         + f"\n{done}; {r.blobs} blobs, {human_bytes(r.bytes)}; bundle id {r.id[:12]}"

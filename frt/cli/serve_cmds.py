@@ -36,6 +36,13 @@ LIMIT_ENV = {field: var for field, (var, *_rest) in HttpLimits.ENV.items()}
     "(default: stderr, with serve's other messages).",
 )
 @click.option(
+    "--demand-log-clients",
+    "demand_clients",
+    is_flag=True,
+    help="Keep each kernels client's address in the demand counts (report --demand); without it none "
+    "is kept, only what was asked for and for which target.",
+)
+@click.option(
     "--workers",
     default=1,
     show_default=True,
@@ -145,6 +152,7 @@ def serve_cmd(
     port,
     trust,
     access_log,
+    demand_clients,
     workers,
     accel_redirect,
     upstream,
@@ -159,6 +167,7 @@ def serve_cmd(
     Exits 2 without serving when it cannot listen (the port is in use) or open the access log."""
     from frt.mirror.serve.listen import listen
     from frt.mirror.serve.run import serve
+    from frt.mirror.serve.watch import CatalogWatcher
     from frt.mirror.serve.workers import AppSpec, serve_workers
 
     accel = check_accel_prefix(accel_redirect) if accel_redirect is not None else None
@@ -166,7 +175,15 @@ def serve_cmd(
     sockets = listen(host, port)  # first: a busy port is one line and exit 2, before anything is said
     if workers > 1:  # before any app is built: the workers' metrics are summed from files (metrics.py)
         metrics_dir = multiprocess_metrics()
-    spec = AppSpec(app.home.root, frozenset(trust), access_log, accel, ledger_url=app.home.ledger_url, upstream=pull)
+    spec = AppSpec(
+        app.home.root,
+        frozenset(trust),
+        access_log,
+        accel,
+        ledger_url=app.home.ledger_url,
+        upstream=pull,
+        demand_clients=demand_clients,
+    )
     mirror = spec.build(app.home)  # here, once: a bad access log or ledger is one line before serving
     # Not mirror.catalog(): its first call starts the catalog's poller thread, which a fork must not copy.
     if pull is not None:
@@ -188,19 +205,22 @@ def serve_cmd(
             err=True,
         )
     _warn_name_picks(app)
-    limits = HttpLimits(**limits)
+    http_limits = HttpLimits(**limits)
     url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
     how = f", {workers} workers" if workers > 1 else ""
     how += f", file bodies by nginx through {accel}" if accel else ""
     click.echo(f"frt-mirror: serving {app.home} on {url}{how} (HF_ENDPOINT={url})", err=True)
     if workers == 1:
-        serve(mirror, sockets, limits)
+        serve(mirror, sockets, http_limits)
         return
-    os.environ.update(limits.environ())  # what each forked worker's serve() reads (limits.py)
+    os.environ.update(http_limits.environ())  # what each forked worker's serve() reads (limits.py)
+    assert mirror.log is not None  # AppSpec.build gives every app its access log
     mirror.log.sink.close()  # each worker builds its own app: its own sink, its own ledger connection
     app.home.close()
     try:
-        code = serve_workers(spec, sockets, workers, mirror.catalog.current)
+        watcher = mirror.catalog
+        assert isinstance(watcher, CatalogWatcher)  # make_app's (run.py)
+        code = serve_workers(spec, sockets, workers, watcher.current)
     finally:
         metrics_dir.cleanup()
     if code:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import click
 
 from frt.mirror.home_path import check_writable
 from frt.mirror.progress import human_bytes
+from frt.resolver.errors import FrtError
 
 from .app import App, cli, emit_json, endpoint_option, json_option, parse_targets
 from .render import render_bundle, table
@@ -59,14 +61,15 @@ def stage_cmd(app: App, manifest, targets, jobs, endpoint, wheel_index, quiet, a
                 plan.requests,
                 plan.targets,
                 home=app.home,
-                hub=app.hub(endpoint),
+                hub=app.hub(endpoint, quiet=quiet),
                 jobs=jobs,
                 publishers=plan.publishers,
                 progress=not (quiet or as_json),
                 wheel_index=wheel_index,
             )
         if plan.models:  # target-less: after the kernels, so a kernel failure is reported first
-            stage_models(plan.models, home=app.home, hub=app.hub(endpoint), jobs=jobs, report=report)
+            stage_models(plan.models, home=app.home, hub=app.hub(endpoint, quiet=quiet), jobs=jobs, report=report)
+    untrusted = _untrusted_orgs(app, report)
     if as_json:
         emit_json(
             {
@@ -74,6 +77,7 @@ def stage_cmd(app: App, manifest, targets, jobs, endpoint, wheel_index, quiet, a
                 "downloaded_bytes": report.downloaded_bytes,
                 "needed_bytes": report.needed_bytes,
                 "rows": [r.to_json() for r in report.rows],
+                "untrusted_orgs": untrusted,
             }
         )
     else:
@@ -99,7 +103,10 @@ def stage_cmd(app: App, manifest, targets, jobs, endpoint, wheel_index, quiet, a
         wheels = sorted({w for r in report.rows for w in r.wheels})
         if wheels:
             click.echo(f"wheels for python-depends: {', '.join(wheels)}")
-        bare = sorted({f"{r.repo}@{r.commit[:12]} {r.variant}" for r in report.rows if r.publisher_digest is False})
+        # publisher_digest is set on staged rows only, which have a commit (said for the type checker)
+        bare = sorted(
+            {f"{r.repo}@{r.commit[:12]} {r.variant}" for r in report.rows if r.publisher_digest is False and r.commit}
+        )
         if bare:
             click.echo(
                 f"note: {len(bare)} staged variant(s) carry no publisher digest in metadata.json (checked "
@@ -108,7 +115,22 @@ def stage_cmd(app: App, manifest, targets, jobs, endpoint, wheel_index, quiet, a
         for r in report.rows:
             if r.status != "staged":
                 say(f"{r.status}: {r.detail}")
+    for org in untrusted:
+        say(
+            f"note: the upstream does not call {org} a trusted kernel publisher: kernels on the cluster will "
+            f"refuse its kernels unless trust_remote_code=True (or serve --trust {org})"
+        )
     sys.exit(0 if report.ok else 1)
+
+
+def _untrusted_orgs(app: App, report) -> list[str]:
+    """The orgs of what was staged that the upstream's overview does not call trusted kernel publishers:
+    kernels refuses their kernels at load (trust_remote_code), which the cluster would learn only then."""
+    orgs = {r.repo.split("/", 1)[0] for r in report.rows if r.status == "staged" and r.variant}
+    if not orgs:
+        return []
+    known = app.ledger.publishers(orgs)
+    return sorted(org for org in orgs if org in known and not known[org].trusted)
 
 
 @cli.command("verify")
@@ -150,23 +172,33 @@ def verify_cmd(app: App, as_json):
     help="Where the wheels of the kernels' python-depends go, a pip find-links folder "
     "[default: OUT-wheels beside OUT, only when there are any].",
 )
+@click.option(
+    "--keep",
+    is_flag=True,
+    help="Only add: keep what OUT holds that the home no longer stages (default: OUT follows the home).",
+)
 @json_option
 @click.pass_obj
-def export_cache_cmd(app: App, out, target, wheels_to, as_json):
+def export_cache_cmd(app: App, out, target, wheels_to, keep, as_json):
     """Write a Hub cache for a target that works with HF_HUB_OFFLINE=1 (refs/vN for every staged version),
-    and a find-links folder of the wheels its kernels' python-depends need."""
+    and a find-links folder of the wheels its kernels' python-depends need.
+
+    Into a folder it wrote before, OUT is made to hold what the home stages for every target exported into
+    it: refs, snapshots and blobs withdrawn since are removed (unless --keep)."""
     from frt.mirror.env import pip_line
     from frt.mirror.hfcache import export_cache, wheels_needed
 
     wheels = wheels_needed(app.home, target)
     wheels_to = (wheels_to or out.with_name(f"{out.name}-wheels")) if wheels else None
-    refs = export_cache(out, app.home, target, wheels_to)
+    done = export_cache(out, app.home, target, wheels_to, keep=keep)
+    refs = done.refs
     install = pip_line(wheels, wheels_to.absolute()) if wheels else None
     if as_json:
         emit_json(
             {
                 "cache": str(out),
                 "refs": [{"repo": r, "ref": ref, "commit": c} for r, ref, c in refs],
+                "removed": [{"repo": r, "ref": ref, "commit": c} for r, ref, c in done.removed],
                 "wheels": wheels,
                 "find_links": str(wheels_to) if wheels_to else None,
                 "pip_install": install,
@@ -174,6 +206,9 @@ def export_cache_cmd(app: App, out, target, wheels_to, as_json):
         )
         return
     click.echo(table(["repo", "ref", "commit"], [(r, ref, c[:12]) for r, ref, c in refs]))
+    if done.removed:
+        gone = ", ".join(f"{r}@{ref}" for r, ref, _ in done.removed)
+        click.echo(f"removed {len(done.removed)} ref(s) the home no longer stages: {gone}")
     click.echo(f"\nHF_HUB_CACHE={out.absolute()}  (with HF_HUB_OFFLINE=1 on the cluster)")
     if install:
         click.echo(f"python-depends: {len(wheels)} wheel(s) in {wheels_to.absolute()}; on the cluster: {install}")
@@ -229,10 +264,15 @@ def bundle_cmd(app: App, out, targets, since, sign, quiet, as_json):
     metavar="KEY.pub",
     help="Refuse the bundle unless this public key signed it.",
 )
+@click.option(
+    "--allow-rollback",
+    is_flag=True,
+    help="Also stage again what this home withdrew after the bundle was written (default: skipped, and named).",
+)
 @quiet_option
 @json_option
 @click.pass_obj
-def import_cmd(app: App, src, require_signature, quiet, as_json):
+def import_cmd(app: App, src, require_signature, allow_rollback, quiet, as_json):
     """Verify every file of IN.tar, then add it to the store, ledger and views; nothing if any check fails.
 
     An incremental bundle ('bundle --since') imports only into a home that holds its base."""
@@ -241,10 +281,28 @@ def import_cmd(app: App, src, require_signature, quiet, as_json):
 
     check_writable(app.root, "import writes the ledger, the store and the views")
     app.ride_out()
+    fresh = not (app.root.exists() or app.root.is_symlink())
+
+    def on_wait(what: str) -> None:
+        if not as_json:
+            say(what)
+
     # Exclusive, as unstage: an incremental bundle may take views away, which no stager may be linking;
     # gc waits too (what is stored here is referenced only at the end).
-    with store_collector(app.home, lambda what: as_json or say(what)):
-        report = import_bundle(src, app.home, require_signature=require_signature, progress=not (quiet or as_json))
+    try:
+        with store_collector(app.home, on_wait):
+            report = import_bundle(
+                src,
+                app.home,
+                require_signature=require_signature,
+                progress=not (quiet or as_json),
+                allow_rollback=allow_rollback,
+            )
+    except FrtError:
+        if fresh:  # a refused bundle leaves no empty home behind, where there was none
+            app.home.close()
+            shutil.rmtree(app.root, ignore_errors=True)
+        raise
     if as_json:
         emit_json(report.to_json())
     else:

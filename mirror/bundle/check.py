@@ -20,7 +20,7 @@ from frt.resolver.gate import (
     check_sha256,
     check_variant,
 )
-from frt.resolver.ledger import PublisherInfo
+from frt.resolver.ledger.rows import PublisherInfo
 from frt.resolver.resolution import FileEntry, Request, VariantInfo, parent_chain
 from frt.resolver.targets import parse_target
 
@@ -59,6 +59,7 @@ class Manifest:
     base: dict | None  # an incremental bundle's base: id, name, created, state (state)
     unstaged: list[tuple[str, str, str]]  # (repo, requested, target): rows of the base this bundle takes away
     wheels: list[WheelRecord] = field(default_factory=list)  # python-depends' wheels the staged rows name
+    created: datetime | None = None  # when the box wrote it (its clock): what was withdrawn since stays so
 
 
 def check_manifest(doc: dict) -> Manifest:
@@ -79,7 +80,7 @@ def check_manifest(doc: dict) -> Manifest:
     repos = [_parse_repo(r, based.get(r.get("repo"), {}).get("commits", {})) for r in doc["repos"]]
     variants = {(r.repo, sha, v.name): v.files for r in repos for sha, vs in r.builds.items() for v in vs}
     by_oid = {d.git_oid: d for d in listed.values()}
-    staged = []
+    staged: list[tuple[StagedRow, Pairs]] = []
     for s in doc["staged"]:
         row = _staged_row(s)
         files = variants.get((row.repo, row.commit, row.variant))
@@ -87,7 +88,8 @@ def check_manifest(doc: dict) -> Manifest:
             staged.append((row, None))  # the base carried this commit's build listing
             continue
         _need(files, f"staged {row.repo}@{row.commit[:12]} {row.variant} has no build listing")
-        pairs = []
+        assert files is not None  # _need refused it
+        pairs: list[tuple[FileEntry, str | None]] = []
         for f in files:
             # An LFS file's git oid is its pointer's, not its content's: match those by sha256.
             blob = listed.get(f.sha256) if f.sha256 else by_oid.get(f.git_oid)
@@ -95,11 +97,23 @@ def check_manifest(doc: dict) -> Manifest:
                 (blob is None and base) or (blob is not None and blob.size == f.size),
                 f"{row.repo}: {f.path} has no listed blob",
             )
-            pairs.append((f, blob and blob.sha256))
+            pairs.append((f, blob.sha256 if blob is not None else None))
         staged.append((row, pairs))
     publishers = [_parse_publisher(p) for p in doc.get("publishers", [])]  # absent in older bundles
     wheels = _wheels(doc, staged, listed, base)
-    return Manifest(listed, repos, staged, publishers, base, _unstaged(doc, base, staged), wheels)
+    created = _created(doc.get("created"))
+    return Manifest(listed, repos, staged, publishers, base, _unstaged(doc, base, staged), wheels, created)
+
+
+def _created(value: object) -> datetime | None:
+    if value is None:
+        return None
+    _need(isinstance(value, str) and len(value) <= 40, "bad created")
+    assert isinstance(value, str)
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError:
+        raise ValueError(f"bad created {value[:40]!r}") from None
 
 
 def _wheel_names(names) -> tuple[str, ...]:
@@ -147,6 +161,7 @@ def _unstaged(doc: dict, base: dict | None, staged: list) -> list[tuple[str, str
     if not keys:
         return []
     _need(base is not None and doc["format"] >= UNSTAGES, "removals ('unstaged') in a bundle with no base")
+    assert base is not None  # _need refused None
     carried = {r.key for r, _ in staged}
     out = []
     for k in keys:
@@ -160,7 +175,8 @@ def _unstaged(doc: dict, base: dict | None, staged: list) -> list[tuple[str, str
 
 def _staged_row(s: dict) -> StagedRow:
     # Its repo, commit and variant become view paths (its revision, a cache ref: see _request).
-    row = StagedRow(*(s[k] for k in StagedRow.__dataclass_fields__ if k != "wheels"), _wheel_names(s.get("wheels", [])))
+    fields = {k: s[k] for k in StagedRow.__dataclass_fields__ if k != "wheels"}
+    row = StagedRow(**fields, wheels=_wheel_names(s.get("wheels", [])))
     where = f"staged row of {check_repo_id(row.repo, where='staged')!r}"
     check_commit(row.commit, where=where)
     check_variant(row.variant, where=where)
@@ -178,7 +194,9 @@ def _parse_publisher(p: dict) -> PublisherInfo:
         type(p["trusted"]) is bool and isinstance(p["endpoint"], (str, type(None))) and isinstance(p["seen_at"], str),
         f"bad publisher {p}",
     )
-    return PublisherInfo(check_org(p["org"], where="publishers"), p["trusted"], p["endpoint"], _when(p["seen_at"]))
+    org = check_org(p["org"], where="publishers")
+    seen_at = datetime.fromisoformat(p["seen_at"])  # a str (checked above): _when's None is not for it
+    return PublisherInfo(org, p["trusted"], p["endpoint"], seen_at)
 
 
 def _parse_repo(d: dict, base_commits: dict) -> RepoRows:

@@ -68,6 +68,7 @@ class BundleReport:
     new_blobs: int | None = None  # import only: blobs this home did not have
     new_rows: int | None = None  # import only: staged rows added or changed
     unstaged: list[list[str]] = field(default_factory=list)  # [repo, requested, target] carried as removals
+    skipped: list[StagedRow] = field(default_factory=list)  # import only: withdrawn here since it was written
 
     def to_json(self) -> dict:
         return {
@@ -83,6 +84,7 @@ class BundleReport:
             "new_rows": self.new_rows,
             "staged": [r.to_json() for r in self.staged],
             "unstaged": [dict(zip(("repo", "requested", "target"), k, strict=False)) for k in self.unstaged],
+            "skipped": [r.to_json() for r in self.skipped],
         }
 
 
@@ -114,10 +116,16 @@ def read_head(tf: tarfile.TarFile, members) -> tuple[bytes, bytes | None, tarfil
     first = next(members, None)
     if first is None or first.name != MANIFEST or first.type not in REGULAR or first.size > MAX_MANIFEST:
         raise BundleRejected(f"the first member must be a regular file named {MANIFEST}")
-    manifest = tf.extractfile(first).read()
+    manifest = _read(tf, first)
     second = next(members, None)
     if second is None or second.name != SIGNATURE:
         return manifest, None, second
     if second.type not in REGULAR or second.size > MAX_SIGNATURE:
         raise BundleRejected(f"{SIGNATURE} must be a small regular file")
-    return manifest, tf.extractfile(second).read(), next(members, None)
+    return manifest, _read(tf, second), next(members, None)
+
+
+def _read(tf: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
+    f = tf.extractfile(member)
+    assert f is not None  # extractfile is None only for a member that is not a file; callers checked REGULAR
+    return f.read()

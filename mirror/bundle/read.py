@@ -18,6 +18,7 @@ from frt.resolver.errors import BadInput
 from frt.resolver.ledger import Ledger
 from frt.resolver.ledger.io import merge_repo_record
 from frt.resolver.ledger.retry import retried
+from frt.resolver.resolution import FileEntry
 
 from ..events import events_with_ref, record_event
 from ..home import Home
@@ -34,6 +35,7 @@ from ..records import (
 from ..store import BlobStore, Digest
 from ..unstage import drop_views
 from ..views import link_wheels
+from ..withdrawn import forget_withdrawn, withdrawn_after
 from . import signing
 from .check import Manifest, check_manifest
 from .format import (
@@ -51,8 +53,15 @@ from .state import base_refusal, missing_here, without
 
 
 def import_bundle(
-    src: Path, home: Home, *, require_signature: Path | None = None, progress: bool = False
+    src: Path,
+    home: Home,
+    *,
+    require_signature: Path | None = None,
+    progress: bool = False,
+    allow_rollback: bool = False,
 ) -> BundleReport:
+    """`allow_rollback`: also stage again the rows this home withdrew after the bundle was written (withdrawn.py);
+    without it they are skipped, and the report names them."""
     key = signing.load_public(require_signature) if require_signature else None  # bad input: before any read
     ledger, store = home.ledger, home.store
     parts: dict[str, Path | None] = {}  # sha -> its .part in tmp/ (None: already in the store)
@@ -62,12 +71,14 @@ def import_bundle(
         for p in parts.values():
             if p is not None:
                 p.unlink(missing_ok=True)
+        why: BaseException | str = e
         if isinstance(e, (tarfile.TarError, EOFError)):
-            e = f"truncated or not a tar archive ({e})"
+            why = f"truncated or not a tar archive ({e})"
         elif not isinstance(e, (BundleRejected, OSError)):
             raise
-        raise BundleRejected(f"{src}: {e}; nothing was imported") from None
+        raise BundleRejected(f"{src}: {why}; nothing was imported") from None
     m, ident, signer = got
+    skip = set() if allow_rollback else _withdrawn_since(ledger, m)
     # Everything verified: the store, then the views (files no ledger row points at yet), then every
     # ledger row in one transaction, so a failure there leaves the ledger as it was and a rerun
     # completes the import (blobs and views already in place are kept, not redone).
@@ -76,17 +87,31 @@ def import_bundle(
             store.commit(part, m.listed[sha])
     views = home.views
     for row, pairs in m.staged:
-        if not row.is_model:  # models have no view (frt.mirror.models)
+        if not row.is_model and row.key not in skip:  # models have no view (frt.mirror.models)
             views.link(row.repo, row.commit, row.variant, pairs)
     link_wheels(home.root, store, m.wheels)
-    report, gone = ledger.retrying(_record_import, ledger, src, m, ident, signer, parts)
+    report, gone = ledger.retrying(_record_import, ledger, src, m, ident, signer, parts, skip)
     if gone:  # after the commit: a view that no row names any more is only files
         drop_views(home, gone)
     return report
 
 
+def _withdrawn_since(ledger: Ledger, m: Manifest) -> set[tuple[str, str, str]]:
+    """The keys of the bundle's rows this home does not stage and withdrew after the bundle was written."""
+    if m.created is None:  # written before bundles said when: nothing to compare
+        return set()
+    staged = {r.key for r in staged_rows(ledger)}
+    return set(withdrawn_after(ledger, (r.key for r, _ in m.staged if r.key not in staged), m.created))
+
+
 def _record_import(
-    ledger: Ledger, src: Path, m: Manifest, ident: str, signer: str | None, parts: dict[str, Path | None]
+    ledger: Ledger,
+    src: Path,
+    m: Manifest,
+    ident: str,
+    signer: str | None,
+    parts: dict[str, Path | None],
+    skip: set[tuple[str, str, str]],
 ) -> tuple[BundleReport, list[StagedRow]]:
     """Every ledger row of the import, in one transaction: a unit that a dropped connection re-runs whole
     (Ledger.retrying), and a failure leaves the ledger as it was."""
@@ -108,32 +133,37 @@ def _record_import(
         for pub in m.publishers:
             ledger.record_publisher(pub.org, pub.trusted, endpoint=pub.endpoint, seen_at=pub.seen_at)
         have = set(staged_rows(ledger))
-        new = [row for row, _ in m.staged if row not in have]
+        skipped = [row for row, _ in m.staged if row.key in skip]
+        new = [row for row, _ in m.staged if row not in have and row.key not in skip]
         record_staged_rows(ledger, new)
+        with ledger.session() as s:
+            forget_withdrawn(s, (r.key for r in new))
         taken = set(m.unstaged)
         gone = [r for r in have if r.key in taken]
-        delete_staged(ledger, gone)
+        delete_staged(ledger, gone, at=m.created)
+        new_blobs = sum(p is not None for p in parts.values())
         report = BundleReport(
             src,
             len(m.listed),
             sum(d.size for d in m.listed.values()),
             [r for r, _ in m.staged],
             id=ident,
-            base=m.base and m.base["id"],
-            base_name=m.base and m.base.get("name"),
+            base=m.base["id"] if m.base is not None else None,
+            base_name=m.base.get("name") if m.base is not None else None,
             signed_by=signer,
-            new_blobs=sum(p is not None for p in parts.values()),
+            new_blobs=new_blobs,
             new_rows=len(new),
             unstaged=sorted(list(r.key) for r in gone),
+            skipped=skipped,
         )
         # Once per bundle and home: a repeated import that adds nothing leaves the home as it was.
-        if new or gone or report.new_blobs or not events_with_ref(ledger, "import", ident):
+        if new or gone or new_blobs or not events_with_ref(ledger, "import", ident):
             record_event(
                 ledger,
                 "import",
                 ref=ident,
                 base=report.base,
-                files=report.new_blobs,
+                files=new_blobs,
                 nbytes=report.bytes,
                 detail=str(src),
             )
@@ -164,7 +194,9 @@ def _read_and_verify(src: Path, home: Home, key, parts: dict[str, Path | None], 
         meter = Progress(sum(d.size for d in m.listed.values()), len(m.listed), label="import") if progress else None
         try:
             for mem in blobs:
-                _verify_member(tf, mem, m.listed[BLOB.fullmatch(mem.name)[1]], parts, home.store, meter)
+                match = BLOB.fullmatch(mem.name)
+                assert match is not None  # _blob_members held every member's name to BLOB
+                _verify_member(tf, mem, m.listed[match[1]], parts, home.store, meter)
         finally:
             if meter:
                 meter.close()
@@ -221,18 +253,17 @@ def _pair_from_home(m: Manifest, home: Home) -> None:
     them in this home (which holds the base), so the views are linked as after a full import."""
     by_oid = {d.git_oid: d.sha256 for d in m.listed.values()}
     listed = _listings(home.ledger, [row for row, pairs in m.staged if pairs is None])
-    for i, (row, pairs) in enumerate(m.staged):
+    staged: list[tuple[StagedRow, list[tuple[FileEntry, str | None]]]] = []
+    for row, pairs in m.staged:
         if pairs is None:  # as check pairs a carried listing: LFS files by sha256, others by oid
-            m.staged[i] = (
-                row,
-                [
-                    (f, (f.sha256 if f.sha256 in m.listed else None) if f.sha256 else by_oid.get(f.git_oid))
-                    for f in listed[row]
-                ],
-            )
-    here = blob_for(home.ledger, (f for _, pairs in m.staged for f, sha in pairs if sha is None))
-    for i, (row, pairs) in enumerate(m.staged):
-        out = []
+            pairs = [
+                (f, (f.sha256 if f.sha256 in m.listed else None) if f.sha256 else by_oid.get(f.git_oid))
+                for f in listed[row]
+            ]
+        staged.append((row, pairs))
+    here = blob_for(home.ledger, (f for _, pairs in staged for f, sha in pairs if sha is None))
+    for i, (row, pairs) in enumerate(staged):
+        out: list[tuple[FileEntry, str | None]] = []
         for f, sha in pairs:
             if sha is None:  # not carried: the base's, so this home's
                 sha = here.get(f)
@@ -245,7 +276,7 @@ def _pair_from_home(m: Manifest, home: Home) -> None:
 
 
 @retried
-def _listings(ledger: Ledger, rows: list[StagedRow]) -> dict[StagedRow, list]:
+def _listings(ledger: Ledger, rows: list[StagedRow]) -> dict[StagedRow, tuple[FileEntry, ...]]:
     """This home's build listing of each row's variant."""
     with ledger.view() as v:
         return {row: v.variant(row.repo, row.commit, row.variant)[0] for row in rows}
@@ -262,9 +293,9 @@ def _verify_member(
     """Stream one `blobs/<sha256>` member (its header checked: _blob_members) into tmp/ (or nowhere, if
     the store has it), hashing it."""
     sha = want.sha256
-    parts[sha] = None if store.has(sha) else store.part_path(f"{sha}.import-{uuid.uuid4().hex}")
-    reader = Hashing(tf.extractfile(m), m.size, meter and meter.add_bytes)
-    with open(parts[sha], "wb") if parts[sha] else contextlib.nullcontext() as out:
+    part = parts[sha] = None if store.has(sha) else store.part_path(f"{sha}.import-{uuid.uuid4().hex}")
+    reader = Hashing(tf.extractfile(m), m.size, meter.add_bytes if meter is not None else None)
+    with open(part, "wb") if part else contextlib.nullcontext() as out:
         while chunk := reader.read():
             if out is not None:
                 out.write(chunk)

@@ -83,9 +83,9 @@ def bundle(
         sum(d.size for d in blobs),
         rows,
         id=bundle_id(manifest),
-        base=base and base["id"],
-        base_name=base and base["name"],
-        signed_by=key and signing.key_id(key.public_key()),
+        base=base["id"] if base is not None else None,
+        base_name=base["name"] if base is not None else None,
+        signed_by=signing.key_id(key.public_key()) if key is not None else None,
         unstaged=gone,
     )
     if not home.ledger.readonly:  # a cluster's read-only home bundles too, and keeps no record of it
@@ -190,7 +190,7 @@ def _write_tar(
             tf.addfile(info(SIGNATURE, len(signature)), io.BytesIO(signature))
         for d in blobs:
             with open(store.path(d.sha256), "rb") as src:
-                reader = Hashing(src, d.size, meter and meter.add_bytes)
+                reader = Hashing(src, d.size, meter.add_bytes if meter is not None else None)
                 tf.addfile(info(f"blobs/{d.sha256}", d.size), reader)
             if reader.digest() != d:  # better caught here, where it can be re-staged
                 raise BundleRejected(f"stored blob {d.sha256} is corrupt: run 'frt-mirror verify'")

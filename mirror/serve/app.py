@@ -17,28 +17,46 @@ serve never sees, so they are hashed before, not as they go).
 from __future__ import annotations
 
 import dataclasses
-import json
+import logging
 import os
 import time
 from collections.abc import Callable
-from urllib.parse import parse_qs
+from typing import TYPE_CHECKING
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from frt.manifests.fields import org_problem
 from frt.resolver.errors import FrtError
-from frt.resolver.gate import org_problem
 
 from . import simple
 from .accel import CONDITIONAL, accel_headers, accel_ok
 from .accesslog import AccessLog, Counted
 from .blob import BlobResponse, file_headers
 from .catalog import Catalog, ServedCommit, ServedRepo, dir_oid, etag_of
+from .demand import DemandRecorder
 from .integrity import Integrity
-from .protocol import MAX_BODY, HubError, iso_time, paginate, parse_range, read_body, split_raw_path, split_revision
+from .protocol import (
+    TOKEN_HINT,
+    TOKEN_MESSAGE,
+    HubError,
+    info_body,
+    iso_time,
+    paginate,
+    parse_range,
+    public_route,
+    read_paths_info,
+    split_raw_path,
+    split_revision,
+)
 from .pull import STALE_HEADER, PullService, upstream_error
 from .stream import FlowResponse
 
+if TYPE_CHECKING:  # what make_app (run.py) sets; a bare app has neither
+    from .metrics import Metrics
+    from .page import OperatorRoutes
+
+log = logging.getLogger("frt.serve")
 REPO_TYPES = {"models": "model", "kernels": "kernel", "datasets": "dataset", "spaces": "space"}
 PREFIXES = {"kernels": "kernel", "datasets": "dataset", "spaces": "space"}
 HOT_MAX = 8192  # resolve URLs remembered by MirrorApp.hot
@@ -64,12 +82,14 @@ class MirrorApp:
         self.catalog = catalog
         self.pull = pull  # serve --upstream: misses of allowed repos go to the upstream (see pull.py)
         self.authorized = authorized
+        self._token_noted = False
         self.log = log
         self.accel_redirect = accel_redirect
         self._hot: dict[bytes, tuple] = {}  # raw path -> (catalog, file, headers, accel headers): see hot()
-        self.metrics = None
-        self.operator = None
+        self.metrics: Metrics | None = None
+        self.operator: OperatorRoutes | None = None
         self.integrity = Integrity()
+        self.demand = DemandRecorder()  # what kernels clients ask for (demand.py); make_app gives it the ledger
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "lifespan":
@@ -79,6 +99,7 @@ class MirrorApp:
                 self.log.sink.flush()
             if self.metrics:
                 self.metrics.flush()
+            self.demand.flush()
             await send({"type": "lifespan.shutdown.complete"})
             return
         if scope["type"] != "http":
@@ -104,8 +125,10 @@ class MirrorApp:
         """Every request the hot path did not take: routing, then a response or a HubError's."""
         request = Request(scope, receive)
         try:
-            if not self.authorized(request.headers.get("authorization")):
-                raise HubError(401, "Unauthorized", "Invalid or missing token for this mirror")
+            auth = request.headers.get("authorization")
+            if not self.authorized(auth) and not public_route(scope):
+                self._note_token(auth)
+                raise HubError(401, "Unauthorized", TOKEN_MESSAGE)
             response = await self.dispatch(request)
         except HubError as e:
             response = e.response(head=request.method == "HEAD")
@@ -116,7 +139,13 @@ class MirrorApp:
             ]
         await response(scope, receive, send)
 
-    async def hot(self, scope, receive, send) -> int | None:
+    def _note_token(self, auth: str | None) -> None:
+        """Once per process, in serve's log: the first request refused for want of any token."""
+        if auth is None and not self._token_noted:
+            self._token_noted = True
+            log.warning("a request without a token was refused (401): %s", TOKEN_HINT)
+
+    async def hot(self, scope, receive, send) -> tuple[int, int] | None:
         """Answer a whole-file resolve URL that was answered before, from a cache keyed by the raw path:
         no routing, no Starlette. A HEAD per file per snapshot is most of a client's traffic; this path
         takes about a third off the server's time per HEAD (bench/serve.py). The token is still checked
@@ -219,38 +248,28 @@ class MirrorApp:
         if repo is None and stale is not None:  # not "does not exist": nobody could ask
             raise HubError(502, None, f"{repo_id} is not on this mirror, and its upstream cannot be asked ({stale})")
         if repo is None:
+            self.demand.missed_repo(request.scope, repo_id)
             raise HubError(404, "RepoNotFound", f"Repository not found: {repo_id} is not staged on this mirror")
         return repo
 
     def commit(self, repo: ServedRepo, rev: str) -> ServedCommit:
         sha = repo.resolve(rev)
         if sha is None:
-            raise HubError(404, "RevisionNotFound", f"Invalid rev id: {rev} is not staged for {repo.repo_id}")
+            known = next((n for n, s in repo.unstaged.items() if rev in (n, s)), None)
+            why = f" ({known} is on record upstream, not staged here; frt-mirror report --demand)" if known else ""
+            raise HubError(404, "RevisionNotFound", f"Invalid rev id: {rev} is not staged for {repo.repo_id}{why}")
         return repo.commits[sha]
 
     def info(self, repo: ServedRepo, rev: str) -> Response:
         c = self.commit(repo, rev)
-        return JSONResponse(
-            {
-                "id": repo.repo_id,
-                "sha": c.sha,
-                "author": repo.repo_id.split("/")[0],
-                "private": False,
-                "gated": False,
-                "disabled": False,
-                "lastModified": iso_time(c.date),
-                "tags": [],
-                "downloads": 0,
-                "likes": 0,
-                "siblings": [{"rfilename": p} for p in sorted(c.files)],
-            }
-        )
+        return JSONResponse(info_body(repo.repo_id, c.sha, c.date, c.files))
 
     def refs(self, request: Request, repo: ServedRepo) -> Response:
         def refs(d: dict[str, str], kind: str) -> list[dict]:
             return [{"name": n, "ref": f"refs/{kind}/{n}", "targetCommit": sha} for n, sha in sorted(d.items())]
 
-        body = {"branches": refs(repo.branches, "heads"), "tags": refs(repo.tags, "tags"), "converts": []}
+        branches = {**self.demand.unstaged_refs(request.scope, repo.unstaged), **repo.branches}
+        body = {"branches": refs(branches, "heads"), "tags": refs(repo.tags, "tags"), "converts": []}
         if "include_prs" in request.query_params:
             body["pullRequests"] = []
         return JSONResponse(body)
@@ -258,10 +277,15 @@ class MirrorApp:
     # -- listings ------------------------------------------------------------------------------
 
     def tree(self, request: Request, repo: ServedRepo, rev: str, path: str) -> Response:
-        c = self.commit(repo, rev)
+        path = path.strip("/")
+        try:
+            c = self.commit(repo, rev)
+        except HubError:
+            if path == "build":  # kernels' first ask of a revision (get_variants)
+                self.demand.missed(request.scope, repo, rev)
+            raise
         recursive = request.query_params.get("recursive", "false").lower() == "true"
         expand = request.query_params.get("expand", "false").lower() == "true"
-        path = path.strip("/")
         dirs = c.dirs()
         if path and path not in dirs:
             raise HubError(404, "EntryNotFound", f"{path} does not exist on {rev}", {"X-Repo-Commit": c.sha})
@@ -270,26 +294,13 @@ class MirrorApp:
         if not recursive:
             names = [p for p in names if "/" not in p[len(prefix) :]]
         entries = [self.entry(c, p, expand) for p in sorted(names)]
+        if path == "build":
+            self.demand.listed(request.scope, repo, c.sha, [p[6:] for p in names if p in dirs and p.count("/") == 1])
         return paginate(request, entries, PAGE_EXPAND if expand else PAGE)
 
     async def paths_info(self, request: Request, repo: ServedRepo, rev: str) -> Response:
         c = self.commit(repo, rev)
-        body = await read_body(request, MAX_BODY)
-        if request.headers.get("content-type", "").startswith("application/json"):
-            try:
-                doc = json.loads(body or b"{}")
-            except ValueError:
-                raise HubError(400, None, "Malformed JSON body") from None
-            if not isinstance(doc, dict):
-                raise HubError(400, None, "JSON body must be an object")
-            paths, expand = doc.get("paths", []), bool(doc.get("expand", False))
-        else:
-            form = parse_qs(body.decode("utf-8", "replace"))
-            paths, expand = form.get("paths", []), form.get("expand", ["false"])[0].lower() == "true"
-        if isinstance(paths, str):
-            paths = [paths]
-        if not isinstance(paths, list):
-            raise HubError(400, None, "paths must be a string or a list of strings")
+        paths, expand = await read_paths_info(request)
         dirs = c.dirs()
         known = [
             p.strip("/") for p in paths if isinstance(p, str) and (p.strip("/") in c.files or p.strip("/") in dirs)
@@ -333,6 +344,7 @@ class MirrorApp:
                 raise self.integrity.error(f)
             f = dataclasses.replace(f, blob=None)
         if f.blob is None and request.method != "HEAD":  # listed upstream, not stored: pull it now
+            assert self.pull is not None  # only pull-through lists a file not stored (or sets one aside above)
             if self.pull.streams(f):  # sent as it comes, whole (a Range too): serve/stream.py
                 headers = [*file_headers(c.sha, etag_of(f), f.sha256, f.size), (b"content-length", b"%d" % f.size)]
                 return FlowResponse(self.pull.begin(repo, c.sha, f), self.pull, headers)
@@ -365,6 +377,7 @@ class MirrorApp:
         if handoff or (rng is not None and not head):  # bytes sent unhashed: the whole blob verified first
             await self.integrity.ensure(f)
         if handoff:
+            assert self.accel_redirect  # handoff needs it
             return BlobResponse(
                 f, 0, 0, 200, accel_headers(self.accel_redirect, f, fixed, ranged=rng is not None), head=True
             )

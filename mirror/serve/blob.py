@@ -8,6 +8,7 @@ import functools
 import hashlib
 import logging
 import os
+from collections.abc import Sequence
 
 import anyio
 from starlette.responses import Response
@@ -50,21 +51,24 @@ class BlobResponse(Response):
         start: int,
         end: int,
         status: int,
-        headers: list,
+        headers: Sequence[tuple[bytes, bytes]],
         head: bool = False,
         integrity: Integrity | None = None,
     ):
-        self.status_code, self.raw_headers, self.background = status, headers, None
+        self.status_code, self.background = status, None
+        # Starlette types raw_headers as a list; a tuple (the hot path's, built once per URL) is sent as it is.
+        self.raw_headers = headers  # type: ignore[assignment]
         self.file, self.start, self.end, self.head, self.integrity = f, start, end, head, integrity
 
-    async def __call__(self, scope, receive, send) -> int:
+    # The body bytes sent, for the access log (MirrorApp.hot); Starlette ignores what __call__ returns.
+    async def __call__(self, scope, receive, send) -> int:  # type: ignore[override]
         """Sends the answer; returns the body bytes sent (self.status_code: the status sent)."""
         if self.head:
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
             return 0
         try:
-            fd = os.open(self.file.blob, os.O_RDONLY)
+            fd = os.open(self.file.stored_blob, os.O_RDONLY)
         except FileNotFoundError:  # moved out by another process (quarantined) since the catalog was loaded
             return await self._refuse(self._integrity().gone(self.file), scope, receive, send)
         try:
@@ -77,7 +81,7 @@ class BlobResponse(Response):
                     await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
                     await send({"type": "http.response.body", "body": chunk, "more_body": False})
                     return n
-                self.integrity.forget(self.file)  # changed: judged again below (hashed as it is sent)
+                self._integrity().forget(self.file)  # changed: judged again below (hashed as it is sent)
             return await self._send(fd, scope, receive, send)
         finally:
             os.close(fd)

@@ -9,6 +9,7 @@ nothing it had loaded (watch.py keeps the last good catalog).
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -16,6 +17,8 @@ from pathlib import Path
 from ..home import Home
 from ..records import blob_for, repo_types, staged_rows, wheel_rows
 from ..tokens import token_hashes
+
+VERSION_BRANCH = re.compile(r"v\d+")
 
 
 def lfs_pointer(sha256: str, size: int) -> bytes:
@@ -31,6 +34,12 @@ class ServedFile:
     sha256: str  # of the content: names the blob in the store
     lfs: bool
     blob: Path | None  # None: listed upstream, not stored yet (pull-through fetches it on a GET)
+
+    @property
+    def stored_blob(self) -> Path:
+        """`blob`, where the file is known to be stored: what reads its bytes (never a listed-only file's)."""
+        assert self.blob is not None, f"{self.path}: not stored"
+        return self.blob
 
     def tree_entry(self) -> dict:
         entry = {"type": "file", "oid": self.oid, "size": self.size, "path": self.path}
@@ -51,7 +60,7 @@ class ServedCommit:
     files: dict[str, ServedFile] = field(default_factory=dict)
 
     def dirs(self) -> set[str]:
-        out = set()
+        out: set[str] = set()
         for p in self.files:
             parts = p.split("/")[:-1]
             out.update("/".join(parts[:i]) for i in range(1, len(parts) + 1))
@@ -70,6 +79,9 @@ class ServedRepo:
     # fails on the first unstaged one), and every recorded commit's date and title.
     logs: dict[str, list[str]] = field(default_factory=dict)
     meta: dict[str, tuple[datetime | None, str]] = field(default_factory=dict)
+    # Version branches the ledger knows (a scan upstream) at commits not staged here: a kernels client is
+    # told of them, so that its ask for one reaches serve and is counted (serve/demand.py).
+    unstaged: dict[str, str] = field(default_factory=dict)
 
     def resolve(self, rev: str) -> str | None:
         """A branch, a tag or a full sha, to a staged commit; also the full ref names the Hub takes
@@ -153,11 +165,15 @@ def add_refs(view, served: ServedRepo, rows, upstream: bool = False) -> None:
     for kind, name, sha in view.refs(served.repo_id):
         if sha in served.commits:
             (served.branches if kind == "branch" else served.tags)[name] = sha
+        elif kind == "branch" and VERSION_BRANCH.fullmatch(name) and not upstream:
+            served.unstaged[name] = sha
     for r in sorted(rows, key=lambda r: r.commit):
         if r.version is not None and not (upstream and f"v{r.version}" in served.branches):
             served.branches[f"v{r.version}"] = r.commit
         elif r.revision and r.revision != r.commit and not r.revision.startswith(r.commit[:7]):
             served.branches.setdefault(r.revision, r.commit)
+    for name in [n for n in served.unstaged if n in served.branches]:  # staged under that name after all
+        del served.unstaged[name]
     for sha in served.commits:
         served.logs[sha] = [h for h in view.history(served.repo_id, sha) or () if h in served.commits] or [sha]
 

@@ -111,7 +111,7 @@ class Integrity:
         if f.sha256 not in self.bad:
             return False
         try:
-            st = os.stat(f.blob)
+            st = os.stat(f.stored_blob)
         except FileNotFoundError:
             return True
         if file_key(st) == self.bad[f.sha256]:
@@ -144,7 +144,7 @@ class Integrity:
         sends is then these bytes."""
         for _ in range(3):  # each turn waits for one check; a file changing under every one is refused
             try:
-                st = os.stat(f.blob)
+                st = os.stat(f.stored_blob)
             except FileNotFoundError:
                 raise self.gone(f) from None
             if self.fresh(f, st):
@@ -179,7 +179,7 @@ class Integrity:
     def _check(self, f: ServedFile) -> None:
         """In a thread: hash the blob whole; vouch for it, or quarantine it (a file gone: neither)."""
         try:
-            fd = os.open(f.blob, os.O_RDONLY)
+            fd = os.open(f.stored_blob, os.O_RDONLY)
         except FileNotFoundError:
             return
         try:
@@ -218,10 +218,10 @@ class Integrity:
             return None
         dest = HomeLayout(self.home.root).quarantine / f"{f.sha256}.{time.time_ns()}"
         try:
-            if os.stat(f.blob).st_ino != st.st_ino:
+            if os.stat(f.stored_blob).st_ino != st.st_ino:
                 return None
             dest.parent.mkdir(exist_ok=True)
-            os.rename(f.blob, dest)
+            os.rename(f.stored_blob, dest)
         except OSError:
             return None
         return dest

@@ -38,6 +38,13 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
+
+    from ..home import Home
 
 ROUTES = (
     "resolve",
@@ -97,7 +104,7 @@ def _word(value: str) -> str:
 class Metrics:
     """One serve process's metrics. `home`: what the scrape-time figures are read from (None: none)."""
 
-    def __init__(self, home=None):
+    def __init__(self, home: Home | None = None) -> None:
         from prometheus_client import CollectorRegistry, Counter, Histogram, values
 
         folder = os.environ.get(MULTIPROC_ENV)
@@ -191,10 +198,10 @@ def observe_pull(kind: str, seconds: float, nbytes: int, outcome: str) -> None:
 class HomeCollector:
     """Figures of the home, read from the ledger at each scrape: the same whichever worker answers."""
 
-    def __init__(self, home):
+    def __init__(self, home: Home) -> None:
         self.home = home
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         from prometheus_client.core import GaugeMetricFamily
         from sqlalchemy.exc import SQLAlchemyError
 

@@ -122,6 +122,7 @@ class ReplicaLedger:
         if url.password is not None:
             return ' --ledger "${FRT_LEDGER_URL:?}"'  # the shell stops the command where it is unset
         text = self.text
+        assert text is not None  # the url was parsed from it
         db = url.database or ""
         if url.drivername == "sqlite" and not db.startswith(("/", "file:")) and db != ":memory:":
             text = url.set(database=str(Path(db).absolute())).render_as_string(hide_password=False)

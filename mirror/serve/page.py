@@ -15,10 +15,11 @@ never waits for it and never touches the ledger for it.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import shutil
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from urllib.parse import quote
 
 from sqlalchemy import func, select
@@ -29,15 +30,18 @@ from frt.resolver.matrix import Matrix, MatrixRow, build_matrix, targets_named_b
 from frt.resolver.targets import Target, parse_target
 from frt.resolver.variants import decide, parse_fields
 
-from ..events import EventRow, last_events
+from ..demand import DemandLine, demand_lines
+from ..events import EventRow, last_events, pulled_by_repo
 from ..home import Home
 from ..progress import human_bytes
 from ..records import PULLED, StagedRow
 from ..schema import Blob
 from .name_picks import NamePick, name_picks
 
+DEMAND_WINDOW, DEMAND_ROWS = timedelta(days=7), 12  # the page's "asked for" card: the last week, the most asked
 INDEX_ROWS = 8  # on `/`, a repo's newest revisions shown; older ones only where a ref or a staged set points
-EVENT_KINDS = ("stage", "import", "bundle", "gc", "quarantine")  # quarantine: a bad blob serve found (integrity.py)
+# quarantine: a bad blob serve found (integrity.py); pull: a file serve --upstream fetched (shown where there is one)
+EVENT_KINDS = ("stage", "import", "bundle", "gc", "quarantine", "pull")
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,7 @@ class RepoView:
     refusals: tuple[RefusalRow, ...] = ()  # every refusal on record for the repo, newest first
     rows: tuple[MatrixRow, ...] = ()  # the matrix rows shown
     hidden_rows: int = 0  # rows left to the repo's own page
+    pulled: tuple[int, int, datetime] | None = None  # serve --upstream fetched of it: files, bytes, when last
 
     @property
     def staged_variants(self) -> dict[str, set[str]]:
@@ -105,6 +110,7 @@ class OperatorView:
     events: dict[str, EventRow]
     by_target: tuple[tuple[str, int, int], ...]  # (target, staged sets, bytes), over every repo
     name_picks: tuple[NamePick, ...] = ()  # where serve's clients would pick by name a build their GPUs refuse
+    demand: tuple[DemandLine, ...] = ()  # repo x target the fleet asked for and missed, lately (demand.py)
 
 
 def operator_view(
@@ -139,7 +145,10 @@ def operator_view(
     for s in sets.values():
         t = totals.setdefault(s.target, [0, 0])
         t[0], t[1] = t[0] + 1, t[1] + s.nbytes
+    pulled = pulled_by_repo(ledger)
+    repos = [dataclasses.replace(r, pulled=pulled.get(r.repo)) for r in repos]
     picks = tuple(p for p in name_picks(home) if p.repo in names)
+    asked = [d for d in demand_lines(ledger, staged, DEMAND_WINDOW) if d.misses and (repo is None or d.repo == repo)]
     return OperatorView(
         str(home),
         datetime.now(timezone.utc),
@@ -148,6 +157,7 @@ def operator_view(
         last_events(ledger),
         tuple((t, n, b) for t, (n, b) in sorted(totals.items())),
         picks,
+        tuple(asked[:DEMAND_ROWS]),
     )
 
 
@@ -278,7 +288,7 @@ def render(view: OperatorView, *, title: str, standalone: bool = False, base: st
     return (
         _templates()
         .get_template("page.html")
-        .render(view=view, title=title, standalone=standalone, base=base, kinds=EVENT_KINDS)
+        .render(view=view, title=title, standalone=standalone, base=base, kinds=_kinds(view))
     )
 
 
@@ -341,8 +351,13 @@ class OperatorRoutes:
         return 200, render(view, title=f"{repo} · frt-mirror" if repo else "frt-mirror", base=base)
 
 
+def _kinds(view: OperatorView) -> tuple[str, ...]:
+    """The event cards: a pull card only on a home that pull-through has fetched into."""
+    return tuple(k for k in EVENT_KINDS if k != "pull" or k in view.events)
+
+
 def _anything(r: RepoView) -> bool:
-    return bool(r.matrix or r.staged or r.refusals)
+    return bool(r.matrix or r.staged or r.refusals or r.pulled)
 
 
 def _not_found(text: str, base: str) -> str:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import re
+from urllib.parse import parse_qs
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -106,6 +108,7 @@ def parse_range(header: str | None, size: int):
         return None
     first, last = (_num(g) if g else None for g in (m[1], m[2]))
     if first is None:
+        assert last is not None  # m[1] is empty, so m[2] is not (checked above)
         if last == 0:
             return "unsatisfiable"
         return (max(0, size - last), size)
@@ -135,3 +138,60 @@ def paginate(request: Request, items: list, size: int) -> Response:
 
 def iso_time(dt) -> str:
     return dt.strftime("%Y-%m-%dT%H:%M:%S.000Z") if dt else "1970-01-01T00:00:00.000Z"
+
+
+TOKEN_HINT = "clients set HF_TOKEN to a token from 'frt-mirror token add NAME' (run where this mirror's home is)"
+TOKEN_MESSAGE = f"Invalid or missing token for this mirror: {TOKEN_HINT}"
+
+
+def public_route(scope) -> bool:
+    """What serve answers without a token: an org's overview, public on the Hub too. kernels asks it
+    before anything else, and a 401 there reads as "could not verify publisher trust status. Set
+    trust_remote_code=True", advice that turns the trust check off instead of naming the token; so the
+    first refusal a tokenless client meets is its revision's, with the token's own message."""
+    if scope["method"] not in ("GET", "HEAD"):
+        return False
+    try:
+        segs = split_raw_path(scope.get("raw_path") or scope["path"].encode())
+    except HubError:  # a malformed path is not the overview: without a token, 401 as for any other
+        return False
+    return len(segs) == 4 and segs[:2] == ["api", "organizations"] and segs[3] == "overview"
+
+
+async def read_paths_info(request: Request) -> tuple[list[object], bool]:
+    """The body of `POST …/paths-info/{rev}`: its paths and expand, as JSON or as the form
+    huggingface_hub sends (`paths=a&paths=b&expand=true`)."""
+    body = await read_body(request, MAX_BODY)
+    if request.headers.get("content-type", "").startswith("application/json"):
+        try:
+            doc = json.loads(body or b"{}")
+        except ValueError:
+            raise HubError(400, None, "Malformed JSON body") from None
+        if not isinstance(doc, dict):
+            raise HubError(400, None, "JSON body must be an object")
+        paths, expand = doc.get("paths", []), bool(doc.get("expand", False))
+    else:
+        form = parse_qs(body.decode("utf-8", "replace"))
+        paths, expand = form.get("paths", []), form.get("expand", ["false"])[0].lower() == "true"
+    if isinstance(paths, str):
+        paths = [paths]
+    if not isinstance(paths, list):
+        raise HubError(400, None, "paths must be a string or a list of strings")
+    return paths, expand
+
+
+def info_body(repo_id: str, sha: str, date, files) -> dict:
+    """`GET /api/{type}s/{repo}[/revision/{rev}]`: the fields huggingface_hub's RepoInfo reads."""
+    return {
+        "id": repo_id,
+        "sha": sha,
+        "author": repo_id.split("/")[0],
+        "private": False,
+        "gated": False,
+        "disabled": False,
+        "lastModified": iso_time(date),
+        "tags": [],
+        "downloads": 0,
+        "likes": 0,
+        "siblings": [{"rfilename": p} for p in sorted(files)],
+    }

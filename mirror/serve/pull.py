@@ -117,7 +117,13 @@ class PullService:
         known = self._known.get(key)
         sha = revision if revision is not None and _is_sha(revision) else None
         ask = known is None or now >= known.fresh_until
-        if not ask and sha is not None and (known.repo is None or known.repo.resolve(sha) is None):
+        # (not ask: known is not None; said again for the type checker)
+        if (
+            not ask
+            and known is not None
+            and sha is not None
+            and (known.repo is None or known.repo.resolve(sha) is None)
+        ):
             ask = now - self._tried.get((key, sha), -self.refs_ttl) >= self.refs_ttl
             if ask:
                 if len(self._tried) >= 4096:

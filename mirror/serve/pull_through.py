@@ -208,6 +208,7 @@ class PullThrough:
         if entry is None:
             raise BadInput(f"{path} is not listed at {repo_id}@{commit[:12]}")
         request = make_request(repo_id, version=max(versions)) if versions else make_request(repo_id, revision=commit)
+        assert name is not None  # its file was listed: a build/<variant>/ path
         return entry, Resolution(request, NO_TARGET, commit, name, tuple(files), meta or {})
 
     def _stage_if_complete(self, r: Resolution) -> None:
@@ -215,14 +216,13 @@ class PullThrough:
         does) and record it staged. A digest that does not hold is recorded as stage records it."""
         ledger, store = self.home.ledger, self.home.store
         blobs = blob_for(ledger, r.files)
-        if not all(blobs.get(f) and store.has(blobs[f]) for f in r.files):
+        if not all((sha := blobs.get(f)) and store.has(sha) for f in r.files):
             return
         meta = variant_metadata(r)
         problem = digest_mismatch(r, meta, lambda f: blobs[f])
         if problem is None:
-            problems = self.home.views.link(
-                r.repo, r.commit, r.variant, [(f, blobs[f]) for f in r.files], check=view_check(meta)
-            )
+            pairs = [(f, sha) for f in r.files if (sha := blobs[f])]  # every one of them (checked above)
+            problems = self.home.views.link(r.repo, r.commit, r.variant, pairs, check=view_check(meta))
             problem = "; ".join(problems) or None
         if problem is not None:
             raise IntegrityError(problem, repo=r.repo, path="", commit=r.commit, error="PublisherDigestMismatch")

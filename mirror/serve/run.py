@@ -5,11 +5,13 @@ from __future__ import annotations
 import logging
 import socket
 
+from ..demand import record_demand
 from ..home import Home
 from ..tokens import TokenCheck
 from .accesslog import AccessLog
 from .app import MirrorApp
 from .catalog import Catalog
+from .demand import DemandRecorder
 from .integrity import Integrity
 from .limits import HttpLimits, raise_open_files
 from .metrics import Metrics
@@ -22,16 +24,19 @@ def make_app(
     trust_override: frozenset[str] = frozenset(),
     log: AccessLog | None = None,
     fallback: Catalog | None = None,
+    demand_clients: bool = False,
 ) -> MirrorApp:
     """The app over `home`; its catalog follows the ledger's changes (see watch.py), and starts from
     `fallback` when the ledger does not answer now. It answers the operator's page and /metrics too
-    (page.py, metrics.py)."""
+    (page.py, metrics.py), and counts what kernels clients ask for into the ledger (demand.py;
+    `demand_clients`: with each client's address)."""
     watcher = CatalogWatcher(home, trust_override, fallback=fallback)
     app = MirrorApp(watcher, TokenCheck(lambda: watcher().tokens), log)
     app.metrics = Metrics(home)
     app.metrics.registry.register(LedgerCollector(watcher))
     app.integrity = Integrity(home, app.metrics)  # bad blobs: moved out, counted, recorded (integrity.py)
     app.operator = OperatorRoutes(home, app.metrics, watcher)
+    app.demand = DemandRecorder(lambda tallies: record_demand(home.ledger, tallies), clients=demand_clients)
     return app
 
 

@@ -61,12 +61,15 @@ class FlowResponse(Response):
 
     def __init__(self, flow: Flow, service: PullService, headers: list):
         self.status_code, self.raw_headers, self.background = 200, headers, None
-        self.flow, self.service, self.started, self.gone = flow, service, False, None
+        self.flow, self.service, self.started = flow, service, False
+        self.gone: asyncio.Future[None] | None = None  # the client's disconnect, watched while answering
 
-    async def __call__(self, scope, receive, send) -> int:
+    # The body bytes sent, for the access log; Starlette's Response.__call__ returns None, and ignores this.
+    async def __call__(self, scope, receive, send) -> int:  # type: ignore[override]
         """Sends the answer; returns the body bytes sent. The status line waits for the first byte: a
         fetch that fails before one is the same 502 as for a small file."""
         flow, fd = self.flow, None
+        assert flow.done is not None  # PullService.begin set it before handing the flow out
         restarts, sent = flow.restarts, 0
 
         async def body(chunk: bytes, more: bool) -> None:
@@ -88,8 +91,10 @@ class FlowResponse(Response):
                 if not self.started:
                     return await self._failed(e, scope, receive, send)
                 raise Cut(str(e)) from None
-            if sent and (flow.restarts != restarts or os.fstat(fd).st_ino != os.stat(stored.blob).st_ino):
-                raise Cut("the fetch started the file over after some of it was sent")
+            if sent:
+                assert fd is not None  # what was sent was read from the part's fd
+                if flow.restarts != restarts or os.fstat(fd).st_ino != os.stat(stored.stored_blob).st_ino:
+                    raise Cut("the fetch started the file over after some of it was sent")
             await _rest_of(stored, sent, body)
             return sent
         except Cut as e:
@@ -111,6 +116,7 @@ class FlowResponse(Response):
     async def _while_fetching(self, body, restarts: int) -> int | None:
         """Send what the `.part` holds, all but the last byte, until the fetch lands; the part's fd."""
         flow, sent, fd = self.flow, 0, None
+        assert flow.done is not None and self.gone is not None  # set by PullService.begin and __call__
         limit = flow.size - 1
         while not flow.done.done() and not self.gone.done():
             if fd is None:
@@ -119,6 +125,7 @@ class FlowResponse(Response):
             if flow.restarts != restarts:
                 raise Cut("the fetch started the file over")
             if have > sent and sent < limit:
+                assert fd is not None  # it has bytes: it is open
                 chunk = await anyio.to_thread.run_sync(os.pread, fd, min(CHUNK, have - sent, limit - sent), sent)
                 if flow.restarts != restarts:
                     raise Cut("the fetch started the file over")
@@ -155,7 +162,7 @@ def _open(part) -> int | None:
 
 async def _rest_of(f: ServedFile, start: int, body) -> None:
     """Bytes `start`.. of the stored (verified) file: the answer's end."""
-    fd = os.open(f.blob, os.O_RDONLY)
+    fd = os.open(f.stored_blob, os.O_RDONLY)
     try:
         off = start
         while off < f.size:

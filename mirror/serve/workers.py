@@ -45,6 +45,7 @@ class AppSpec:
     accel_redirect: str | None = None  # nginx's internal location over the store (serve --accel-redirect)
     ledger_url: str | None = None  # the ledger on a server (--ledger), else the home's SQLite file
     upstream: Upstream | None = None  # serve --upstream: pull-through
+    demand_clients: bool = False  # serve --demand-log-clients: the demand counts keep client addresses
 
     def build(self, home: Home, fallback: Catalog | None = None) -> MirrorApp:
         """Raises BadInput where the access log cannot be opened. `fallback`: the catalog to start from
@@ -53,7 +54,7 @@ class AppSpec:
             sink = open_sink(self.access_log)
         except OSError as e:
             raise BadInput(f"cannot open the access log {self.access_log}: {e.strerror}") from None
-        app = make_app(home, self.trust, log=AccessLog(sink), fallback=fallback)
+        app = make_app(home, self.trust, log=AccessLog(sink), fallback=fallback, demand_clients=self.demand_clients)
         app.accel_redirect = self.accel_redirect
         if self.upstream is not None:
             app.pull = self.upstream.service(home)

@@ -11,20 +11,20 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
 from datetime import datetime
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, ParamSpec, TypeVar, cast
 
-from sqlalchemy import URL, Connection, delete, select
+from sqlalchemy import URL, Connection, Engine, delete, select
 from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..errors import FrtError, HomeReadOnly, LedgerCorrupt, LedgerDropped, LedgerUnavailable, LocalDiskError, first_line
 from ..resolution import CommitInfo, Refusal, VariantInfo
-from .migrations import SchemaTrack, check_read_only, migrate
+from .migrations import SchemaTrack, check_read_only, migrate, utcnow
 from .open import (
     WRITING,
     AdvisoryLock,
@@ -38,10 +38,11 @@ from .open import (
 )
 from .retry import dropped, retried, retry_budget, run_retrying
 from .rows import PublisherInfo, find_repo, upsert_refusal, variant_row
-from .schema import RESOLVER_TRACK, Commit, Listing, Publisher, Ref, RefusalRow, Repo, Variant, utcnow
+from .schema import RESOLVER_TRACK, Commit, Listing, Publisher, Ref, RefusalRow, Repo, Variant
 from .view import LedgerView
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 
 def _locked(orig: BaseException) -> bool:
@@ -67,16 +68,17 @@ class Ledger:
     ):
         url = ledger_url(where) if isinstance(where, str) and "://" in where else where
         if isinstance(url, URL) and url.drivername == "sqlite":
-            url = Path(url.database)
+            url = Path(cast(str, url.database))  # a sqlite URL names its file (ledger_url checks one as text)
         # A server ledger (PostgreSQL) has a URL and no path; a file ledger (SQLite) a path.
-        self.url: URL | None = url if isinstance(url, URL) else None
-        self.path: Path | None = None if self.url else Path(url)
+        loc = url if isinstance(url, URL) else Path(url)
+        self.url: URL | None = loc if isinstance(loc, URL) else None
+        self.path: Path | None = None if isinstance(loc, URL) else loc
         self.where = self.url.render_as_string(hide_password=True) if self.url else str(self.path)
         if readonly is None:
-            readonly = False if self.url else cannot_write(self.path)
+            readonly = False if isinstance(loc, URL) else cannot_write(loc)
         self.readonly = readonly
         self.tracks = (RESOLVER_TRACK, *tracks)
-        self.engine = None
+        engine: Engine | None = None  # self.engine once made
         self.retry_s = retry_budget() if retry_s is None else retry_s
         self._retrying: ContextVar[bool] = ContextVar(f"ledger-retrying-{id(self)}", default=False)
         self._locks: set[AdvisoryLock] = set()  # named locks held now, retaken after a restart
@@ -84,18 +86,18 @@ class Ledger:
         # The write transaction that this thread's sessions and writes join (`transaction`), if any.
         self._outer: ContextVar[Session | None] = ContextVar(f"ledger-outer-{id(self)}", default=None)
         try:
-            self.engine = (
-                server_engine(self.url, readonly=readonly)
-                if self.url
-                else read_only_engine(self.path)
+            self.engine = engine = (
+                server_engine(loc, readonly=readonly)
+                if isinstance(loc, URL)
+                else read_only_engine(loc)
                 if readonly
-                else read_write_engine(self.path)
+                else read_write_engine(loc)
             )
             self._sessions = sessionmaker(self.engine, expire_on_commit=False)
             self.retrying(self._check_or_migrate)
         except (FrtError, DatabaseError, sqlite3.DatabaseError) as e:
-            if self.engine is not None:
-                self.engine.dispose()
+            if engine is not None:
+                engine.dispose()
             if isinstance(e, FrtError):
                 raise
             raise LedgerCorrupt(f"ledger {self.where} cannot be opened: {first_line(e)}") from None
@@ -113,7 +115,7 @@ class Ledger:
     def close(self) -> None:
         self.engine.dispose()
 
-    def retrying(self, fn: Callable[..., T], *args, **kwargs) -> T:
+    def retrying(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """`fn(*args, **kwargs)`, one whole unit of ledger work that begins and ends its transactions,
         run again from its start where a server ledger dropped the connection, for `retry_s` seconds
         (retry.py). Inside a `transaction` or another retried unit it runs once: the outermost
@@ -217,7 +219,9 @@ class Ledger:
                 raise  # a constraint is a bug, not a corrupt file
             raise LedgerCorrupt(f"ledger {self.where} {failure}: {first_line(e)}") from None
 
-    def named_lock(self, name: str, *, shared: bool = False, on_wait: Callable[[], None] | None = None):
+    def named_lock(
+        self, name: str, *, shared: bool = False, on_wait: Callable[[], None] | None = None
+    ) -> AbstractContextManager[None]:
         """A lock held across processes and hosts while the block runs: on a server ledger, the
         server's advisory lock (open.AdvisoryLock); on SQLite, none (the caller's file lock,
         on one host, is the lock)."""
@@ -349,15 +353,18 @@ class Ledger:
             return {p.org: PublisherInfo(p.org, p.trusted, p.endpoint, p.seen_at) for p in s.scalars(q)}
 
     @retried
-    def known_metadata(self, oids: set[str]) -> dict[str, dict]:
+    def known_metadata(self, oids: set[str]) -> dict[str, dict[str, Any]]:
         """metadata.json contents already recorded, by git oid: identical files are not refetched."""
         if not oids:
             return {}
         with self.session(write=False) as s:
-            rows = s.execute(
-                select(Variant.metadata_oid, Variant.metadata_json)
-                .where(Variant.metadata_oid.in_(oids), Variant.metadata_json.is_not(None))
-                .distinct()
+            rows = cast(  # the WHERE leaves no NULL in either column
+                Iterable[tuple[str, str]],
+                s.execute(
+                    select(Variant.metadata_oid, Variant.metadata_json)
+                    .where(Variant.metadata_oid.in_(oids), Variant.metadata_json.is_not(None))
+                    .distinct()
+                ),
             )
             return {oid: json.loads(doc) for oid, doc in rows}
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
+from typing import Any, cast
 
 from sqlalchemy import insert, select
 from sqlalchemy.orm import selectinload
@@ -22,12 +23,12 @@ from .schema import Commit, Listing, Ref, Repo, Variant
 
 
 @retried
-def repo_record(ledger: Ledger, repo_id: str) -> dict:
+def repo_record(ledger: Ledger, repo_id: str) -> dict[str, Any]:
     """All the ledger knows of a repo: refs, history, and the build listing of every scanned
     commit — not only the staged variants, so that `resolve --offline` and `matrix` answer on the
     other side as they do here, and a commit's listing there is never a partial one."""
     with ledger.session(write=False) as s:
-        repo = s.scalar(select(Repo).where(Repo.repo_id == repo_id))
+        repo = cast(Repo, s.scalar(select(Repo).where(Repo.repo_id == repo_id)))  # a repo the ledger holds
         refs = s.scalars(select(Ref).where(Ref.repo_pk == repo.id, ~Ref.gone).order_by(Ref.kind, Ref.name))
         commits = s.scalars(
             select(Commit)
@@ -81,7 +82,7 @@ def merge_repo_record(
     endpoint: str | None,
     scanned_at: datetime | None,
     refs: dict[tuple[str, str], str],
-    commits: list[dict],
+    commits: list[dict[str, Any]],
     listings: dict[str, list[str]],
     builds: dict[str, list[VariantInfo]],
 ) -> None:
@@ -93,7 +94,8 @@ def merge_repo_record(
     if mine is None or (scanned_at and (mine.scanned_at is None or mine.scanned_at < scanned_at)):
         ledger.record_refs(repo, refs, endpoint=endpoint, repo_type=repo_type)
         with ledger.session() as s:  # when upstream was seen, not when the bundle arrived
-            s.scalar(select(Repo).where(Repo.repo_id == repo)).scanned_at = scanned_at
+            row = cast(Repo, s.scalar(select(Repo).where(Repo.repo_id == repo)))  # record_refs made it
+            row.scanned_at = scanned_at
     with ledger.session() as s:
         pk = s.scalar(select(Repo.id).where(Repo.repo_id == repo))
         if commits:

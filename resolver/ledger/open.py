@@ -33,6 +33,7 @@ from urllib.parse import quote
 
 from sqlalchemy import URL, Connection, Engine, create_engine, event, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError
+from sqlalchemy.pool import ConnectionPoolEntry
 
 from ..errors import BadInput, HomeReadOnly, LedgerDropped, LedgerUnavailable, first_line
 from ..settings import env_number
@@ -234,7 +235,7 @@ def _begin(conn: Connection) -> None:
     conn.exec_driver_sql("BEGIN IMMEDIATE" if WRITING.get() else "BEGIN")
 
 
-def _configure_read_write(timeout: float, dbapi_conn, _record) -> None:
+def _configure_read_write(timeout: float, dbapi_conn: sqlite3.Connection, _record: ConnectionPoolEntry) -> None:
     # The driver must not open transactions on its own: `_begin` does, IMMEDIATE for writers.
     dbapi_conn.isolation_level = None
     cur = dbapi_conn.cursor()
@@ -245,7 +246,7 @@ def _configure_read_write(timeout: float, dbapi_conn, _record) -> None:
     cur.close()
 
 
-def _configure_read_only(timeout: float, dbapi_conn, _record) -> None:
+def _configure_read_only(timeout: float, dbapi_conn: sqlite3.Connection, _record: ConnectionPoolEntry) -> None:
     # No journal_mode here: changing it is a write (and an immutable open reports "delete" anyway).
     dbapi_conn.isolation_level = None
     cur = dbapi_conn.cursor()

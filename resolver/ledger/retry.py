@@ -21,7 +21,7 @@ import random
 import time
 from collections.abc import Callable
 from contextvars import ContextVar
-from typing import TypeVar
+from typing import Concatenate, ParamSpec, Protocol, TypeVar
 
 from sqlalchemy.exc import DBAPIError, OperationalError
 
@@ -29,6 +29,7 @@ from ..errors import LedgerDropped, LedgerUnavailable, first_line
 from ..settings import env_number
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 FIRST_WAIT_S, MAX_WAIT_S = 0.1, 2.0
 
@@ -103,11 +104,20 @@ def _gave_up(e: BaseException, where: str, budget: float) -> str:
     return f"{text} (still, after retrying for {budget:g} s: FRT_LEDGER_RETRY_S)"
 
 
-def retried(fn: Callable[..., T]) -> Callable[..., T]:
+class _Retrying(Protocol):
+    """What `retried` needs of a ledger (Ledger, which imports this module)."""
+
+    def retrying(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T: ...
+
+
+L = TypeVar("L", bound=_Retrying)
+
+
+def retried(fn: Callable[Concatenate[L, P], T]) -> Callable[Concatenate[L, P], T]:
     """A function of a ledger (its first argument, `self` for a method), as one retried unit."""
 
     @functools.wraps(fn)
-    def unit(ledger, *args, **kwargs):
+    def unit(ledger: L, *args: P.args, **kwargs: P.kwargs) -> T:
         return ledger.retrying(fn, ledger, *args, **kwargs)
 
     return unit

@@ -6,14 +6,16 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import select, update
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from ..archs import declared_archs
 from ..resolution import VariantInfo, declared_depends
 from ..variants import parse_fields
-from .dialect import cached
+from .dialect import InsertFn, cached
 from .schema import File, RefusalRow, Repo, Variant
 
 
@@ -24,7 +26,7 @@ class PublisherInfo:
     endpoint: str | None
     seen_at: datetime
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "org": self.org,
             "trusted": self.trusted,
@@ -34,7 +36,7 @@ class PublisherInfo:
 
 
 @cached
-def upsert_refusal(insert):
+def upsert_refusal(insert: InsertFn) -> postgresql.Insert | sqlite.Insert:
     stmt = insert(RefusalRow.__table__)
     return stmt.on_conflict_do_update(
         index_elements=["repo_id", "requested", "target", "error", "detail"],

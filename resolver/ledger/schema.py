@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime
+from typing import cast
 
-from sqlalchemy import Connection, ForeignKey, String, Text, UniqueConstraint, select, text
+from sqlalchemy import Connection, ForeignKey, String, Table, Text, UniqueConstraint, select, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 from ..resolution import parent_chain
@@ -157,14 +158,15 @@ def _moved_to_mirror(conn: Connection) -> None:
 
 def _v4_publishers(conn: Connection) -> None:
     """Version 4: each org's trustedKernelPublisher, recorded from the upstream."""
-    Base.metadata.create_all(conn, tables=[Publisher.__table__])
+    Base.metadata.create_all(conn, tables=[cast(Table, Publisher.__table__)])  # a mapped class's: a Table
 
 
 def _v5_listings(conn: Connection) -> None:
     """Version 5: commits stop claiming parents. Until now a commit's parent was the next entry of the
     upstream's list, which is wrong across merges. Each live ref's head gets the listing the old
     chain gave it (the order the upstream listed it in); the parent column goes."""
-    Base.metadata.create_all(conn, tables=[Listing.__table__])
+    listings = cast(Table, Listing.__table__)  # a mapped class's: a Table
+    Base.metadata.create_all(conn, tables=[listings])
     parents: dict[int, dict[str, str | None]] = {}
     for pk, sha, parent in conn.execute(text("SELECT repo_pk, sha, parent_sha FROM commits")):
         parents.setdefault(pk, {})[sha] = parent
@@ -175,7 +177,7 @@ def _v5_listings(conn: Connection) -> None:
         for i, sha in enumerate(parent_chain(parents.get(pk, {}), head))
     ]
     if rows:
-        conn.execute(Listing.__table__.insert(), rows)
+        conn.execute(listings.insert(), rows)
     conn.execute(text("DROP INDEX IF EXISTS ix_commits_parent"))
     conn.execute(text("ALTER TABLE commits DROP COLUMN parent_sha"))
 

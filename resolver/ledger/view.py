@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import Connection, bindparam, func, select
 
@@ -138,7 +139,7 @@ class LedgerView:
             self._names[key] = tuple(n for _, n in rows if n is not None) if rows and rows[0][0] else None
         return self._names[key]
 
-    def variant(self, repo_id: str, sha: str, name: str) -> tuple[tuple[FileEntry, ...], dict]:
+    def variant(self, repo_id: str, sha: str, name: str) -> tuple[tuple[FileEntry, ...], dict[str, Any]]:
         rows = self._conn.execute(_VARIANT_FILES, {"pk": self.repo_pk(repo_id), "sha": sha, "name": name}).all()
         files = tuple(FileEntry(p, n, oid, h) for _, p, n, oid, h in rows if p is not None)
         return files, json.loads(rows[0][0]) if rows and rows[0][0] else {}
