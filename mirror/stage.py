@@ -278,29 +278,35 @@ def _fetch_all(
     meter = Progress(sum(f.size for _, f in unique.values()), len(unique)) if progress else None
     stop = threading.Event()
 
-    def on_bytes(n: int) -> None:
-        if stop.is_set():
-            raise Interrupted("interrupted")
-        if meter:
-            meter.add_bytes(n)
-
     def one(key: str) -> Fetched:
         r, f = unique[key]
-        out = fetch_file(
-            transport,
-            store,
-            r.repo,
-            r.commit,
-            f,
-            known_sha256=known.get(f.git_oid),
-            publisher=expect.get(key),
-            recorded=recorded,
-            on_bytes=on_bytes,
-            stored_by_oid=lambda oid: sha256_by_git_oid(ledger, [oid]).get(oid),
-            on_stored=lambda d: record_blobs(ledger, [d]),
-        )
-        if meter:
-            meter.file_done()
+        add, done = meter.file(f.path.rsplit("/", 1)[-1], f.size) if meter else (None, None)
+
+        def on_bytes(n: int) -> None:
+            if stop.is_set():
+                raise Interrupted("interrupted")
+            if add:
+                add(n)
+
+        ok = False
+        try:
+            out = fetch_file(
+                transport,
+                store,
+                r.repo,
+                r.commit,
+                f,
+                known_sha256=known.get(f.git_oid),
+                publisher=expect.get(key),
+                recorded=recorded,
+                on_bytes=on_bytes,
+                stored_by_oid=lambda oid: sha256_by_git_oid(ledger, [oid]).get(oid),
+                on_stored=lambda d: record_blobs(ledger, [d]),
+            )
+            ok = True
+        finally:
+            if done:
+                done(ok)
         return out
 
     fetched: dict[str, Fetched] = {}

@@ -117,3 +117,24 @@ def test_nothing_extra_off_a_terminal_or_with_quiet(staged):
         rc, out, term = on_pty(args, env)
         assert rc == 0 and term == "", (args[3:5], term)
         assert out
+
+
+def test_a_large_file_has_a_line_of_its_own_while_it_is_on_its_way(tmp_path):
+    """Issue 30, item 4: the overall meter says little while one large file goes; on a terminal each
+    file from 4 MiB gets its own line (its bytes, rate, ETA) under the overall one, gone once it is done."""
+    from tests.support.fakehub import FakeHub, FakeRepo
+    from tests.support.kernel_fixtures import ORG, X86_CPU, blob, build, variant_files
+
+    repo = FakeRepo(f"{ORG}/huge")
+    files = build("huge", [], version=1)
+    files.update(variant_files("huge", X86_CPU, version=1, extra={"_huge.abi3.so": blob("huge", 6 << 20)}))
+    repo.commit(files, title="huge", branch="v1")
+    m = write_manifest(tmp_path / "m.toml", {repo.repo_id: {"version": 1}}, [X86])
+    with FakeHub([repo], trusted_orgs=[ORG]) as hub:
+        rc, _, term = on_pty(cli(tmp_path / "home", "--endpoint", hub.url, "stage", str(m)), cli_env())
+    assert rc == 0, term
+    assert re.search(r"_huge\.abi3\.so: +\d+%\|", term), term
+    overall = [x for x in METER.finditer(term) if x["label"] == "stage"]
+    assert overall and overall[-1]["done"] == overall[-1]["total"], term
+    rc, _, term = on_pty(cli(tmp_path / "home", "bundle", str(tmp_path / "b.tar")), cli_env())
+    assert rc == 0 and re.search(r" [0-9a-f]{16}: +\d+%\|", term), term  # a blob's line, by its sha256

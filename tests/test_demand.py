@@ -154,11 +154,13 @@ def test_counts_wait_for_a_ledger_that_is_down_and_stay_bounded(monkeypatch):
     rec = demand.DemandRecorder(write)
     repo = ServedRepo("acme/relu", "kernel", branches={"v1": "a" * 40}, unstaged={"v2": "b" * 40})
     for _ in range(3):
-        rec.listed(_scope(), repo, "a" * 40, ["torch-cpu", "torch-cuda"])
+        rec.listed(_scope(), repo, "a" * 40, "a" * 40, ["torch-cpu", "torch-cuda"])
         rec.missed(_scope(), repo, "b" * 40)
     assert rec.flush() is False  # kept
-    rec.listed(_scope(), repo, "a" * 40, ["torch-cpu"])
-    rec.listed(_scope("huggingface_hub/2.4.0; python/3.11"), repo, "a" * 40, ["torch-cpu"])  # not kernels
+    rec.listed(_scope(), repo, "v1", "a" * 40, ["torch-cpu"])
+    rec.listed(_scope("huggingface_hub/2.4.0; python/3.11"), repo, "v1", "a" * 40, ["torch-cpu"])  # not kernels
+    rec.listed(_scope(), repo, "refs/heads/v1", "a" * 40, ["torch-cpu"])  # kernels' upgrade hint: no ask
+    rec.missed(_scope(), repo, "refs/heads/v2")
     for n in range(5):  # two kinds so far, MAX_DAILY 4: two more repos counted, three dropped
         rec.missed_repo(_scope(), f"acme/other-{n}")
     rec.missed_repo(_scope(), "acme/../etc")  # not a repo id: nobody's demand

@@ -294,11 +294,16 @@ def _verify_member(
     the store has it), hashing it."""
     sha = want.sha256
     part = parts[sha] = None if store.has(sha) else store.part_path(f"{sha}.import-{uuid.uuid4().hex}")
-    reader = Hashing(tf.extractfile(m), m.size, meter.add_bytes if meter is not None else None)
-    with open(part, "wb") if part else contextlib.nullcontext() as out:
-        while chunk := reader.read():
-            if out is not None:
-                out.write(chunk)
+    add, done = meter.file(sha[:16], m.size) if meter is not None else (None, None)
+    reader = Hashing(tf.extractfile(m), m.size, add)
+    try:
+        with open(part, "wb") if part else contextlib.nullcontext() as out:
+            while chunk := reader.read():
+                if out is not None:
+                    out.write(chunk)
+    finally:
+        if done:
+            done(False)  # counted below, once verified
     if (got := reader.digest()) != want:
         raise BundleRejected(
             f"blob {sha} is tampered or damaged: expected sha256 {want.sha256}, "

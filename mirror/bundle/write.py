@@ -189,9 +189,14 @@ def _write_tar(
         if signature is not None:  # second: checked before any blob is read
             tf.addfile(info(SIGNATURE, len(signature)), io.BytesIO(signature))
         for d in blobs:
-            with open(store.path(d.sha256), "rb") as src:
-                reader = Hashing(src, d.size, meter.add_bytes if meter is not None else None)
-                tf.addfile(info(f"blobs/{d.sha256}", d.size), reader)
+            add, done = meter.file(d.sha256[:16], d.size) if meter is not None else (None, None)
+            try:
+                with open(store.path(d.sha256), "rb") as src:
+                    reader = Hashing(src, d.size, add)
+                    tf.addfile(info(f"blobs/{d.sha256}", d.size), reader)
+            finally:
+                if done:
+                    done(False)  # counted below, once its digest held
             if reader.digest() != d:  # better caught here, where it can be re-staged
                 raise BundleRejected(f"stored blob {d.sha256} is corrupt: run 'frt-mirror verify'")
             if meter:

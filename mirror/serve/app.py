@@ -295,7 +295,9 @@ class MirrorApp:
             names = [p for p in names if "/" not in p[len(prefix) :]]
         entries = [self.entry(c, p, expand) for p in sorted(names)]
         if path == "build":
-            self.demand.listed(request.scope, repo, c.sha, [p[6:] for p in names if p in dirs and p.count("/") == 1])
+            self.demand.listed(
+                request.scope, repo, rev, c.sha, [p[6:] for p in names if p in dirs and p.count("/") == 1]
+            )
         return paginate(request, entries, PAGE_EXPAND if expand else PAGE)
 
     async def paths_info(self, request: Request, repo: ServedRepo, rev: str) -> Response:

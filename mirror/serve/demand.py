@@ -4,10 +4,11 @@ A kernels client names its system in its User-Agent (`kernels/0.17.2; python/3.1
 platform/x86_64-linux; file_type/kernel; torch/2.11.0`): that is the target it asks for. One load is one
 listing of a revision's `build/` (kernels' get_variants), answered from what is staged: counted as served
 where the target accepts a listed variant (the one kernels picks, by kernels' rules), else as a miss of
-the variant. A revision or repo this mirror does not have is a miss too; so is a version it knows of but
-has not staged: its refs answer names those versions to kernels clients (and only to them), so that
-kernels asks for the commit, gets a 404 that says so, and the ask is counted, where it would otherwise
-stop at "Version 2 not found" without a request that names the version.
+the variant. (After a load finds no variant, kernels lists the newest version's `build/` too, by its
+ref name, for a hint: that is not counted.) A revision or repo this mirror does not have is a miss too;
+so is a version it knows of but has not staged: its refs answer names those versions to kernels clients
+(and only to them), so that kernels asks for the commit, gets a 404 that says so, and the ask is
+counted, where it would otherwise stop at "Version 2 not found" without a request that names it.
 
 Counting costs a dict update under a lock; the counts go to the ledger from a thread every INTERVAL
 seconds and when serve stops (never in a request), so a ledger that is down or a home mounted read-only
@@ -86,10 +87,10 @@ class DemandRecorder:
         """The versions known but not staged, for a kernels client's refs answer (see the module's doc)."""
         return unstaged if unstaged and target_of(_agent(scope)) is not None else {}
 
-    def listed(self, scope, repo, commit: str, names: list[str]) -> None:
+    def listed(self, scope, repo, rev: str, commit: str, names: list[str]) -> None:
         """A listing of `build/` at a staged commit: served where the client's target accepts a variant."""
         target = self._target(scope)
-        if target is None:
+        if target is None or _probe(rev):
             return
         picks = self._accepted(target, tuple(names)) if target else []
         asked = _asked(repo, commit)
@@ -98,9 +99,9 @@ class DemandRecorder:
     def missed(self, scope, repo, rev: str) -> None:
         """A revision the repo does not have staged: a known version's commit, or any other revision."""
         target = self._target(scope)
-        if target is None:
+        if target is None or _probe(rev):
             return
-        name = next((n for n, sha in repo.unstaged.items() if rev in (n, sha, f"refs/heads/{n}")), None)
+        name = next((n for n, sha in repo.unstaged.items() if rev in (n, sha)), None)
         if name is not None:
             self._count(scope, Ask(repo.repo_id, name, target, "version"))
         elif _VERSION.fullmatch(rev):
@@ -186,6 +187,12 @@ class DemandRecorder:
             return False
         self._said = None
         return True
+
+
+def _probe(rev: str) -> bool:
+    """kernels' look at the newest version after a load found no variant (its "consider upgrading"
+    hint) lists `build/` at `refs/heads/vN`, where a load asks for the commit: not an ask of its own."""
+    return rev.startswith("refs/")
 
 
 def _asked(repo, commit: str) -> str:
