@@ -113,8 +113,9 @@ def test_kernels_load_from_the_read_only_views(staged):
     assert p.stdout.split() == [X86_CPU, "5"]
 
 
-def test_serve_on_a_read_only_home(staged, tmp_path):
-    port, err = free_port(), tmp_path / "serve.err"
+def serve_read_only(staged, err: Path) -> tuple[subprocess.Popen, str]:
+    """`serve` on the read-only mount of the staged home (its stderr to `err`): the process and its URL."""
+    port = free_port()
     with open(err, "wb") as e:
         proc = read_only(
             staged.home,
@@ -125,7 +126,12 @@ def test_serve_on_a_read_only_home(staged, tmp_path):
             stdout=subprocess.DEVNULL,
             stderr=e,
         )
-    url = f"http://127.0.0.1:{port}"
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def test_serve_on_a_read_only_home(staged, tmp_path):
+    err = tmp_path / "serve.err"
+    proc, url = serve_read_only(staged, err)
     try:
         info = _get_json(f"{url}/api/kernels/{ACTIVATION}/revision/v2", proc, err)
         path = next(s["rfilename"] for s in info["siblings"] if s["rfilename"].endswith("__init__.py"))
@@ -255,18 +261,8 @@ def test_serve_counts_demand_on_a_read_only_home_without_failing_a_request(stage
     from concurrent.futures import ThreadPoolExecutor
 
     before = {p.name: p.stat().st_mtime_ns for p in staged.home.glob("ledger.sqlite*")}
-    port, err = free_port(), tmp_path / "serve.err"
-    with open(err, "wb") as e:
-        proc = read_only(
-            staged.home,
-            staged.ro,
-            "exec " + shlex.join([EXE, "--home", str(staged.ro), "serve", "--port", str(port)]),
-            net=True,
-            popen=True,
-            stdout=subprocess.DEVNULL,
-            stderr=e,
-        )
-    url = f"http://127.0.0.1:{port}"
+    err = tmp_path / "serve.err"
+    proc, url = serve_read_only(staged, err)
     try:
         info = _get_json(f"{url}/api/kernels/{ACTIVATION}/revision/v2", proc, err)
         path = next(s["rfilename"] for s in info["siblings"] if s["rfilename"].endswith("__init__.py"))
