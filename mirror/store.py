@@ -13,6 +13,7 @@ import hashlib
 import os
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -138,13 +139,25 @@ class BlobStore:
 
     def commit(self, part: Path, digest: Digest) -> Path:
         """Move a verified `.part` into the store under its sha256 (fsync, rename, fsync dir)."""
-        final = self.path(digest.sha256)
-        final.parent.mkdir(exist_ok=True)
         with open(part, "rb") as f:
             os.fsync(f.fileno())
+        final = self._move_in(part, digest)
+        fsync_dir(final.parent)
+        return final
+
+    def commit_synced(self, parts: list[tuple[Path, Digest]]) -> None:
+        """Move many verified `.part`s, each already fsynced by its writer, into the store: renames, then
+        one fsync per shard directory they landed in (in parallel: each is mostly a wait on the disk)."""
+        dirs = {self._move_in(part, digest).parent for part, digest in parts}
+        if dirs:
+            with ThreadPoolExecutor(max_workers=min(8, len(dirs))) as pool:
+                list(pool.map(fsync_dir, sorted(dirs)))
+
+    def _move_in(self, part: Path, digest: Digest) -> Path:
+        final = self.path(digest.sha256)
+        final.parent.mkdir(exist_ok=True)
         os.chmod(part, 0o444)  # views hard-link to it: nobody should edit a blob through a view
         os.replace(part, final)
-        fsync_dir(final.parent)
         return final
 
     def sweep_parts(self, pattern: str, older_than_s: float = 600) -> None:

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import tarfile
 import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from frt.resolver.errors import BadInput
@@ -82,9 +84,7 @@ def import_bundle(
     # Everything verified: the store, then the views (files no ledger row points at yet), then every
     # ledger row in one transaction, so a failure there leaves the ledger as it was and a rerun
     # completes the import (blobs and views already in place are kept, not redone).
-    for sha, part in parts.items():
-        if part is not None:
-            store.commit(part, m.listed[sha])
+    store.commit_synced([(part, m.listed[sha]) for sha, part in parts.items() if part is not None])
     views = home.views
     for row, pairs in m.staged:
         if not row.is_model and row.key not in skip:  # models have no view (frt.mirror.models)
@@ -192,14 +192,20 @@ def _read_and_verify(src: Path, home: Home, key, parts: dict[str, Path | None], 
         blobs = _blob_members(tf, [first_blob] if first_blob else [], members, m.listed)
         home.store.sweep_parts("*.import-*.part")  # left by a killed import; a running one's are recent
         meter = Progress(sum(d.size for d in m.listed.values()), len(m.listed), label="import") if progress else None
-        try:
-            for mem in blobs:
-                match = BLOB.fullmatch(mem.name)
-                assert match is not None  # _blob_members held every member's name to BLOB
-                _verify_member(tf, mem, m.listed[match[1]], parts, home.store, meter)
-        finally:
-            if meter:
-                meter.close()
+        # Each part is fsynced on a helper thread while the next member is read and hashed: by the time
+        # the store takes them (commit_synced), their bytes are on disk, without a wait per file here.
+        with ThreadPoolExecutor(max_workers=4, thread_name_prefix="frt-fsync") as syncer:
+            synced: list[Future] = []
+            try:
+                for mem in blobs:
+                    match = BLOB.fullmatch(mem.name)
+                    assert match is not None  # _blob_members held every member's name to BLOB
+                    _verify_member(tf, mem, m.listed[match[1]], parts, home.store, meter, syncer, synced)
+            finally:
+                if meter:
+                    meter.close()
+            for f in synced:
+                f.result()  # an fsync that failed (EIO) fails the import before the store sees it
     return m, bundle_id(manifest), signer
 
 
@@ -282,6 +288,13 @@ def _listings(ledger: Ledger, rows: list[StagedRow]) -> dict[StagedRow, tuple[Fi
         return {row: v.variant(row.repo, row.commit, row.variant)[0] for row in rows}
 
 
+def _sync_close(f) -> None:
+    try:
+        os.fsync(f.fileno())
+    finally:
+        f.close()
+
+
 def _verify_member(
     tf: tarfile.TarFile,
     m: tarfile.TarInfo,
@@ -289,19 +302,27 @@ def _verify_member(
     parts: dict[str, Path | None],
     store: BlobStore,
     meter: Progress | None,
+    syncer: ThreadPoolExecutor,
+    synced: list[Future],
 ) -> None:
     """Stream one `blobs/<sha256>` member (its header checked: _blob_members) into tmp/ (or nowhere, if
-    the store has it), hashing it."""
+    the store has it), hashing it; its part is then fsynced and closed by `syncer`."""
     sha = want.sha256
     part = parts[sha] = None if store.has(sha) else store.part_path(f"{sha}.import-{uuid.uuid4().hex}")
     add, done = meter.file(sha[:16], m.size) if meter is not None else (None, None)
     reader = Hashing(tf.extractfile(m), m.size, add)
+    out = open(part, "wb") if part else None  # noqa: SIM115  (closed by the syncer, or below on an error)
     try:
-        with open(part, "wb") if part else contextlib.nullcontext() as out:
-            while chunk := reader.read():
-                if out is not None:
-                    out.write(chunk)
+        while chunk := reader.read():
+            if out is not None:
+                out.write(chunk)
+        if out is not None:
+            out.flush()
+            synced.append(syncer.submit(_sync_close, out))
+            out = None
     finally:
+        if out is not None:
+            out.close()
         if done:
             done(False)  # counted below, once verified
     if (got := reader.digest()) != want:
