@@ -109,6 +109,7 @@ def import_vs_tar(full: Path, tmp: Path) -> dict[str, float]:
     Python imports and ledger creation not timed), each of `full` into a fresh place; and the blobs stored."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FRT_", "HF_"))}
     exe = str(Path(sys.executable).with_name("frt-mirror"))
+
     def settle() -> None:
         """Before each timed run: nothing of the last one left to write out, and the bundle in the page
         cache again (what the runs before wrote can push it out of a memory-limited container's cache)."""
