@@ -59,6 +59,7 @@ REPOS = {
 }
 QUICK_REPOS, QUICK_SCALE = ("activation", "rmsnorm", "triton-ops", "quant"), 1 / 8
 DELAY_S, RATE = 0.02, 50e6
+JOBS = 8
 
 
 @functools.cache
@@ -122,7 +123,7 @@ def child(kind: str, url: str, job: dict) -> dict:
     requests = [make_request(repo, version=v) for repo, v in job["requests"]]
     targets = [parse_target(t) for t in job["targets"]]
     t0 = time.perf_counter()
-    report = stage(requests, targets, home=home, hub=hub, jobs=8, progress=False)
+    report = stage(requests, targets, home=home, hub=hub, jobs=JOBS, progress=False)
     return {
         "wall": time.perf_counter() - t0,
         "downloaded": report.downloaded_bytes,
@@ -315,6 +316,25 @@ def main() -> None:
     ratio = ours["wall"] / base["wall"]
     verdict = "PASS" if ratio <= 0.5 else "FAIL"
     print(f"\nwall-time ratio ours/baseline = {ratio:.2f} (target <= 0.5): {verdict}")
+    # The link's floor: every needed byte over JOBS connections at the per-connection rate, and the round
+    # trips nothing can skip (one per needed file, a refs and a listing per repo) JOBS at a time.
+    trips = len(needed) + 2 * len(repos)
+    floor = needed_bytes / (JOBS * RATE) + trips * DELAY_S / JOBS
+    over = ours["wall"] / floor
+    print(
+        f"the link's floor = {floor:.2f} s ({needed_bytes / MiB:.2f} MiB over {JOBS} x {RATE / 1e6:.0f} MB/s, "
+        f"{trips} round trips of {DELAY_S * 1000:.0f} ms {JOBS} at a time); ours/floor = {over:.2f} "
+        f"(target <= 1.5): {'PASS' if over <= 1.5 else 'FAIL'}"
+    )
+    real_over = ours_real["wall"] / ours["wall"]
+    print(
+        f"real-Hub transport wall / plain upstream's = {real_over:.2f} (target <= 1.25): "
+        f"{'PASS' if real_over <= 1.25 else 'FAIL'}"
+    )
+    print(
+        f"upstream calls per staged (repo, target) = {ours_net['requests'] / len(plan):.2f} plain, "
+        f"{real_net['requests'] / len(plan):.2f} real-Hub transport (baseline {base_net['requests'] / len(plan):.2f})"
+    )
     print(
         f"bytes fetched / needed = {ours_net['bytes'] / needed_bytes:.2f} (target 1.00; baseline "
         f"{base_net['bytes'] / needed_bytes:.2f}); ours {ours_net['bytes'] - needed_bytes:+d} B: the scan "
