@@ -116,7 +116,15 @@ def _download_verified(transport, store, repo_id, commit, entry, key, on_bytes, 
         had = part.exists() and part.stat().st_size > 0
         try:
             transport.fetch(
-                repo_id, entry.path, commit, part, size=entry.size, on_bytes=count, repo_type=repo_type, running=running
+                repo_id,
+                entry.path,
+                commit,
+                part,
+                size=entry.size,
+                on_bytes=count,
+                repo_type=repo_type,
+                running=running,
+                git_oid=None if clean_retry else entry.git_oid,
             )
         except ContentTooLarge as e:
             part.unlink(missing_ok=True)

@@ -72,12 +72,23 @@ class Transport:
         on_bytes: Callable[[int], None] = lambda n: None,
         repo_type: str = "kernel",
         running: RunningDigest | None = None,
+        git_oid: str | None = None,
     ) -> None:
         """Make `part` hold the file's `size` bytes as served (resuming what it has), or raise.
         `running` is fed every byte the part ends up with, in order (see store.RunningDigest).
-        Each attempt resumes from what the part holds; the loop is the Hub client's (HubClient.attempts)."""
+        Each attempt resumes from what the part holds; the loop is the Hub client's (HubClient.attempts).
+        `git_oid`: where this run's scan already read the file (HubClient.remember), its bytes are taken
+        from there; they are verified after, as any download is."""
         where = f"{repo_id}/{path}@{commit[:12]}"
         resigns = 0
+        held = self.hub.remembered(git_oid) if git_oid else None
+        if held is not None and len(held) == size and _size(part) == 0:
+            with local_file(part, "wb") as f:
+                _write(f, held, part)
+            if running is not None:
+                running.update(held)
+            on_bytes(len(held))
+            return
 
         def one() -> None:
             have = _size(part)

@@ -16,7 +16,9 @@ from __future__ import annotations
 import itertools
 import os
 import random
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeGuard, TypeVar
@@ -127,6 +129,9 @@ def ask_only_our_endpoint() -> None:
         agent._registry = agent._EMPTY_REGISTRY
 
 
+REMEMBER_BYTES = 16 << 20
+
+
 class HubClient:
     def __init__(
         self,
@@ -144,6 +149,24 @@ class HubClient:
         self.limits = limits or wire.Limits.from_env()
         self._publishers: dict[str, bool | None] = {}
         self.pacer = pacer or Pacer()  # shared by every thread of a run, API calls and file transfers alike
+        self._small: OrderedDict[str, bytes] = OrderedDict()  # see remember()
+        self._small_lock = threading.Lock()
+
+    def remember(self, git_oid: str, data: bytes) -> None:
+        """Keep a small file's bytes that the caller checked against its git oid (scan's metadata.json), so
+        that a stage in the same run takes them from here instead of asking the upstream a second time
+        (on the real Hub, a resolve and its redirects, in the resolvers' rate-limit bucket). At most
+        REMEMBER_BYTES in all, the oldest dropped first."""
+        with self._small_lock:
+            self._small[git_oid] = data
+            self._small.move_to_end(git_oid)
+            total = sum(len(b) for b in self._small.values())
+            while total > REMEMBER_BYTES and self._small:
+                total -= len(self._small.popitem(last=False)[1])
+
+    def remembered(self, git_oid: str) -> bytes | None:
+        with self._small_lock:
+            return self._small.get(git_oid)
 
     def refs(self, repo_id: str, repo_type: str = "kernel") -> dict[tuple[str, str], str]:
         where = f"upstream refs of {repo_id}"

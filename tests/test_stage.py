@@ -165,3 +165,21 @@ def test_bad_manifest_is_one_line_naming_file_and_line(home, tmp_path):
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and f"{bad}:5:" in lines[0], p.stderr
     assert not (home / "store").exists() or not any((home / "store").rglob("*.part"))
+
+
+def test_a_stage_asks_the_upstream_for_each_metadata_json_once(tmp_path):
+    """Issue 31 (fewer calls per staged kernel): scan reads every variant's metadata.json, and the stage
+    in the same run then stored each again with a GET of its own (on the real Hub a resolve and its
+    redirects, in the rate-limited resolvers' bucket). The bytes the scan checked are stored instead,
+    verified as a download is: each metadata.json crosses the wire once, and verify is clean."""
+    from tests.support.fakehub import FakeHub
+    from tests.support.kernel_fixtures import ORG, demo_repos
+
+    m = write_manifest(tmp_path / "m.toml", {ACTIVATION: {"version": 1}, RELU: {"version": 1}}, [X86, ARM_CU])
+    with FakeHub(demo_repos(), trusted_orgs=[ORG]) as hub:
+        p = run_cli("--endpoint", hub.url, "stage", str(m), home=tmp_path / "home")
+        gets = [e.path.split("?")[0] for e in hub.request_log if e.method == "GET" and "/resolve/" in e.path]
+    assert p.returncode in (0, 1), p.stderr  # activation v1 has no aarch64 CUDA build: a refusal
+    metadata = [g for g in gets if g.endswith("/metadata.json")]
+    assert metadata and len(metadata) == len(set(metadata)), sorted(metadata)
+    assert run_cli("verify", home=tmp_path / "home").returncode == 0
