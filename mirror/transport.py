@@ -77,11 +77,11 @@ class Transport:
         """Make `part` hold the file's `size` bytes as served (resuming what it has), or raise.
         `running` is fed every byte the part ends up with, in order (see store.RunningDigest).
         Each attempt resumes from what the part holds; the loop is the Hub client's (HubClient.attempts).
-        `git_oid`: where this run's scan already read the file (HubClient.remember), its bytes are taken
+        `git_oid`: where this run's scan already read the file (HubClient.small), its bytes are taken
         from there; they are verified after, as any download is."""
         where = f"{repo_id}/{path}@{commit[:12]}"
         resigns = 0
-        held = self.hub.remembered(git_oid) if git_oid else None
+        held = self.hub.small.get(git_oid) if git_oid else None
         if held is not None and len(held) == size and _size(part) == 0:
             with local_file(part, "wb") as f:
                 _write(f, held, part)

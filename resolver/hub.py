@@ -1,9 +1,9 @@
 """A thin client of the upstream Hub (or of another frt-mirror) over huggingface_hub's session: refs,
 history, listings, small files, each org's trust. File bodies are `frt.mirror.transport`'s.
 
-Why our own retry: `huggingface_hub` (1.x and 2.x) does not retry a 503 or a refused
-connection on plain API calls such as `list_repo_refs`, and a stager on a flaky link
-must. Failures after the last attempt become one `UpstreamUnavailable` line.
+Why our own retry: `huggingface_hub` (1.x and 2.x) does not retry a 503 or a refused connection on plain
+API calls such as `list_repo_refs`, and a stager on a flaky link must. Failures after the last attempt
+become one `UpstreamUnavailable` line.
 
 Why the JSON routes are read here and not through `HfApi`: it reads answers whole, pages without end and
 raises from inside itself on malformed JSON (see `wire`). Each answer is read bounded (`wire`) and its
@@ -16,9 +16,7 @@ from __future__ import annotations
 import itertools
 import os
 import random
-import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeGuard, TypeVar
@@ -51,6 +49,7 @@ from .gate import (
 from .pacing import Pacer
 from .resolution import CommitInfo, FileEntry
 from .settings import env_number
+from .small_files import SmallFiles
 
 if TYPE_CHECKING:  # checked against httpx2, the lint environment's (1.x's httpx has the same API)
     import httpx2 as _httpx
@@ -129,9 +128,6 @@ def ask_only_our_endpoint() -> None:
         agent._registry = agent._EMPTY_REGISTRY
 
 
-REMEMBER_BYTES = 16 << 20
-
-
 class HubClient:
     def __init__(
         self,
@@ -144,29 +140,11 @@ class HubClient:
     ):
         ask_only_our_endpoint()
         self.endpoint = resolve_endpoint(endpoint)
-        self.token = token
-        self.retry = retry or RetryPolicy.from_env()
+        self.token, self.retry = token, retry or RetryPolicy.from_env()
         self.limits = limits or wire.Limits.from_env()
         self._publishers: dict[str, bool | None] = {}
         self.pacer = pacer or Pacer()  # shared by every thread of a run, API calls and file transfers alike
-        self._small: OrderedDict[str, bytes] = OrderedDict()  # see remember()
-        self._small_lock = threading.Lock()
-
-    def remember(self, git_oid: str, data: bytes) -> None:
-        """Keep a small file's bytes that the caller checked against its git oid (scan's metadata.json), so
-        that a stage in the same run takes them from here instead of asking the upstream a second time
-        (on the real Hub, a resolve and its redirects, in the resolvers' rate-limit bucket). At most
-        REMEMBER_BYTES in all, the oldest dropped first."""
-        with self._small_lock:
-            self._small[git_oid] = data
-            self._small.move_to_end(git_oid)
-            total = sum(len(b) for b in self._small.values())
-            while total > REMEMBER_BYTES and self._small:
-                total -= len(self._small.popitem(last=False)[1])
-
-    def remembered(self, git_oid: str) -> bytes | None:
-        with self._small_lock:
-            return self._small.get(git_oid)
+        self.small = SmallFiles()  # small files this run read and checked (scan's metadata.json): small_files.py
 
     def refs(self, repo_id: str, repo_type: str = "kernel") -> dict[tuple[str, str], str]:
         where = f"upstream refs of {repo_id}"

@@ -155,7 +155,7 @@ def _fetch_metadata(
             return None
         if _git_blob_oid(raw) != oid:  # not the file the listing names: never read as the publisher's word
             return None
-        hub.remember(oid, raw)  # its bytes as checked: a stage in this run stores them without a second GET
+        hub.small.remember(oid, raw)  # its bytes as checked: a stage in this run stores them without a second GET
         try:
             doc = json.loads(raw)
         except (ValueError, RecursionError):  # not JSON, or nested past what a parser should follow
