@@ -255,7 +255,7 @@ class MirrorApp:
     def commit(self, repo: ServedRepo, rev: str) -> ServedCommit:
         sha = repo.resolve(rev)
         if sha is None:
-            known = next((n for n, s in repo.unstaged.items() if rev in (n, s)), None)
+            known = repo.unstaged_version(rev)
             why = f" ({known} is on record upstream, not staged here; frt-mirror report --demand)" if known else ""
             raise HubError(404, "RevisionNotFound", f"Invalid rev id: {rev} is not staged for {repo.repo_id}{why}")
         return repo.commits[sha]

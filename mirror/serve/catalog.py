@@ -94,6 +94,10 @@ class ServedRepo:
             sha = self.branches.get(rev) or self.tags.get(rev) or (rev if len(rev) == 40 else None)
         return sha if sha in self.commits else None
 
+    def unstaged_version(self, rev: str) -> str | None:
+        """The version branch (`v2`) `rev` names or points at, where it is known but not staged here."""
+        return next((name for name, sha in self.unstaged.items() if rev in (name, sha)), None)
+
     def default(self) -> str:
         """The commit `GET /api/{t}s/{repo}` (no revision) describes: `main` where it is staged, else the
         newest staged commit. The Hub answers that route for every repo that exists; a 404 there makes

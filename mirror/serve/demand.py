@@ -101,7 +101,7 @@ class DemandRecorder:
         target = self._target(scope)
         if target is None or _probe(rev):
             return
-        name = next((n for n, sha in repo.unstaged.items() if rev in (n, sha)), None)
+        name = repo.unstaged_version(rev)
         if name is not None:
             self._count(scope, Ask(repo.repo_id, name, target, "version"))
         elif _VERSION.fullmatch(rev):
