@@ -24,12 +24,11 @@ import pytest
 
 from tests.support.cli import cli_env, run_cli
 from tests.support.kernel_fixtures import ACTIVATION, LAYERNORM, X86_CPU
-from tests.support.nginx import NGINX, PREFIX, Front, front_of, nginx_conf
+from tests.support.nginx import NGINX, PREFIX, Front, answer, front_of, nginx_conf, wait_for_lines
 from tests.support.serve_helpers import (
     LINE,
     CuttingProxy,
     free_port,
-    raw_exchange,
     raw_http,
     raw_request,
     run_client,
@@ -38,8 +37,6 @@ from tests.support.serve_home import BIG, BIG_FILE, BIG_SIZE, SO, MiB10
 
 pytestmark = pytest.mark.hub1
 
-# Transport headers each server writes its own way: not what the mirror answers.
-TRANSPORT = {"date", "server", "connection", "keep-alive"}
 SMALL = f"build/{X86_CPU}/__init__.py"
 META = f"build/{X86_CPU}/metadata.json"
 
@@ -48,25 +45,6 @@ META = f"build/{X86_CPU}/metadata.json"
 def front(serve_staged, tmp_path_factory):
     with front_of(serve_staged.home, tmp_path_factory.mktemp("nginx")) as f:
         yield f
-
-
-def replica_lines(front: Front) -> list[dict]:
-    """Both replicas' access lines (lines go out at the next turn of a replica's loop: read after that)."""
-    lines = []
-    for i in range(len(front.replicas)):
-        log = front.run / f"replica{i}.log"
-        text = log.read_text(errors="replace") if log.exists() else ""
-        lines += [m.groupdict() for ln in text.splitlines() if (m := LINE.fullmatch(ln))]
-    return lines
-
-
-def wait_for_lines(front: Front, pred, n: int, timeout: float = 10) -> list[dict]:
-    deadline = time.monotonic() + timeout
-    while True:
-        lines = [ln for ln in replica_lines(front) if pred(ln)]
-        if len(lines) >= n or time.monotonic() > deadline:
-            return lines
-        time.sleep(0.05)
 
 
 def v1(staged, repo=ACTIVATION) -> str:
@@ -171,15 +149,6 @@ def exchanges(staged) -> list[tuple[str, str, list[str], str]]:
     ]
     assert big.branches["v1"]  # big's v1 and release/v1 are both staged
     return out
-
-
-def answer(port: int, method: str, path: str, headers: list[str]):
-    """(status, the headers but TRANSPORT as sorted (name, value) pairs, body): a header sent twice
-    shows twice."""
-    body = f"paths={SO}".encode() if method == "POST" else b""
-    status, lines, data = raw_exchange(port, raw_request(method, path, *headers, body=body), timeout=30)
-    pairs = sorted((k.strip().lower(), v.strip()) for k, _, v in (ln.partition(":") for ln in lines))
-    return status, [(k, v) for k, v in pairs if k not in TRANSPORT], data
 
 
 def test_answers_through_nginx_are_serves(serve_staged, serve_mirror, front):

@@ -64,13 +64,22 @@ from .app import App, cli
     "a HEAD with a token, a Range or a condition always reaches a replica. 0: every HEAD does.",
 )
 @click.option(
+    "--head-map",
+    "head_map",
+    is_flag=True,
+    help="Let nginx answer every HEAD of a stored file by commit sha itself, from the answers the "
+    "replicas on this host write into RUN_DIR/heads/ (serve --head-map RUN_DIR) and rewrite, reloading "
+    "nginx, whenever the ledger changes. A HEAD with a token, a Range or a condition, or of a file by "
+    "branch, reaches a replica.",
+)
+@click.option(
     "--user",
     metavar="USER",
     help="The user nginx's workers run as (nginx's `user`; one that may "
     "read the home's store). Default: nginx's own (nobody, or the distribution's).",
 )
 @click.pass_obj
-def nginx_conf(app: App, upstreams, listen, run_dir, accel, head_cache, user):
+def nginx_conf(app: App, upstreams, listen, run_dir, accel, head_cache, head_map, user):
     """Print an nginx.conf for nginx in front of serve replicas of this home.
 
     nginx proxies the API and every HEAD to the replicas and sends file bodies itself from the home's
@@ -95,6 +104,7 @@ def nginx_conf(app: App, upstreams, listen, run_dir, accel, head_cache, user):
         accel=check_accel_prefix(accel),
         user=user,
         head_cache=head_cache,
+        head_map=head_map,
         ledger=ledger,
     )
     click.echo(site.render(home), nl=False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import click
 
@@ -58,6 +59,15 @@ LIMIT_ENV = {field: var for field, (var, *_rest) in HttpLimits.ENV.items()}
     "headers and X-Accel-Redirect: PREFIX/<blob>, and nginx sends the bytes from its internal "
     "location PREFIX over the store. Requests that did not come through that nginx get the "
     f"bytes from serve, as without it. nginx-conf's PREFIX: {DEFAULT_ACCEL}.",
+)
+@click.option(
+    "--head-map",
+    "head_map",
+    metavar="RUN_DIR",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Behind nginx-conf --head-map's nginx, on its host: write the answers to HEADs of stored files "
+    "by commit sha into RUN_DIR/heads/ (nginx-conf's --run-dir) and reload nginx whenever the ledger "
+    "changes, so that nginx answers those HEADs itself.",
 )
 @click.option(
     "--upstream",
@@ -155,6 +165,7 @@ def serve_cmd(
     demand_clients,
     workers,
     accel_redirect,
+    head_map,
     upstream,
     allow,
     refs_ttl,
@@ -183,6 +194,7 @@ def serve_cmd(
         ledger_url=app.home.ledger_url,
         upstream=pull,
         demand_clients=demand_clients,
+        head_map=head_map.absolute() if head_map is not None else None,
     )
     mirror = spec.build(app.home)  # here, once: a bad access log or ledger is one line before serving
     # Not mirror.catalog(): its first call starts the catalog's poller thread, which a fork must not copy.

@@ -182,6 +182,7 @@ class NginxSite:
     accel: str = DEFAULT_ACCEL
     user: str | None = None  # nginx's worker user: one that may read the store
     head_cache: int = 0  # seconds nginx answers a HEAD of a file by commit sha itself; 0: never
+    head_map: bool = False  # nginx answers HEADs of stored files by sha from the replicas' map (head_map.py)
     ledger: ReplicaLedger = ReplicaLedger()  # what the replicas' commands say of the ledger
 
     def render(self, home: Path) -> str:
@@ -190,12 +191,17 @@ class NginxSite:
         servers = "\n".join(f"    server {u} max_fails=1 fail_timeout=5s;" for u in self.upstreams)
         user = f"user {self.user};\n" if self.user else ""
         ledger = self.ledger.option()
+        writers = [u for u in self.upstreams if on_this_host(u.host)] if self.head_map else []
+        if self.head_map and not writers:
+            raise BadInput("--head-map: the map is written by a replica on nginx's host: give one --upstream here")
+        mapped = f" --head-map {shlex.quote(str(run))}"
         replicas = "\n".join(
             f"#   frt-mirror --home {shlex.quote(str(home))}{ledger} serve --host "
-            f"{u.host.strip('[]')} --port {u.port} --accel-redirect {self.accel}"
+            f"{u.host.strip('[]')} --port {u.port} --accel-redirect {self.accel}{mapped if u in writers else ''}"
             for u in self.upstreams
         )
         ttl, cached = self.head_cache, self.head_cache > 0
+        by_sha = cached or self.head_map
         return TEMPLATE.format(
             home=home,
             replicas=replicas,
@@ -210,7 +216,13 @@ class NginxSite:
             tries=max(2, len(self.upstreams)),
             keepalive=32 * len(self.upstreams),
             cache_http=CACHE_HTTP.format(run=run, ttl=ttl) if cached else "",
-            cache_location=CACHE_LOCATION.format(ttl=ttl) if cached else "",
+            map_http=MAP_HTTP.format(run=run) if self.head_map else "",
+            by_sha=BY_SHA.format(
+                rewrite=MAP_REWRITE if self.head_map else "", cache=CACHE_LOCATION.format(ttl=ttl) if cached else ""
+            )
+            if by_sha
+            else "",
+            map_location=MAP_LOCATION.format(alias=alias) if self.head_map else "",
         )
 
 
@@ -242,7 +254,7 @@ http {{
   fastcgi_temp_path "{run}/fastcgi";
   uwsgi_temp_path "{run}/uwsgi";
   scgi_temp_path "{run}/scgi";
-{cache_http}
+{cache_http}{map_http}
   upstream frt_mirror {{
 {servers}
     keepalive {keepalive};
@@ -272,7 +284,7 @@ http {{
     location / {{
       proxy_pass http://frt_mirror;
     }}
-{cache_location}
+{by_sha}{map_location}
     # Blob bodies, by X-Accel-Redirect only (`internal`: a client asking for it gets a 404).
     location {accel}/ {{
       internal;
@@ -301,14 +313,59 @@ CACHE_HTTP = """
     default off;
   }}
 """
-CACHE_LOCATION = """
+# A file by commit sha: the location --head-cache and --head-map act in.
+BY_SHA = """
     location ~ "^/([a-z]+s/)?[^/]+/[^/]+/resolve/[0-9a-f]{{40}}/" {{
-      proxy_pass http://frt_mirror;
+{rewrite}      proxy_pass http://frt_mirror;
+{cache}    }}
+"""
+CACHE_LOCATION = """\
       proxy_cache $frt_head_cache;
       proxy_cache_convert_head off;  # a HEAD stays a HEAD: the replica answers it, not a GET
       proxy_cache_key "$request_method $request_uri";
       proxy_cache_valid 200 {ttl}s;
       # No proxy_cache_lock: the requests it holds back wait in steps of 500 ms, where a replica
       # answers a HEAD in well under one.
+"""
+
+# nginx-conf --head-map: the replicas' answers to HEADs of stored files by sha (mirror/serve/head_map.py).
+MAP_HTTP = """
+  # --head-map: each line of {run}/heads/*.map is a URL as a client spells it and serve's answer to a HEAD
+  # of it: blob|ETag|X-Linked-Etag|X-Linked-Size|X-Repo-Commit. A replica started with --head-map writes
+  # it and reloads nginx when the ledger changes; with no file yet, nothing is answered from it.
+  map_hash_bucket_size 256;
+  map_hash_max_size 1048576;
+  map $request_uri $frt_head {{
+    include "{run}/heads/*.map";
+    default "";
+  }}
+  # Only a HEAD with no Range, no condition and no token is answered from the map.
+  map "$request_method:$http_range$http_if_range$http_if_match$http_if_none_match$http_if_modified_since$http_if_unmodified_since$http_authorization:$frt_head" $frt_head_blob {{
+    "~^HEAD::(?<frt_hb>[^|]+)[|]" $frt_hb;
+    default "";
+  }}
+  map $frt_head $frt_head_etag {{ "~^[^|]*[|](?<frt_he>[^|]*)" $frt_he; default ""; }}
+  map $frt_head $frt_head_linked_etag {{ "~^[^|]*[|][^|]*[|](?<frt_hl>[^|]*)" $frt_hl; default ""; }}
+  map $frt_head $frt_head_linked_size {{ "~^[^|]*[|][^|]*[|][^|]*[|](?<frt_hs>[^|]*)" $frt_hs; default ""; }}
+  map $frt_head $frt_head_commit {{ "~[|](?<frt_hc>[0-9a-f]{{40}})$" $frt_hc; default ""; }}
+"""
+MAP_REWRITE = """\
+      if ($frt_head_blob) {
+        rewrite ^ /_frt_heads/$frt_head_blob last;
+      }
+"""
+MAP_LOCATION = """
+    # --head-map: the HEAD's answer, nginx's static one for the blob (Content-Length: the file's size)
+    # with serve's headers from the map.
+    location /_frt_heads/ {{
+      internal;
+      alias {alias};
+      types {{ }}
+      etag off;
+      add_header Last-Modified "";
+      add_header ETag $frt_head_etag;
+      add_header X-Repo-Commit $frt_head_commit;
+      add_header X-Linked-Etag $frt_head_linked_etag;
+      add_header X-Linked-Size $frt_head_linked_size;
     }}
 """

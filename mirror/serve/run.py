@@ -48,6 +48,7 @@ def serve(app: MirrorApp, sockets: list[socket.socket], limits: HttpLimits | Non
     from .stream import CutSaid
 
     limits = limits or HttpLimits.from_env()
+    app.catalog()  # starts this process's poller now, not at the first request (serve --head-map's writer)
     config = uvicorn.Config(
         app,
         log_level="warning",

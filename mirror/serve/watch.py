@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 
 from frt.resolver.errors import FrtError
 from frt.resolver.settings import env_number
@@ -44,6 +45,8 @@ class CatalogWatcher:
         self.interval = env_number("FRT_SERVE_POLL", 1.0) if interval is None else interval
         self._pid: int | None = None
         self._stop = threading.Event()
+        # Called with the catalog after each poll that reached the ledger (serve --head-map's writer).
+        self.listeners: list[Callable[[Catalog], object]] = []
         self.down_since: float | None = None  # wall time the ledger stopped answering this process
         self.checked_at = time.time()  # wall time the catalog last matched the ledger
         try:
@@ -112,7 +115,15 @@ class CatalogWatcher:
                         flush=True,
                     )
                 self.down_since = None
+                self._tell(self._catalog)
                 return
+
+    def _tell(self, catalog: Catalog) -> None:
+        for listener in self.listeners:
+            try:
+                listener(catalog)
+            except Exception:  # a bug or a full disk: said, and the poller goes on
+                print(f"frt-mirror: warning: {traceback.format_exc(limit=2).strip()}", file=sys.stderr, flush=True)
 
     def _down(self, e: BaseException, doing: str) -> None:
         if self.down_since is None:  # once per outage

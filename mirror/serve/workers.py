@@ -29,8 +29,10 @@ from ..home import Home
 from .accesslog import AccessLog, open_sink
 from .app import MirrorApp
 from .catalog import Catalog
+from .head_map import HeadMap
 from .pull import Upstream
 from .run import make_app, serve
+from .watch import CatalogWatcher
 
 STOP = (signal.SIGINT, signal.SIGTERM)
 
@@ -46,6 +48,7 @@ class AppSpec:
     ledger_url: str | None = None  # the ledger on a server (--ledger), else the home's SQLite file
     upstream: Upstream | None = None  # serve --upstream: pull-through
     demand_clients: bool = False  # serve --demand-log-clients: the demand counts keep client addresses
+    head_map: Path | None = None  # serve --head-map: nginx's run dir, where the HEAD answers go (head_map.py)
 
     def build(self, home: Home, fallback: Catalog | None = None) -> MirrorApp:
         """Raises BadInput where the access log cannot be opened. `fallback`: the catalog to start from
@@ -58,7 +61,22 @@ class AppSpec:
         app.accel_redirect = self.accel_redirect
         if self.upstream is not None:
             app.pull = self.upstream.service(home)
+        if self.head_map is not None:
+            watch_head_map(app, self.head_map)
         return app
+
+
+def watch_head_map(app: MirrorApp, run_dir: Path) -> None:
+    """Write nginx's map of HEAD answers now, and again whenever a poll finds the catalog changed."""
+    watcher = app.catalog
+    assert isinstance(watcher, CatalogWatcher)  # make_app's (run.py)
+    pull = app.pull
+    heads = HeadMap(
+        run_dir,
+        skip_repo=lambda repo_id: pull is not None and pull.allowed(repo_id),
+    )
+    heads.update(watcher.current, app.integrity.bad)
+    watcher.listeners.append(lambda catalog: heads.update(catalog, app.integrity.bad))
 
 
 def serve_workers(spec: AppSpec, sockets: list[socket.socket], workers: int, catalog: Catalog | None = None) -> int:

@@ -15,10 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.support.cli import run_cli
-from tests.support.serve_helpers import Served, free_port, raw_http, raw_request, serving
+from tests.support.serve_helpers import LINE, Served, free_port, raw_exchange, raw_http, raw_request, serving
+from tests.support.serve_home import SO
 
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
 PREFIX = "/_frt_store"
+# Transport headers each server writes its own way: not what the mirror answers.
+TRANSPORT = {"date", "server", "connection", "keep-alive"}
 
 
 @dataclass
@@ -83,14 +86,53 @@ def nginx(conf: str, run: Path, replicas: list[Served], timeout: float = 30) -> 
 
 
 @contextlib.contextmanager
-def front_of(home: Path, run: Path, n: int = 2, conf_args: tuple[str, ...] = ()) -> Iterator[Front]:
-    """n replicas of `serve --accel-redirect` on one home, each logging to a file, and nginx in front
-    (`nginx-conf ... CONF_ARGS`)."""
+def front_of(
+    home: Path,
+    run: Path,
+    n: int = 2,
+    conf_args: tuple[str, ...] = (),
+    serve_args: tuple[str, ...] = (),
+    env: dict | None = None,
+) -> Iterator[Front]:
+    """n replicas of `serve --accel-redirect SERVE_ARGS` on one home, each logging to a file, and nginx
+    in front (`nginx-conf ... CONF_ARGS`)."""
     run.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
         replicas = [
-            stack.enter_context(serving(home, "--accel-redirect", PREFIX, "--access-log", str(run / f"replica{i}.log")))
+            stack.enter_context(
+                serving(
+                    home, "--accel-redirect", PREFIX, "--access-log", str(run / f"replica{i}.log"), *serve_args, env=env
+                )
+            )
             for i in range(n)
         ]
         conf = nginx_conf(home, [r.port for r in replicas], free_port(), run, *conf_args)
         yield stack.enter_context(nginx(conf, run, replicas))
+
+
+def replica_lines(front: Front) -> list[dict]:
+    """Both replicas' access lines (lines go out at the next turn of a replica's loop: read after that)."""
+    lines = []
+    for i in range(len(front.replicas)):
+        log = front.run / f"replica{i}.log"
+        text = log.read_text(errors="replace") if log.exists() else ""
+        lines += [m.groupdict() for ln in text.splitlines() if (m := LINE.fullmatch(ln))]
+    return lines
+
+
+def wait_for_lines(front: Front, pred, n: int, timeout: float = 10) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    while True:
+        lines = [ln for ln in replica_lines(front) if pred(ln)]
+        if len(lines) >= n or time.monotonic() > deadline:
+            return lines
+        time.sleep(0.05)
+
+
+def answer(port: int, method: str, path: str, headers: list[str]):
+    """(status, the headers but TRANSPORT as sorted (name, value) pairs, body): a header sent twice
+    shows twice."""
+    body = f"paths={SO}".encode() if method == "POST" else b""
+    status, lines, data = raw_exchange(port, raw_request(method, path, *headers, body=body), timeout=30)
+    pairs = sorted((k.strip().lower(), v.strip()) for k, _, v in (ln.partition(":") for ln in lines))
+    return status, [(k, v) for k, v in pairs if k not in TRANSPORT], data

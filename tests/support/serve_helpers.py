@@ -95,6 +95,11 @@ def _base_env() -> dict[str, str]:
     } | {"PYTHONWARNINGS": "ignore"}
 
 
+def replica_env(**extra: str) -> dict[str, str]:
+    """A replica's environment as `serving` gives it (FRT_LEDGER_URL, the stager's ledger, kept), plus `extra`."""
+    return _base_env() | extra
+
+
 FAST = {"FRT_RETRY_ATTEMPTS": "2", "FRT_RETRY_BASE_WAIT": "0.05"}  # a pull-through's retries, brief
 
 

@@ -1,0 +1,108 @@
+"""`serve --head-map RUN_DIR`: the answers to HEADs of stored files by commit sha, written as an nginx map
+for nginx-conf's nginx (`nginx-conf --head-map`), which then answers those HEADs itself.
+
+A node's job start is a HEAD per file by commit sha (kernels, snapshot_download): an immutable URL whose
+answer is fixed by the catalog. Each line of RUN_DIR/heads/current.map is one such URL, exactly as a
+client spells it (nginx matches `$request_uri`, so a URL spelled any other way, or with a query, still
+goes to a replica), and serve's answer to it: the blob under the store, ETag, X-Linked-Etag,
+X-Linked-Size and X-Repo-Commit. nginx sends them over its own static answer for the blob, whose
+Content-Length is the file's size: header for header what serve answers (tests/test_serve_nginx.py).
+
+Kept current by the catalog's change serial: each poll of the watcher (watch.py) that finds a new
+catalog, or a blob this process found bad, rewrites the file (atomically, only when it differs) and
+tells nginx to reload it (SIGHUP to RUN_DIR/nginx.pid), so an unstaged file stops being answered by nginx
+within a poll and a reload. Left out, and so answered by a replica as before: repos that pull-through
+covers (their answers depend on the upstream), every file when a token is needed (nginx cannot check
+one), blobs found bad or missing, and URLs nginx's map cannot hold (characters a client would
+percent-encode, or longer than KEY_MAX).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sys
+import tempfile
+from collections.abc import Callable, Collection
+from pathlib import Path
+
+from ..store import blob_relpath
+from .catalog import Catalog, etag_of
+
+KEY_MAX = 200  # nginx-conf sets map_hash_bucket_size 256: a longer key would not fit a bucket
+_PLAIN = re.compile(r"[A-Za-z0-9._~/-]+")  # what huggingface_hub's quote() leaves as it is
+PREFIX = {"model": "", "kernel": "/kernels", "dataset": "/datasets", "space": "/spaces"}
+MAP_NAME = "current.map"
+
+
+def head_lines(catalog: Catalog, bad: Collection[str], skip_repo: Callable[[str], bool]) -> list[str]:
+    """The map's lines, sorted (so that an unchanged catalog writes an unchanged file)."""
+    lines = []
+    for (repo_type, repo_id), repo in catalog.repos.items():
+        if repo_type not in PREFIX or skip_repo(repo_id):
+            continue
+        for sha, c in repo.commits.items():
+            for path, f in c.files.items():
+                key = f"{PREFIX[repo_type]}/{repo_id}/resolve/{sha}/{path}"
+                if f.blob is None or f.sha256 in bad or len(key) > KEY_MAX or not _PLAIN.fullmatch(key):
+                    continue
+                if not f.blob.exists():
+                    continue
+                linked = (f'"{f.sha256}"', str(f.size)) if f.lfs else ("", "")
+                value = "|".join((blob_relpath(f.sha256), f'"{etag_of(f)}"', *linked, sha))
+                lines.append(f"\"{key}\" '{value}';\n")
+    return sorted(lines)
+
+
+class HeadMap:
+    """Writes RUN_DIR/heads/current.map from a catalog; `update` is cheap when nothing changed."""
+
+    def __init__(self, run_dir: Path, skip_repo: Callable[[str], bool]):
+        self.dir, self.run_dir = run_dir / "heads", run_dir
+        self.skip_repo = skip_repo
+        self._seen: tuple | None = None
+        self._unsignalled = False
+
+    @property
+    def path(self) -> Path:
+        return self.dir / MAP_NAME
+
+    def update(self, catalog: Catalog, bad: Collection[str]) -> bool:
+        """Rewrite the map if the catalog or the bad blobs changed; whether nginx was told to reload."""
+        public = not catalog.tokens  # with tokens, every request carries one for a replica to check
+        seen = (id(catalog), frozenset(bad), public)
+        if seen == self._seen:
+            return False
+        self._seen = seen
+        text = "".join(head_lines(catalog, bad, self.skip_repo)) if public else ""
+        try:
+            if self.path.read_text() == text:
+                return False
+        except FileNotFoundError:
+            pass
+        self.dir.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=".", suffix=".tmp")  # not *.map: nginx's glob skips it
+        with os.fdopen(fd, "w") as out:
+            out.write(text)
+        os.replace(tmp, self.path)
+        return self._reload()
+
+    def _reload(self) -> bool:
+        """SIGHUP to nginx's master, where it runs: it re-reads its config, this map included."""
+        try:
+            pid = int((self.run_dir / "nginx.pid").read_text().strip())
+            os.kill(pid, signal.SIGHUP)
+        except (FileNotFoundError, ValueError, ProcessLookupError):
+            return False  # not started yet: it reads the map when it starts
+        except PermissionError:
+            if not self._unsignalled:  # once: every later change would say the same
+                self._unsignalled = True
+                print(
+                    f"frt-mirror: warning: --head-map: cannot signal nginx ({pid}) to reload "
+                    f"{self.path}: run serve as nginx's user, or reload nginx after each change",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            return False
+        return True

@@ -1,0 +1,100 @@
+"""`nginx-conf --head-map` with replicas started `serve --head-map RUN_DIR`: nginx answers every HEAD of a
+stored file by commit sha itself, header for header as serve alone answers it, and follows the ledger
+(a new commit answered, an unstaged one no longer) within a poll and a reload. The real nginx
+(tests/support/nginx.py); the replicas' access logs say which requests reached them."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.support.cli import X86, run_cli, write_manifest
+from tests.support.kernel_fixtures import ACTIVATION, RELU
+from tests.support.nginx import answer, front_of, replica_lines, wait_for_lines
+from tests.support.serve_helpers import raw_http, raw_request, replica_env
+
+pytestmark = pytest.mark.hub1
+
+
+def v1(staged, repo: str) -> str:
+    return staged.repos[repo].branches["v1"]
+
+
+def by_sha(staged, repo: str) -> list[str]:
+    sha = v1(staged, repo)
+    return [f"/kernels/{repo}/resolve/{sha}/{p}" for p in sorted(staged.repos[repo].commits[sha].files)]
+
+
+def test_nginx_answers_heads_by_sha_itself_as_serve(serve_staged, serve_mirror, tmp_path):
+    """Every stored file's HEAD by sha, from nginx alone, equal to serve's; anything else a map cannot
+    answer as serve would (a branch, a Range, a condition, a token, a query, a GET) reaches a replica."""
+    run = tmp_path / "nginx"
+    urls = [u for u in by_sha(serve_staged, ACTIVATION) if answer(serve_mirror.port, "HEAD", u, [])[0] == 200]
+    assert len(urls) >= 3  # what is staged of it (one variant, and the repo's top-level files)
+    first = next(u for u in urls if u.endswith(".so"))
+    etag = dict(answer(serve_mirror.port, "HEAD", first, [])[1])["etag"]
+    reach = [
+        ("HEAD", first.replace(v1(serve_staged, ACTIVATION), "v1"), []),
+        ("HEAD", first, ["Range: bytes=10-19"]),
+        ("HEAD", first, [f"If-None-Match: {etag}"]),
+        ("HEAD", first, ["Authorization: Bearer x"]),
+        ("HEAD", f"{first}?x=1", []),
+        ("GET", first, []),
+    ]
+    with front_of(serve_staged.home, run, conf_args=("--head-map",), serve_args=("--head-map", str(run))) as front:
+        assert (run / "heads" / "current.map").stat().st_size > 0  # written before the replica answered
+        for url in urls:
+            alone = answer(serve_mirror.port, "HEAD", url, [])
+            assert [answer(front.port, "HEAD", url, []) for _ in range(2)] == [alone] * 2, url
+        for method, path, headers in reach:
+            alone = answer(serve_mirror.port, method, path, headers)
+            assert answer(front.port, method, path, headers) == alone, (method, path, headers)
+        lines = wait_for_lines(front, lambda ln: "/resolve/" in ln["path"], len(reach))
+        time.sleep(0.5)  # any line a by-sha HEAD would have left is out by now
+        lines = [ln for ln in replica_lines(front) if "/resolve/" in ln["path"]]
+    assert sorted((ln["method"], ln["path"]) for ln in lines) == sorted((m, p) for m, p, _ in reach)
+
+
+def test_the_map_follows_the_ledger_within_a_second(hub, tmp_path):
+    """A commit staged after nginx started is answered by nginx itself, and one unstaged is no longer
+    (a replica's 404), within a second of the command that changed the ledger, through both replicas'
+    nginx (each replica writes the map; nginx reloads on the change)."""
+    home, run = tmp_path / "home", tmp_path / "nginx"
+    for repo in (RELU, ACTIVATION):
+        write_manifest(tmp_path / f"{repo.split('/')[1]}.toml", {repo: {"version": 1}}, [X86])
+    assert run_cli("--endpoint", hub.url, "stage", str(tmp_path / "relu.toml"), home=home).returncode == 0
+    env = replica_env(FRT_SERVE_POLL="0.1")
+    with front_of(home, run, conf_args=("--head-map",), serve_args=("--head-map", str(run)), env=env) as front:
+        p = run_cli("--endpoint", hub.url, "stage", str(tmp_path / "activation.toml"), home=home)
+        assert p.returncode == 0, p.stderr
+        t0 = time.monotonic()
+        sha = hub.repos[("kernel", ACTIVATION)].branches["v1"]
+        while ACTIVATION not in (run / "heads" / "current.map").read_text():
+            assert time.monotonic() - t0 < 1.0, "the map did not take the new commit within a second"
+            time.sleep(0.02)
+        keys = [ln.split('"')[1] for ln in (run / "heads" / "current.map").read_text().splitlines()]
+        url = next(k for k in keys if k.startswith(f"/kernels/{ACTIVATION}/resolve/{sha}/") and k.endswith(".so"))
+        direct = answer(front.replicas[0].port, "HEAD", url, [])
+        assert direct[0] == 200
+        deadline = t0 + 1.0
+        while answer(front.port, "HEAD", url, []) != direct or not nginx_alone(front, url):
+            assert time.monotonic() < deadline, "nginx did not answer the new commit itself within a second"
+            time.sleep(0.02)
+        p = run_cli("unstage", ACTIVATION, home=home)
+        assert p.returncode == 0, p.stderr
+        t0 = time.monotonic()
+        while raw_http(front.port, raw_request("HEAD", url))[0] != 404:
+            assert time.monotonic() - t0 < 1.0, "nginx still answered an unstaged file after a second"
+            time.sleep(0.02)
+        assert ACTIVATION not in (run / "heads" / "current.map").read_text()
+        for replica in front.replicas:
+            assert replica.proc.poll() is None, replica.stderr()
+
+
+def nginx_alone(front, url: str) -> bool:
+    """Whether a HEAD of `url` now leaves no line in either replica's log (nginx answered it)."""
+    before = sum(1 for ln in replica_lines(front) if ln["path"] == url)
+    raw_http(front.port, raw_request("HEAD", url))
+    time.sleep(0.3)  # a replica's line goes out at its loop's next turn
+    return sum(1 for ln in replica_lines(front) if ln["path"] == url) == before
