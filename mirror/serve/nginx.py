@@ -359,6 +359,9 @@ MAP_LOCATION = """
     # with serve's headers from the map.
     location /_frt_heads/ {{
       internal;
+      # Blobs are content-addressed and every map change reloads nginx (new workers, empty cache).
+      open_file_cache max=65536 inactive=60s;
+      open_file_cache_valid 1s;
       alias {alias};
       types {{ }}
       etag off;
