@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import logging
 import resource
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from frt.resolver.settings import env_number
@@ -99,10 +101,26 @@ def raise_open_files(limits: HttpLimits) -> None:
             )
 
 
-def guarded(limits: HttpLimits) -> type:
-    """uvicorn's httptools protocol with the header size limit and the header timeout (see above).
+class _Answered:
+    """The request-response cycle of a HEAD the protocol answered itself (fast_head): complete, so that
+    uvicorn's callbacks after the headers (the message's end, a lost connection) leave it be."""
+
+    response_complete = True
+
+    class message_event:  # connection_lost sets it, for a request body nobody waits on here
+        @staticmethod
+        def set() -> None:
+            pass
+
+
+def guarded(limits: HttpLimits, fast: Callable[[dict, float], bytes | None] | None = None) -> type:
+    """uvicorn's httptools protocol with the header size limit and the header timeout (see above), and
+    `fast` (MirrorApp.fast_head): the header lines of a HEAD answered without the app, or None.
     uvicorn is imported here, not above: the CLI reads this module's defaults for serve's --help."""
+    import httptools
     from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+    ok = STATUS_LINE[200]
 
     max_head, timeout = limits.max_header_bytes, limits.header_timeout
 
@@ -146,7 +164,31 @@ def guarded(limits: HttpLimits) -> type:
         def on_headers_complete(self) -> None:
             self._head_open = False
             self._disarm()
-            super().on_headers_complete()
+            if fast is None or not self._answer_head():
+                super().on_headers_complete()
+
+        def _answer_head(self) -> bool:
+            """A keep-alive HTTP/1.1 HEAD with no query, nothing before it in flight, that `fast`
+            answers: written here, as uvicorn would write that answer (its Date header included)."""
+            t0 = time.perf_counter()
+            p = self.parser
+            if p.get_method() != b"HEAD" or p.get_http_version() != "1.1" or not p.should_keep_alive():
+                return False
+            if self.cycle is not None and not self.cycle.response_complete:
+                return False
+            url = httptools.parse_url(self.url)
+            if url.query is not None or b"%" in url.path:
+                return False
+            path = url.path.decode("ascii")
+            scope = self.scope
+            scope.update(method="HEAD", path=self.root_path + path, raw_path=url.path, query_string=b"")
+            if self.root_path or (lines := fast(scope, t0)) is None:
+                return False
+            head = [ok, *(b"%s: %s\r\n" % h for h in self.server_state.default_headers), lines, b"\r\n"]
+            self.transport.write(b"".join(head))
+            self.cycle = _Answered()  # type: ignore[assignment]
+            self.on_response_complete()  # uvicorn's keep-alive timer and the next pipelined request
+            return True
 
         def on_message_complete(self) -> None:
             super().on_message_complete()

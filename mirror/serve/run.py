@@ -13,7 +13,7 @@ from .app import MirrorApp
 from .catalog import Catalog
 from .demand import DemandRecorder
 from .integrity import Integrity
-from .limits import HttpLimits, raise_open_files
+from .limits import HttpLimits, guarded, raise_open_files
 from .metrics import Metrics
 from .page import OperatorRoutes
 from .watch import CatalogWatcher, LedgerCollector
@@ -56,7 +56,7 @@ def serve(app: MirrorApp, sockets: list[socket.socket], limits: HttpLimits | Non
         lifespan="on",
         server_header=False,
         date_header=True,
-        **limits.uvicorn(),
+        **{**limits.uvicorn(), "http": guarded(limits, fast=app.fast_head)},
     )
     logging.getLogger("uvicorn.error").addFilter(CutSaid())  # after Config, which configures uvicorn's loggers
     raise_open_files(limits)  # after Config too: a warning it says goes through uvicorn's handler
