@@ -5,14 +5,15 @@ stored file by commit sha itself, header for header as serve alone answers it, a
 
 from __future__ import annotations
 
+import subprocess
 import time
 
 import pytest
 
 from tests.support.cli import X86, run_cli, write_manifest
 from tests.support.kernel_fixtures import ACTIVATION, RELU
-from tests.support.nginx import answer, front_of, replica_lines, wait_for_lines
-from tests.support.serve_helpers import raw_http, raw_request, replica_env
+from tests.support.nginx import NGINX, answer, front_of, nginx_conf, replica_lines, wait_for_lines
+from tests.support.serve_helpers import free_port, raw_http, raw_request, replica_env
 
 pytestmark = pytest.mark.hub1
 
@@ -98,3 +99,15 @@ def nginx_alone(front, url: str) -> bool:
     raw_http(front.port, raw_request("HEAD", url))
     time.sleep(0.3)  # a replica's line goes out at its loop's next turn
     return sum(1 for ln in replica_lines(front) if ln["path"] == url) == before
+
+
+@pytest.mark.parametrize("flags", [("--head-map",), ("--head-map", "--head-cache", "5")])
+def test_nginx_accepts_the_config_with_either_or_both(serve_staged, tmp_path, flags):
+    """`nginx -t` on the config, --head-map alone and with --head-cache (nginx wants map_hash_* before
+    any map: with both, the head cache's map came first once)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    conf = tmp_path / "nginx.conf"
+    conf.write_text(nginx_conf(serve_staged.home, [free_port()], free_port(), run, *flags))
+    t = subprocess.run([NGINX, "-t", "-c", str(conf), "-e", str(run / "error.log")], capture_output=True, text=True)
+    assert t.returncode == 0, t.stderr

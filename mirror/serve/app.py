@@ -30,11 +30,12 @@ from frt.manifests.fields import org_problem
 from frt.resolver.errors import FrtError
 
 from . import simple
-from .accel import CONDITIONAL, accel_headers, accel_ok
+from .accel import accel_headers, accel_ok
 from .accesslog import AccessLog, Counted
 from .blob import BlobResponse, file_headers
 from .catalog import Catalog, ServedCommit, ServedRepo, dir_oid, etag_of
 from .demand import DemandRecorder
+from .hot import HotTable
 from .integrity import Integrity
 from .protocol import (
     TOKEN_HINT,
@@ -59,7 +60,6 @@ if TYPE_CHECKING:  # what make_app (run.py) sets; a bare app has neither
 log = logging.getLogger("frt.serve")
 REPO_TYPES = {"models": "model", "kernels": "kernel", "datasets": "dataset", "spaces": "space"}
 PREFIXES = {"kernels": "kernel", "datasets": "dataset", "spaces": "space"}
-HOT_MAX = 8192  # resolve URLs remembered by MirrorApp.hot
 PAGE, PAGE_EXPAND, COMMITS_PAGE = 1000, 50, 100
 
 
@@ -85,8 +85,7 @@ class MirrorApp:
         self._token_noted = False
         self.log = log
         self.accel_redirect = accel_redirect
-        # raw path -> (catalog, file, headers, accel headers, header lines): see hot() and fast_head()
-        self._hot: dict[bytes, tuple] = {}
+        self._hot = HotTable()  # answers given before, by raw path: see hot() and fast_head()
         self.metrics: Metrics | None = None
         self.operator: OperatorRoutes | None = None
         self.integrity = Integrity()
@@ -147,44 +146,23 @@ class MirrorApp:
             log.warning("a request without a token was refused (401): %s", TOKEN_HINT)
 
     async def hot(self, scope, receive, send) -> tuple[int, int] | None:
-        """Answer a whole-file resolve URL that was answered before, from a cache keyed by the raw path:
-        no routing, no Starlette. A HEAD per file per snapshot is most of a client's traffic; this path
-        takes about a third off the server's time per HEAD (bench/serve.py). The token is still checked
-        every time. The status and body bytes sent; None: not cached, a Range to parse, a conditional
-        request, a token that fails (the slow way says 401), or a blob found bad or not verified lately
-        for nginx (the slow way judges it)."""
-        found = self._hot_hit(scope)
+        """Answer a whole-file resolve URL that was answered before, from the hot table (hot.py): no
+        routing, no Starlette; the token still checked every time. The status and body bytes sent; None
+        where the table declines (the slow way says why), or a blob not verified lately for nginx."""
+        found = self._hot.hit(scope, self.catalog(), self.integrity.bad, self.authorized)
         if found is None:
             return None
         (_, f, headers, accel, _), nginx = found
         head = scope["method"] == "HEAD"
         if nginx and accel and not head:
             try:  # nginx sends bytes serve cannot hash: only a file verified as it is now (integrity.py)
-                if not self.integrity.fresh(f, os.stat(f.blob)):
+                if not self.integrity.fresh(f, os.stat(f.stored_blob)):
                     return None
             except FileNotFoundError:
                 return None
             return 200, await BlobResponse(f, 0, 0, 200, accel, head=True)(scope, receive, send)
         answer = BlobResponse(f, 0, f.size, 200, headers, head=head, integrity=self.integrity)
         return answer.status_code, await answer(scope, receive, send)
-
-    def _hot_hit(self, scope) -> tuple[tuple, bool] | None:
-        """hot()'s entry for this request, and whether nginx forwarded it; None where hot() declines."""
-        hit = self._hot.get(scope.get("raw_path"))
-        bad = self.integrity.bad
-        if hit is None or hit[0] is not self.catalog() or (bad and hit[1].sha256 in bad):
-            return None
-        auth, nginx = None, False
-        for name, value in scope["headers"]:
-            if name == b"range" or name in CONDITIONAL:
-                return None
-            if name == b"authorization" and auth is None:
-                auth = value.decode("latin-1")
-            elif name == b"x-sendfile-type":
-                nginx = value == b"X-Accel-Redirect"
-        if not self.authorized(auth):
-            return None
-        return hit, nginx
 
     def fast_head(self, scope, t0: float) -> bytes | None:
         """A HEAD that hot() would answer, answered by the HTTP protocol itself (limits.guarded): its
@@ -194,14 +172,14 @@ class MirrorApp:
         address that uvicorn's proxy-headers handling would put in the log."""
         if any(name == b"x-forwarded-for" for name, _ in scope["headers"]):
             return None
-        found = self._hot_hit(scope)
+        found = self._hot.hit(scope, self.catalog(), self.integrity.bad, self.authorized)
         if found is None:
             return None
         if self.log:
             self.log.record(scope, 200, 0, t0)
         if self.metrics:
             self.metrics.count("resolve", "HEAD", 200, 0)
-        return found[0][4]
+        return found[0].lines
 
     async def dispatch(self, request: Request) -> Response:
         segs = split_raw_path(request.scope.get("raw_path") or request.scope["path"].encode())
@@ -415,9 +393,6 @@ class MirrorApp:
             and catalog is self.catalog()
             and repo is catalog.repo(repo_type, repo_id)
         ):
-            if len(self._hot) >= HOT_MAX:  # distinct spellings of one URL must not grow it without bound
-                self._hot.clear()
             accel = accel_headers(self.accel_redirect, f, fixed, ranged=False) if self.accel_redirect else None
-            lines = b"".join(b"%s: %s\r\n" % h for h in headers)  # what fast_head writes as it is
-            self._hot[raw] = (catalog, f, tuple(headers), accel, lines)
+            self._hot.remember(raw, catalog, f, tuple(headers), accel)
         return BlobResponse(f, start, end, 206 if rng else 200, headers, head=head, integrity=self.integrity)

@@ -222,7 +222,10 @@ class NginxSite:
             )
             if by_sha
             else "",
-            map_location=MAP_LOCATION.format(alias=alias) if self.head_map else "",
+            map_location=MAP_LOCATION.format(alias=alias, map_headers=file_headers("frt_head_etag", "frt_head_"))
+            if self.head_map
+            else "",
+            upstream_headers=file_headers("upstream_http_etag", "upstream_http_x_"),
         )
 
 
@@ -254,7 +257,7 @@ http {{
   fastcgi_temp_path "{run}/fastcgi";
   uwsgi_temp_path "{run}/uwsgi";
   scgi_temp_path "{run}/scgi";
-{cache_http}{map_http}
+{map_http}{cache_http}
   upstream frt_mirror {{
 {servers}
     keepalive {keepalive};
@@ -289,13 +292,7 @@ http {{
     location {accel}/ {{
       internal;
       alias {alias};
-      etag off;
-      add_header Last-Modified "";
-      add_header ETag $upstream_http_etag;
-      add_header X-Repo-Commit $upstream_http_x_repo_commit;
-      add_header X-Linked-Etag $upstream_http_x_linked_etag;
-      add_header X-Linked-Size $upstream_http_x_linked_size;
-    }}
+{upstream_headers}    }}
   }}
 }}
 """
@@ -313,6 +310,21 @@ CACHE_HTTP = """
     default off;
   }}
 """
+
+
+def file_headers(etag: str, prefix: str) -> str:
+    """An internal location's headers of a file's answer: nginx's own ETag and Last-Modified off,
+    serve's from the variables ETAG and PREFIX{repo_commit, linked_etag, linked_size}."""
+    return (
+        "      etag off;\n"
+        '      add_header Last-Modified "";\n'
+        f"      add_header ETag ${etag};\n"
+        f"      add_header X-Repo-Commit ${prefix}repo_commit;\n"
+        f"      add_header X-Linked-Etag ${prefix}linked_etag;\n"
+        f"      add_header X-Linked-Size ${prefix}linked_size;\n"
+    )
+
+
 # A file by commit sha: the location --head-cache and --head-map act in.
 BY_SHA = """
     location ~ "^/([a-z]+s/)?[^/]+/[^/]+/resolve/[0-9a-f]{{40}}/" {{
@@ -347,7 +359,7 @@ MAP_HTTP = """
   map $frt_head $frt_head_etag {{ "~^[^|]*[|](?<frt_he>[^|]*)" $frt_he; default ""; }}
   map $frt_head $frt_head_linked_etag {{ "~^[^|]*[|][^|]*[|](?<frt_hl>[^|]*)" $frt_hl; default ""; }}
   map $frt_head $frt_head_linked_size {{ "~^[^|]*[|][^|]*[|][^|]*[|](?<frt_hs>[^|]*)" $frt_hs; default ""; }}
-  map $frt_head $frt_head_commit {{ "~[|](?<frt_hc>[0-9a-f]{{40}})$" $frt_hc; default ""; }}
+  map $frt_head $frt_head_repo_commit {{ "~[|](?<frt_hc>[0-9a-f]{{40}})$" $frt_hc; default ""; }}
 """
 MAP_REWRITE = """\
       if ($frt_head_blob) {
@@ -364,11 +376,5 @@ MAP_LOCATION = """
       open_file_cache_valid 1s;
       alias {alias};
       types {{ }}
-      etag off;
-      add_header Last-Modified "";
-      add_header ETag $frt_head_etag;
-      add_header X-Repo-Commit $frt_head_commit;
-      add_header X-Linked-Etag $frt_head_linked_etag;
-      add_header X-Linked-Size $frt_head_linked_size;
-    }}
+{map_headers}    }}
 """
