@@ -71,10 +71,11 @@ class HeadMap:
     def update(self, catalog: Catalog, bad: Collection[str]) -> bool:
         """Rewrite the map if the catalog or the bad blobs changed; whether nginx was told to reload."""
         public = not catalog.tokens  # with tokens, every request carries one for a replica to check
-        seen = (id(catalog), frozenset(bad), public)
-        if seen == self._seen:
+        # The catalog itself, not its id(): a new catalog may reuse a freed one's address.
+        seen = (frozenset(bad), public)
+        if self._seen is not None and self._seen[0] is catalog and self._seen[1:] == seen:
             return False
-        self._seen = seen
+        self._seen = (catalog, *seen)
         text = "".join(head_lines(catalog, bad, self.skip_repo)) if public else ""
         try:
             if self.path.read_text() == text:
