@@ -316,3 +316,45 @@ def test_a_format_1_bundle_still_imports_with_its_history(tmp_path):
     with sqlite3.connect(b / "ledger.sqlite") as db:
         listed = [sha for (sha,) in db.execute("SELECT sha FROM listings WHERE head = ? ORDER BY position", (commit,))]
     assert listed == [commit, parents[commit]] and parents[parents[commit]] is None
+
+
+@pytest.mark.parametrize("size", [0, 1, 64 << 10, (4 << 20) - 1, 4 << 20, (9 << 20) + 7])
+def test_a_member_is_written_and_hashed_exactly_across_chunk_edges(tmp_path, size):
+    """import's copier (bundle/extract.py) reads a member with pread into two reused 4 MiB buffers and
+    hashes sha256 on a helper thread one buffer behind: at every edge of a chunk, the bytes written and
+    both hashes are the member's own, as digest_file has them."""
+    import hashlib
+    import os
+
+    from frt.mirror.bundle.extract import MemberCopier
+    from frt.mirror.store import digest_file
+
+    data = hashlib.shake_256(str(size).encode()).digest(size) if size else b""
+    src, out = tmp_path / "archive", tmp_path / "out"
+    src.write_bytes(b"h" * 512 + data + b"t" * 1024)
+    (tmp_path / "alone").write_bytes(data)
+    fd, o = os.open(src, os.O_RDONLY), os.open(out, os.O_WRONLY | os.O_CREAT)
+    try:
+        got = MemberCopier(fd).copy(512, size, o)
+    finally:
+        os.close(fd)
+        os.close(o)
+    assert out.read_bytes() == data
+    assert got == digest_file(tmp_path / "alone")
+
+
+def test_an_archive_that_ends_inside_a_member_is_refused(tmp_path):
+    """The archive shrank under the import (its headers were read whole): a clean refusal, not a short blob."""
+    import os
+
+    from frt.mirror.bundle.extract import MemberCopier
+    from frt.mirror.bundle.format import BundleRejected
+
+    src = tmp_path / "archive"
+    src.write_bytes(b"x" * 5000)
+    fd = os.open(src, os.O_RDONLY)
+    try:
+        with pytest.raises(BundleRejected, match="ends inside a blob member"):
+            MemberCopier(fd).copy(1000, 10_000, None)
+    finally:
+        os.close(fd)

@@ -89,7 +89,7 @@ class BundleReport:
         }
 
 
-_SHA256 = ThreadPoolExecutor(max_workers=1, thread_name_prefix="frt-sha256")  # one: a file's chunks in order
+SHA256_HELPER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="frt-sha256")  # one: a file's chunks in order
 
 
 class Hashing:
@@ -111,7 +111,7 @@ class Hashing:
         chunk = self.f.read(n)
         if self._pending is not None:
             self._pending.result()
-        self._pending = _SHA256.submit(self.h256.update, chunk) if len(chunk) >= 1 << 16 else None
+        self._pending = SHA256_HELPER.submit(self.h256.update, chunk) if len(chunk) >= 1 << 16 else None
         if self._pending is None:
             self.h256.update(chunk)
         self.hgit.update(chunk)

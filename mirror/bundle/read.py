@@ -40,6 +40,7 @@ from ..views import link_wheels
 from ..withdrawn import forget_withdrawn, withdrawn_after
 from . import signing
 from .check import Manifest, check_manifest
+from .extract import MemberCopier
 from .format import (
     BLOB,
     MANIFEST,
@@ -47,7 +48,6 @@ from .format import (
     SIGNATURE,
     BundleRejected,
     BundleReport,
-    Hashing,
     bundle_id,
     read_head,
 )
@@ -173,7 +173,7 @@ def _record_import(
 def _read_and_verify(src: Path, home: Home, key, parts: dict[str, Path | None], progress: bool):
     """Returns the checked manifest (every staged row's files paired with blobs), the bundle's id and
     the key id that signed it (None: unsigned)."""
-    with tarfile.open(src, mode="r:") as tf:
+    with open(src, "rb") as raw, tarfile.open(fileobj=raw, mode="r:") as tf:
         members = iter(tf)
         manifest, signature, first_blob = read_head(tf, members)
         signer = _check_signature(manifest, signature, key)
@@ -194,13 +194,14 @@ def _read_and_verify(src: Path, home: Home, key, parts: dict[str, Path | None], 
         meter = Progress(sum(d.size for d in m.listed.values()), len(m.listed), label="import") if progress else None
         # Each part is fsynced on a helper thread while the next member is read and hashed: by the time
         # the store takes them (commit_synced), their bytes are on disk, without a wait per file here.
+        copier = MemberCopier(raw.fileno())  # the blobs are read from the descriptor tarfile reads
         with ThreadPoolExecutor(max_workers=4, thread_name_prefix="frt-fsync") as syncer:
             synced: list[Future] = []
             try:
                 for mem in blobs:
                     match = BLOB.fullmatch(mem.name)
                     assert match is not None  # _blob_members held every member's name to BLOB
-                    _verify_member(tf, mem, m.listed[match[1]], parts, home.store, meter, syncer, synced)
+                    _verify_member(copier, mem, m.listed[match[1]], parts, home.store, meter, syncer, synced)
             finally:
                 if meter:
                     meter.close()
@@ -288,15 +289,15 @@ def _listings(ledger: Ledger, rows: list[StagedRow]) -> dict[StagedRow, tuple[Fi
         return {row: v.variant(row.repo, row.commit, row.variant)[0] for row in rows}
 
 
-def _sync_close(f) -> None:
+def _sync_close(fd: int) -> None:
     try:
-        os.fsync(f.fileno())
+        os.fsync(fd)
     finally:
-        f.close()
+        os.close(fd)
 
 
 def _verify_member(
-    tf: tarfile.TarFile,
+    copier: MemberCopier,
     m: tarfile.TarInfo,
     want: Digest,
     parts: dict[str, Path | None],
@@ -305,27 +306,23 @@ def _verify_member(
     syncer: ThreadPoolExecutor,
     synced: list[Future],
 ) -> None:
-    """Stream one `blobs/<sha256>` member (its header checked: _blob_members) into tmp/ (or nowhere, if
+    """Copy one `blobs/<sha256>` member (its header checked: _blob_members) into tmp/ (or nowhere, if
     the store has it), hashing it; its part is then fsynced and closed by `syncer`."""
     sha = want.sha256
     part = parts[sha] = None if store.has(sha) else store.part_path(f"{sha}.import-{uuid.uuid4().hex}")
     add, done = meter.file(sha[:16], m.size) if meter is not None else (None, None)
-    reader = Hashing(tf.extractfile(m), m.size, add)
-    out = open(part, "wb") if part else None  # noqa: SIM115  (closed by the syncer, or below on an error)
+    out = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644) if part else None
     try:
-        while chunk := reader.read():
-            if out is not None:
-                out.write(chunk)
+        got = copier.copy(m.offset_data, m.size, out, add)
         if out is not None:
-            out.flush()
             synced.append(syncer.submit(_sync_close, out))
             out = None
     finally:
         if out is not None:
-            out.close()
+            os.close(out)
         if done:
             done(False)  # counted below, once verified
-    if (got := reader.digest()) != want:
+    if got != want:
         raise BundleRejected(
             f"blob {sha} is tampered or damaged: expected sha256 {want.sha256}, "
             f"content hashes to {got.sha256} ({got.size} bytes)"
