@@ -185,11 +185,13 @@ class BaseHandler(BaseHTTPRequestHandler):
                 self.wfile.flush()
                 self.hub.faults.wait_released()
                 view = view[held:]
+            began = time.monotonic()
             for off in range(0, len(view), step):  # stream: no per-request copy of a large body
                 self.wfile.write(view[off : off + step])
                 self.hub._sent(min(step, len(view) - off))
-                if rate is not None:
-                    time.sleep(step / rate)
+                if rate is not None:  # paced by the clock: a link of `rate`, not `rate` less each write's time
+                    if (ahead := began + (off + step) / rate - time.monotonic()) > 0:
+                        time.sleep(ahead)
         finally:
             self.hub._body(-1)
         if drop is not None:
