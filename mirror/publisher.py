@@ -16,6 +16,7 @@ from frt.resolver.kernel_metadata import (
     MetadataInvalid,
     digest_exempt,
     parse_metadata,
+    validate_listing,
     validate_variant,
 )
 from frt.resolver.resolution import FileEntry, Refusal, Resolution
@@ -68,6 +69,13 @@ def digest_mismatch(r: Resolution, meta: KernelMetadata, sha256_of: Callable[[Fi
     return None
 
 
-def view_check(meta: KernelMetadata) -> Callable[[Path], list[str]]:
-    """For Views.link: the variant directory as laid out, judged by kernels' own digest rule."""
-    return lambda variant_dir: validate_variant(meta, variant_dir)
+def view_check(
+    meta: KernelMetadata, pairs: Iterable[tuple[FileEntry, str]], variant: str
+) -> Callable[[Path], list[str]]:
+    """For Views.link: the variant directory it lays out from `pairs` (each file, the sha256 of its
+    verified blob), judged by kernels' own digest rule. From those hashes where the digest is sha256
+    (what Views.link lays out is exactly these files: no byte read again); else by re-hashing the dir."""
+    prefix = f"build/{variant}/"
+    listing = {f.path[len(prefix) :] if f.path.startswith(prefix) else f.path: sha for f, sha in pairs}
+    verdict = validate_listing(meta, listing)
+    return lambda variant_dir: validate_variant(meta, variant_dir) if verdict is None else verdict

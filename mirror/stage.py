@@ -170,7 +170,7 @@ def _link_checked(
     if mismatch:
         raise IntegrityError(mismatch, repo=r.repo, path="", commit=r.commit, error="PublisherDigestMismatch")
     pairs = [(f, fetched[expected_key(f)].digest.sha256) for f in r.files]
-    problems = views.link(r.repo, r.commit, r.variant, pairs, check=view_check(meta))
+    problems = views.link(r.repo, r.commit, r.variant, pairs, check=view_check(meta, pairs, r.variant))
     if problems:
         text = "; ".join(problems)
         raise IntegrityError(
@@ -313,7 +313,8 @@ def _fetch_all(
     failures: dict[str, Exception] = {}
     pool = ThreadPoolExecutor(max_workers=max(1, jobs))
     try:
-        futures = {pool.submit(one, key): key for key in unique}
+        # Largest first: a big file started last would run on alone after the others are done.
+        futures = {pool.submit(one, key): key for key in sorted(unique, key=lambda k: -unique[k][1].size)}
         for fut in as_completed(futures):
             key = futures[fut]
             try:

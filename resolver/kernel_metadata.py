@@ -46,6 +46,7 @@ class KernelMetadata:
     digest: dict[str, str]  # path inside the variant -> hex sha256 (as the publisher computed it)
     python_depends: tuple[str, ...] = ()  # names in kernels' curated list (python_depends.py)
     raw: Any = field(default=None, compare=False, repr=False)  # the library's Metadata (untyped; validate_variant)
+    source: bytes = field(default=b"", compare=False, repr=False)  # the metadata.json it was parsed from
 
     @property
     def has_digest(self) -> bool:
@@ -73,7 +74,7 @@ def parse_metadata(doc: dict[str, Any] | bytes | None) -> KernelMetadata:
     deps = tuple(_dependency(d) for d in meta.kernel_depends)
     py = tuple(meta.python_depends)
     if meta.digest is None:
-        return KernelMetadata(deps, None, {}, py, meta)
+        return KernelMetadata(deps, None, {}, py, meta, raw)
     algorithm = str(meta.digest.algorithm).rsplit(".", 1)[-1].lower()
     files: dict[str, str] = {}
     for path, b64 in meta.digest.files.items():
@@ -82,7 +83,7 @@ def parse_metadata(doc: dict[str, Any] | bytes | None) -> KernelMetadata:
         except (binascii.Error, ValueError):
             raise MetadataInvalid(f"metadata.json digest: {path}: not base64: {b64!r}") from None
         files[path] = raw_hash.hex() if algorithm == "sha256" else ""
-    return KernelMetadata(deps, algorithm, files, py, meta)
+    return KernelMetadata(deps, algorithm, files, py, meta, raw)
 
 
 def validate_variant(meta: KernelMetadata, variant_dir: Path) -> list[str]:
@@ -95,6 +96,31 @@ def validate_variant(meta: KernelMetadata, variant_dir: Path) -> list[str]:
     current = Digest.hash_variant(meta.raw.digest.algorithm, variant_dir)
     try:
         meta.raw.digest.validate(current)
+    except DigestValidationError as e:
+        return [str(v) for v in e.violations]
+    return []
+
+
+def validate_listing(meta: KernelMetadata, listing: Mapping[str, str]) -> list[str] | None:
+    """validate_variant's verdict on a variant directory laid out as exactly `listing` (path inside it ->
+    hex sha256 of bytes verified as they were stored), without reading them again: kernels' own
+    Digest.validate, handed the digest those hashes make (the publisher's metadata.json with its digest's
+    files replaced). None where it cannot stand in for a re-hash: a digest algorithm other than sha256."""
+    if not meta.has_digest:
+        return []
+    if meta.digest_algorithm != "sha256":
+        return None
+    from kernels._rust import DigestValidationError, Metadata
+
+    doc = json.loads(meta.source)
+    doc["digest"] = dict(
+        doc["digest"],
+        files={
+            rel: base64.b64encode(bytes.fromhex(sha)).decode() for rel, sha in listing.items() if not digest_exempt(rel)
+        },
+    )
+    try:
+        meta.raw.digest.validate(Metadata.from_bytes(json.dumps(doc).encode()).digest)
     except DigestValidationError as e:
         return [str(v) for v in e.violations]
     return []

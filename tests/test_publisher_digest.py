@@ -131,3 +131,38 @@ def test_a_tampered_metadata_json_is_not_read_as_the_publishers_word(tmp_path):
     [row] = out["rows"]
     assert row["status"] == "refused" and "git oid" in row["detail"], row
     assert hashlib.sha256(json.dumps(doc).encode()).hexdigest() not in stored(home)
+
+
+@pytest.mark.parametrize(
+    "layout",
+    ["as built", "a file missing", "a file added", "a file's bytes changed", "with __pycache__", "renamed"],
+)
+def test_the_verdict_from_stored_hashes_is_kernels_own_on_the_laid_out_dir(tmp_path, layout):
+    """stage and pull-through judge a view by the hashes its blobs were verified by (validate_listing),
+    not by re-reading it (validate_variant, kernels' Digest.hash_variant): for every kind of difference
+    kernels' rule knows, both give the same violations, word for word."""
+    import hashlib as _h
+
+    from frt.resolver.kernel_metadata import parse_metadata, validate_listing, validate_variant
+
+    files = variant_files("published", X86_CPU, version=1, note="pub", extra={SO: blob("pub", 3000)})
+    inner = {p[len(BUILD) + 1 :]: data for p, data in files.items()}
+    meta = parse_metadata(inner["metadata.json"])
+    laid = dict(inner)
+    if layout == "a file missing":
+        laid.pop(SO)
+    elif layout == "a file added":
+        laid["extra.py"] = b"# not built by the publisher\n"
+    elif layout == "a file's bytes changed":
+        laid[SO] = laid[SO][:-1] + b"!"
+    elif layout == "with __pycache__":
+        laid["__pycache__/x.cpython-311.pyc"] = b"\0cache"
+    elif layout == "renamed":
+        laid["renamed.so"] = laid.pop(SO)
+    for rel, data in laid.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(data)
+    listing = {rel: _h.sha256(data).hexdigest() for rel, data in laid.items()}
+    reread = validate_variant(meta, tmp_path)
+    assert validate_listing(meta, listing) == reread
+    assert (reread == []) == (layout in ("as built", "with __pycache__"))

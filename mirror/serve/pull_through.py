@@ -222,7 +222,9 @@ class PullThrough:
         problem = digest_mismatch(r, meta, lambda f: blobs[f])
         if problem is None:
             pairs = [(f, sha) for f in r.files if (sha := blobs[f])]  # every one of them (checked above)
-            problems = self.home.views.link(r.repo, r.commit, r.variant, pairs, check=view_check(meta))
+            problems = self.home.views.link(
+                r.repo, r.commit, r.variant, pairs, check=view_check(meta, pairs, r.variant)
+            )
             problem = "; ".join(problems) or None
         if problem is not None:
             raise IntegrityError(problem, repo=r.repo, path="", commit=r.commit, error="PublisherDigestMismatch")
