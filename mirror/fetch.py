@@ -98,7 +98,7 @@ def _stored_digest(store: BlobStore, entry: FileEntry, sha: str, recorded: Mappi
         return recorded[sha]
     if not entry.sha256:  # known by its git oid: that oid is the content's
         return Digest(sha, entry.git_oid, entry.size)
-    return digest_file(store.path(sha))
+    return store.digest(sha)
 
 
 def _download_verified(transport, store, repo_id, commit, entry, key, on_bytes, repo_type, publisher) -> Fetched:

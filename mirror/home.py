@@ -7,10 +7,11 @@ from collections.abc import Iterable
 from functools import cached_property
 from pathlib import Path
 
+from frt.resolver.errors import BadInput
 from frt.resolver.ledger import Ledger
 from frt.resolver.resolution import FileEntry
 
-from .home_path import check_home, check_not_forgotten, default_ledger_url, ledger_path
+from .home_path import check_home, check_not_forgotten, default_ledger_url, default_store_url, ledger_path
 from .records import StagedRow, blob_for, staged_for, staged_rows
 from .schema import MIRROR_TRACK
 from .store import BlobStore, store_root
@@ -37,11 +38,13 @@ class Home:
         ledger: Ledger | None = None,
         readonly: bool | None = None,
         ledger_url: str | None = None,
+        store_url: str | None = None,
     ):
         self.root = Path(root)
         check_home(self.root)
         self._ledger, self._readonly = ledger, readonly
         self.ledger_url = ledger_url or default_ledger_url()
+        self.store_url = store_url or default_store_url()  # None: the blobs are files under the home
 
     @property
     def ledger(self) -> Ledger:
@@ -57,7 +60,16 @@ class Home:
         # Not self.ledger.named_lock itself: that would open the ledger now, and serve reads the store
         # (its catalog's blob paths) while a ledger server is down.
         shared = (lambda name, **kw: self.ledger.named_lock(name, **kw)) if on_server else None
-        return BlobStore(self.root, shared_lock=shared)
+        if self.store_url is None:
+            return BlobStore(self.root, shared_lock=shared)
+        if not on_server:
+            raise BadInput(
+                f"--store {self.store_url}: the ledger must be on a database server that every host shares "
+                "(--ledger postgresql+psycopg://… or FRT_LEDGER_URL), not this home's SQLite file"
+            )
+        from .s3store import S3BlobStore  # obstore only where an object store is used
+
+        return S3BlobStore(self.store_url, self.root, shared_lock=shared)
 
     @cached_property
     def views(self) -> Views:

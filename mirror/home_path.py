@@ -138,3 +138,21 @@ def check_not_forgotten(home: Path, blobs: Path) -> None:
             "start a new ledger over these blobs (frt-mirror verify then adopts them; stage or "
             "import again to record what is staged: blobs already here are not fetched again)"
         )
+
+
+STORE_SCHEME = "s3://"
+
+
+def check_store_url(text: str, *, where: str) -> str:
+    """`s3://BUCKET[/PREFIX]` as given (--store, FRT_STORE_URL); one line naming what is wrong otherwise."""
+    if not text.startswith(STORE_SCHEME):
+        raise BadInput(f"{where}: {text!r} is not an s3://BUCKET/PREFIX URL (the only object store frt-mirror knows)")
+    bucket, _, prefix = text[len(STORE_SCHEME) :].partition("/")
+    if not bucket or any(c in bucket for c in "?#\\ ") or any(p in (".", "..") for p in prefix.split("/")):
+        raise BadInput(f"{where}: {text!r}: expected s3://BUCKET/PREFIX (a bucket name, then an optional prefix)")
+    return text.rstrip("/")
+
+
+def default_store_url() -> str | None:
+    text = os.environ.get("FRT_STORE_URL") or None
+    return text and check_store_url(text, where="FRT_STORE_URL")

@@ -69,13 +69,22 @@ def digest_mismatch(r: Resolution, meta: KernelMetadata, sha256_of: Callable[[Fi
     return None
 
 
+ON_FILES = "its digest ({}) is checked on files, and an object store has none here"
+
+
+def listing_verdict(meta: KernelMetadata, pairs: Iterable[tuple[FileEntry, str]], variant: str) -> list[str] | None:
+    """kernels' digest rule on the variant directory `pairs` lay out (each file, the sha256 of its verified
+    blob), from those hashes alone (validate_listing); None where it needs the bytes (not sha256)."""
+    prefix = f"build/{variant}/"
+    listing = {f.path[len(prefix) :] if f.path.startswith(prefix) else f.path: sha for f, sha in pairs}
+    return validate_listing(meta, listing)
+
+
 def view_check(
     meta: KernelMetadata, pairs: Iterable[tuple[FileEntry, str]], variant: str
 ) -> Callable[[Path], list[str]]:
-    """For Views.link: the variant directory it lays out from `pairs` (each file, the sha256 of its
-    verified blob), judged by kernels' own digest rule. From those hashes where the digest is sha256
-    (what Views.link lays out is exactly these files: no byte read again); else by re-hashing the dir."""
-    prefix = f"build/{variant}/"
-    listing = {f.path[len(prefix) :] if f.path.startswith(prefix) else f.path: sha for f, sha in pairs}
-    verdict = validate_listing(meta, listing)
+    """For Views.link: the variant directory it lays out from `pairs`, judged by kernels' own digest rule.
+    From the hashes where the digest is sha256 (Views.link lays out exactly these files: no byte is read
+    again); else by re-hashing the laid-out dir."""
+    verdict = listing_verdict(meta, pairs, variant)
     return lambda variant_dir: validate_variant(meta, variant_dir) if verdict is None else verdict

@@ -24,7 +24,15 @@ from .events import record_event
 from .fetch import Fetched, IntegrityError, expected_key, fetch_file
 from .home import Home
 from .progress import Progress
-from .publisher import digest_mismatch, metadata_refusal, publisher_expectations, variant_metadata, view_check
+from .publisher import (
+    ON_FILES,
+    digest_mismatch,
+    listing_verdict,
+    metadata_refusal,
+    publisher_expectations,
+    variant_metadata,
+    view_check,
+)
 from .records import record_blobs, record_staged, record_wheels, recorded_blobs, sha256_by_git_oid
 from .transport import Transport
 from .views import Views, link_wheels
@@ -75,8 +83,10 @@ def stage(
     progress: bool = True,
     wheel_index: str | None = None,
 ) -> StageReport:
-    ledger, store, views = home.ledger, home.store, home.views
-    views.sweep_tmp()
+    ledger, store = home.ledger, home.store
+    views = None if home.store_url else home.views  # an object store's blobs have no views: env --into makes them
+    if views is not None:
+        views.sweep_tmp()
     outcomes = _resolve_closure(requests, targets, ledger=ledger, hub=hub, publishers=publishers)
     metas = {_key(o.resolution): o.metadata_parsed for o in outcomes if isinstance(o, _Checked)}
     resolutions = [o.resolution for o in outcomes if isinstance(o, _Checked)]
@@ -160,9 +170,10 @@ def stage(
 
 
 def _link_checked(
-    r: Resolution, meta, fetched: dict[str, Fetched], failures: dict[str, Exception], views: Views
+    r: Resolution, meta, fetched: dict[str, Fetched], failures: dict[str, Exception], views: Views | None
 ) -> None:
-    """Lay out a variant's view from its verified blobs, if its publisher's digest holds for them."""
+    """Lay out a variant's view from its verified blobs, if its publisher's digest holds for them (on an
+    object store, no view: the same check, on the hashes alone)."""
     failed = next((failures[expected_key(f)] for f in r.files if expected_key(f) in failures), None)
     if failed is not None:
         raise failed
@@ -170,7 +181,12 @@ def _link_checked(
     if mismatch:
         raise IntegrityError(mismatch, repo=r.repo, path="", commit=r.commit, error="PublisherDigestMismatch")
     pairs = [(f, fetched[expected_key(f)].digest.sha256) for f in r.files]
-    problems = views.link(r.repo, r.commit, r.variant, pairs, check=view_check(meta, pairs, r.variant))
+    if views is not None:
+        problems = views.link(r.repo, r.commit, r.variant, pairs, check=view_check(meta, pairs, r.variant))
+    elif (verdict := listing_verdict(meta, pairs, r.variant)) is not None:
+        problems = verdict
+    else:
+        problems = [ON_FILES.format(meta.digest_algorithm)]
     if problems:
         text = "; ".join(problems)
         raise IntegrityError(

@@ -173,10 +173,23 @@ class BlobStore:
     def remove(self, sha256: str, *keys: str) -> None:
         """Unlink a blob (gc) under the lock of every key a download of its content takes (its sha256,
         and the git oid a small file is fetched by): never from under a writer of the same bytes."""
+        with self._locked(sha256, keys):
+            self.path(sha256).unlink(missing_ok=True)
+
+    @contextmanager
+    def _locked(self, sha256: str, keys: tuple[str, ...]) -> Iterator[None]:
         with ExitStack() as held:
             for key in sorted({sha256, *keys}):
                 held.enter_context(self.lock(key))
-            self.path(sha256).unlink(missing_ok=True)
+            yield
+
+    def digest(self, sha256: str) -> Digest:
+        """Both hashes of a stored blob, read again (verify, and a blob stored but never recorded)."""
+        return digest_file(self.path(sha256))
 
     def blobs(self) -> list[Path]:
         return sorted(p for p in self.root.glob("??/*") if p.is_file())
+
+    def blob_shas(self) -> list[str]:
+        """The names (sha256) of every blob stored, whatever holds them (s3store.py lists objects)."""
+        return [p.name for p in self.blobs()]

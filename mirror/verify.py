@@ -11,8 +11,9 @@ from frt.resolver.ledger import Ledger
 
 from .events import QUARANTINE, events_of
 from .home import Home
+from .publisher import ON_FILES, listing_verdict
 from .records import MODEL_TARGET, all_blobs, blob_for, record_blobs, staged_rows, wheel_rows
-from .store import BlobStore, digest_file
+from .store import BlobStore
 from .views import Views, wheels_dir
 
 
@@ -38,27 +39,28 @@ class VerifyReport:
 
 
 def verify(home: Home) -> VerifyReport:
-    ledger, store, views = home.ledger, home.store, home.views
+    """On an object store (--store s3://…) every object is streamed and re-hashed the same way; it has no
+    views to check, and each staged variant's publisher's digest is checked on the re-hashed blobs."""
+    ledger, store = home.ledger, home.store
     report = VerifyReport()
     recorded = {d.sha256: d for d in all_blobs(ledger)}
-    on_disk = {p.name: p for p in store.blobs()}
+    stored = set(store.blob_shas())
     quarantined = {e.ref: e for e in events_of(ledger, QUARANTINE)}  # the newest per blob
     for sha, d in recorded.items():
-        path = on_disk.get(sha)
         said = _quarantined(quarantined.get(sha))
-        if path is None:
+        if sha not in stored:
             report.problems.append(f"missing blob {sha} ({d.size} bytes){said}")
             continue
-        got = digest_file(path)
+        got = store.digest(sha)
         report.blobs += 1
         report.bytes += got.size
         if got.sha256 != sha or got.size != d.size:
             report.problems.append(f"corrupt blob {sha}: content hashes to {got.sha256}, {got.size} bytes{said}")
     adopt = []
-    for sha, path in on_disk.items():
+    for sha in sorted(stored):
         if sha in recorded:
             continue
-        got = digest_file(path)
+        got = store.digest(sha)
         report.blobs += 1
         report.bytes += got.size
         if got.sha256 == sha:
@@ -71,9 +73,11 @@ def verify(home: Home) -> VerifyReport:
     else:
         record_blobs(ledger, adopt)
         report.adopted = len(adopt)
-    _check_views(ledger, store, views, report)
+    views = None if home.store_url else home.views
+    if views is not None:
+        _check_views(ledger, store, views, report)
     _check_models(ledger, store, report)
-    _check_wheels(home, report)
+    _check_wheels(home, report, linked=views is not None)
     if not any("view " in p for p in report.problems):
         _check_publisher_digests(ledger, views, report)
     return report
@@ -86,20 +90,28 @@ def _quarantined(e) -> str:
     return f": serve quarantined it at {e.at:%Y-%m-%d %H:%M:%S} UTC ({e.detail}); 'frt-mirror stage' fetches it again"
 
 
-def _check_publisher_digests(ledger: Ledger, views: Views, report: VerifyReport) -> None:
+def _check_publisher_digests(ledger: Ledger, views: Views | None, report: VerifyReport) -> None:
     """Each staged variant against its publisher's digest, by kernels' rule: needs no network, so it
-    holds on the cluster too, whatever mirrors the bytes passed through."""
+    holds on the cluster too, whatever mirrors the bytes passed through. Without views (an object store),
+    on the blobs' sha256s as recorded: every stored one was re-hashed against its name above."""
     with ledger.view() as v:
         rows = sorted({(r.repo, r.commit, r.variant) for r in staged_rows(ledger) if not r.is_model})
-        metadata = {key: v.variant(*key)[1] for key in rows}
-    for (repo, commit, variant), doc in metadata.items():
+        variants = {key: v.variant(*key) for key in rows}
+    blobs = blob_for(ledger, (f for files, _ in variants.values() for f in files))
+    for (repo, commit, variant), (files, doc) in variants.items():
         try:
             meta = parse_metadata(doc or None)
         except MetadataInvalid as e:
             report.problems.append(f"{repo}@{commit[:12]} {variant}: {e}")
             continue
         report.no_digest += not meta.has_digest
-        for problem in validate_variant(meta, views.variant_dir(repo, commit, variant)):
+        if views is not None:
+            problems = validate_variant(meta, views.variant_dir(repo, commit, variant))
+        else:
+            pairs = [(f, sha) for f in files if (sha := blobs[f])]
+            verdict = listing_verdict(meta, pairs, variant)
+            problems = [ON_FILES.format(meta.digest_algorithm)] if verdict is None else verdict
+        for problem in problems:
             report.problems.append(f"{repo}@{commit[:12]} {variant}: publisher's digest: {problem}")
 
 
@@ -119,7 +131,7 @@ def _check_models(ledger: Ledger, store: BlobStore, report: VerifyReport) -> Non
             report.problems.append(f"model {repo}@{commit[:12]} {f.path}: no verified blob is stored for it")
 
 
-def _check_wheels(home: Home, report: VerifyReport) -> None:
+def _check_wheels(home: Home, report: VerifyReport, *, linked: bool = True) -> None:
     """Each wheel a staged row needs: recorded, its blob stored (re-hashed above, so its sha256 is the
     one its index vouched for) and linked under its name in the find-links folder pip is pointed at."""
     needed = sorted({w for r in staged_rows(home.ledger) for w in r.wheels})
@@ -134,7 +146,7 @@ def _check_wheels(home: Home, report: VerifyReport) -> None:
         link = folder / name
         if not home.store.has(sha):
             report.problems.append(f"wheel {name}: its blob {sha} is not in the store")
-        elif not link.is_file() or not os.path.samefile(link, home.store.path(sha)):
+        elif linked and (not link.is_file() or not os.path.samefile(link, home.store.path(sha))):
             report.problems.append(f"wheel {link}: missing or not a link to blob {sha}")
 
 

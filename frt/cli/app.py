@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, NoReturn
 import click
 
 from frt.manifests.fields import MAX_INT
-from frt.mirror.home_path import check_ledger_text, default_home
+from frt.mirror.home_path import check_ledger_text, check_store_url, default_home
 from frt.resolver.errors import BadInput, FrtError, error_line, exit_code
 from frt.resolver.gate import check_endpoint, check_repo_id
 from frt.resolver.targets import parse_target
@@ -34,6 +34,7 @@ class App:
     root: Path
     endpoint: str | None
     ledger_url: str | None = None
+    store_url: str | None = None
     _home: Home | None = None
 
     @property
@@ -42,7 +43,7 @@ class App:
         if self._home is None:
             from frt.mirror.home import Home
 
-            self._home = Home(self.root.absolute(), ledger_url=self.ledger_url)
+            self._home = Home(self.root.absolute(), ledger_url=self.ledger_url, store_url=self.store_url)
         return self._home
 
     @property
@@ -162,10 +163,18 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Machine-read
     "postgresql://USER@HOST:PORT/DB for one ledger several hosts share (pip install "
     "'frt-mirror[postgres]') or sqlite:///PATH (default: $FRT_LEDGER_URL, else SQLite in the home).",
 )
+@click.option(
+    "--store",
+    "store_url",
+    metavar="URL",
+    help="Where the blobs live: s3://BUCKET/PREFIX for an S3-compatible object store (endpoint and "
+    "credentials from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, …; pip install 'frt-mirror[s3]'; the ledger then on "
+    "PostgreSQL) (default: $FRT_STORE_URL, else files under the home).",
+)
 @endpoint_option
 @click.version_option(package_name="frt-mirror")
 @click.pass_context
-def cli(ctx: click.Context, home: Path | None, ledger_url: str | None, endpoint: str | None):
+def cli(ctx: click.Context, home: Path | None, ledger_url: str | None, store_url: str | None, endpoint: str | None):
     """Resolve, stage, verify and serve Hugging Face Hub kernels for offline clusters."""
     # Before huggingface_hub is imported: it parses HF_ENDPOINT at import, and `http://[::1` or a port
     # past 65535 there was its ValueError traceback, whatever the command.
@@ -173,10 +182,12 @@ def cli(ctx: click.Context, home: Path | None, ledger_url: str | None, endpoint:
         check_endpoint(os.environ["HF_ENDPOINT"], where="HF_ENDPOINT")
     if ledger_url is not None:
         check_ledger_text(ledger_url, where="--ledger")
+    if store_url is not None:
+        store_url = check_store_url(store_url, where="--store")
     # huggingface_hub logs its own retries ("Retrying in 2s") to stderr; ours report the outcome in
     # one line, so its chatter would break the one-line error contract.
     from huggingface_hub.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
-    ctx.obj = App(root=home or default_home(), endpoint=endpoint, ledger_url=ledger_url)
+    ctx.obj = App(root=home or default_home(), endpoint=endpoint, ledger_url=ledger_url, store_url=store_url)
     ctx.call_on_close(lambda: ctx.obj._home and ctx.obj._home.close())

@@ -1,0 +1,177 @@
+"""The blob store on an S3-compatible object store (`--store s3://BUCKET/PREFIX`, $FRT_STORE_URL).
+
+The same promises as the filesystem store (store.py), by what S3 gives: a blob's key is its sha256
+(`PREFIX/sha256/<sha[:2]>/<sha>`, the filesystem store's layout); its bytes are downloaded and verified on
+this host first (into the home's local tmp/, as for the filesystem store), then uploaded in one PUT, which
+S3 makes visible only whole. The PUT carries the bytes' sha256 (x-amz-checksum-sha256: the server refuses
+bytes that arrive otherwise) and is conditional (If-None-Match: *): a key once written is never replaced,
+so two stagers racing on one blob store it once, and the second finds it there. Locks and parts stay local
+per host; the lock across hosts is the ledger server's (BlobStore.shared_lock), as on a shared filesystem.
+
+The client is obstore (Rust's object_store; pyproject's s3 extra says why). Endpoint, region and
+credentials are read the way AWS's tools read them: AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID, ….
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from frt.resolver.errors import BadInput, StoreUnavailable, first_line
+
+from .store import BlobStore, Digest, blob_relpath
+
+RETRY_S = 20  # a store that keeps failing this long is unavailable (exit 3), not waited on for obstore's 3 min
+SINGLE_PUT_MAX = 5 << 30  # S3's limit for one PUT; a bigger blob goes up in parts (see _upload)
+
+
+def _client(url: str) -> Any:
+    try:
+        from obstore.store import S3Store
+    except ImportError:
+        raise BadInput(f"{url}: the S3 store needs obstore: pip install 'frt-mirror[s3]'") from None
+    bucket, _, prefix = url[len("s3://") :].partition("/")
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or ""
+    # Each PUT sends the sha256 of what it sends: a byte changed on the way is refused by the server.
+    return S3Store(
+        bucket,
+        prefix=prefix or None,
+        checksum_algorithm="sha256",
+        client_options={"allow_http": endpoint.startswith("http://")},
+        retry_config={
+            "max_retries": 3,
+            "retry_timeout": timedelta(seconds=RETRY_S),
+            "backoff": {"init_backoff": timedelta(seconds=0.1)},
+        },
+    )
+
+
+class S3BlobStore(BlobStore):
+    """A BlobStore whose blobs are objects; `path()` is what it cannot give (there is no file)."""
+
+    def __init__(self, url: str, home: Path, shared_lock=None):
+        super().__init__(home, shared_lock=shared_lock)  # tmp/ and locks/ stay local per host
+        self.url = url
+        self.client = _client(url)
+        self._seen: set[str] = set()  # keys known to exist: an object, once written, never changes
+        self.uploaded = 0  # blobs this process put (the rest were there already)
+
+    def key(self, sha256: str) -> str:
+        return f"sha256/{blob_relpath(sha256)}"
+
+    def path(self, sha256: str) -> Path:
+        raise BadInput(f"this needs blob {sha256[:12]} as a file, and the store is {self.url}, which holds objects")
+
+    def has(self, sha256: str) -> bool:
+        if sha256 in self._seen:
+            return True
+        import obstore
+
+        try:
+            obstore.head(self.client, self.key(sha256))
+        except FileNotFoundError:
+            return False
+        except Exception as e:  # noqa: BLE001  (obstore's errors: a dead or refusing endpoint)
+            raise self._unavailable("HEAD", sha256, e) from None
+        self._seen.add(sha256)
+        return True
+
+    def size(self, sha256: str) -> int | None:
+        import obstore
+
+        try:
+            return int(obstore.head(self.client, self.key(sha256))["size"])
+        except FileNotFoundError:
+            return None
+        except Exception as e:  # noqa: BLE001
+            raise self._unavailable("HEAD", sha256, e) from None
+
+    def commit(self, part: Path, digest: Digest) -> Path:
+        """Upload a verified `.part` under its sha256 (once: a key already there is another stager's same
+        bytes), then drop the part. Returns the part's path, now gone: there is no local file."""
+        self._upload(part, digest)
+        part.unlink(missing_ok=True)
+        return part
+
+    def commit_synced(self, parts: list[tuple[Path, Digest]]) -> None:
+        for part, digest in parts:
+            self.commit(part, digest)
+
+    def _upload(self, part: Path, digest: Digest) -> None:
+        import obstore
+        from obstore.exceptions import AlreadyExistsError
+
+        key = self.key(digest.sha256)
+        try:
+            if digest.size > SINGLE_PUT_MAX:  # parts cannot be conditional here; the bytes are the key's own
+                obstore.put(self.client, key, part)
+            else:
+                obstore.put(self.client, key, part, mode="create", use_multipart=False)
+            self.uploaded += 1
+        except AlreadyExistsError:
+            pass
+        except Exception as e:  # noqa: BLE001
+            raise self._unavailable("PUT", digest.sha256, e) from None
+        self._seen.add(digest.sha256)
+
+    def digest(self, sha256: str) -> Digest:
+        """Both hashes of the object as stored, streamed (never held whole)."""
+        size = self.size(sha256)
+        if size is None:
+            raise FileNotFoundError(f"{self.url}/{self.key(sha256)}")
+        h256, hgit = hashlib.sha256(), hashlib.sha1(f"blob {size}\0".encode())
+        n = 0
+        for chunk in self.stream(sha256):
+            h256.update(chunk)
+            hgit.update(chunk)
+            n += len(chunk)
+        return Digest(h256.hexdigest(), hgit.hexdigest(), n)
+
+    def stream(self, sha256: str, start: int = 0, end: int | None = None) -> Iterator[bytes]:
+        """The object's bytes [start, end), in chunks as they arrive."""
+        import obstore
+
+        options: Any = None
+        if start or end is not None:
+            options = {"range": (start, end) if end is not None else {"offset": start}}
+        try:
+            got = obstore.get(self.client, self.key(sha256), options=options)
+            for chunk in got.stream(min_chunk_size=1 << 20):
+                yield bytes(chunk)
+        except FileNotFoundError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            raise self._unavailable("GET", sha256, e) from None
+
+    def remove(self, sha256: str, *keys: str) -> None:
+        import obstore
+
+        with self._locked(sha256, keys):
+            try:
+                obstore.delete(self.client, self.key(sha256))
+            except FileNotFoundError:
+                pass
+            except Exception as e:  # noqa: BLE001
+                raise self._unavailable("DELETE", sha256, e) from None
+        self._seen.discard(sha256)
+
+    def blob_shas(self) -> list[str]:
+        """Every blob's sha256 in the store (a listing under PREFIX/sha256/)."""
+        import obstore
+
+        try:
+            pages = obstore.list(self.client, "sha256").collect()
+        except Exception as e:  # noqa: BLE001
+            raise self._unavailable("LIST", "", e) from None
+        return sorted(str(o["path"]).rsplit("/", 1)[-1] for o in pages)
+
+    def blobs(self) -> list[Path]:
+        raise BadInput(f"this needs the blobs as files, and the store is {self.url}, which holds objects")
+
+    def _unavailable(self, op: str, sha256: str, e: Exception) -> StoreUnavailable:
+        what = f" {self.key(sha256)}" if sha256 else ""
+        return StoreUnavailable(f"{self.url}: {op}{what} failed: {first_line(e)}")

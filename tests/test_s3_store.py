@@ -1,0 +1,149 @@
+"""The blob store on an S3-compatible object store (`--store s3://BUCKET/PREFIX`), against a real S3 server
+(SeaweedFS's weed: tests/support/s3server.py) and a real PostgreSQL ledger: stagers on separate "hosts"
+(homes that share no folder) store each blob once, as an object named by its sha256; verify streams and
+re-hashes every object and catches a flipped byte; what cannot work is one line and the right exit code."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.support.cli import EXE, X86, cli_env, one_line, run_cli, write_manifest
+from tests.support.kernel_fixtures import ACTIVATION, RELU
+
+
+def s3_env(s3_server, **extra: str) -> dict[str, str]:
+    return cli_env(**{**s3_server.env(), **extra})
+
+
+def objects(s3_server, url: str) -> dict[str, int]:
+    """The store's objects as the S3 server lists them: sha256 -> size."""
+    return {str(o["path"]).rsplit("/", 1)[-1]: int(o["size"]) for o in s3_server.store(url).list("sha256").collect()}
+
+
+def body_gets(hub) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for r in hub.request_log:
+        if r.method == "GET" and "/resolve/" in r.path and r.status in (200, 206):
+            key = r.path.split("?")[0]
+            out[key] = out.get(key, 0) + 1
+    return out
+
+
+@pytest.fixture
+def manifest(tmp_path) -> Path:
+    return write_manifest(tmp_path / "m.toml", {RELU: {"version": 1}, ACTIVATION: {"version": 2}}, [X86])
+
+
+def test_two_stagers_on_two_hosts_store_each_blob_once(big_hub, tmp_path, big_manifest, pg_url, s3_server, s3_store):
+    """Two homes that share no folder (two hosts), one PostgreSQL ledger, one bucket; the second stager
+    starts while the first is mid-download. The ledger server's lock per blob lets one fetch it and upload
+    it; the other waits and finds the object: every body crosses from the upstream once (so is uploaded
+    once: only a downloader uploads), the bucket holds each distinct blob once, no home has a view."""
+    big_hub.faults.throttle("/resolve/", 0.4e6)  # each big body takes seconds: the second stager meets them
+    env = s3_env(s3_server)
+    homes = [tmp_path / "host-a", tmp_path / "host-b"]
+    cmd = ["--ledger", pg_url, "--store", s3_store, "--endpoint", big_hub.url]
+
+    def stager(home: Path) -> subprocess.Popen:
+        argv = [EXE, "--home", str(home), *cmd, "stage", str(big_manifest), "--json"]
+        return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    first = stager(homes[0])
+    assert big_hub.wait_for_body(1, timeout=120), "the first stager never reached its downloads"
+    second = stager(homes[1])
+    assert first.poll() is None, "the first stager was done before the second began: no race was tested"
+    outs = [p.communicate(timeout=300) for p in (first, second)]
+    for p, (_, err) in zip((first, second), outs, strict=True):
+        assert p.returncode == 0, err
+    gets = body_gets(big_hub)
+    assert gets and set(gets.values()) == {1}, {p: n for p, n in gets.items() if n != 1}
+    docs = [json.loads(out) for out, _ in outs]
+    assert sum(d["downloaded_bytes"] for d in docs) == docs[0]["needed_bytes"]
+    stored = objects(s3_server, s3_store)
+    assert sum(stored.values()) == docs[0]["needed_bytes"], "each distinct blob once, whole"
+    for home in homes:
+        assert not (home / "views").exists() and not list((home / "store").rglob("*/*")), "blobs live in S3 only"
+        assert not list((home / "tmp").glob("*.part")), "no part left behind"
+    v = run_cli(*cmd, "verify", "--json", home=homes[1], env=env)
+    assert v.returncode == 0, v.stdout + v.stderr
+    report = json.loads(v.stdout)
+    assert report["blobs"] == len(stored) and report["view_files"] == 0 and report["problems"] == []
+
+
+def test_verify_streams_every_object_and_names_a_flipped_byte(hub, tmp_path, manifest, pg_url, s3_server, s3_store):
+    """A byte flipped in one object (a bad disk behind the S3 server, or a hand with write access) is found
+    by verify, which streams and re-hashes every object: exit 1, the blob named; the others pass."""
+    env, home = s3_env(s3_server), tmp_path / "home"
+    cmd = ["--ledger", pg_url, "--store", s3_store]
+    p = run_cli(*cmd, "--endpoint", hub.url, "stage", str(manifest), "--json", home=home, env=env)
+    assert p.returncode == 0, p.stderr
+    stored = objects(s3_server, s3_store)
+    victim = max(stored, key=stored.get)  # the biggest: a .so
+    raw = s3_server.store(s3_store)
+    key = f"sha256/{victim[:2]}/{victim}"
+    data = bytearray(raw.get(key).bytes())
+    data[len(data) // 2] ^= 0x01
+    raw.put(key, bytes(data))  # unconditional: what a damaged backend or a careless admin does
+    v = run_cli(*cmd, "verify", home=home, env=env)
+    assert v.returncode == 1, v.stdout + v.stderr
+    bad = [line for line in (v.stdout + v.stderr).splitlines() if victim in line]
+    assert bad and "corrupt blob" in bad[0], v.stdout + v.stderr
+    assert sum("corrupt blob" in line for line in (v.stdout + v.stderr).splitlines()) == 1
+
+
+def test_an_object_once_written_is_never_replaced(tmp_path, pg_url, s3_server, s3_store, monkeypatch):
+    """Two uploads of one key: the first stays (a conditional PUT, If-None-Match: *), whatever the second
+    carries; and the server refuses bytes whose sha256 is not the one the PUT names."""
+    from frt.mirror.s3store import S3BlobStore
+    from frt.mirror.store import digest_file
+
+    for k, v in s3_server.env().items():
+        monkeypatch.setenv(k, v)
+    store = S3BlobStore(s3_store, tmp_path / "home")
+    good, other = tmp_path / "good.part", tmp_path / "other.part"
+    good.write_bytes(b"the verified bytes\n" * 1000)
+    other.write_bytes(b"something else\n" * 1000)
+    d = digest_file(good)
+    store.commit(good, d)
+    assert not good.exists() and store.has(d.sha256) and store.uploaded == 1
+    store.commit(other, d)  # a buggy or hostile second writer under the same name
+    assert store.digest(d.sha256) == d and store.uploaded == 1
+
+
+def test_a_sqlite_ledger_beside_an_s3_store_is_refused_in_one_line(hub, tmp_path, manifest, s3_server, s3_store):
+    p = run_cli(
+        "--store", s3_store, "--endpoint", hub.url, "stage", str(manifest), home=tmp_path / "h", env=s3_env(s3_server)
+    )
+    assert p.returncode == 2
+    assert "database server" in one_line(p)
+
+
+@pytest.mark.parametrize("url", ["gs://bucket/x", "s3://", "s3://b/../x", "bucket/prefix"])
+def test_a_store_url_that_is_not_s3_is_bad_input(tmp_path, url):
+    p = run_cli("--store", url, "verify", home=tmp_path / "h")
+    assert p.returncode == 2
+    assert "s3://BUCKET/PREFIX" in one_line(p)
+
+
+def test_an_unreachable_store_is_exit_3_in_one_line(hub, tmp_path, manifest, pg_url, s3_server, s3_store):
+    """The object store down (here: nothing listens where AWS_ENDPOINT_URL points): the same command may
+    work later, so exit 3, as for a dead upstream or ledger server; one line naming the store."""
+    env = s3_env(s3_server, AWS_ENDPOINT_URL="http://127.0.0.1:9")
+    p = run_cli(
+        "--ledger",
+        pg_url,
+        "--store",
+        s3_store,
+        "--endpoint",
+        hub.url,
+        "stage",
+        str(manifest),
+        home=tmp_path / "h",
+        env=env,
+    )
+    assert p.returncode == 3, p.stderr
+    assert s3_store in one_line(p)
