@@ -66,6 +66,12 @@ class S3BlobStore(BlobStore):
     def path(self, sha256: str) -> Path:
         raise BadInput(f"this needs blob {sha256[:12]} as a file, and the store is {self.url}, which holds objects")
 
+    def locator(self, sha256: str) -> Path:
+        return Path(self.key(sha256))  # relative: a key in the bucket, never opened as a file (serve/objects.py)
+
+    def stored_of(self, shas) -> set[str]:
+        return set(shas) & set(self.blob_shas())
+
     def has(self, sha256: str) -> bool:
         if sha256 in self._seen:
             return True

@@ -124,6 +124,14 @@ class BlobStore:
     def has(self, sha256: str) -> bool:
         return self.path(sha256).is_file()
 
+    def stored_of(self, shas) -> set[str]:
+        """Which of `shas` the store holds (s3store.py answers from one listing, not a request each)."""
+        return {sha for sha in shas if self.has(sha)}
+
+    def locator(self, sha256: str) -> Path:
+        """What serve's catalog names a stored blob by: its file here (s3store.py: its object's key)."""
+        return self.path(sha256)
+
     def part_path(self, key: str) -> Path:
         """Where an unfinished download of `key` (its expected sha256 or git oid) accumulates."""
         return self.tmp / f"{key}.part"

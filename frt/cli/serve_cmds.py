@@ -182,6 +182,11 @@ def serve_cmd(
     from frt.mirror.serve.workers import AppSpec, serve_workers
 
     accel = check_accel_prefix(accel_redirect) if accel_redirect is not None else None
+    if app.home.store_url and (accel or head_map or upstream):
+        from frt.resolver.errors import BadInput
+
+        why = "--accel-redirect, --head-map and --upstream need the blobs as files"
+        raise BadInput(f"--store {app.home.store_url}: {why}")
     pull = _upstream(app, upstream, allow, refs_ttl, upstream_timeout, upstream_hold)
     sockets = listen(host, port)  # first: a busy port is one line and exit 2, before anything is said
     if workers > 1:  # before any app is built: the workers' metrics are summed from files (metrics.py)
@@ -195,6 +200,7 @@ def serve_cmd(
         upstream=pull,
         demand_clients=demand_clients,
         head_map=head_map.absolute() if head_map is not None else None,
+        store_url=app.home.store_url,
     )
     mirror = spec.build(app.home)  # here, once: a bad access log or ledger is one line before serving
     # Not mirror.catalog(): its first call starts the catalog's poller thread, which a fork must not copy.

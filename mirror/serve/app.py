@@ -37,6 +37,7 @@ from .catalog import Catalog, ServedCommit, ServedRepo, dir_oid, etag_of
 from .demand import DemandRecorder
 from .hot import HotTable
 from .integrity import Integrity
+from .objects import ObjectIntegrity
 from .protocol import (
     TOKEN_HINT,
     TOKEN_MESSAGE,
@@ -88,7 +89,7 @@ class MirrorApp:
         self._hot = HotTable()  # answers given before, by raw path: see hot() and fast_head()
         self.metrics: Metrics | None = None
         self.operator: OperatorRoutes | None = None
-        self.integrity = Integrity()
+        self.integrity: Integrity | ObjectIntegrity = Integrity()
         self.demand = DemandRecorder()  # what kernels clients ask for (demand.py); make_app gives it the ledger
 
     async def __call__(self, scope, receive, send):
@@ -156,12 +157,12 @@ class MirrorApp:
         head = scope["method"] == "HEAD"
         if nginx and accel and not head:
             try:  # nginx sends bytes serve cannot hash: only a file verified as it is now (integrity.py)
-                if not self.integrity.fresh(f, os.stat(f.stored_blob)):
+                if not isinstance(self.integrity, Integrity) or not self.integrity.fresh(f, os.stat(f.stored_blob)):
                     return None
             except FileNotFoundError:
                 return None
             return 200, await BlobResponse(f, 0, 0, 200, accel, head=True)(scope, receive, send)
-        answer = BlobResponse(f, 0, f.size, 200, headers, head=head, integrity=self.integrity)
+        answer = self.integrity.response(f, 0, f.size, 200, headers, head=head)
         return answer.status_code, await answer(scope, receive, send)
 
     def fast_head(self, scope, t0: float) -> bytes | None:
@@ -395,4 +396,4 @@ class MirrorApp:
         ):
             accel = accel_headers(self.accel_redirect, f, fixed, ranged=False) if self.accel_redirect else None
             self._hot.remember(raw, catalog, f, tuple(headers), accel)
-        return BlobResponse(f, start, end, 206 if rng else 200, headers, head=head, integrity=self.integrity)
+        return self.integrity.response(f, start, end, 206 if rng else 200, headers, head=head)

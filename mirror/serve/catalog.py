@@ -133,6 +133,7 @@ def load_catalog(home: Home, trust_override: frozenset[str] = frozenset()) -> Ca
             if (r.repo, r.commit, r.variant) not in entries:
                 entries[(r.repo, r.commit, r.variant)] = v.variant(r.repo, r.commit, r.variant)[0]
         blobs = blob_for(ledger, (f for fs in entries.values() for f in fs))
+        stored = store.stored_of({sha for sha in blobs.values() if sha})  # only verified bytes are served
         types = repo_types(ledger, rows)
         for repo_type, repo_id in sorted({(types[r], r.repo) for r in rows}):
             served = repos[(repo_type, repo_id)] = ServedRepo(repo_id, repo_type)
@@ -146,9 +147,9 @@ def load_catalog(home: Home, trust_override: frozenset[str] = frozenset()) -> Ca
                 commit = served.commits.setdefault(sha, ServedCommit(sha, c.date if c else None, c.title if c else ""))
                 for f in files:
                     content = blobs[f]
-                    if content and store.has(content):  # only verified bytes are served
+                    if content in stored:
                         commit.files[f.path] = ServedFile(
-                            f.path, f.size, f.git_oid, content, f.sha256 is not None, store.path(content)
+                            f.path, f.size, f.git_oid, content, f.sha256 is not None, store.locator(content)
                         )
             add_refs(v, served, [r for r in rows if r.repo == repo_id])
     publishers = {org: p.trusted for org, p in ledger.publishers().items()}
@@ -159,7 +160,7 @@ def _wheels(home: Home, rows) -> dict[str, dict[str, ServedFile]]:
     out: dict[str, dict[str, ServedFile]] = {}
     for name, (project, _version, sha, size) in wheel_rows(home.ledger, {w for r in rows for w in r.wheels}).items():
         if home.store.has(sha):  # only verified bytes are served
-            out.setdefault(project, {})[name] = ServedFile(name, size, "", sha, True, home.store.path(sha))
+            out.setdefault(project, {})[name] = ServedFile(name, size, "", sha, True, home.store.locator(sha))
     return out
 
 

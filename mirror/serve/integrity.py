@@ -80,6 +80,12 @@ class Integrity:
         self._checks: dict[str, asyncio.Future] = {}  # sha256 -> its whole-blob check in flight
         self.counter = _counter(metrics) if metrics is not None else None
 
+    def response(self, f: ServedFile, start: int, end: int, status: int, headers, head: bool = False):
+        """The answer that sends `f`'s bytes [start, end) under `headers` (objects.py has an object store's)."""
+        from .blob import BlobResponse
+
+        return BlobResponse(f, start, end, status, headers, head=head, integrity=self)
+
     def fresh(self, f: ServedFile, st: os.stat_result) -> bool:
         hit = self._verified.get(f.sha256)
         return hit is not None and hit[0] == file_key(st) and time.monotonic() - hit[1] < self.ttl

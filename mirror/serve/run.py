@@ -15,6 +15,7 @@ from .demand import DemandRecorder
 from .integrity import Integrity
 from .limits import HttpLimits, guarded, raise_open_files
 from .metrics import Metrics
+from .objects import ObjectIntegrity
 from .page import OperatorRoutes
 from .watch import CatalogWatcher, LedgerCollector
 
@@ -34,7 +35,10 @@ def make_app(
     app = MirrorApp(watcher, TokenCheck(lambda: watcher().tokens), log)
     app.metrics = Metrics(home)
     app.metrics.registry.register(LedgerCollector(watcher))
-    app.integrity = Integrity(home, app.metrics)  # bad blobs: moved out, counted, recorded (integrity.py)
+    if home.store_url:  # an object store's blobs: streamed from it, verified the same (objects.py)
+        app.integrity = ObjectIntegrity(home.store, app.metrics)
+    else:
+        app.integrity = Integrity(home, app.metrics)  # bad blobs: moved out, counted, recorded (integrity.py)
     app.operator = OperatorRoutes(home, app.metrics, watcher)
     app.demand = DemandRecorder(lambda tallies: record_demand(home.ledger, tallies), clients=demand_clients)
     return app

@@ -14,9 +14,9 @@ from html import escape
 from packaging.utils import canonicalize_name
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
-from .blob import BlobResponse
 from .catalog import Catalog
 from .integrity import Integrity
+from .objects import ObjectIntegrity
 from .protocol import HubError
 
 HTML = "text/html; charset=utf-8"
@@ -30,7 +30,7 @@ def _page(title: str, links: list[tuple[str, str]]) -> str:
     )
 
 
-def answer(catalog: Catalog, integrity: Integrity, segs: list[str], method: str) -> Response:
+def answer(catalog: Catalog, integrity: Integrity | ObjectIntegrity, segs: list[str], method: str) -> Response:
     """`segs`: the path after `simple`. The root, a project page, or a wheel of it."""
     head = method == "HEAD"
     # Links are absolute paths: the raw path's trailing "/" is not seen here (`/simple/einops` and
@@ -63,4 +63,4 @@ def answer(catalog: Catalog, integrity: Integrity, segs: list[str], method: str)
         (b"etag", f'"{f.sha256}"'.encode()),
         (b"content-length", b"%d" % f.size),
     ]
-    return BlobResponse(f, 0, f.size, 200, headers, head=head, integrity=integrity)
+    return integrity.response(f, 0, f.size, 200, headers, head=head)

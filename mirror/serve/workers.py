@@ -49,6 +49,7 @@ class AppSpec:
     upstream: Upstream | None = None  # serve --upstream: pull-through
     demand_clients: bool = False  # serve --demand-log-clients: the demand counts keep client addresses
     head_map: Path | None = None  # serve --head-map: nginx's run dir, where the HEAD answers go (head_map.py)
+    store_url: str | None = None  # --store s3://…: the blobs are objects (objects.py)
 
     def build(self, home: Home, fallback: Catalog | None = None) -> MirrorApp:
         """Raises BadInput where the access log cannot be opened. `fallback`: the catalog to start from
@@ -141,7 +142,7 @@ def _fork(spec: AppSpec, sockets: list[socket.socket], catalog: Catalog | None) 
 
 def _worker(spec: AppSpec, sockets: list[socket.socket], catalog: Catalog | None) -> int:
     try:
-        app = spec.build(Home(spec.root, ledger_url=spec.ledger_url), fallback=catalog)
+        app = spec.build(Home(spec.root, ledger_url=spec.ledger_url, store_url=spec.store_url), fallback=catalog)
     except (FrtError, OSError) as e:
         print(f"frt-mirror: worker {os.getpid()}: {e}", file=sys.stderr)
         return EXIT_UNAVAILABLE

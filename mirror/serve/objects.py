@@ -1,0 +1,191 @@
+"""A file's answer from an object store (serve on `--store s3://…`): the same promise as blob.py's, that
+an answer is never completed with bytes this process has not verified, kept with what S3 gives.
+
+- A whole GET streams the object and hashes it as it goes; the last chunk is held back until the digest
+  matches the blob's name. A mismatch cuts the answer short (a 500 before any byte went) and marks the
+  blob bad for this process: every later request for it gets the 500 until the object is put right.
+- A Range (and nothing else sends unhashed bytes) is sent only once the whole object was verified in this
+  process within FRT_SERVE_VERIFY_TTL, under the ETag it has now; the ranged GET is made conditional on
+  that ETag (If-Match), so an object replaced in between answers 412 rather than other bytes.
+- HEAD needs no object at all: the catalog has every header.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from frt.resolver.settings import env_number
+
+from .catalog import ServedFile
+from .integrity import MAX_ENTRIES, TTL_ENV
+from .protocol import HubError
+
+log = logging.getLogger("frt.serve")
+CHUNK = 1 << 20
+
+
+class ObjectIntegrity:
+    """What one serve process verified of an object store's blobs (sha256 -> the ETag then, and when) and
+    what it found bad (sha256 -> that ETag). The same questions the app asks of integrity.Integrity."""
+
+    def __init__(self, store, metrics=None, ttl: float | None = None):
+        self.store, self.ttl = store, env_number(TTL_ENV, 3600.0) if ttl is None else ttl
+        self._verified: dict[str, tuple[str, float]] = {}
+        self.bad: dict[str, str | None] = {}
+        self._checks: dict[str, asyncio.Future] = {}
+
+    def response(self, f: ServedFile, start: int, end: int, status: int, headers, head: bool = False):
+        return ObjectResponse(self, f, start, end, status, headers, head)
+
+    def refused(self, f: ServedFile) -> bool:
+        return f.sha256 in self.bad
+
+    def error(self, f: ServedFile) -> HubError:
+        return HubError(
+            500,
+            None,
+            f"{f.path}: the mirror's stored object failed verification (blob {f.sha256}): 'frt-mirror verify' "
+            "names it; delete the object and stage again",
+        )
+
+    def fresh(self, f: ServedFile) -> str | None:
+        """The ETag the object was verified under within the TTL; None: not lately."""
+        hit = self._verified.get(f.sha256)
+        return hit[0] if hit is not None and time.monotonic() - hit[1] < self.ttl else None
+
+    def vouch(self, f: ServedFile, etag: str) -> None:
+        if len(self._verified) >= MAX_ENTRIES:
+            self._verified.clear()
+        self._verified[f.sha256] = (etag, time.monotonic())
+
+    def condemn(self, f: ServedFile, etag: str | None, got: str | None) -> None:
+        first = f.sha256 not in self.bad
+        self.bad[f.sha256], _ = etag, self._verified.pop(f.sha256, None)
+        if first:
+            log.warning(
+                "frt-mirror: serve: %s: object %s hashes to %s, not to its name: refused until it is put right",
+                f.path,
+                self.store.key(f.sha256),
+                got or "fewer bytes than its size",
+            )
+
+    async def ensure(self, f: ServedFile) -> str:
+        """The object verified whole (cached, or hashed now once for every request waiting): its ETag."""
+        if f.sha256 in self.bad:
+            raise self.error(f)
+        if (etag := self.fresh(f)) is not None:
+            return etag
+        fut = self._checks.get(f.sha256)
+        if fut is None:
+            fut = self._checks[f.sha256] = asyncio.ensure_future(self._check(f))
+            fut.add_done_callback(lambda _: self._checks.pop(f.sha256, None))
+        await asyncio.shield(fut)
+        if (etag := self.fresh(f)) is None:
+            raise self.error(f)
+        return etag
+
+    async def _check(self, f: ServedFile) -> None:
+        got, h = await open_object(self.store, f, 0, f.size, None), hashlib.sha256()
+        n = 0
+        async for chunk in got.stream(min_chunk_size=CHUNK):
+            h.update(chunk)
+            n += len(chunk)
+        etag = got.meta["e_tag"]
+        if n == f.size and h.hexdigest() == f.sha256:
+            self.vouch(f, etag)
+        else:
+            self.condemn(f, etag, h.hexdigest() if n == f.size else None)
+
+
+async def open_object(store, f: ServedFile, start: int, end: int, etag: str | None) -> Any:
+    """obstore's answer for bytes [start, end) of `f`'s object (If-Match `etag` where given)."""
+    import obstore
+
+    options: Any = {}
+    if start or end != f.size:
+        options["range"] = (start, end)
+    if etag is not None:
+        options["if_match"] = etag
+    try:
+        return await obstore.get_async(store.client, store.key(f.sha256), options=options or None)
+    except FileNotFoundError:
+        raise HubError(500, None, f"{f.path}: blob {f.sha256} is no longer in the store ({store.url})") from None
+    except Exception as e:  # noqa: BLE001  (obstore's errors: a refusing or unreachable store)
+        said = str(e).split("\n")[0]
+        raise HubError(503, None, f"{f.path}: the object store ({store.url}) did not answer: {said}") from None
+
+
+class ObjectResponse:
+    """Sends an object's bytes [start, end) under `headers` (raw pairs, Content-Length included)."""
+
+    def __init__(
+        self, integrity: ObjectIntegrity, f: ServedFile, start: int, end: int, status: int, headers: Sequence, head
+    ):
+        self.integrity, self.file, self.start, self.end = integrity, f, start, end
+        self.status_code, self.headers, self.head = status, headers, head
+
+    async def __call__(self, scope, receive, send) -> int:
+        f, integrity = self.file, self.integrity
+        if self.head:
+            await self._start(send)
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            return 0
+        whole = self.start == 0 and self.end == f.size
+        try:
+            etag = None if whole else await integrity.ensure(f)  # a Range: only bytes verified whole
+            got = await open_object(integrity.store, f, self.start, self.end, etag)
+        except HubError as e:
+            self.status_code = e.status
+            await e.response()(scope, receive, send)
+            return 0
+        h = hashlib.sha256() if whole else None
+        sent, held, started = 0, b"", False
+        async for chunk in got.stream(min_chunk_size=CHUNK):
+            if h is not None:
+                h.update(chunk)
+            if held:
+                if not started:
+                    started = True
+                    await self._start(send)
+                await send({"type": "http.response.body", "body": held, "more_body": True})
+                sent += len(held)
+            held = bytes(chunk)
+        total = sent + len(held)
+        ok = total == self.end - self.start
+        if h is not None:
+            digest = h.hexdigest()
+            if ok and digest == f.sha256:
+                integrity.vouch(f, got.meta["e_tag"])
+            else:
+                ok = False
+                integrity.condemn(f, got.meta["e_tag"], digest if total == f.size else None)
+        if not ok:
+            if not started:
+                self.status_code = 500
+                await integrity.error(f).response()(scope, receive, send)
+                return 0
+            return self._cut(sent)
+        if not started:
+            await self._start(send)
+        await send({"type": "http.response.body", "body": held, "more_body": False})
+        return total
+
+    async def _start(self, send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": list(self.headers)})
+
+    def _cut(self, sent: int) -> int:
+        from .stream import _cut_said
+
+        log.warning(
+            "frt-mirror: serve: %s: answer cut after %d of %d bytes: the object failed verification",
+            self.file.path,
+            sent,
+            self.end - self.start,
+        )
+        _cut_said.set(True)
+        return sent

@@ -1,0 +1,110 @@
+"""serve on an object store (`--store s3://…`): the blobs streamed from a real S3 server (SeaweedFS's weed)
+to unmodified clients (kernels' get_kernel, huggingface_hub's snapshot_download and hf_hub_download; on
+huggingface_hub 2.x here and 1.33 in the hub1 run), a Range answered from S3, and the integrity-on-read
+promise kept there: an object with a flipped byte is never served whole, and is refused from then on."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from tests.support.cli import X86, cli_env, run_cli, write_manifest
+from tests.support.kernel_fixtures import ACTIVATION, LAYERNORM, RELU, X86_CPU
+from tests.support.serve_helpers import raw_http, raw_request, replica_env, run_client, serving
+
+pytestmark = pytest.mark.hub1
+
+
+@pytest.fixture
+def s3_staged(hub, tmp_path, pg_url, s3_server, s3_store):
+    """relu v1, activation v1/v2 and layernorm (with its kernel-depends) staged for x86 CPU into the bucket,
+    the ledger on PostgreSQL; then the upstream is stopped: serve has only the bucket and the ledger."""
+    manifest = write_manifest(
+        tmp_path / "m.toml",
+        {RELU: {"version": 1}, ACTIVATION: {"version": 1}, LAYERNORM: {"version": 1}},
+        [X86],
+    )
+    env = cli_env(**s3_server.env())
+    home = tmp_path / "stager"
+    p = run_cli(
+        "--ledger", pg_url, "--store", s3_store, "--endpoint", hub.url, "stage", str(manifest), home=home, env=env
+    )
+    assert p.returncode == 0, p.stderr
+    v1 = {}
+    for repo in (RELU, ACTIVATION, LAYERNORM):
+        r = hub.repos[("kernel", repo)]
+        v1[repo] = {path: data for path, data in r.commits[r.branches["v1"]].files.items() if data is not None}
+    hub.stop()
+    return {"ledger": pg_url, "store": s3_store, "env": s3_server.env(), "v1": v1}
+
+
+def _staged_files(staged) -> list[tuple[str, bytes]]:
+    return [(p, d) for p, d in staged["v1"][RELU].items() if p.startswith(f"build/{X86_CPU}/")]
+
+
+def replica(tmp_path, staged, name: str = "replica"):
+    """A serve replica with a home of its own (no folder shared with the stager or another replica)."""
+    env = replica_env(FRT_LEDGER_URL=staged["ledger"], FRT_STORE_URL=staged["store"], **staged["env"])
+    return serving(tmp_path / name, env=env)
+
+
+def test_get_kernel_and_snapshot_download_stream_from_the_bucket(s3_staged, tmp_path):
+    with replica(tmp_path, s3_staged) as served:
+        p, out = run_client(
+            f"""
+            import hashlib, os, kernels
+            from huggingface_hub import hf_hub_download, snapshot_download
+            ln = kernels.get_kernel({LAYERNORM!r}, version=1)
+            snap = snapshot_download({RELU!r}, repo_type="kernel", revision="v1")
+            files = {{}}
+            for root, _, names in os.walk(snap):
+                for n in names:
+                    full = os.path.join(root, n)
+                    files[os.path.relpath(full, snap)] = hashlib.sha256(open(full, "rb").read()).hexdigest()
+            so = hf_hub_download({ACTIVATION!r}, "build/{X86_CPU}/metadata.json", repo_type="kernel", revision="v1")
+            report({{"ln": [ln.VARIANT, ln.add(2, 3)], "files": files, "meta": open(so, "rb").read().decode()}})
+            """,
+            served.url,
+            tmp_path / "hf",
+        )
+        assert out is not None, p.stderr + served.stderr()
+    assert out["ln"] == [X86_CPU, 5]
+    want = s3_staged["v1"]
+    staged = {p: d for p, d in want[RELU].items() if p.startswith(f"build/{X86_CPU}/")}  # the target's variant
+    assert out["files"] == {path: hashlib.sha256(data).hexdigest() for path, data in staged.items()}
+    assert out["meta"].encode() == want[ACTIVATION][f"build/{X86_CPU}/metadata.json"]
+
+
+def test_a_range_is_answered_from_the_bucket(s3_staged, tmp_path):
+    path, data = max(_staged_files(s3_staged), key=lambda x: len(x[1]))
+    with replica(tmp_path, s3_staged) as served:
+        target = f"/kernels/{RELU}/resolve/v1/{path}"
+        status, headers, body = raw_http(served.port, raw_request("GET", target, "Range: bytes=5-104"))
+        whole = raw_http(served.port, raw_request("GET", target))
+    assert status == 206, (status, headers, served.stderr())
+    assert body == data[5:105]
+    assert headers["content-range"] == f"bytes 5-104/{len(data)}"
+    assert whole[0] == 200 and whole[2] == data
+
+
+def test_an_object_with_a_flipped_byte_is_never_served_whole(s3_staged, tmp_path, s3_server):
+    """The object behind a file changed in the bucket (a bad disk, a careless hand): the GET that meets it
+    is cut short before its last chunk (or a 500 before its first) and every later one is a 500."""
+    raw = s3_server.store(s3_staged["store"])
+    path, good = max(_staged_files(s3_staged), key=lambda x: len(x[1]))
+    sha = hashlib.sha256(good).hexdigest()
+    key = f"sha256/{sha[:2]}/{sha}"
+    data = bytearray(raw.get(key).bytes())
+    data[-1] ^= 0x01
+    raw.put(key, bytes(data))
+    target = f"/kernels/{RELU}/resolve/v1/{path}"
+    with replica(tmp_path, s3_staged) as served:
+        try:
+            status, _, body = raw_http(served.port, raw_request("GET", target))
+        except OSError:  # the connection closed short of Content-Length: cut, as it must be
+            status, body = 200, b""
+        assert status in (200, 500) and len(body) < len(good), (status, len(body), len(good))
+        again, _, _ = raw_http(served.port, raw_request("GET", target))
+        assert again == 500, served.stderr()
+        assert "failed verification" in served.stderr() or "not to its name" in served.stderr()
