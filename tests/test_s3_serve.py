@@ -108,3 +108,68 @@ def test_an_object_with_a_flipped_byte_is_never_served_whole(s3_staged, tmp_path
         again, _, _ = raw_http(served.port, raw_request("GET", target))
         assert again == 500, served.stderr()
         assert "failed verification" in served.stderr() or "not to its name" in served.stderr()
+
+
+def test_two_replicas_behind_nginx_one_killed_under_load_fail_no_request(
+    big_hub, tmp_path, pg_url, s3_server, s3_store
+):
+    """Two serve replicas, each with a home of its own, on one bucket and one ledger, behind nginx-conf's
+    nginx; 64 keep-alive clients HEAD + GET every staged file (a multi-MiB one among them, streamed from S3
+    and hashed as it goes); one replica is SIGKILLed half-way: no request fails and every body is right."""
+    import asyncio
+    import contextlib
+    import signal
+
+    from tests.support.big_kernel import BIG
+    from tests.support.load import File, load
+    from tests.support.nginx import nginx, nginx_conf
+    from tests.support.serve_helpers import free_port
+
+    manifest = write_manifest(tmp_path / "m.toml", {BIG: {"version": 1}, RELU: {"version": 1}}, [X86])
+    env = cli_env(**s3_server.env())
+    p = run_cli(
+        "--ledger",
+        pg_url,
+        "--store",
+        s3_store,
+        "--endpoint",
+        big_hub.url,
+        "stage",
+        str(manifest),
+        home=tmp_path / "stager",
+        env=env,
+    )
+    assert p.returncode == 0, p.stderr
+    files = []
+    for repo in (BIG, RELU):
+        r = big_hub.repos[("kernel", repo)]
+        sha = r.branches["v1"]
+        for path, data in r.commits[sha].files.items():
+            if data is not None and path.startswith(f"build/{X86_CPU}/"):
+                meta = r.commits[sha].meta[path]
+                etag = meta.sha256 if len(data) >= 64 << 10 and meta.sha256 else meta.oid
+                files.append(
+                    File(
+                        f"/kernels/{repo}/resolve/{sha}/{path}",
+                        sha,
+                        f'"{etag}"',
+                        len(data),
+                        hashlib.sha256(data).hexdigest(),
+                    )
+                )
+    assert any(f.size > 1 << 20 for f in files), "a file of several chunks, streamed and hashed"
+    big_hub.stop()
+    staged = {"ledger": pg_url, "store": s3_store, "env": s3_server.env()}
+    with contextlib.ExitStack() as stack:
+        replicas = [stack.enter_context(replica(tmp_path, staged, f"replica{i}")) for i in range(2)]
+        run = tmp_path / "nginx"
+        conf = nginx_conf(tmp_path / "replica0", [r.port for r in replicas], free_port(), run)
+        front = stack.enter_context(nginx(conf, run, replicas))
+        victim = replicas[0]
+        out = asyncio.run(load(front.port, files, clients=64, rounds=2, kill=victim.proc.kill))
+        assert victim.proc.wait(timeout=30) == -signal.SIGKILL
+        assert replicas[1].proc.poll() is None
+        errors = front.error_log()
+    assert out["failures"] == [], out["failures"][:10]
+    assert out["total"] == 64 * 2 * len(files) * 2 and out["after"] > 0
+    assert "upstream" in errors  # nginx did meet the dead replica, and went on to the other
