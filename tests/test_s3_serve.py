@@ -43,14 +43,18 @@ def _staged_files(staged) -> list[tuple[str, bytes]]:
     return [(p, d) for p, d in staged["v1"][RELU].items() if p.startswith(f"build/{X86_CPU}/")]
 
 
-def replica(tmp_path, staged, name: str = "replica"):
+def replica(tmp_path, staged, name: str = "replica", *args: str):
     """A serve replica with a home of its own (no folder shared with the stager or another replica)."""
     env = replica_env(FRT_LEDGER_URL=staged["ledger"], FRT_STORE_URL=staged["store"], **staged["env"])
-    return serving(tmp_path / name, env=env)
+    return serving(tmp_path / name, *args, env=env)
 
 
-def test_get_kernel_and_snapshot_download_stream_from_the_bucket(s3_staged, tmp_path):
-    with replica(tmp_path, s3_staged) as served:
+@pytest.mark.parametrize("mode", ["streamed", "--s3-redirect"])
+def test_get_kernel_and_snapshot_download_stream_from_the_bucket(s3_staged, tmp_path, mode):
+    """Streamed through serve, or (--s3-redirect) a 302 to the object's presigned URL, which the clients
+    follow to the S3 server as they follow the Hub's to its CDN; the HEAD is serve's own either way."""
+    args = () if mode == "streamed" else ("--s3-redirect", "--access-log", str(tmp_path / "access.log"))
+    with replica(tmp_path, s3_staged, "replica", *args) as served:
         p, out = run_client(
             f"""
             import hashlib, os, kernels
@@ -74,6 +78,38 @@ def test_get_kernel_and_snapshot_download_stream_from_the_bucket(s3_staged, tmp_
     staged = {p: d for p, d in want[RELU].items() if p.startswith(f"build/{X86_CPU}/")}  # the target's variant
     assert out["files"] == {path: hashlib.sha256(data).hexdigest() for path, data in staged.items()}
     assert out["meta"].encode() == want[ACTIVATION][f"build/{X86_CPU}/metadata.json"]
+    if mode == "--s3-redirect":
+        log = (tmp_path / "access.log").read_text()
+        gets = [ln for ln in log.splitlines() if '"GET ' in ln and "/resolve/" in ln]
+        assert gets and all(" 302 " in ln for ln in gets), gets[:5]
+
+
+def test_s3_redirect_answers_as_the_hubs_cdn_redirect_and_never_to_bad_bytes(s3_staged, tmp_path, s3_server):
+    """The 302 carries what the Hub's does (X-Repo-Commit, ETag, X-Linked-Etag/-Size for an LFS file) and a
+    presigned Location whose bytes are the file's; an object found bad is a 500, never a redirect."""
+    path, good = max(_staged_files(s3_staged), key=lambda x: len(x[1]))
+    sha = hashlib.sha256(good).hexdigest()
+    target = f"/kernels/{RELU}/resolve/v1/{path}"
+    with replica(tmp_path, s3_staged, "replica", "--s3-redirect") as served:
+        status, headers, body = raw_http(served.port, raw_request("GET", target))
+        head, head_headers, _ = raw_http(served.port, raw_request("HEAD", target))
+        assert status == 302 and body == b"", (status, headers)
+        assert head == 200 and headers["x-repo-commit"] == head_headers["x-repo-commit"]
+        assert headers["etag"] == head_headers["etag"]
+        if len(good) >= 64 << 10:
+            assert headers["x-linked-etag"] == f'"{sha}"' and headers["x-linked-size"] == str(len(good))
+        assert "X-Amz-Signature=" in headers["location"]
+        import urllib.request
+
+        assert urllib.request.urlopen(headers["location"], timeout=10).read() == good
+        raw = s3_server.store(s3_staged["store"])
+        key = f"sha256/{sha[:2]}/{sha}"
+        data = bytearray(raw.get(key).bytes())
+        data[0] ^= 0x01
+        raw.put(key, bytes(data))
+    with replica(tmp_path, s3_staged, "replica2", "--s3-redirect") as served:  # a fresh one: nothing verified yet
+        status, headers, _ = raw_http(served.port, raw_request("GET", target))
+    assert status == 500 and "location" not in headers, (status, headers)
 
 
 def test_a_range_is_answered_from_the_bucket(s3_staged, tmp_path):

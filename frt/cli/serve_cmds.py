@@ -70,6 +70,14 @@ LIMIT_ENV = {field: var for field, (var, *_rest) in HttpLimits.ENV.items()}
     "changes, so that nginx answers those HEADs itself.",
 )
 @click.option(
+    "--s3-redirect",
+    "s3_redirect",
+    is_flag=True,
+    help="On an object store (--store s3://…): a file GET is answered with a 302 to a presigned URL of its "
+    "object (valid FRT_S3_REDIRECT_TTL seconds, default 600), once serve has verified the object whole, as "
+    "the Hub redirects to its CDN; a HEAD is answered here. Clients must reach the store's endpoint.",
+)
+@click.option(
     "--upstream",
     metavar="URL",
     help="Pull-through: a request for an allowed repo, revision or file this mirror does not have is "
@@ -166,6 +174,7 @@ def serve_cmd(
     workers,
     accel_redirect,
     head_map,
+    s3_redirect,
     upstream,
     allow,
     refs_ttl,
@@ -182,6 +191,10 @@ def serve_cmd(
     from frt.mirror.serve.workers import AppSpec, serve_workers
 
     accel = check_accel_prefix(accel_redirect) if accel_redirect is not None else None
+    if s3_redirect and not app.home.store_url:
+        from frt.resolver.errors import BadInput
+
+        raise BadInput("--s3-redirect only means something with --store s3://BUCKET/PREFIX")
     if app.home.store_url and (accel or head_map or upstream):
         from frt.resolver.errors import BadInput
 
@@ -201,6 +214,7 @@ def serve_cmd(
         demand_clients=demand_clients,
         head_map=head_map.absolute() if head_map is not None else None,
         store_url=app.home.store_url,
+        s3_redirect=s3_redirect,
     )
     mirror = spec.build(app.home)  # here, once: a bad access log or ledger is one line before serving
     # Not mirror.catalog(): its first call starts the catalog's poller thread, which a fork must not copy.

@@ -163,7 +163,8 @@ class MirrorApp:
                 return None
             return 200, await BlobResponse(f, 0, 0, 200, accel, head=True)(scope, receive, send)
         answer = self.integrity.response(f, 0, f.size, 200, headers, head=head)
-        return answer.status_code, await answer(scope, receive, send)
+        sent = await answer(scope, receive, send)  # first: the answer may change its status (a 500, a 302)
+        return answer.status_code, sent
 
     def fast_head(self, scope, t0: float) -> bytes | None:
         """A HEAD that hot() would answer, answered by the HTTP protocol itself (limits.guarded): its

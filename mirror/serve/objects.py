@@ -8,6 +8,9 @@ an answer is never completed with bytes this process has not verified, kept with
   process within FRT_SERVE_VERIFY_TTL, under the ETag it has now; the ranged GET is made conditional on
   that ETag (If-Match), so an object replaced in between answers 412 rather than other bytes.
 - HEAD needs no object at all: the catalog has every header.
+- With `serve --s3-redirect`, a GET is a 302 to a presigned URL of the object, as the Hub's resolve of an
+  LFS file is a 302 to its CDN, with the same headers a HEAD gets; only once this process verified the
+  object whole (as for a Range), since the bytes then go from the store to the client unseen.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import Any
 
 from frt.resolver.settings import env_number
@@ -38,6 +42,13 @@ class ObjectIntegrity:
         self._verified: dict[str, tuple[str, float]] = {}
         self.bad: dict[str, str | None] = {}
         self._checks: dict[str, asyncio.Future] = {}
+        self.redirect = False  # serve --s3-redirect
+        self.redirect_ttl = env_number("FRT_S3_REDIRECT_TTL", 600.0)
+
+    def presigned(self, f: ServedFile) -> str:
+        import obstore
+
+        return obstore.sign(self.store.client, "GET", self.store.key(f.sha256), timedelta(seconds=self.redirect_ttl))
 
     def response(self, f: ServedFile, start: int, end: int, status: int, headers, head: bool = False):
         return ObjectResponse(self, f, start, end, status, headers, head)
@@ -136,6 +147,8 @@ class ObjectResponse:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
             return 0
         whole = self.start == 0 and self.end == f.size
+        if integrity.redirect:
+            return await self._redirect(scope, receive, send)
         try:
             etag = None if whole else await integrity.ensure(f)  # a Range: only bytes verified whole
             got = await open_object(integrity.store, f, self.start, self.end, etag)
@@ -174,6 +187,21 @@ class ObjectResponse:
             await self._start(send)
         await send({"type": "http.response.body", "body": held, "more_body": False})
         return total
+
+    async def _redirect(self, scope, receive, send) -> int:
+        try:
+            await self.integrity.ensure(self.file)
+            location = self.integrity.presigned(self.file)
+        except HubError as e:
+            self.status_code = e.status
+            await e.response()(scope, receive, send)
+            return 0
+        self.status_code = 302
+        kept = [(k, v) for k, v in self.headers if k not in (b"content-length", b"content-range")]
+        self.headers = [*kept, (b"location", location.encode()), (b"content-length", b"0")]
+        await self._start(send)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        return 0
 
     async def _start(self, send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": list(self.headers)})

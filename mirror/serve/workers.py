@@ -30,6 +30,7 @@ from .accesslog import AccessLog, open_sink
 from .app import MirrorApp
 from .catalog import Catalog
 from .head_map import HeadMap
+from .objects import ObjectIntegrity
 from .pull import Upstream
 from .run import make_app, serve
 from .watch import CatalogWatcher
@@ -50,6 +51,7 @@ class AppSpec:
     demand_clients: bool = False  # serve --demand-log-clients: the demand counts keep client addresses
     head_map: Path | None = None  # serve --head-map: nginx's run dir, where the HEAD answers go (head_map.py)
     store_url: str | None = None  # --store s3://…: the blobs are objects (objects.py)
+    s3_redirect: bool = False  # serve --s3-redirect: a GET is a 302 to the object's presigned URL
 
     def build(self, home: Home, fallback: Catalog | None = None) -> MirrorApp:
         """Raises BadInput where the access log cannot be opened. `fallback`: the catalog to start from
@@ -60,6 +62,9 @@ class AppSpec:
             raise BadInput(f"cannot open the access log {self.access_log}: {e.strerror}") from None
         app = make_app(home, self.trust, log=AccessLog(sink), fallback=fallback, demand_clients=self.demand_clients)
         app.accel_redirect = self.accel_redirect
+        if self.s3_redirect:
+            assert isinstance(app.integrity, ObjectIntegrity)  # serve_cmd refuses it without --store
+            app.integrity.redirect = True
         if self.upstream is not None:
             app.pull = self.upstream.service(home)
         if self.head_map is not None:
