@@ -15,11 +15,12 @@ credentials are read the way AWS's tools read them: AWS_ENDPOINT_URL, AWS_REGION
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, cast
 
 from frt.resolver.errors import BadInput, StoreUnavailable, first_line
 
@@ -137,6 +138,9 @@ class S3BlobStore(BlobStore):
             n += len(chunk)
         return Digest(h256.hexdigest(), hgit.hexdigest(), n)
 
+    def open(self, sha256: str) -> BinaryIO:
+        return cast(BinaryIO, _Reader(self.stream(sha256)))
+
     def stream(self, sha256: str, start: int = 0, end: int | None = None) -> Iterator[bytes]:
         """The object's bytes [start, end), in chunks as they arrive."""
         import obstore
@@ -181,3 +185,24 @@ class S3BlobStore(BlobStore):
     def _unavailable(self, op: str, sha256: str, e: Exception) -> StoreUnavailable:
         what = f" {self.key(sha256)}" if sha256 else ""
         return StoreUnavailable(f"{self.url}: {op}{what} failed: {first_line(e)}")
+
+
+class _Reader(io.RawIOBase):
+    """An object's chunks as a file to read() from (what tarfile.addfile reads a member's bytes with)."""
+
+    def __init__(self, chunks: Iterator[bytes]):
+        self._chunks, self._buf, self._at = chunks, memoryview(b""), 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        while self._at >= len(self._buf):
+            chunk = next(self._chunks, b"")
+            if not chunk:
+                return 0
+            self._buf, self._at = memoryview(chunk), 0
+        n = min(len(b), len(self._buf) - self._at)
+        b[:n] = self._buf[self._at : self._at + n]
+        self._at += n
+        return n

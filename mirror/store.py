@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from filelock import FileLock
 
@@ -190,6 +191,10 @@ class BlobStore:
             for key in sorted({sha256, *keys}):
                 held.enter_context(self.lock(key))
             yield
+
+    def open(self, sha256: str) -> BinaryIO:
+        """A stored blob's bytes to read from the start (bundle; s3store.py streams its object)."""
+        return open(self.path(sha256), "rb")
 
     def digest(self, sha256: str) -> Digest:
         """Both hashes of a stored blob, read again (verify, and a blob stored but never recorded)."""

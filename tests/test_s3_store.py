@@ -147,3 +147,37 @@ def test_an_unreachable_store_is_exit_3_in_one_line(hub, tmp_path, manifest, pg_
     )
     assert p.returncode == 3, p.stderr
     assert s3_store in one_line(p)
+
+
+def test_a_bundle_from_the_bucket_imports_into_a_filesystem_home_and_back(
+    hub, tmp_path, manifest, pg_server, s3_server, s3_store
+):
+    """bundle on an S3 home streams each object into the tar (hashed as it goes); import into a plain
+    home (SQLite, files, views) verifies it and everything works there; that home's bundle imported into
+    a second bucket prefix (another ledger) lands there as objects, and verify holds on both."""
+    env = s3_env(s3_server)
+    first, second = pg_server.new_database(), pg_server.new_database()
+    s3_home, fs_home, back_home = tmp_path / "s3-home", tmp_path / "fs-home", tmp_path / "back-home"
+    on_s3 = ["--ledger", first, "--store", s3_store]
+    p = run_cli(*on_s3, "--endpoint", hub.url, "stage", str(manifest), home=s3_home, env=env)
+    assert p.returncode == 0, p.stderr
+    out = tmp_path / "from-s3.tar"
+    b = run_cli(*on_s3, "bundle", str(out), home=s3_home, env=env)
+    assert b.returncode == 0, b.stderr
+    i = run_cli("import", str(out), home=fs_home, env=env)
+    assert i.returncode == 0, i.stderr
+    v = run_cli("verify", "--json", home=fs_home, env=env)
+    assert v.returncode == 0 and json.loads(v.stdout)["view_files"] > 0, v.stdout
+    e = run_cli("env", "--target", "torch2.13-cpu-x86_64-linux", home=fs_home, env=env)
+    assert e.returncode == 0 and "LOCAL_KERNELS=" in e.stdout, e.stderr
+
+    back = tmp_path / "from-fs.tar"
+    assert run_cli("bundle", str(back), home=fs_home, env=env).returncode == 0
+    prefix = s3_server.new_prefix()
+    on_back = ["--ledger", second, "--store", prefix]
+    i = run_cli(*on_back, "import", str(back), home=back_home, env=env)
+    assert i.returncode == 0, i.stderr
+    assert objects(s3_server, prefix) == objects(s3_server, s3_store)
+    assert not (back_home / "views").exists()
+    v = run_cli(*on_back, "verify", "--json", home=back_home, env=env)
+    assert v.returncode == 0 and json.loads(v.stdout)["problems"] == [], v.stdout

@@ -85,11 +85,12 @@ def import_bundle(
     # ledger row in one transaction, so a failure there leaves the ledger as it was and a rerun
     # completes the import (blobs and views already in place are kept, not redone).
     store.commit_synced([(part, m.listed[sha]) for sha, part in parts.items() if part is not None])
-    views = home.views
-    for row, pairs in m.staged:
-        if not row.is_model and row.key not in skip:  # models have no view (frt.mirror.models)
-            views.link(row.repo, row.commit, row.variant, pairs)
-    link_wheels(home.root, store, m.wheels)
+    if not home.store_url:  # an object store's blobs have no views (s3store.py)
+        views = home.views
+        for row, pairs in m.staged:
+            if not row.is_model and row.key not in skip:  # models have no view (frt.mirror.models)
+                views.link(row.repo, row.commit, row.variant, pairs)
+        link_wheels(home.root, store, m.wheels)
     report, gone = ledger.retrying(_record_import, ledger, src, m, ident, signer, parts, skip)
     if gone:  # after the commit: a view that no row names any more is only files
         drop_views(home, gone)

@@ -191,7 +191,7 @@ def _write_tar(
         for d in blobs:
             add, done = meter.file(d.sha256[:16], d.size) if meter is not None else (None, None)
             try:
-                with open(store.path(d.sha256), "rb") as src:
+                with store.open(d.sha256) as src:
                     reader = Hashing(src, d.size, add)
                     tf.addfile(info(f"blobs/{d.sha256}", d.size), reader)
             finally:
