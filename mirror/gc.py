@@ -27,7 +27,7 @@ from frt.resolver.resolution import FileEntry
 from .events import record_event
 from .home import Home
 from .records import all_blobs, blob_for, delete_blob_records, staged_rows, wheel_rows
-from .store import Digest, digest_file
+from .store import Digest
 from .storelock import store_collector
 from .views import Views, wheels_dir
 
@@ -86,7 +86,7 @@ class GcReport:
 def collect(home: Home, *, dry_run: bool = False, on_wait: Callable[[str], None] = lambda what: None) -> GcReport:
     """Remove (or, dry, only list) what `plan` finds, holding the store's lock for the whole run."""
     with store_collector(home, on_wait):
-        if not dry_run:
+        if not dry_run and not home.store_url:
             home.views.sweep_tmp(SWEEP_AGE_S)  # dead stagers' scratch: plan ignores it already
         p = plan(home)
         report = GcReport(
@@ -124,20 +124,16 @@ def plan(home: Home) -> Plan:
     referenced |= {sha for _, _, sha, _ in wheel_rows(ledger, needed_wheels).values()}
     folder = wheels_dir(home.root)
     wheel_links = sorted(p for p in folder.glob("*.whl") if p.name not in needed_wheels) if folder.is_dir() else []
-    linked = _linked_inodes(home.views, cutoff)
+    linked = set() if home.store_url else _linked_inodes(home.views, cutoff)  # an object store has no views
     recorded = {d.sha256: d for d in all_blobs(ledger)}
     garbage, kept, on_disk = [], [], set()
-    for path in store.blobs():
-        try:
-            st = path.stat()
-        except FileNotFoundError:
-            continue
-        sha, rec = path.name, recorded.get(path.name)
+    for sha, size, inode in store.blob_stats():
+        rec = recorded.get(sha)
         on_disk.add(sha)
-        digest = Digest(sha, rec.git_oid if rec else "", st.st_size)
+        digest = Digest(sha, rec.git_oid if rec else "", size)
         # A small file is known to its staged row only by git oid; unrecorded, only its bytes say which.
-        by_bytes = rec is None and unresolved and digest_file(path).git_oid in unresolved
-        if sha in referenced or (st.st_dev, st.st_ino) in linked or by_bytes:
+        by_bytes = rec is None and unresolved and store.digest(sha).git_oid in unresolved
+        if sha in referenced or inode in linked or by_bytes:
             kept.append(digest)
         else:
             garbage.append(digest)

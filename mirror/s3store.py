@@ -171,13 +171,17 @@ class S3BlobStore(BlobStore):
 
     def blob_shas(self) -> list[str]:
         """Every blob's sha256 in the store (a listing under PREFIX/sha256/)."""
+        return sorted(sha for sha, _, _ in self.blob_stats())
+
+    def blob_stats(self) -> Iterator[tuple[str, int, tuple[int, int] | None]]:
         import obstore
 
         try:
-            pages = obstore.list(self.client, "sha256").collect()
+            listed = obstore.list(self.client, "sha256").collect()
         except Exception as e:  # noqa: BLE001
             raise self._unavailable("LIST", "", e) from None
-        return sorted(str(o["path"]).rsplit("/", 1)[-1] for o in pages)
+        for o in listed:
+            yield str(o["path"]).rsplit("/", 1)[-1], int(o["size"]), None
 
     def blobs(self) -> list[Path]:
         raise BadInput(f"this needs the blobs as files, and the store is {self.url}, which holds objects")

@@ -206,3 +206,12 @@ class BlobStore:
     def blob_shas(self) -> list[str]:
         """The names (sha256) of every blob stored, whatever holds them (s3store.py lists objects)."""
         return [p.name for p in self.blobs()]
+
+    def blob_stats(self) -> Iterator[tuple[str, int, tuple[int, int] | None]]:
+        """Each stored blob's sha256, size and (device, inode) (None on an object store: no hard links)."""
+        for path in self.blobs():
+            try:
+                st = path.stat()
+            except FileNotFoundError:
+                continue
+            yield path.name, st.st_size, (st.st_dev, st.st_ino)

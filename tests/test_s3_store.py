@@ -181,3 +181,70 @@ def test_a_bundle_from_the_bucket_imports_into_a_filesystem_home_and_back(
     assert not (back_home / "views").exists()
     v = run_cli(*on_back, "verify", "--json", home=back_home, env=env)
     assert v.returncode == 0 and json.loads(v.stdout)["problems"] == [], v.stdout
+
+
+def test_gc_on_another_host_waits_for_a_stager_and_takes_only_the_unreferenced_objects(
+    hub, tmp_path, pg_url, s3_server, s3_store
+):
+    """activation v1 staged into the bucket and unstaged: its objects are garbage. Host B stages v2 and is
+    held mid-body, its small files already uploaded but not yet recorded as staged; gc on host A (its own
+    home: no file lock in common) waits on the ledger server's store lock, then removes v1's objects and
+    nothing of v2's; verify holds after."""
+    import hashlib
+    import time
+
+    env = s3_env(s3_server)
+    common = ["--ledger", pg_url, "--store", s3_store]
+    host_a, host_b = tmp_path / "host-a", tmp_path / "host-b"
+
+    def variant(branch: str) -> set[str]:
+        r = hub.repos[("kernel", ACTIVATION)]
+        files = r.commits[r.branches[branch]].files
+        return {
+            hashlib.sha256(d).hexdigest()
+            for p, d in files.items()
+            if d is not None and p.startswith("build/torch213-cxx11-cpu-x86_64-linux/")
+        }
+
+    old, new = variant("v1"), variant("v2")
+    assert old and new and not old & new
+    m1 = write_manifest(tmp_path / "v1.toml", {ACTIVATION: {"version": 1}}, [X86])
+    assert run_cli(*common, "--endpoint", hub.url, "stage", str(m1), home=host_a, env=env).returncode == 0
+    assert run_cli(*common, "unstage", f"{ACTIVATION}@v1", home=host_a, env=env).returncode == 0
+    assert old <= set(objects(s3_server, s3_store))
+
+    hub.faults.hold("_activation.abi3.so", 4096)
+    m2 = write_manifest(tmp_path / "v2.toml", {ACTIVATION: {"version": 2}}, [X86])
+    logs = [tmp_path / n for n in ("stage.out", "stage.err", "gc.out", "gc.err")]
+    files = [open(p, "w") for p in logs]
+    try:
+        stager = subprocess.Popen(
+            [EXE, "--home", str(host_b), *common, "--endpoint", hub.url, "stage", str(m2), "--json"],
+            stdout=files[0],
+            stderr=files[1],
+            env=env,
+        )
+        assert hub.wait_for_body(1, timeout=120), "the stage never started the held body"
+        deadline = time.monotonic() + 120
+        while not (set(objects(s3_server, s3_store)) & new):
+            assert time.monotonic() < deadline, "the stage never uploaded its small files"
+            time.sleep(0.1)
+        collector = subprocess.Popen(
+            [EXE, "--home", str(host_a), *common, "gc", "--json"], stdout=files[2], stderr=files[3], env=env
+        )
+        while "waiting for the stage" not in logs[3].read_text():
+            assert time.monotonic() < deadline and collector.poll() is None, logs[3].read_text()
+            time.sleep(0.05)
+        hub.faults.release()
+        assert stager.wait(timeout=120) == 0, logs[1].read_text()
+        assert collector.wait(timeout=120) == 0, logs[3].read_text()
+    finally:
+        hub.faults.release()
+        for f in files:
+            f.close()
+    done = json.loads(logs[2].read_text())
+    assert {b["sha256"] for b in done["blobs"]} == old - new
+    left = set(objects(s3_server, s3_store))
+    assert new <= left and not (old - new) & left
+    v = run_cli(*common, "verify", "--json", home=host_b, env=env)
+    assert v.returncode == 0 and json.loads(v.stdout)["problems"] == [], v.stdout
