@@ -1,7 +1,7 @@
 """Serving: `frt-mirror serve` (uvicorn) vs. nginx serving the same store blob statically, and nginx in
 front of two `serve --accel-redirect` replicas (as `frt-mirror nginx-conf` configures it).
 
-    python -m bench.serve [--quick]
+    python -m bench.serve [--quick] [--store s3]
 
 One LFS file (1 GiB; --quick: 64 MiB) of a fixture repo is staged through a fake Hub, which is then
 stopped. The three answer the same `/kernels/<repo>/resolve/<sha>/<path>` URL from the same file (so
@@ -18,6 +18,11 @@ keep-alive clients each doing what a client does per file, HEAD then GET, of a s
 keep-alive clients (raw asyncio streams in a child process), 6,400 HEADs per server (--quick: 1,280).
 Latency there is closed-loop: 64 in flight, so p50 ~ 64 / (HEAD/s).
 
+With `--store s3`, beside them `serve, S3 store`: the same file imported (a bundle of the home) into an
+S3 store on a real S3 server started here (SeaweedFS's weed, from the test extra) with the ledger on a
+PostgreSQL started here, and served from it by a replica with a home of its own (streamed and hashed as
+it goes: mirror/serve/objects.py), so the object store's cost is measured beside the filesystem's.
+
 Beside them, `serve, before`: the same serve command from the source at --before REV (by default the
 commit before integrity on read), so what hashing the bytes it sends costs is measured in the same run.
 """
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
@@ -145,16 +151,43 @@ def stage_big_file(tmp: Path, size: int, shard: int) -> dict:
     }
 
 
-def start_serve(f: dict, tmp: Path, source: Path | None = None) -> tuple[subprocess.Popen, str]:
-    """`frt-mirror serve` of this checkout, or (`source`: a tree from `checkout_before`) of an earlier one."""
+def s3_home(f: dict, tmp: Path, stack: contextlib.ExitStack) -> dict[str, str]:
+    """The staged home's bundle imported into an S3 store (weed) with its ledger on PostgreSQL, both started
+    here and stopped with `stack`; the environment a replica on it runs with (its home: tmp/s3-home)."""
+    from frt.mirror.bundle import bundle, import_bundle
+    from frt.mirror.home import Home
+    from tests.support.pgserver import PgServer
+    from tests.support.s3server import S3Server
+
+    pg = stack.enter_context(PgServer())
+    s3 = stack.enter_context(S3Server())
+    env = {**s3.env(), "FRT_LEDGER_URL": pg.url, "FRT_STORE_URL": s3.new_prefix()}
+    os.environ.update(s3.env())
+    src = Home(f["home"])
+    bundle(tmp / "s3.tar", src)
+    src.close()
+    dest = Home(tmp / "s3-home", ledger_url=env["FRT_LEDGER_URL"], store_url=env["FRT_STORE_URL"])
+    import_bundle(tmp / "s3.tar", dest)
+    dest.close()
+    (tmp / "s3.tar").unlink()
+    return {**env, "home": str(tmp / "s3-home")}
+
+
+def start_serve(
+    f: dict, tmp: Path, source: Path | None = None, env: dict | None = None
+) -> tuple[subprocess.Popen, str]:
+    """`frt-mirror serve` of this checkout, or (`source`: a tree from `checkout_before`) of an earlier one;
+    `env`: on the S3 store s3_home made (its home and the variables that name the store and the ledger)."""
     port = free_port()
-    cmd, env = [str(Path(sys.executable).with_name("frt-mirror"))], None
+    cmd, home, name = [str(Path(sys.executable).with_name("frt-mirror"))], str(f["home"]), "serve"
+    if env is not None:
+        home, name, env = env["home"], "serve-s3", {**os.environ, **{k: v for k, v in env.items() if k != "home"}}
     if source is not None:
         cmd = [sys.executable, "-c", "import sys; from frt.cli import main; sys.exit(main())"]
-        env = {**os.environ, "PYTHONPATH": str(source)}
-    with open(tmp / f"serve{'-before' if source else ''}.log", "wb") as log:
+        env, name = {**os.environ, "PYTHONPATH": str(source)}, "serve-before"
+    with open(tmp / f"{name}.log", "wb") as log:
         proc = subprocess.Popen(
-            [*cmd, "--home", str(f["home"]), "serve", "--port", str(port)],
+            [*cmd, "--home", home, "serve", "--port", str(port)],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,
@@ -426,6 +459,13 @@ def main() -> None:
         help=f"also serve with the code at REV, as the baseline (default {BEFORE_INTEGRITY}, before "
         "integrity on read; --quick: none); 'none' to leave it out",
     )
+    ap.add_argument(
+        "--store",
+        choices=("files", "s3"),
+        default="files",
+        help="s3: also serve the file from an S3 store (a SeaweedFS and a PostgreSQL started here): "
+        "the row 'serve, S3 store'",
+    )
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
     before = args.before or ("none" if args.quick else BEFORE_INTEGRITY)
@@ -440,13 +480,16 @@ def main() -> None:
     size, shard, rounds, heads = (
         (64 * MiB, 2 * MiB, 1, 20 * CLIENTS) if args.quick else (1024 * MiB, 16 * MiB, 2, 100 * CLIENTS)
     )
-    with tempfile.TemporaryDirectory(prefix="frt-bench-serve-") as tmp_name:
+    with tempfile.TemporaryDirectory(prefix="frt-bench-serve-") as tmp_name, contextlib.ExitStack() as stack:
         tmp = Path(tmp_name)
         t0 = time.perf_counter()
         f = stage_big_file(tmp, size, shard)
         stage_s = time.perf_counter() - t0
         servers, procs = {}, []
         starts = [("serve", lambda: start_serve(f, tmp))]
+        if args.store == "s3":
+            s3_env = s3_home(f, tmp, stack)
+            starts.append((S3, lambda: start_serve(f, tmp, env=s3_env)))
         if before != "none":
             source = checkout_before(before, tmp)
             starts.append((BEFORE, lambda: start_serve(f, tmp, source)))
@@ -473,6 +516,7 @@ def main() -> None:
 
 
 FRONT, CACHED, MAPPED, BEFORE = "nginx + 2 replicas", "same + head cache", "same + head map", "serve, before"
+S3 = "serve, S3 store"
 FRONTS = (FRONT, CACHED, MAPPED)
 AUTO = "nginx, N workers"  # static, as many workers as nginx-conf's nginx: the fronts' HEAD/s baseline
 
@@ -538,6 +582,8 @@ def report(results: dict, f: dict, stage_s: float, rounds: int, heads: int) -> N
             + ", ".join(f"{name} {v:.0f} MB/s" for name, v in curl.items())
             + f" = {curl['serve'] / curl['nginx']:.2f}x (serve/nginx)"
         )
+    if S3 in mbps:
+        print(f"object store, serve S3/serve files (one client) = {mbps[S3] / mbps['serve']:.3f}")
     if BEFORE in mbps:
         print(
             f"integrity on read, serve/serve before (one client) = {mbps['serve'] / mbps[BEFORE]:.3f} "
@@ -559,6 +605,8 @@ def report(results: dict, f: dict, stage_s: float, rounds: int, heads: int) -> N
             f"integrity on read, serve/serve before at {CLIENTS} clients = {ratio:.3f} (target >= 0.9): "
             f"{'PASS' if ratio >= 0.9 else 'FAIL'}"
         )
+    if S3 in agg:
+        print(f"object store, serve S3/serve files at {CLIENTS} clients = {agg[S3] / agg['serve']:.3f}")
     ratio = agg["serve"] / agg["nginx"]
     print(
         f"throughput ratio serve alone/nginx static at {CLIENTS} clients = {ratio:.3f} (target >= 0.8): "
