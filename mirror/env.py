@@ -84,16 +84,34 @@ def choose_staged(
 
 
 def local_kernels(
-    home: Home, target: Target, environ: Mapping[str, str] | None = None, versions: Mapping[str, int] | None = None
+    home: Home,
+    target: Target,
+    environ: Mapping[str, str] | None = None,
+    versions: Mapping[str, int] | None = None,
+    into: Path | None = None,
 ) -> EnvSet:
+    """`into`: on an object store (where it is needed), the folder the chosen variants are written to
+    (materialise.py); LOCAL_KERNELS then names them there."""
+    if (into is not None) != bool(home.store_url):
+        raise BadInput(
+            f"the store is {home.store_url}: env --target needs --into DIR, where the target's files are written"
+            if into is None
+            else "--into DIR goes with an object store (--store s3://…); here the home's views are the files"
+        )
     rows = home.staged(str(target))
     if not rows:
         raise BadInput(f"nothing is staged for {target}: run 'frt-mirror stage --target {target}' first")
-    views = home.views
     chosen, warnings = choose_staged(rows, environ, versions)
+    if into is not None:
+        from .materialise import materialise
+
+        written = materialise(home, list(chosen.values()), into.absolute())
     out = []
     for repo, row in sorted(chosen.items()):
-        path = views.variant_dir(repo, row.commit, row.variant)
+        if into is not None:
+            path = written[(repo, row.commit, row.variant)]
+        else:
+            path = home.views.variant_dir(repo, row.commit, row.variant)
         if ":" in str(path) or "=" in str(path):
             raise BadInput(f"home path {home.root} contains ':' or '=', which LOCAL_KERNELS cannot carry")
         out.append(
@@ -104,7 +122,7 @@ def local_kernels(
                 row.variant,
                 path,
                 row.wheels,
-                wheels_dir(home.root) if row.wheels else None,
+                (into.absolute() / "wheels" if into is not None else wheels_dir(home.root)) if row.wheels else None,
             )
         )
     return EnvSet(out, warnings)

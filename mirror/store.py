@@ -196,6 +196,12 @@ class BlobStore:
         """A stored blob's bytes to read from the start (bundle; s3store.py streams its object)."""
         return open(self.path(sha256), "rb")
 
+    def stream(self, sha256: str) -> Iterator[bytes]:
+        """A stored blob's bytes in chunks (s3store.py: its object's, as they arrive)."""
+        with self.open(sha256) as f:
+            while chunk := f.read(CHUNK):
+                yield chunk
+
     def digest(self, sha256: str) -> Digest:
         """Both hashes of a stored blob, read again (verify, and a blob stored but never recorded)."""
         return digest_file(self.path(sha256))

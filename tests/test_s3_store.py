@@ -248,3 +248,45 @@ def test_gc_on_another_host_waits_for_a_stager_and_takes_only_the_unreferenced_o
     assert new <= left and not (old - new) & left
     v = run_cli(*common, "verify", "--json", home=host_b, env=env)
     assert v.returncode == 0 and json.loads(v.stdout)["problems"] == [], v.stdout
+
+
+def test_env_into_writes_the_targets_files_verified_and_kernels_loads_them_offline(
+    hub, tmp_path, manifest, pg_url, s3_server, s3_store
+):
+    """On an object store, env --target T --into DIR writes each chosen variant's files (streamed and
+    hashed) where LOCAL_KERNELS then points; kernels loads them with no network at all. A second run writes
+    nothing; without --into it is one line; a damaged object is refused and leaves no folder behind."""
+    from tests.support.offline import load_offline
+
+    env, home, into = s3_env(s3_server), tmp_path / "home", tmp_path / "node"
+    common = ["--ledger", pg_url, "--store", s3_store]
+    assert run_cli(*common, "--endpoint", hub.url, "stage", str(manifest), home=home, env=env).returncode == 0
+    target = "torch2.13-cpu-x86_64-linux"
+    p = run_cli(*common, "env", "--target", target, "--into", str(into), "--format", "json", home=home, env=env)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    paths = [Path(k["path"]) for k in doc["kernels"]]
+    assert paths and all(str(path).startswith(str(into)) and path.is_dir() for path in paths)
+    loaded = load_offline(
+        f"import kernels; print(kernels.get_kernel({RELU!r}, version=1).__name__ != '')",
+        {"LOCAL_KERNELS": doc["env"]["LOCAL_KERNELS"]},
+    )
+    assert loaded.returncode == 0 and loaded.stdout.strip() == "True", loaded.stderr
+    mtimes = {p: p.stat().st_mtime_ns for p in into.rglob("*") if p.is_file()}
+    assert run_cli(*common, "env", "--target", target, "--into", str(into), home=home, env=env).returncode == 0
+    assert {p: p.stat().st_mtime_ns for p in into.rglob("*") if p.is_file()} == mtimes  # nothing rewritten
+
+    no_into = run_cli(*common, "env", "--target", target, home=home, env=env)
+    assert no_into.returncode == 2 and "--into DIR" in one_line(no_into)
+
+    raw = s3_server.store(s3_store)
+    stored = objects(s3_server, s3_store)
+    victim = max(stored, key=stored.get)
+    key = f"sha256/{victim[:2]}/{victim}"
+    data = bytearray(raw.get(key).bytes())
+    data[0] ^= 0x01
+    raw.put(key, bytes(data))
+    fresh = tmp_path / "node2"
+    bad = run_cli(*common, "env", "--target", target, "--into", str(fresh), home=home, env=env)
+    assert bad.returncode == 1 and victim in one_line(bad)
+    assert not [p for p in fresh.rglob("*") if p.is_file()], "nothing half-written is visible"

@@ -45,9 +45,16 @@ from .say import say
     help="With --target: the staged version LOCAL_KERNELS points at for REPO (repeatable); "
     "needed where several versions of a repo are staged.",
 )
+@click.option(
+    "--into",
+    "into",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="On an object store (--store s3://…): write the target's variant folders (and wheels) here, each "
+    "file streamed and verified, and point LOCAL_KERNELS at them.",
+)
 @click.option("--format", "fmt", type=click.Choice(["sh", "json"]), default="sh", show_default=True)
 @click.pass_obj
-def env_cmd(app: App, target, serve_url, engine, seats, python_dir, versions, fmt):
+def env_cmd(app: App, target, serve_url, engine, seats, python_dir, versions, into, fmt):
     """What a cluster sets: LOCAL_KERNELS for a target's staged set (one commit per repo: the resolved
     one, or the pin), or with --serve, HF_ENDPOINT for a running mirror. With --engine, also what a
     vLLM or SGLang job sets to attach seats in its workers without installing anything: PYTHONPATH
@@ -61,12 +68,14 @@ def env_cmd(app: App, target, serve_url, engine, seats, python_dir, versions, fm
     values: dict[str, str] = {}
     entries: list = []
     warnings: list[str] = []
+    if into is not None and target is None:
+        raise BadInput("--into DIR goes with --target (it is where that target's files are written)")
     if versions and (serve_url or target is None):
         raise BadInput("--version REPO=N goes with --target (it picks what LOCAL_KERNELS points at)")
     if serve_url:
         values = endpoint_vars(serve_url)
     elif target is not None:
-        chosen = local_kernels(app.home, target, versions=versions)
+        chosen = local_kernels(app.home, target, versions=versions, into=into)
         entries, warnings = chosen.entries, chosen.warnings
         values = env_vars(entries)
     elif not engine:
