@@ -6,10 +6,11 @@ promise kept there: an object with a flipped byte is never served whole, and is 
 from __future__ import annotations
 
 import hashlib
+import json
 
 import pytest
 
-from tests.support.cli import X86, cli_env, run_cli, write_manifest
+from tests.support.cli import X86, cli_env, stage_to, write_manifest
 from tests.support.kernel_fixtures import ACTIVATION, LAYERNORM, RELU, X86_CPU
 from tests.support.serve_helpers import raw_http, raw_request, replica_env, run_client, serving
 
@@ -27,9 +28,7 @@ def s3_staged(hub, tmp_path, pg_url, s3_server, s3_store):
     )
     env = cli_env(**s3_server.env())
     home = tmp_path / "stager"
-    p = run_cli(
-        "--ledger", pg_url, "--store", s3_store, "--endpoint", hub.url, "stage", str(manifest), home=home, env=env
-    )
+    p = stage_to(s3_store, pg_url, hub.url, manifest, home=home, env=env)
     assert p.returncode == 0, p.stderr
     v1 = {}
     for repo in (RELU, ACTIVATION, LAYERNORM):
@@ -157,42 +156,15 @@ def test_two_replicas_behind_nginx_one_killed_under_load_fail_no_request(
     import signal
 
     from tests.support.big_kernel import BIG
-    from tests.support.load import File, load
+    from tests.support.load import hub_files, load
     from tests.support.nginx import nginx, nginx_conf
     from tests.support.serve_helpers import free_port
 
     manifest = write_manifest(tmp_path / "m.toml", {BIG: {"version": 1}, RELU: {"version": 1}}, [X86])
     env = cli_env(**s3_server.env())
-    p = run_cli(
-        "--ledger",
-        pg_url,
-        "--store",
-        s3_store,
-        "--endpoint",
-        big_hub.url,
-        "stage",
-        str(manifest),
-        home=tmp_path / "stager",
-        env=env,
-    )
+    p = stage_to(s3_store, pg_url, big_hub.url, manifest, home=tmp_path / "stager", env=env, json=True)
     assert p.returncode == 0, p.stderr
-    files = []
-    for repo in (BIG, RELU):
-        r = big_hub.repos[("kernel", repo)]
-        sha = r.branches["v1"]
-        for path, data in r.commits[sha].files.items():
-            if data is not None and path.startswith(f"build/{X86_CPU}/"):
-                meta = r.commits[sha].meta[path]
-                etag = meta.sha256 if len(data) >= 64 << 10 and meta.sha256 else meta.oid
-                files.append(
-                    File(
-                        f"/kernels/{repo}/resolve/{sha}/{path}",
-                        sha,
-                        f'"{etag}"',
-                        len(data),
-                        hashlib.sha256(data).hexdigest(),
-                    )
-                )
+    files = hub_files(big_hub, json.loads(p.stdout)["rows"])
     assert any(f.size > 1 << 20 for f in files), "a file of several chunks, streamed and hashed"
     big_hub.stop()
     staged = {"ledger": pg_url, "store": s3_store, "env": s3_server.env()}

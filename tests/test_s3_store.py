@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.cli import EXE, X86, cli_env, one_line, run_cli, write_manifest
+from tests.support.big_kernel import BIG
+from tests.support.cli import EXE, X86, cli_env, one_line, run_cli, stage_to, write_manifest
 from tests.support.kernel_fixtures import ACTIVATION, RELU
 
 
@@ -48,6 +49,10 @@ def test_two_stagers_on_two_hosts_store_each_blob_once(big_hub, tmp_path, big_ma
     homes = [tmp_path / "host-a", tmp_path / "host-b"]
     cmd = ["--ledger", pg_url, "--store", s3_store, "--endpoint", big_hub.url]
 
+    for repo in (BIG, RELU):  # both start from one scanned ledger (a scan reads metadata.json, each its own)
+        assert run_cli(*cmd, "scan", repo, home=homes[0], env=env).returncode == 0
+    big_hub.reset_log()
+
     def stager(home: Path) -> subprocess.Popen:
         argv = [EXE, "--home", str(home), *cmd, "stage", str(big_manifest), "--json"]
         return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -79,7 +84,7 @@ def test_verify_streams_every_object_and_names_a_flipped_byte(hub, tmp_path, man
     by verify, which streams and re-hashes every object: exit 1, the blob named; the others pass."""
     env, home = s3_env(s3_server), tmp_path / "home"
     cmd = ["--ledger", pg_url, "--store", s3_store]
-    p = run_cli(*cmd, "--endpoint", hub.url, "stage", str(manifest), "--json", home=home, env=env)
+    p = stage_to(s3_store, pg_url, hub.url, manifest, home=home, env=env, json=True)
     assert p.returncode == 0, p.stderr
     stored = objects(s3_server, s3_store)
     victim = max(stored, key=stored.get)  # the biggest: a .so
@@ -133,18 +138,7 @@ def test_an_unreachable_store_is_exit_3_in_one_line(hub, tmp_path, manifest, pg_
     """The object store down (here: nothing listens where AWS_ENDPOINT_URL points): the same command may
     work later, so exit 3, as for a dead upstream or ledger server; one line naming the store."""
     env = s3_env(s3_server, AWS_ENDPOINT_URL="http://127.0.0.1:9")
-    p = run_cli(
-        "--ledger",
-        pg_url,
-        "--store",
-        s3_store,
-        "--endpoint",
-        hub.url,
-        "stage",
-        str(manifest),
-        home=tmp_path / "h",
-        env=env,
-    )
+    p = stage_to(s3_store, pg_url, hub.url, manifest, home=tmp_path / "h", env=env)
     assert p.returncode == 3, p.stderr
     assert s3_store in one_line(p)
 

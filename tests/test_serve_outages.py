@@ -32,23 +32,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.support.cli import cli_env, run_cli, write_manifest
 from tests.support.fakehub import FakeHub
 from tests.support.kernel_fixtures import ACTIVATION, ORG, RELU, demo_repos
+from tests.support.load import File, hub_files
 from tests.support.nginx import PREFIX, nginx, nginx_conf
 from tests.support.pgserver import PgServer
 from tests.support.serve_helpers import client_env, free_port, raw_http, raw_request, serving
 
 X86 = "torch2.13-cpu-x86_64-linux"
 LAYERNORM = f"{ORG}/layernorm"
-
-
-@dataclass(frozen=True)
-class File:
-    url: str
-    commit: str
-    etag: str
-    size: int
-    sha256: str
-    repo: str
-    path: str
 
 
 @dataclass
@@ -62,27 +52,6 @@ class Site:
 
     def env(self, **extra: str) -> dict[str, str]:
         return cli_env(FRT_LEDGER_URL=self.url, **extra)
-
-
-def staged_files(hub: FakeHub, rows: list[dict]) -> list[File]:
-    out = {}
-    for row in rows:
-        repo = hub.repos[("kernel", row["repo"])]
-        commit = repo.commits[row["commit"]]
-        for path, data in commit.files.items():
-            if path.startswith(f"build/{row['variant']}/"):
-                meta = commit.meta[path]
-                etag = meta.sha256 if (len(data) >= 64 << 10 and meta.sha256) else meta.oid
-                out[(row["repo"], commit.sha, path)] = File(
-                    f"/kernels/{row['repo']}/resolve/{commit.sha}/{path}",
-                    commit.sha,
-                    f'"{etag}"',
-                    len(data),
-                    hashlib.sha256(data).hexdigest(),
-                    row["repo"],
-                    path,
-                )
-    return list(out.values())
 
 
 def stage(site_env: dict, home: Path, hub: FakeHub, tmp: Path, kernels: dict) -> list[dict]:
@@ -104,7 +73,7 @@ def site(tmp_path_factory):
         rows = stage(env, home, hub, tmp, {ACTIVATION: {"version": 1}, LAYERNORM: {"version": 1}})
         p = run_cli("token", "add", "fleet", home=home, env=env)
         assert p.returncode == 0, p.stderr
-        yield Site(home, pg, url, hub, p.stdout.strip(), staged_files(hub, rows))
+        yield Site(home, pg, url, hub, p.stdout.strip(), hub_files(hub, rows))
 
 
 def replica(site: Site, log: Path, *extra: str):
@@ -331,7 +300,7 @@ def test_two_replicas_behind_nginx_ride_out_a_postgresql_outage(site, tmp_path):
 
         # After the outage: a change staged now reaches both replicas, no restart.
         rows = stage(site.env(), site.home, site.hub, tmp_path, {RELU: {"version": 1}})
-        new = staged_files(site.hub, rows)[0]
+        new = hub_files(site.hub, rows)[0]
         deadline = time.monotonic() + 30
         for r in replicas:
             while (status := _status(r.port, new.url, site.token)) != 200 and time.monotonic() < deadline:

@@ -47,6 +47,13 @@ def write_manifest(path: Path, kernels: dict[str, dict], targets: list[str], tru
     return path
 
 
+def stage_to(store: str, ledger: str, endpoint: str, manifest: Path, *, home: Path, env: dict, json: bool = False):
+    """`stage MANIFEST` as a stager host on an object store runs it: the blobs in `store` (s3://…), the
+    ledger on the server `ledger` names."""
+    args = ["--ledger", ledger, "--store", store, "--endpoint", endpoint, "stage", str(manifest)]
+    return run_cli(*args, *(["--json"] if json else []), home=home, env=env)
+
+
 def stage_json(home, manifest, hub, *extra, env=None):
     p = run_cli("--endpoint", hub.url, "stage", str(manifest), "--json", *extra, home=home, env=env)
     assert p.stdout, p.stderr

@@ -16,6 +16,31 @@ class File:
     etag: str
     size: int
     sha256: str
+    repo: str = ""
+    path: str = ""
+
+
+def hub_files(hub, rows: list[dict]) -> list[File]:
+    """Every file of the staged rows (stage --json's: repo, commit, variant), as a client asks for it (by
+    commit), with what it must get back: the fake Hub's own bytes and headers."""
+    out = {}
+    for row in rows:
+        repo = hub.repos[("kernel", row["repo"])]
+        commit = repo.commits[row["commit"]]
+        for path, data in commit.files.items():
+            if data is not None and path.startswith(f"build/{row['variant']}/"):
+                meta = commit.meta[path]
+                etag = meta.sha256 if (len(data) >= 64 << 10 and meta.sha256) else meta.oid
+                out[(row["repo"], commit.sha, path)] = File(
+                    f"/kernels/{row['repo']}/resolve/{commit.sha}/{path}",
+                    commit.sha,
+                    f'"{etag}"',
+                    len(data),
+                    hashlib.sha256(data).hexdigest(),
+                    row["repo"],
+                    path,
+                )
+    return list(out.values())
 
 
 class Client:
