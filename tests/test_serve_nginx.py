@@ -23,7 +23,7 @@ import pytest
 
 from tests.support.cli import cli_env, run_cli
 from tests.support.kernel_fixtures import ACTIVATION, LAYERNORM, X86_CPU
-from tests.support.load import File, load
+from tests.support.load import File, files_of, load
 from tests.support.nginx import NGINX, PREFIX, Front, answer, front_of, nginx_conf, wait_for_lines
 from tests.support.serve_helpers import (
     LINE,
@@ -297,22 +297,7 @@ def test_dropped_download_resumes_with_range_through_nginx(serve_staged, front, 
 
 def staged_files(staged) -> list[File]:
     """Every file staged, as a client asks for it (by commit), with what it must get back."""
-    out = {}
-    for row in staged.rows:
-        commit = staged.repos[row["repo"]].commits[row["commit"]]
-        for path, data in commit.files.items():
-            if path.startswith(f"build/{row['variant']}/"):
-                meta = commit.meta[path]
-                lfs = len(data) >= 64 << 10 and meta.sha256  # the fake Hub's LFS threshold
-                etag = meta.sha256 if lfs else meta.oid
-                out[(row["repo"], commit.sha, path)] = File(
-                    f"/kernels/{row['repo']}/resolve/{commit.sha}/{path}",
-                    commit.sha,
-                    f'"{etag}"',
-                    len(data),
-                    hashlib.sha256(data).hexdigest(),
-                )
-    return list(out.values())
+    return files_of(lambda repo_id: staged.repos[repo_id], staged.rows)
 
 
 def test_a_replica_killed_under_load_fails_no_request(serve_staged, tmp_path):

@@ -23,9 +23,14 @@ class File:
 def hub_files(hub, rows: list[dict]) -> list[File]:
     """Every file of the staged rows (stage --json's: repo, commit, variant), as a client asks for it (by
     commit), with what it must get back: the fake Hub's own bytes and headers."""
+    return files_of(lambda repo_id: hub.repos[("kernel", repo_id)], rows)
+
+
+def files_of(repo_of, rows: list[dict]) -> list[File]:
+    """hub_files, with each row's FakeRepo from `repo_of(repo_id)`."""
     out = {}
     for row in rows:
-        repo = hub.repos[("kernel", row["repo"])]
+        repo = repo_of(row["repo"])
         commit = repo.commits[row["commit"]]
         for path, data in commit.files.items():
             if data is not None and path.startswith(f"build/{row['variant']}/"):
