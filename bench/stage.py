@@ -1,6 +1,6 @@
 """Staging: `frt.mirror.stage.stage` vs. the snapshot_download loop a user scripts today.
 
-    python -m bench.stage [--quick]
+    python -m bench.stage [--quick] [--store s3]
 
 Rows: the baseline, `huggingface_hub.snapshot_download(repo, repo_type="kernel", revision=<commit>,
 allow_patterns=["build/<variant>/*"], cache_dir=<a fresh cache per target>)` for each target and repo
@@ -119,7 +119,7 @@ def child(kind: str, url: str, job: dict) -> dict:
     from frt.resolver.resolve import make_request
     from frt.resolver.targets import parse_target
 
-    home, hub = Home(Path(job["home"])), HubClient(url)
+    home, hub = Home(Path(job["home"]), ledger_url=job.get("ledger"), store_url=job.get("store")), HubClient(url)
     requests = [make_request(repo, version=v) for repo, v in job["requests"]]
     targets = [parse_target(t) for t in job["targets"]]
     t0 = time.perf_counter()
@@ -194,6 +194,17 @@ def real_transport_hub(repos: dict, quick: bool):
     return hub, limits
 
 
+def stage_on_s3(hub, repos: dict, job: dict) -> tuple[dict, dict]:
+    """`ours` again, the blobs into an S3 store on a SeaweedFS and the ledger on a PostgreSQL, both started
+    here (tests/support) and stopped after."""
+    from tests.support.pgserver import PgServer
+    from tests.support.s3server import S3Server
+
+    with PgServer() as pg, S3Server() as s3:
+        os.environ.update(s3.env())  # the child's, as a stager host's environment names the store
+        return run_child("ours", hub, repos, dict(job, ledger=pg.url, store=s3.new_prefix()))
+
+
 def file_bytes(root: Path, under: str = "") -> int:
     """Bytes of the distinct regular files below `root` (hard links counted once, symlinks not at all)."""
     seen = {}
@@ -207,6 +218,12 @@ def file_bytes(root: Path, under: str = "") -> int:
 def main() -> None:
     ap = argparse.ArgumentParser(prog="python -m bench.stage", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer repos, 1/8-size files (< 25 s), for tests")
+    ap.add_argument(
+        "--store",
+        choices=("files", "s3"),
+        default="files",
+        help="s3: also stage into an S3 store (a SeaweedFS and a PostgreSQL started here): row 'ours, S3 store'",
+    )
     ap.add_argument("--child", nargs=2, metavar=("KIND", "URL"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -256,6 +273,7 @@ def main() -> None:
         job = {"requests": req_pairs, "targets": TARGETS, "home": str(tmp / "home"), "hf_home": hf_home}
         ours, ours_net = run_child("ours", hub, repos, job)
         again, again_net = run_child("ours", hub, repos, job)
+        on_s3 = stage_on_s3(hub, repos, dict(job, home=str(tmp / "home-s3"))) if args.store == "s3" else None
         hub.stop()
         real, limits = real_transport_hub(repos, args.quick)
         real_job = dict(job, home=str(tmp / "home-real"))
@@ -298,6 +316,7 @@ def main() -> None:
         ("ours (8 jobs, fresh home)", ours, ours_net),
         ("ours rerun (same home)", again, again_net),
         ("ours, real-Hub transport", ours_real, real_net),
+        *([("ours, S3 store", *on_s3)] if on_s3 else []),
     ]
     for label, res, net in rows:
         print(
@@ -313,6 +332,11 @@ def main() -> None:
     )
     if sorted(ours_real["staged"]) != sorted(ours["staged"]):
         print("WARNING: the real-transport stage staged other (target, repo, commit, variant) than the plain one")
+    if on_s3:
+        print(
+            f"  S3 store: the same stage into s3://… on SeaweedFS, ledger on PostgreSQL (both on this box): "
+            f"wall {on_s3[0]['wall'] / ours['wall']:.2f}x the filesystem store's"
+        )
     ratio = ours["wall"] / base["wall"]
     verdict = "PASS" if ratio <= 0.5 else "FAIL"
     print(f"\nwall-time ratio ours/baseline = {ratio:.2f} (target <= 0.5): {verdict}")
