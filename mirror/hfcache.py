@@ -15,7 +15,10 @@ naming it, with `out` untouched. A blob already in `out` is kept only if it is t
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import tempfile
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,9 +74,21 @@ def export_cache(
                 else []
             )
         plan.append((row, _checked(row, files, at)))
-    sources = _sources(home, plan)
+    with contextlib.ExitStack() as scratch:
+        fetched = None
+        if home.store_url:  # an object store: each blob fetched beside `out` first (hard-linked in after)
+            out.mkdir(parents=True, exist_ok=True)
+            fetched = Path(tempfile.mkdtemp(prefix=".frt-export-", dir=out))
+            scratch.callback(shutil.rmtree, fetched, True)
+        return _export(out, home, (targets, folders), plan, rows, mine + models, wheels_to, keep, fetched)
+
+
+def _export(out, home, record, plan, rows, with_wheels, wheels_to, keep, fetched) -> Exported:
+    """export_cache's writing, once `plan` is made: from the views (or `fetched`: an object store's blobs)."""
+    targets, folders = record
+    sources = _sources(home, plan, fetched)
     blobs = _check_sources(home, plan, sources)
-    wheels = _check_wheels(home, mine + models) if wheels_to is not None else []
+    wheels = _check_wheels(home, with_wheels, fetched) if wheels_to is not None else []
     out.mkdir(parents=True, exist_ok=True)
     if not (out / "CACHEDIR.TAG").exists():
         (out / "CACHEDIR.TAG").write_text(CACHEDIR_TAG)
@@ -108,7 +123,7 @@ def wheels_needed(home: Home, target: Target) -> list[str]:
     return sorted({w for r in home.staged(str(target)) for w in r.wheels})
 
 
-def _check_wheels(home: Home, rows) -> list[tuple[str, Path, str]]:
+def _check_wheels(home: Home, rows, fetched: Path | None = None) -> list[tuple[str, Path, str]]:
     """(filename, stored blob, sha256) of every wheel the rows need, each re-hashed before the first write:
     a find-links folder is another thing pip on the cluster trusts without a hash."""
     from .records import wheel_rows
@@ -119,7 +134,7 @@ def _check_wheels(home: Home, rows) -> list[tuple[str, Path, str]]:
     for name in needed:
         check_path(name, where="ledger's wheel record")
         sha = recorded.get(name, (None, None, None, None))[2]
-        src = home.store.path(sha) if sha else None
+        src = _blob_file(home, sha, fetched) if sha else None
         if src is None or not src.is_file():
             raise BadInput(
                 f"wheel {name} is recorded as staged but missing from the store: run 'frt-mirror verify', "
@@ -134,16 +149,28 @@ def _check_wheels(home: Home, rows) -> list[tuple[str, Path, str]]:
     return out
 
 
-def _sources(home: Home, plan) -> dict[tuple[str, str, str], Path | None]:
+def _blob_file(home: Home, sha: str, fetched: Path | None) -> Path:
+    """A stored blob as a file: the store's own, or (an object store) fetched into `fetched`, verified."""
+    if fetched is None:
+        return home.store.path(sha)
+    if not (dest := fetched / sha).exists():
+        from .materialise import fetch_blob
+
+        fetch_blob(home, sha, dest, f"blob {sha}")
+    return dest
+
+
+def _sources(home: Home, plan, fetched: Path | None = None) -> dict[tuple[str, str, str], Path | None]:
     """Where each file's bytes lie: a kernel's in its view (what `kernels` loads), a model's in the
-    store (models have no view; see frt.mirror.models)."""
-    views, out = home.views, {}
-    blobs = blob_for(home.ledger, (f for row, (files, _) in plan if row.is_model for f in files))
+    store (models have no view; see frt.mirror.models); on an object store, every one fetched."""
+    out: dict[tuple[str, str, str], Path | None] = {}
+    blobs = blob_for(home.ledger, (f for row, (files, _) in plan if row.is_model or fetched for f in files))
     for row, (files, _) in plan:
         for f in files:
-            if row.is_model:
-                out[(row.repo, row.commit, f.path)] = home.store.path(sha) if (sha := blobs[f]) else None
+            if row.is_model or fetched is not None:
+                out[(row.repo, row.commit, f.path)] = _blob_file(home, sha, fetched) if (sha := blobs[f]) else None
             else:
+                views = home.views
                 out[(row.repo, row.commit, f.path)] = views.root / views.repo_folder(row.repo) / row.commit / f.path
     return out
 

@@ -49,6 +49,24 @@ def materialise(home: Home, rows: list[StagedRow], into: Path) -> dict[tuple[str
     return out
 
 
+def fetch_blob(home: Home, sha: str, dest: Path, what: str) -> None:
+    """`dest` written with blob `sha`'s bytes from the store, hashed as they come; VerificationFailed (and
+    the file left for the caller's scratch folder to take away) when they are not that blob's."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    h = hashlib.sha256()
+    with open(dest, "wb") as out:
+        for chunk in home.store.stream(sha):
+            h.update(chunk)
+            out.write(chunk)
+        out.flush()
+        os.fsync(out.fileno())
+    if h.hexdigest() != sha:
+        raise VerificationFailed(
+            f"{what}: the store's object for blob {sha} hashes to {h.hexdigest()}: "
+            "not written ('frt-mirror verify' names what is damaged)"
+        )
+
+
 def _complete(folder: Path, wanted) -> bool:
     try:
         return all((folder / rel).stat().st_size == size for rel, size, _ in wanted)
@@ -65,20 +83,7 @@ def _write(home: Home, final: Path, wanted, tmp: Path, merge: bool = False) -> N
                 raise VerificationFailed(f"{final}/{rel}: no verified blob is recorded for it")
             if merge and (final / rel).is_file() and (final / rel).stat().st_size == size:
                 continue
-            dest = scratch / rel
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            h = hashlib.sha256()
-            with open(dest, "wb") as out:
-                for chunk in home.store.stream(sha):
-                    h.update(chunk)
-                    out.write(chunk)
-                out.flush()
-                os.fsync(out.fileno())
-            if h.hexdigest() != sha:
-                raise VerificationFailed(
-                    f"{final}/{rel}: the store's object for blob {sha} hashes to {h.hexdigest()}: "
-                    "not written ('frt-mirror verify' names what is damaged)"
-                )
+            fetch_blob(home, sha, scratch / rel, f"{final}/{rel}")
         final.parent.mkdir(parents=True, exist_ok=True)
         if merge:
             final.mkdir(exist_ok=True)

@@ -284,3 +284,21 @@ def test_env_into_writes_the_targets_files_verified_and_kernels_loads_them_offli
     bad = run_cli(*common, "env", "--target", target, "--into", str(fresh), home=home, env=env)
     assert bad.returncode == 1 and victim in one_line(bad)
     assert not [p for p in fresh.rglob("*") if p.is_file()], "nothing half-written is visible"
+
+
+def test_export_cache_from_the_bucket_works_offline(hub, tmp_path, manifest, pg_url, s3_server, s3_store):
+    """export-cache on an object store: each blob fetched (and verified) beside the cache, hard-linked in;
+    kernels loads from that cache with HF_HUB_OFFLINE=1 and no network at all; no scratch is left."""
+    from tests.support.offline import load_offline
+
+    env, home, cache = s3_env(s3_server), tmp_path / "home", tmp_path / "hf-cache"
+    common = ["--ledger", pg_url, "--store", s3_store]
+    assert stage_to(s3_store, pg_url, hub.url, manifest, home=home, env=env).returncode == 0
+    p = run_cli(*common, "export-cache", str(cache), "--target", "torch2.13-cpu-x86_64-linux", home=home, env=env)
+    assert p.returncode == 0, p.stderr
+    assert not list(cache.glob(".frt-export-*")), "the fetched blobs' scratch is gone"
+    loaded = load_offline(
+        f"import kernels; print(kernels.get_kernel({RELU!r}, version=1).__name__ != '')",
+        {"HF_HUB_CACHE": str(cache)},
+    )
+    assert loaded.returncode == 0 and loaded.stdout.strip() == "True", loaded.stderr
