@@ -87,6 +87,27 @@ def s3_store(s3_server) -> str:
     return s3_server.new_prefix()
 
 
+@pytest.fixture
+def s3_staged(hub, tmp_path, pg_url, s3_server, s3_store):
+    """relu v1, activation v1/v2 and layernorm (with its kernel-depends) staged for x86 CPU into the bucket,
+    the ledger on PostgreSQL; then the upstream is stopped: serve has only the bucket and the ledger."""
+    from tests.support.cli import cli_env, stage_to
+
+    manifest = write_manifest(
+        tmp_path / "m.toml",
+        {RELU: {"version": 1}, ACTIVATION: {"version": 1}, LAYERNORM: {"version": 1}},
+        [X86],
+    )
+    p = stage_to(s3_store, pg_url, hub.url, manifest, home=tmp_path / "stager", env=cli_env(**s3_server.env()))
+    assert p.returncode == 0, p.stderr
+    v1 = {}
+    for repo in (RELU, ACTIVATION, LAYERNORM):
+        r = hub.repos[("kernel", repo)]
+        v1[repo] = {path: data for path, data in r.commits[r.branches["v1"]].files.items() if data is not None}
+    hub.stop()
+    return {"ledger": pg_url, "store": s3_store, "env": s3_server.env(), "v1": v1}
+
+
 # The ledgers the scan/resolve/stage/serve tests run on: SQLite in the home, and a real PostgreSQL.
 LEDGERS = ["sqlite", "postgresql"]
 

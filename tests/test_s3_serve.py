@@ -6,46 +6,18 @@ promise kept there: an object with a flipped byte is never served whole, and is 
 from __future__ import annotations
 
 import hashlib
-import json
 
 import pytest
 
-from tests.support.cli import X86, cli_env, stage_to, write_manifest
 from tests.support.kernel_fixtures import ACTIVATION, LAYERNORM, RELU, X86_CPU
-from tests.support.serve_helpers import raw_http, raw_request, replica_env, run_client, serving
+from tests.support.s3server import replica
+from tests.support.serve_helpers import raw_http, raw_request, run_client
 
 pytestmark = pytest.mark.hub1
 
 
-@pytest.fixture
-def s3_staged(hub, tmp_path, pg_url, s3_server, s3_store):
-    """relu v1, activation v1/v2 and layernorm (with its kernel-depends) staged for x86 CPU into the bucket,
-    the ledger on PostgreSQL; then the upstream is stopped: serve has only the bucket and the ledger."""
-    manifest = write_manifest(
-        tmp_path / "m.toml",
-        {RELU: {"version": 1}, ACTIVATION: {"version": 1}, LAYERNORM: {"version": 1}},
-        [X86],
-    )
-    env = cli_env(**s3_server.env())
-    home = tmp_path / "stager"
-    p = stage_to(s3_store, pg_url, hub.url, manifest, home=home, env=env)
-    assert p.returncode == 0, p.stderr
-    v1 = {}
-    for repo in (RELU, ACTIVATION, LAYERNORM):
-        r = hub.repos[("kernel", repo)]
-        v1[repo] = {path: data for path, data in r.commits[r.branches["v1"]].files.items() if data is not None}
-    hub.stop()
-    return {"ledger": pg_url, "store": s3_store, "env": s3_server.env(), "v1": v1}
-
-
 def _staged_files(staged) -> list[tuple[str, bytes]]:
     return [(p, d) for p, d in staged["v1"][RELU].items() if p.startswith(f"build/{X86_CPU}/")]
-
-
-def replica(tmp_path, staged, name: str = "replica", *args: str):
-    """A serve replica with a home of its own (no folder shared with the stager or another replica)."""
-    env = replica_env(FRT_LEDGER_URL=staged["ledger"], FRT_STORE_URL=staged["store"], **staged["env"])
-    return serving(tmp_path / name, *args, env=env)
 
 
 @pytest.mark.parametrize("mode", ["streamed", "--s3-redirect"])
@@ -143,41 +115,3 @@ def test_an_object_with_a_flipped_byte_is_never_served_whole(s3_staged, tmp_path
         again, _, _ = raw_http(served.port, raw_request("GET", target))
         assert again == 500, served.stderr()
         assert "failed verification" in served.stderr() or "not to its name" in served.stderr()
-
-
-def test_two_replicas_behind_nginx_one_killed_under_load_fail_no_request(
-    big_hub, tmp_path, pg_url, s3_server, s3_store
-):
-    """Two serve replicas, each with a home of its own, on one bucket and one ledger, behind nginx-conf's
-    nginx; 64 keep-alive clients HEAD + GET every staged file (a multi-MiB one among them, streamed from S3
-    and hashed as it goes); one replica is SIGKILLed half-way: no request fails and every body is right."""
-    import asyncio
-    import contextlib
-    import signal
-
-    from tests.support.big_kernel import BIG
-    from tests.support.load import hub_files, load
-    from tests.support.nginx import nginx, nginx_conf
-    from tests.support.serve_helpers import free_port
-
-    manifest = write_manifest(tmp_path / "m.toml", {BIG: {"version": 1}, RELU: {"version": 1}}, [X86])
-    env = cli_env(**s3_server.env())
-    p = stage_to(s3_store, pg_url, big_hub.url, manifest, home=tmp_path / "stager", env=env, json=True)
-    assert p.returncode == 0, p.stderr
-    files = hub_files(big_hub, json.loads(p.stdout)["rows"])
-    assert any(f.size > 1 << 20 for f in files), "a file of several chunks, streamed and hashed"
-    big_hub.stop()
-    staged = {"ledger": pg_url, "store": s3_store, "env": s3_server.env()}
-    with contextlib.ExitStack() as stack:
-        replicas = [stack.enter_context(replica(tmp_path, staged, f"replica{i}")) for i in range(2)]
-        run = tmp_path / "nginx"
-        conf = nginx_conf(tmp_path / "replica0", [r.port for r in replicas], free_port(), run)
-        front = stack.enter_context(nginx(conf, run, replicas))
-        victim = replicas[0]
-        out = asyncio.run(load(front.port, files, clients=64, rounds=2, kill=victim.proc.kill))
-        assert victim.proc.wait(timeout=30) == -signal.SIGKILL
-        assert replicas[1].proc.poll() is None
-        errors = front.error_log()
-    assert out["failures"] == [], out["failures"][:10]
-    assert out["total"] == 64 * 2 * len(files) * 2 and out["after"] > 0
-    assert "upstream" in errors  # nginx did meet the dead replica, and went on to the other

@@ -15,6 +15,7 @@ from frt.mirror.serve.nginx import (
     check_replicas_share,
     parse_address,
 )
+from frt.mirror.serve.nginx_s3 import S3Endpoint, store_endpoint
 from frt.mirror.store import store_root
 from frt.resolver.errors import BadInput
 
@@ -86,10 +87,16 @@ def nginx_conf(app: App, upstreams, listen, run_dir, accel, head_cache, head_map
     store (X-Accel-Redirect), skipping a dead replica. Each replica runs
     `frt-mirror --home HOME [--ledger URL] serve --port P --accel-redirect PREFIX`, on the ledger this
     command was given (--ledger, $FRT_LEDGER_URL); the file's comments list them. Replicas on other
-    hosts than this one need that ledger on a database server (PostgreSQL): refused without one."""
+    hosts than this one need that ledger on a database server (PostgreSQL): refused without one.
+    With the blobs on an object store (--store s3://BUCKET/PREFIX), nginx fetches each body from the
+    store by the presigned URL the replica gives it, never through the replica."""
     home = app.root.absolute()
-    store = store_root(home)
-    if not store.is_dir():
+    if app.home.store_url:
+        if head_map:
+            why = f"nginx answers HEADs from the blobs as files; the store is {app.home.store_url}"
+            raise BadInput(f"--head-map: {why}")
+        store: Path | S3Endpoint = store_endpoint(app.home.store)
+    elif not (store := store_root(home)).is_dir():
         raise BadInput(f"no blob store at {store}: --home must be the replicas' home, as this host mounts it")
     if user is not None and not user.replace("-", "").replace("_", "").isalnum():
         raise BadInput(f"--user {user!r}: expected a user name")
@@ -106,5 +113,6 @@ def nginx_conf(app: App, upstreams, listen, run_dir, accel, head_cache, head_map
         head_cache=head_cache,
         head_map=head_map,
         ledger=ledger,
+        store_url=app.home.store_url,
     )
     click.echo(site.render(home), nl=False)

@@ -57,7 +57,8 @@ LIMIT_ENV = {field: var for field, (var, *_rest) in HttpLimits.ENV.items()}
     metavar="PREFIX",
     help="Behind nginx (frt-mirror nginx-conf): a file GET that nginx forwards is answered with its "
     "headers and X-Accel-Redirect: PREFIX/<blob>, and nginx sends the bytes from its internal "
-    "location PREFIX over the store. Requests that did not come through that nginx get the "
+    "location PREFIX over the store (on --store s3://…: X-Accel-Redirect: PREFIX/<the object's presigned "
+    "URL>, and nginx fetches the object). Requests that did not come through that nginx get the "
     f"bytes from serve, as without it. nginx-conf's PREFIX: {DEFAULT_ACCEL}.",
 )
 @click.option(
@@ -195,10 +196,10 @@ def serve_cmd(
         from frt.resolver.errors import BadInput
 
         raise BadInput("--s3-redirect only means something with --store s3://BUCKET/PREFIX")
-    if app.home.store_url and (accel or head_map or upstream):
+    if app.home.store_url and (head_map or upstream):
         from frt.resolver.errors import BadInput
 
-        why = "--accel-redirect, --head-map and --upstream need the blobs as files"
+        why = "--head-map and --upstream need the blobs as files"
         raise BadInput(f"--store {app.home.store_url}: {why}")
     pull = _upstream(app, upstream, allow, refs_ttl, upstream_timeout, upstream_hold)
     sockets = listen(host, port)  # first: a busy port is one line and exit 2, before anything is said

@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import re
 
-from ..store import blob_relpath
-from .catalog import ServedFile
-
 # What nginx's static file handler would answer otherwise than serve, which ignores them (a 304, a 412,
 # If-Range's whole-file 200): a GET carrying one is streamed by serve itself, even behind nginx.
 CONDITIONAL = frozenset({b"if-range", b"if-match", b"if-none-match", b"if-modified-since", b"if-unmodified-since"})
@@ -30,13 +27,13 @@ def accel_ok(headers: list, rng) -> bool:
     return nginx and plain
 
 
-def accel_headers(prefix: str, f: ServedFile, fixed: tuple, ranged: bool) -> tuple:
-    """The answer that hands a GET to nginx: the file's headers, no body, and where nginx finds it.
+def accel_headers(fixed: tuple, ranged: bool) -> tuple:
+    """The answer that hands a GET to nginx: the file's headers and no body; where nginx finds it
+    (X-Accel-Redirect) is the integrity's word (handoff), once the blob was verified.
     nginx keeps only Content-Type and Accept-Ranges of a redirecting answer (the internal location
     puts X-Repo-Commit, ETag and X-Linked-* back from `$upstream_http_*`; Content-Length and
     Content-Range are its own). Its range filter adds `Accept-Ranges: bytes` to a 200 but not to a
     206, so ours goes along only with a Range: either way the client sees it once, as from serve.
     Content-Length 0 lets nginx keep the connection to this replica alive."""
     kept = tuple(h for h in fixed if ranged or h[0] != b"accept-ranges")
-    where = f"{prefix}/{blob_relpath(f.sha256)}".encode()
-    return (*kept, (b"content-length", b"0"), (b"x-accel-redirect", where))
+    return (*kept, (b"content-length", b"0"))

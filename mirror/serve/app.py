@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -155,13 +154,10 @@ class MirrorApp:
             return None
         (_, f, headers, accel, _), nginx = found
         head = scope["method"] == "HEAD"
-        if nginx and accel and not head:
-            try:  # nginx sends bytes serve cannot hash: only a file verified as it is now (integrity.py)
-                if not isinstance(self.integrity, Integrity) or not self.integrity.fresh(f, os.stat(f.stored_blob)):
-                    return None
-            except FileNotFoundError:
-                return None
-            return 200, await BlobResponse(f, 0, 0, 200, accel, head=True)(scope, receive, send)
+        if nginx and accel and self.accel_redirect and not head:  # nginx sends bytes unhashed: a blob verified lately
+            if (where := self.integrity.handoff(f, self.accel_redirect)) is None:
+                return None  # the slow way verifies it
+            return 200, await BlobResponse(f, 0, 0, 200, (*accel, *where), head=True)(scope, receive, send)
         answer = self.integrity.response(f, 0, f.size, 200, headers, head=head)
         sent = await answer(scope, receive, send)  # first: the answer may change its status (a 500, a 302)
         return answer.status_code, sent
@@ -380,14 +376,11 @@ class MirrorApp:
         fixed = file_headers(c.sha, etag_of(f), f.sha256 if f.lfs else None, f.size)
         headers = [*fixed, (b"content-length", b"%d" % (end - start))]
         head = request.method == "HEAD"
-        handoff = not head and self.accel_redirect and not whole and accel_ok(request.scope["headers"], rng)
-        if handoff or (rng is not None and not head):  # bytes sent unhashed: the whole blob verified first
+        prefix = self.accel_redirect if not head and not whole and accel_ok(request.scope["headers"], rng) else None
+        if prefix or (rng is not None and not head):  # bytes sent unhashed: the whole blob verified first
             await self.integrity.ensure(f)
-        if handoff:
-            assert self.accel_redirect  # handoff needs it
-            return BlobResponse(
-                f, 0, 0, 200, accel_headers(self.accel_redirect, f, fixed, ranged=rng is not None), head=True
-            )
+        if prefix and (where := self.integrity.handoff(f, prefix)) is not None:
+            return BlobResponse(f, 0, 0, 200, (*accel_headers(fixed, ranged=rng is not None), *where), head=True)
         if rng is not None:
             headers.append((b"content-range", b"bytes %d-%d/%d" % (start, end - 1, f.size)))
         elif (
@@ -395,6 +388,6 @@ class MirrorApp:
             and catalog is self.catalog()
             and repo is catalog.repo(repo_type, repo_id)
         ):
-            accel = accel_headers(self.accel_redirect, f, fixed, ranged=False) if self.accel_redirect else None
+            accel = accel_headers(fixed, ranged=False) if self.accel_redirect else None
             self._hot.remember(raw, catalog, f, tuple(headers), accel)
         return self.integrity.response(f, start, end, 206 if rng else 200, headers, head=head)

@@ -41,6 +41,7 @@ from frt.resolver.settings import env_number
 
 from ..events import QUARANTINE
 from ..home_path import HomeLayout
+from ..store import blob_relpath
 from .catalog import ServedFile
 from .protocol import HubError
 
@@ -85,6 +86,16 @@ class Integrity:
         from .blob import BlobResponse
 
         return BlobResponse(f, start, end, status, headers, head=head, integrity=self)
+
+    def handoff(self, f: ServedFile, prefix: str) -> tuple | None:
+        """The headers (X-Accel-Redirect) that hand a GET of `f` to nginx, which sends the file from its
+        location over the store; None where the file is not the one this process verified lately."""
+        try:
+            if not self.fresh(f, os.stat(f.stored_blob)):
+                return None
+        except FileNotFoundError:
+            return None
+        return ((b"x-accel-redirect", f"{prefix}/{blob_relpath(f.sha256)}".encode()),)
 
     def fresh(self, f: ServedFile, st: os.stat_result) -> bool:
         hit = self._verified.get(f.sha256)

@@ -32,6 +32,8 @@ from pathlib import Path
 
 from frt.resolver.errors import BadInput
 
+from .nginx_s3 import S3Endpoint, render_location, render_upstream
+
 DEFAULT_ACCEL = "/_frt_store"
 DEFAULT_RUN_DIR = Path("/var/lib/frt-mirror-nginx")
 _HOST = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+|\*)")
@@ -177,20 +179,22 @@ class NginxSite:
 
     listen: Address
     upstreams: tuple[Address, ...]
-    store: Path  # the home's store/sha256 as nginx's host sees it (a shared filesystem's mount)
+    store: Path | S3Endpoint  # the home's store/sha256 as nginx's host sees it, or the object store's endpoint
     run_dir: Path = DEFAULT_RUN_DIR
     accel: str = DEFAULT_ACCEL
     user: str | None = None  # nginx's worker user: one that may read the store
     head_cache: int = 0  # seconds nginx answers a HEAD of a file by commit sha itself; 0: never
     head_map: bool = False  # nginx answers HEADs of stored files by sha from the replicas' map (head_map.py)
     ledger: ReplicaLedger = ReplicaLedger()  # what the replicas' commands say of the ledger
+    store_url: str | None = None  # s3://BUCKET/PREFIX: the replicas' --store (with an S3Endpoint store)
 
     def render(self, home: Path) -> str:
-        run, alias = self.run_dir, _quoted(f"{self.store}/", "the store")
+        run, s3 = self.run_dir, self.store if isinstance(self.store, S3Endpoint) else None
+        alias = _quoted(f"{self.store}/", "the store") if s3 is None else ""
         _quoted(run, "--run-dir")
         servers = "\n".join(f"    server {u} max_fails=1 fail_timeout=5s;" for u in self.upstreams)
         user = f"user {self.user};\n" if self.user else ""
-        ledger = self.ledger.option()
+        ledger = self.ledger.option() + (f" --store {shlex.quote(self.store_url)}" if self.store_url else "")
         writers = [u for u in self.upstreams if on_this_host(u.host)] if self.head_map else []
         if self.head_map and not writers:
             raise BadInput("--head-map: the map is written by a replica on nginx's host: give one --upstream here")
@@ -209,9 +213,19 @@ class NginxSite:
             run=run,
             user=user,
             servers=servers,
-            store=self.store,
-            alias=alias,
-            accel=self.accel,
+            bodies=(
+                f"from the object store at {s3.scheme}://{s3.netloc},\n# by the presigned URLs the replicas give it."
+                if s3
+                else f"from the store itself:\n# the user its workers run as must be able to read {self.store}."
+            ),
+            accel_location=(
+                render_location(s3, self.accel, file_headers("frt_etag", "frt_"))
+                if s3
+                else FS_LOCATION.format(
+                    accel=self.accel, alias=alias, headers=file_headers("upstream_http_etag", "upstream_http_x_")
+                )
+            ),
+            s3_http=render_upstream(s3, len(self.upstreams)) if s3 else "",
             listen=self.listen,
             tries=max(2, len(self.upstreams)),
             keepalive=32 * len(self.upstreams),
@@ -225,7 +239,6 @@ class NginxSite:
             map_location=MAP_LOCATION.format(alias=alias, map_headers=file_headers("frt_head_etag", "frt_head_"))
             if self.head_map
             else "",
-            upstream_headers=file_headers("upstream_http_etag", "upstream_http_x_"),
         )
 
 
@@ -235,8 +248,7 @@ TEMPLATE = """\
 # The replicas, on this host or others that mount the same home (add --workers N for N processes
 # on one port){ledger_note}
 {replicas}
-# nginx reads blob bodies from the store itself:
-# the user its workers run as must be able to read {store}.
+# nginx sends blob bodies {bodies}
 # Run:  mkdir -p "{run}" && nginx -t -c THIS_FILE && nginx -c THIS_FILE
 {user}worker_processes auto;
 pid "{run}/nginx.pid";
@@ -257,7 +269,7 @@ http {{
   fastcgi_temp_path "{run}/fastcgi";
   uwsgi_temp_path "{run}/uwsgi";
   scgi_temp_path "{run}/scgi";
-{map_http}{cache_http}
+{map_http}{cache_http}{s3_http}
   upstream frt_mirror {{
 {servers}
     keepalive {keepalive};
@@ -287,14 +299,15 @@ http {{
     location / {{
       proxy_pass http://frt_mirror;
     }}
-{by_sha}{map_location}
+{by_sha}{map_location}{accel_location}  }}
+}}
+"""
+FS_LOCATION = """
     # Blob bodies, by X-Accel-Redirect only (`internal`: a client asking for it gets a 404).
     location {accel}/ {{
       internal;
       alias {alias};
-{upstream_headers}    }}
-  }}
-}}
+{headers}    }}
 """
 
 # nginx-conf --head-cache SECONDS: HEADs of files by commit sha (immutable URLs) from a cache.

@@ -8,6 +8,10 @@ an answer is never completed with bytes this process has not verified, kept with
   process within FRT_SERVE_VERIFY_TTL, under the ETag it has now; the ranged GET is made conditional on
   that ETag (If-Match), so an object replaced in between answers 412 rather than other bytes.
 - HEAD needs no object at all: the catalog has every header.
+- Behind nginx (`serve --accel-redirect PREFIX`, nginx-conf on the same store), a GET nginx forwarded is
+  answered with its headers and `X-Accel-Redirect: PREFIX/<presigned URL's path and query>`: nginx fetches
+  the object itself, so a replica killed mid-download takes no body with it. Only once this process
+  verified the object whole, as for a Range.
 - With `serve --s3-redirect`, a GET is a 302 to a presigned URL of the object, as the Hub's resolve of an
   LFS file is a 302 to its CDN, with the same headers a HEAD gets; only once this process verified the
   object whole (as for a Range), since the bytes then go from the store to the client unseen.
@@ -22,6 +26,7 @@ import time
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
+from urllib.parse import urlsplit
 
 from frt.resolver.settings import env_number
 
@@ -44,11 +49,36 @@ class ObjectIntegrity:
         self._checks: dict[str, asyncio.Future] = {}
         self.redirect = False  # serve --s3-redirect
         self.redirect_ttl = env_number("FRT_S3_REDIRECT_TTL", 600.0)
+        self._signed: dict[str, tuple[str, float]] = {}  # sha256 -> (presigned URL, reused until)
 
     def presigned(self, f: ServedFile) -> str:
+        """A presigned GET URL of the object, valid at least half of FRT_S3_REDIRECT_TTL from now: one
+        signature per blob per half TTL, not one per request."""
         import obstore
 
-        return obstore.sign(self.store.client, "GET", self.store.key(f.sha256), timedelta(seconds=self.redirect_ttl))
+        now, hit = time.monotonic(), self._signed.get(f.sha256)
+        if hit is not None and now < hit[1]:
+            return hit[0]
+        url = obstore.sign(self.store.client, "GET", self.store.key(f.sha256), timedelta(seconds=self.redirect_ttl))
+        if len(self._signed) >= MAX_ENTRIES:
+            self._signed.clear()
+        self._signed[f.sha256] = (url, now + self.redirect_ttl / 2)
+        return url
+
+    def handoff(self, f: ServedFile, prefix: str) -> tuple | None:
+        """The X-Accel-Redirect header that hands a GET of `f` to nginx (nginx-conf on an S3 store), which
+        fetches the object itself by its presigned URL: `PREFIX/<URL's path>?<its query>`; None where this
+        process has not verified the object whole lately (the bytes go from the store to the client unseen).
+        The headers to add to the answer."""
+        if (etag := self.fresh(f)) is None or f.sha256 in self.bad:
+            return None
+        url = urlsplit(self.presigned(f))
+        # nginx asks the store If-Match the ETag verified here: an object replaced since is a 412, which
+        # nginx answers by a replica's stream (hashed, so never sent whole) rather than by other bytes.
+        return (
+            (b"x-accel-redirect", f"{prefix}{url.path}?{url.query}".encode()),
+            (b"x-frt-object-etag", etag.encode()),
+        )
 
     def response(self, f: ServedFile, start: int, end: int, status: int, headers, head: bool = False):
         return ObjectResponse(self, f, start, end, status, headers, head)

@@ -37,13 +37,13 @@ class Front:
         return path.read_text(errors="replace") if path.exists() else ""
 
 
-def nginx_conf(home: Path, ports: list[int], listen: int, run: Path, *extra: str) -> str:
+def nginx_conf(home: Path, ports: list[int], listen: int, run: Path, *extra: str, env: dict | None = None) -> str:
     args = ["nginx-conf", "--listen", f"127.0.0.1:{listen}", "--run-dir", str(run), *extra]
     for p in ports:
         args += ["--upstream", f"127.0.0.1:{p}"]
     if os.geteuid() == 0:  # nginx run by root hands its workers to `nobody`, who cannot enter pytest's tmp
         args += ["--user", "root"]
-    p = run_cli(*args, home=home)
+    p = run_cli(*args, home=home, env=env)
     assert p.returncode == 0, p.stderr
     return p.stdout
 

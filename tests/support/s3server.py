@@ -178,3 +178,12 @@ class S3Server:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def replica(tmp_path: Path, staged: dict, name: str = "replica", *args: str):
+    """A serve replica on `staged`'s bucket and ledger (conftest's s3_staged) with a home of its own: no
+    folder shared with the stager or another replica."""
+    from tests.support.serve_helpers import replica_env, serving
+
+    env = replica_env(FRT_LEDGER_URL=staged["ledger"], FRT_STORE_URL=staged["store"], **staged["env"])
+    return serving(tmp_path / name, *args, env=env)
