@@ -20,7 +20,7 @@ from tests.support.fakehub import FakeHub, FakeRepo
 from tests.support.kernel_fixtures import ACTIVATION, ORG, X86_CPU, build, demo_repos
 from tests.support.model_fixtures import TINY_MODEL, tiny_model_repo, write_tiny_model
 from tests.support.offline import load_offline
-from tests.support.serve_helpers import raw_http, raw_request, run_client, serve_env, serving
+from tests.support.serve_helpers import raw_http, raw_request, read_response_head, run_client, serve_env, serving
 from tests.support.serve_home import BIG, BIG_FILE, BIG_SIZE, big_repo
 
 pytestmark = pytest.mark.hub1
@@ -230,19 +230,6 @@ def test_an_upstream_that_cuts_every_transfer_still_gives_the_client_the_right_b
         t.status == 206 and t.headers.get("Range", "").startswith("bytes=") for t in transfers[1:]
     ), transfers
     assert run_cli("verify", home=home).returncode == 0
-
-
-def read_response_head(s) -> tuple[int, dict[str, str], bytes]:
-    """Read a response's status line and headers off a socket; (status, headers, body bytes read so far)."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = s.recv(1 << 16)
-        assert chunk, data
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:])}
-    return int(lines[0].split()[1]), headers, body
 
 
 def test_a_big_cold_file_streams_to_the_client_while_the_upstream_is_still_sending_it(upstream, tmp_path):

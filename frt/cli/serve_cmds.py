@@ -196,10 +196,10 @@ def serve_cmd(
         from frt.resolver.errors import BadInput
 
         raise BadInput("--s3-redirect only means something with --store s3://BUCKET/PREFIX")
-    if app.home.store_url and (head_map or upstream):
+    if app.home.store_url and head_map:
         from frt.resolver.errors import BadInput
 
-        why = "--head-map and --upstream need the blobs as files"
+        why = "--head-map needs the blobs as files"
         raise BadInput(f"--store {app.home.store_url}: {why}")
     pull = _upstream(app, upstream, allow, refs_ttl, upstream_timeout, upstream_hold)
     sockets = listen(host, port)  # first: a busy port is one line and exit 2, before anything is said

@@ -350,7 +350,8 @@ class MirrorApp:
             assert self.pull is not None  # only pull-through lists a file not stored (or sets one aside above)
             if self.pull.streams(f):  # sent as it comes, whole (a Range too): serve/stream.py
                 headers = [*file_headers(c.sha, etag_of(f), f.sha256, f.size), (b"content-length", b"%d" % f.size)]
-                return FlowResponse(self.pull.begin(repo, c.sha, f), self.pull, headers)
+                objects = self.integrity if isinstance(self.integrity, ObjectIntegrity) else None
+                return FlowResponse(self.pull.begin(repo, c.sha, f), self.pull, headers, objects)
             try:
                 f = await self.pull.file(repo, c.sha, f)
             except FrtError as e:

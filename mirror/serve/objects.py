@@ -162,13 +162,14 @@ async def open_object(store, f: ServedFile, start: int, end: int, etag: str | No
 
 
 class ObjectResponse:
-    """Sends an object's bytes [start, end) under `headers` (raw pairs, Content-Length included)."""
+    """Sends an object's bytes [start, end) under `headers` (raw pairs, Content-Length included; kept as
+    `raw_headers`, as Starlette's responses keep theirs, so the app can add one: X-Mirror-Stale)."""
 
     def __init__(
         self, integrity: ObjectIntegrity, f: ServedFile, start: int, end: int, status: int, headers: Sequence, head
     ):
         self.integrity, self.file, self.start, self.end = integrity, f, start, end
-        self.status_code, self.headers, self.head = status, headers, head
+        self.status_code, self.raw_headers, self.head = status, list(headers), head
 
     async def __call__(self, scope, receive, send) -> int:
         f, integrity = self.file, self.integrity
@@ -227,14 +228,14 @@ class ObjectResponse:
             await e.response()(scope, receive, send)
             return 0
         self.status_code = 302
-        kept = [(k, v) for k, v in self.headers if k not in (b"content-length", b"content-range")]
-        self.headers = [*kept, (b"location", location.encode()), (b"content-length", b"0")]
+        kept = [(k, v) for k, v in self.raw_headers if k not in (b"content-length", b"content-range")]
+        self.raw_headers = [*kept, (b"location", location.encode()), (b"content-length", b"0")]
         await self._start(send)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         return 0
 
     async def _start(self, send) -> None:
-        await send({"type": "http.response.start", "status": self.status_code, "headers": list(self.headers)})
+        await send({"type": "http.response.start", "status": self.status_code, "headers": list(self.raw_headers)})
 
     def _cut(self, sent: int) -> int:
         from .stream import _cut_said

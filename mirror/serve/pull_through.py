@@ -123,11 +123,12 @@ class PullThrough:
                 if rid == repo_id:
                     listed.setdefault(sha, []).extend(files)
             blobs = blob_for(ledger, (f for fs in listed.values() for f in fs))
+            stored = store.stored_of({sha for sha in blobs.values() if sha})  # an object store: one listing
             for c in commits:
                 if c.sha in listed:
                     commit = served.commits[c.sha] = ServedCommit(c.sha, c.date, c.title)
                     for f in listed[c.sha]:
-                        commit.files[f.path] = served_file(f, blobs.get(f), store)
+                        commit.files[f.path] = served_file(f, blobs.get(f), store, stored)
             add_refs(v, served, [r for r in staged_rows(ledger) if r.repo == repo_id], upstream=True)
         return served if served.commits else None
 
@@ -220,7 +221,7 @@ class PullThrough:
             return
         meta = variant_metadata(r)
         problem = digest_mismatch(r, meta, lambda f: blobs[f])
-        if problem is None:
+        if problem is None and not self.home.store_url:  # an object store's blobs have no views
             pairs = [(f, sha) for f in r.files if (sha := blobs[f])]  # every one of them (checked above)
             problems = self.home.views.link(
                 r.repo, r.commit, r.variant, pairs, check=view_check(meta, pairs, r.variant)
@@ -253,14 +254,15 @@ class PullThrough:
             )
 
 
-def served_file(f: FileEntry, content: str | None, store) -> ServedFile:
-    """A listed file as serve answers it; `blob` None until its verified bytes are stored."""
-    stored = bool(content) and store.has(content)
+def served_file(f: FileEntry, content: str | None, store, stored: set[str] | None = None) -> ServedFile:
+    """A listed file as serve answers it; `blob` None until its verified bytes are stored (`stored`: the
+    blobs known to be, else the store is asked)."""
+    held = bool(content) and (content in stored if stored is not None else store.has(content))
     return ServedFile(
         f.path,
         f.size,
         f.git_oid,
         content or f.sha256 or "",
         f.sha256 is not None,
-        store.path(content) if stored else None,
+        store.locator(content) if held and content else None,
     )

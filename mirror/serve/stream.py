@@ -17,6 +17,11 @@ What keeps it honest (clients check only sizes, so the mirror is the only check)
 
 Any serve process over the home streams so: one that finds another (a worker, a replica, a stage)
 fetching the file waits on its per-blob lock in a thread, while its answer reads the same `.part`.
+
+On an object store (--store s3://…) the verified `.part` is uploaded and unlinked, not renamed: the
+answer's rest is read from the part it has open, once that file hashes whole to the blob's name (so
+what was sent is a prefix of verified bytes); an answer that had sent nothing and has no such part
+streams the object as any answer does (objects.py, hashed on the way).
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ from frt.resolver.errors import FrtError
 
 from .blob import CHUNK
 from .catalog import ServedFile
+from .integrity import hash_whole
+from .objects import ObjectIntegrity
 from .pull import Flow, PullService, upstream_error
 
 POLL_S = 0.02  # how often an answer looks for new bytes in the `.part` (no per-write wakeup to a thread)
@@ -59,9 +66,10 @@ class FlowResponse(Response):
     """200 with the file's headers (Content-Length its size), then its bytes as the fetch writes them.
     A Range is not honoured: a file not yet stored is sent whole (both clients start over on a 200)."""
 
-    def __init__(self, flow: Flow, service: PullService, headers: list):
+    def __init__(self, flow: Flow, service: PullService, headers: list, objects: ObjectIntegrity | None = None):
         self.status_code, self.raw_headers, self.background = 200, headers, None
         self.flow, self.service, self.started = flow, service, False
+        self.objects = objects  # the blobs are objects: the stored file is read from the part (or the store)
         self.gone: asyncio.Future[None] | None = None  # the client's disconnect, watched while answering
 
     # The body bytes sent, for the access log; Starlette's Response.__call__ returns None, and ignores this.
@@ -91,6 +99,8 @@ class FlowResponse(Response):
                 if not self.started:
                     return await self._failed(e, scope, receive, send)
                 raise Cut(str(e)) from None
+            if self.objects is not None:
+                return await self._rest_on_objects(stored, fd, restarts, sent, body, scope, receive, send)
             if sent:
                 assert fd is not None  # what was sent was read from the part's fd
                 if flow.restarts != restarts or os.fstat(fd).st_ino != os.stat(stored.stored_blob).st_ino:
@@ -107,6 +117,21 @@ class FlowResponse(Response):
             self.gone.cancel()
             if fd is not None:
                 os.close(fd)
+
+    async def _rest_on_objects(self, stored: ServedFile, fd, restarts: int, sent: int, body, scope, receive, send):
+        """The answer's end where the stored file is an object: from the part this answer read, once it
+        hashes whole to the blob's name; else, with nothing sent yet, the object (hashed as it streams)."""
+        same = self.flow.restarts == restarts and fd is not None
+        if same and await anyio.to_thread.run_sync(hash_whole, fd, stored.size) == stored.sha256:
+            await _rest_of(stored, sent, body, fd)
+            return sent
+        if sent:
+            raise Cut("the part read is not the file verified and stored")
+        assert self.objects is not None  # the caller's test
+        answer = self.objects.response(stored, 0, stored.size, 200, self.raw_headers)
+        sent = await answer(scope, receive, send)
+        self.status_code = answer.status_code
+        return sent
 
     async def _failed(self, e: FrtError, scope, receive, send) -> int:
         answer = upstream_error(e, self.flow.path).response(head=False)
@@ -160,9 +185,10 @@ def _open(part) -> int | None:
         return None
 
 
-async def _rest_of(f: ServedFile, start: int, body) -> None:
-    """Bytes `start`.. of the stored (verified) file: the answer's end."""
-    fd = os.open(f.stored_blob, os.O_RDONLY)
+async def _rest_of(f: ServedFile, start: int, body, part: int | None = None) -> None:
+    """Bytes `start`.. of the stored (verified) file, or of `part` (an open file verified to be its bytes):
+    the answer's end."""
+    fd = os.open(f.stored_blob, os.O_RDONLY) if part is None else part
     try:
         off = start
         while off < f.size:
@@ -174,4 +200,5 @@ async def _rest_of(f: ServedFile, start: int, body) -> None:
         if start >= f.size:
             await body(b"", False)
     finally:
-        os.close(fd)
+        if part is None:
+            os.close(fd)

@@ -315,3 +315,16 @@ class CuttingProxy:
             with contextlib.suppress(OSError):
                 client.shutdown(socket.SHUT_WR)
             self._done(client, upstream, conn)
+
+
+def read_response_head(s) -> tuple[int, dict[str, str], bytes]:
+    """Read a response's status line and headers off a socket; (status, headers, body bytes read so far)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = s.recv(1 << 16)
+        assert chunk, data
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:])}
+    return int(lines[0].split()[1]), headers, body

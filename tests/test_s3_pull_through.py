@@ -1,0 +1,115 @@
+"""Pull-through onto an object store (`serve --upstream URL --allow ORG` with `--store s3://…`): what a
+replica fetches on a miss is verified on its host, uploaded to the bucket and recorded in the ledger, and
+from then on every replica (each with a home of its own) serves it from the bucket, also with the
+upstream gone. A real S3 server (SeaweedFS's weed), a real PostgreSQL, unmodified clients (kernels'
+get_kernel, huggingface_hub's hf_hub_download) in subprocesses, on huggingface_hub 2.x here and 1.33 in
+the hub1 run; the upstream is the fake Hub with the real Hub's redirects to a CDN host."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import socket
+
+import pytest
+
+from tests.support.cli import X86, cli_env, run_cli
+from tests.support.fakehub import FakeHub
+from tests.support.kernel_fixtures import ACTIVATION, ORG, X86_CPU, demo_repos
+from tests.support.serve_helpers import raw_request, read_response_head, run_client, serve_env, serving
+from tests.support.serve_home import BIG, BIG_FILE, BIG_SIZE, big_repo
+
+pytestmark = pytest.mark.hub1
+
+GET_BOTH = f"""
+    import kernels
+    a = kernels.get_kernel("{ACTIVATION}", version=1)
+    b = kernels.get_kernel("{ACTIVATION}", version=2)
+    report({{"v1": [a.VERSION, a.REVISION_NOTE, a.VARIANT], "v2": [b.VERSION, b.REVISION_NOTE, b.VARIANT]}})
+"""
+
+
+@pytest.fixture
+def upstream():
+    with FakeHub(demo_repos() + [big_repo()], trusted_orgs=[ORG], page_size=5, redirects=True) as hub:
+        yield hub
+
+
+@pytest.fixture
+def site(pg_url, s3_server, s3_store) -> dict[str, str]:
+    """What every replica and command of the site is given: the bucket, the ledger, the store's endpoint."""
+    return {"FRT_STORE_URL": s3_store, "FRT_LEDGER_URL": pg_url, **s3_server.env()}
+
+
+def pulled(home, upstream: str, site: dict):
+    return serving(
+        home,
+        "--upstream",
+        upstream,
+        "--allow",
+        ORG,
+        "--upstream-timeout",
+        "30",
+        env=serve_env(**site),
+    )
+
+
+def client(code: str, url: str, hf_home):
+    return run_client(code, url, hf_home, timeout=180, HF_HUB_ETAG_TIMEOUT="60")
+
+
+def test_what_one_replica_pulls_every_replica_serves_from_the_bucket(upstream, tmp_path, site, s3_server):
+    with pulled(tmp_path / "a", upstream.url, site) as a:
+        p, out = client(GET_BOTH, a.url, tmp_path / "hf-a")
+        assert out == {"v1": [1, "cu-rebuild", X86_CPU], "v2": [2, "v2.1", X86_CPU]}, p.stderr[-3000:] + a.stderr()
+    objects = s3_server.store(site["FRT_STORE_URL"]).list("sha256").collect()
+    assert objects and not list((tmp_path / "a").rglob("views")), "no views: the blobs are objects"
+    url = upstream.url
+    upstream.stop()
+    with pulled(tmp_path / "b", url, site) as b:  # another host: its own home, the upstream gone
+        p, out = client(GET_BOTH, b.url, tmp_path / "hf-b")
+        assert out == {"v1": [1, "cu-rebuild", X86_CPU], "v2": [2, "v2.1", X86_CPU]}, p.stderr[-3000:] + b.stderr()
+    env = cli_env(**site)
+    p = run_cli("verify", home=tmp_path / "c", env=env)
+    assert p.returncode == 0, p.stderr
+    p = run_cli("env", "--target", X86, "--into", str(tmp_path / "kernels"), home=tmp_path / "c", env=env)
+    assert p.returncode == 0 and ACTIVATION.split("/")[1] in p.stdout, p.stderr
+
+
+def test_a_big_cold_file_streams_while_fetched_then_every_replica_serves_it_from_the_bucket(
+    upstream, tmp_path, site
+):
+    """The first client gets bytes while the upstream still holds the file (the `.part` as it grows); the
+    last ones once the part hashes to its name, uploaded. Then another replica's client gets it from S3."""
+    repo = upstream.repos[("kernel", BIG)]
+    want = hashlib.sha256(repo.commits[repo.branches["v1"]].files[BIG_FILE]).hexdigest()
+    held = 12 << 20
+    upstream.faults.hold("_weights.bin", held)
+    with pulled(tmp_path / "a", upstream.url, site) as a, contextlib.ExitStack() as done:
+        done.callback(upstream.faults.release)  # a failing test must not leave the upstream held
+        with socket.create_connection(("127.0.0.1", a.port), timeout=30) as s:
+            s.sendall(raw_request("GET", f"/kernels/{BIG}/resolve/v1/{BIG_FILE}"))
+            status, headers, body = read_response_head(s)
+            assert status == 200 and int(headers["content-length"]) == BIG_SIZE, headers
+            while len(body) < held - (2 << 20):  # the upstream still holds the rest
+                chunk = s.recv(1 << 20)
+                assert chunk, len(body)
+                body += chunk
+            upstream.faults.release()
+            while chunk := s.recv(1 << 20):
+                body += chunk
+        assert hashlib.sha256(body).hexdigest() == want, a.stderr()
+    url = upstream.url
+    upstream.stop()
+    with pulled(tmp_path / "b", url, site) as b:
+        p, out = client(
+            f"""
+            import hashlib
+            from huggingface_hub import hf_hub_download
+            path = hf_hub_download({BIG!r}, {BIG_FILE!r}, repo_type="kernel", revision="v1")
+            report(hashlib.sha256(open(path, "rb").read()).hexdigest())
+            """,
+            b.url,
+            tmp_path / "hf",
+        )
+        assert out == want, p.stderr[-3000:] + b.stderr()
