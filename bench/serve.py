@@ -21,7 +21,9 @@ Latency there is closed-loop: 64 in flight, so p50 ~ 64 / (HEAD/s).
 With `--store s3`, beside them `serve, S3 store`: the same file imported (a bundle of the home) into an
 S3 store on a real S3 server started here (SeaweedFS's weed, from the test extra) with the ledger on a
 PostgreSQL started here, and served from it by a replica with a home of its own (streamed and hashed as
-it goes: mirror/serve/objects.py), so the object store's cost is measured beside the filesystem's.
+it goes: mirror/serve/objects.py), so the object store's cost is measured beside the filesystem's; and
+`nginx + S3 replicas`: nginx-conf --store over two `serve --accel-redirect` replicas on that store, each
+with a home of its own, nginx fetching each body from the store by the presigned URL a replica hands it.
 
 Beside them, `serve, before`: the same serve command from the source at --before REV (by default the
 commit before integrity on read), so what hashing the bytes it sends costs is measured in the same run.
@@ -173,6 +175,11 @@ def s3_home(f: dict, tmp: Path, stack: contextlib.ExitStack) -> dict[str, str]:
     return {**env, "home": str(tmp / "s3-home")}
 
 
+def _s3_environ(env: dict) -> dict:
+    """A process's environment on the S3 store s3_home made: the store's, the ledger's and AWS's variables."""
+    return {**os.environ, **{k: v for k, v in env.items() if k != "home"}}
+
+
 def start_serve(
     f: dict, tmp: Path, source: Path | None = None, env: dict | None = None
 ) -> tuple[subprocess.Popen, str]:
@@ -181,7 +188,7 @@ def start_serve(
     port = free_port()
     cmd, home, name = [str(Path(sys.executable).with_name("frt-mirror"))], str(f["home"]), "serve"
     if env is not None:
-        home, name, env = env["home"], "serve-s3", {**os.environ, **{k: v for k, v in env.items() if k != "home"}}
+        home, name, env = env["home"], "serve-s3", _s3_environ(env)
     if source is not None:
         cmd = [sys.executable, "-c", "import sys; from frt.cli import main; sys.exit(main())"]
         env, name = {**os.environ, "PYTHONPATH": str(source)}, "serve-before"
@@ -247,31 +254,36 @@ def need_nginx() -> None:
             subprocess.run(cmd, check=True, capture_output=True, env=env)
 
 
-def start_replicas(f: dict, tmp: Path, head_map: Path, n: int = 2) -> tuple[list[subprocess.Popen], list[int]]:
+def start_replicas(
+    f: dict, tmp: Path, head_map: Path | None, n: int = 2, env: dict | None = None
+) -> tuple[list[subprocess.Popen], list[int]]:
     """`n` x `serve --accel-redirect --head-map HEAD_MAP`, each logging to a file (the map is read only
-    by the front started with nginx-conf --head-map over that run dir)."""
+    by the front started with nginx-conf --head-map over that run dir); `env`: on the S3 store s3_home
+    made, each with a home of its own, no head map."""
     exe, procs, ports = str(Path(sys.executable).with_name("frt-mirror")), [], []
+    name = "replica" if env is None else "s3-replica"
     for i in range(n):
         port = free_port()
-        with open(tmp / f"replica{i}.out", "wb") as out:
+        home = f["home"] if env is None else tmp / f"{name}{i}-home"
+        with open(tmp / f"{name}{i}.out", "wb") as out:
             procs.append(
                 subprocess.Popen(
                     [
                         exe,
                         "--home",
-                        str(f["home"]),
+                        str(home),
                         "serve",
                         "--port",
                         str(port),
                         "--accel-redirect",
                         "/_frt_store",
                         "--access-log",
-                        str(tmp / f"replica{i}.log"),
-                        "--head-map",
-                        str(head_map),
+                        str(tmp / f"{name}{i}.log"),
+                        *(("--head-map", str(head_map)) if head_map else ()),
                     ],
                     stdout=out,
                     stderr=subprocess.STDOUT,
+                    env=None if env is None else _s3_environ(env),
                 )
             )
         wait_listening(port, procs[-1], "frt-mirror serve --accel-redirect")
@@ -279,15 +291,18 @@ def start_replicas(f: dict, tmp: Path, head_map: Path, n: int = 2) -> tuple[list
     return procs, ports
 
 
-def start_front(f: dict, run: Path, ports: list[int], *conf_args: str) -> tuple[subprocess.Popen, str]:
-    """nginx from `frt-mirror nginx-conf CONF_ARGS` in front of the replicas on `ports`."""
+def start_front(
+    f: dict, run: Path, ports: list[int], *conf_args: str, env: dict | None = None
+) -> tuple[subprocess.Popen, str]:
+    """nginx from `frt-mirror nginx-conf CONF_ARGS` in front of the replicas on `ports` (`env`: on the S3
+    store, nginx-conf --store: nginx fetches the bodies from the store)."""
     need_nginx()
     port, exe = free_port(), str(Path(sys.executable).with_name("frt-mirror"))
     run.mkdir(exist_ok=True)  # the replicas may have written the head map into it
     args = [
         exe,
         "--home",
-        str(f["home"]),
+        str(f["home"] if env is None else env["home"]),
         "nginx-conf",
         "--listen",
         f"127.0.0.1:{port}",
@@ -297,7 +312,8 @@ def start_front(f: dict, run: Path, ports: list[int], *conf_args: str) -> tuple[
         *(a for p in ports for a in ("--upstream", f"127.0.0.1:{p}")),
     ]
     args += ["--user", "root"] if os.geteuid() == 0 else []
-    (run / "nginx.conf").write_text(subprocess.run(args, capture_output=True, text=True, check=True).stdout)
+    conf = subprocess.run(args, capture_output=True, text=True, check=True, env=env and _s3_environ(env)).stdout
+    (run / "nginx.conf").write_text(conf)
     proc = subprocess.Popen(
         ["nginx", "-c", str(run / "nginx.conf"), "-e", str(run / "error.log"), "-g", "daemon off;"],
         stdout=subprocess.DEVNULL,
@@ -503,9 +519,14 @@ def main() -> None:
                 procs.append(proc)
             replicas, ports = start_replicas(f, tmp, run_dir(tmp, MAPPED))
             procs += replicas
-            for name, args in ((FRONT, ()), (CACHED, ("--head-cache", "1")), (MAPPED, ("--head-map",))):
-                proc, servers[name] = start_front(f, run_dir(tmp, name), ports, *args)
+            for name, conf_args in ((FRONT, ()), (CACHED, ("--head-cache", "1")), (MAPPED, ("--head-map",))):
+                proc, servers[name] = start_front(f, run_dir(tmp, name), ports, *conf_args)
                 procs.insert(0, proc)  # stopped before the replicas
+            if args.store == "s3":
+                replicas, ports = start_replicas(f, tmp, None, env=s3_env)
+                procs += replicas
+                proc, servers[S3_FRONT] = start_front(f, run_dir(tmp, S3_FRONT), ports, env=s3_env)
+                procs.insert(0, proc)
             results = measure(servers, f, rounds, heads)
             results["before"] = None if before == "none" else before
         finally:
@@ -517,6 +538,7 @@ def main() -> None:
 
 FRONT, CACHED, MAPPED, BEFORE = "nginx + 2 replicas", "same + head cache", "same + head map", "serve, before"
 S3 = "serve, S3 store"
+S3_FRONT = "nginx + S3 replicas"  # nginx-conf --store: nginx fetches each body from the store
 FRONTS = (FRONT, CACHED, MAPPED)
 AUTO = "nginx, N workers"  # static, as many workers as nginx-conf's nginx: the fronts' HEAD/s baseline
 
@@ -584,6 +606,7 @@ def report(results: dict, f: dict, stage_s: float, rounds: int, heads: int) -> N
         )
     if S3 in mbps:
         print(f"object store, serve S3/serve files (one client) = {mbps[S3] / mbps['serve']:.3f}")
+        print(f"object store, {S3_FRONT}/{FRONT} (one client) = {mbps[S3_FRONT] / mbps[FRONT]:.3f}")
     if BEFORE in mbps:
         print(
             f"integrity on read, serve/serve before (one client) = {mbps['serve'] / mbps[BEFORE]:.3f} "
@@ -607,6 +630,7 @@ def report(results: dict, f: dict, stage_s: float, rounds: int, heads: int) -> N
         )
     if S3 in agg:
         print(f"object store, serve S3/serve files at {CLIENTS} clients = {agg[S3] / agg['serve']:.3f}")
+        print(f"object store, {S3_FRONT}/{FRONT} at {CLIENTS} clients = {agg[S3_FRONT] / agg[FRONT]:.3f}")
     ratio = agg["serve"] / agg["nginx"]
     print(
         f"throughput ratio serve alone/nginx static at {CLIENTS} clients = {ratio:.3f} (target >= 0.8): "

@@ -20,7 +20,15 @@ from tests.support.fakehub import FakeHub, FakeRepo
 from tests.support.kernel_fixtures import ACTIVATION, ORG, X86_CPU, build, demo_repos
 from tests.support.model_fixtures import TINY_MODEL, tiny_model_repo, write_tiny_model
 from tests.support.offline import load_offline
-from tests.support.serve_helpers import raw_http, raw_request, read_response_head, run_client, serve_env, serving
+from tests.support.serve_helpers import (
+    raw_http,
+    raw_request,
+    read_held_stream,
+    read_response_head,
+    run_client,
+    serve_env,
+    serving,
+)
 from tests.support.serve_home import BIG, BIG_FILE, BIG_SIZE, big_repo
 
 pytestmark = pytest.mark.hub1
@@ -236,24 +244,14 @@ def test_a_big_cold_file_streams_to_the_client_while_the_upstream_is_still_sendi
     """Bytes reach the client as the upstream sends them: a client would otherwise wait, with nothing
     arriving, for the whole upstream transfer (and give up after its 10 s read timeout on a big file).
     The last bytes wait for verification."""
-    import socket
 
     held = 12 << 20
     upstream.faults.hold("_weights.bin", held)
     with pulled(tmp_path / "home", upstream) as m, contextlib.ExitStack() as done:
         done.callback(upstream.faults.release)  # a failing test must not leave the upstream held
-        with socket.create_connection(("127.0.0.1", m.port), timeout=30) as s:
-            s.sendall(raw_request("GET", f"/kernels/{BIG}/resolve/v1/{BIG_FILE}"))
-            status, headers, body = read_response_head(s)
-            assert status == 200 and int(headers["content-length"]) == BIG_SIZE, headers
-            while len(body) < held - (2 << 20):  # the upstream still holds the rest
-                chunk = s.recv(1 << 20)
-                assert chunk, len(body)
-                body += chunk
-            assert len(body) < BIG_SIZE
-            upstream.faults.release()
-            while chunk := s.recv(1 << 20):
-                body += chunk
+        url = f"/kernels/{BIG}/resolve/v1/{BIG_FILE}"
+        headers, body, before = read_held_stream(m.port, url, held, upstream.faults.release)
+        assert int(headers["content-length"]) == BIG_SIZE and before < BIG_SIZE, headers
         assert hashlib.sha256(body).hexdigest() == big_sha(upstream)
         assert [ln for ln in m.stderr().splitlines() if BIG_FILE in ln and f'" 200 {BIG_SIZE} ' in ln], m.stderr()
     assert run_cli("verify", home=tmp_path / "home").returncode == 0

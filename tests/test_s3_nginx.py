@@ -15,7 +15,6 @@ import contextlib
 import hashlib
 import json
 import signal
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -23,7 +22,7 @@ import pytest
 from tests.support.cli import X86, cli_env, run_cli, stage_to, write_manifest
 from tests.support.kernel_fixtures import ACTIVATION, LAYERNORM, RELU, X86_CPU
 from tests.support.load import hub_files, load
-from tests.support.nginx import NGINX, PREFIX, Front, answer, nginx, nginx_conf, wait_for_lines
+from tests.support.nginx import PREFIX, Front, answer, nginx, nginx_conf, nginx_t, wait_for_lines
 from tests.support.s3server import replica
 from tests.support.serve_helpers import free_port, raw_http, raw_request, run_client
 
@@ -81,13 +80,7 @@ def test_nginx_conf_on_the_store_names_its_endpoint_and_passes_nginx_t(s3_staged
     assert f"server {host_port};" in conf and f'proxy_set_header Host "{host_port}";' in conf
     assert f"--store {s3_staged['store']} serve" in conf and "alias" not in conf
     (tmp_path / "run").mkdir()
-    (tmp_path / "nginx.conf").write_text(conf)
-    t = subprocess.run(
-        [NGINX, "-t", "-c", str(tmp_path / "nginx.conf"), "-e", str(tmp_path / "err.log")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    t = nginx_t(conf, tmp_path)
     assert t.returncode == 0, t.stderr
     p = run_cli("nginx-conf", "--head-map", home=tmp_path / "h", env=env)
     assert p.returncode == 2 and len(p.stderr.splitlines()) == 1 and "--head-map" in p.stderr, p.stderr

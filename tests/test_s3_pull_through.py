@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import socket
 
 import pytest
 
 from tests.support.cli import X86, cli_env, run_cli
 from tests.support.fakehub import FakeHub
 from tests.support.kernel_fixtures import ACTIVATION, ORG, X86_CPU, demo_repos
-from tests.support.serve_helpers import raw_request, read_response_head, run_client, serve_env, serving
+from tests.support.serve_helpers import read_held_stream, run_client, serve_env, serving
 from tests.support.serve_home import BIG, BIG_FILE, BIG_SIZE, big_repo
 
 pytestmark = pytest.mark.hub1
@@ -76,9 +75,7 @@ def test_what_one_replica_pulls_every_replica_serves_from_the_bucket(upstream, t
     assert p.returncode == 0 and ACTIVATION.split("/")[1] in p.stdout, p.stderr
 
 
-def test_a_big_cold_file_streams_while_fetched_then_every_replica_serves_it_from_the_bucket(
-    upstream, tmp_path, site
-):
+def test_a_big_cold_file_streams_while_fetched_then_every_replica_serves_it_from_the_bucket(upstream, tmp_path, site):
     """The first client gets bytes while the upstream still holds the file (the `.part` as it grows); the
     last ones once the part hashes to its name, uploaded. Then another replica's client gets it from S3."""
     repo = upstream.repos[("kernel", BIG)]
@@ -87,17 +84,9 @@ def test_a_big_cold_file_streams_while_fetched_then_every_replica_serves_it_from
     upstream.faults.hold("_weights.bin", held)
     with pulled(tmp_path / "a", upstream.url, site) as a, contextlib.ExitStack() as done:
         done.callback(upstream.faults.release)  # a failing test must not leave the upstream held
-        with socket.create_connection(("127.0.0.1", a.port), timeout=30) as s:
-            s.sendall(raw_request("GET", f"/kernels/{BIG}/resolve/v1/{BIG_FILE}"))
-            status, headers, body = read_response_head(s)
-            assert status == 200 and int(headers["content-length"]) == BIG_SIZE, headers
-            while len(body) < held - (2 << 20):  # the upstream still holds the rest
-                chunk = s.recv(1 << 20)
-                assert chunk, len(body)
-                body += chunk
-            upstream.faults.release()
-            while chunk := s.recv(1 << 20):
-                body += chunk
+        url = f"/kernels/{BIG}/resolve/v1/{BIG_FILE}"
+        headers, body, before = read_held_stream(a.port, url, held, upstream.faults.release)
+        assert int(headers["content-length"]) == BIG_SIZE and before < BIG_SIZE, headers
         assert hashlib.sha256(body).hexdigest() == want, a.stderr()
     url = upstream.url
     upstream.stop()

@@ -24,7 +24,7 @@ import pytest
 from tests.support.cli import cli_env, run_cli
 from tests.support.kernel_fixtures import ACTIVATION, LAYERNORM, X86_CPU
 from tests.support.load import File, files_of, load
-from tests.support.nginx import NGINX, PREFIX, Front, answer, front_of, nginx_conf, wait_for_lines
+from tests.support.nginx import PREFIX, Front, answer, front_of, nginx_conf, nginx_t, wait_for_lines
 from tests.support.serve_helpers import (
     LINE,
     CuttingProxy,
@@ -91,14 +91,8 @@ def test_nginx_conf_defaults_and_nginx_accepts_it(serve_staged, tmp_path):
     ) in conf
     assert f'alias "{serve_staged.home}/store/sha256/";' in conf and "/var/lib/frt-mirror-nginx/" in conf
     conf = nginx_conf(serve_staged.home, [free_port(), free_port()], free_port(), tmp_path / "run")
-    (tmp_path / "nginx.conf").write_text(conf)
     (tmp_path / "run").mkdir()  # as the file's first comment says
-    t = subprocess.run(
-        [NGINX, "-t", "-c", str(tmp_path / "nginx.conf"), "-e", str(tmp_path / "err.log")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    t = nginx_t(conf, tmp_path)
     assert t.returncode == 0, t.stderr
 
 

@@ -48,6 +48,17 @@ def nginx_conf(home: Path, ports: list[int], listen: int, run: Path, *extra: str
     return p.stdout
 
 
+def nginx_t(conf: str, where: Path) -> subprocess.CompletedProcess:
+    """nginx's own check (`nginx -t`) of `conf`, written into `where` (which holds its run dir)."""
+    (where / "nginx.conf").write_text(conf)
+    return subprocess.run(
+        [NGINX, "-t", "-c", str(where / "nginx.conf"), "-e", str(where / "err.log")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 @contextlib.contextmanager
 def nginx(conf: str, run: Path, replicas: list[Served], timeout: float = 30) -> Iterator[Front]:
     """Start nginx on `conf` in the foreground; yield once it answers through to a replica."""

@@ -328,3 +328,24 @@ def read_response_head(s) -> tuple[int, dict[str, str], bytes]:
     lines = head.decode("latin-1").split("\r\n")
     headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:])}
     return int(lines[0].split()[1]), headers, body
+
+
+def read_held_stream(port: int, path: str, held: int, release) -> tuple[dict[str, str], bytes, int]:
+    """GET `path` of a file the upstream holds after its first `held` bytes: read the answer until all
+    but the last 2 MiB of those arrived (the mirror streams while it fetches), then `release()` the
+    upstream and read to the end. (The headers, the body, the bytes read before the release.)"""
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(raw_request("GET", path))
+        status, headers, body = read_response_head(s)
+        assert status == 200, headers
+        while len(body) < held - (2 << 20):  # the upstream still holds the rest
+            chunk = s.recv(1 << 20)
+            assert chunk, len(body)
+            body += chunk
+        before = len(body)
+        release()
+        while chunk := s.recv(1 << 20):
+            body += chunk
+    return headers, body, before
