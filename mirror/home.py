@@ -62,10 +62,10 @@ class Home:
         shared = (lambda name, **kw: self.ledger.named_lock(name, **kw)) if on_server else None
         if self.store_url is None:
             return BlobStore(self.root, shared_lock=shared)
-        if not on_server:
+        if not on_server or _is_sqlite(self.ledger_url):
             raise BadInput(
                 f"--store {self.store_url}: the ledger must be on a database server that every host shares "
-                "(--ledger postgresql+psycopg://… or FRT_LEDGER_URL), not this home's SQLite file"
+                "(--ledger postgresql+psycopg://… or FRT_LEDGER_URL), not a SQLite file"
             )
         from .s3store import S3BlobStore  # obstore only where an object store is used
 
@@ -88,3 +88,8 @@ class Home:
 
     def __str__(self) -> str:
         return str(self.root)
+
+
+def _is_sqlite(url: str | None) -> bool:
+    """Is `url` (a --ledger / FRT_LEDGER_URL text) a SQLite file's, one host's ledger?"""
+    return bool(url) and str(url).split(":", 1)[0].split("+", 1)[0].lower() == "sqlite"

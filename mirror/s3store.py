@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import re
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -188,7 +189,34 @@ class S3BlobStore(BlobStore):
 
     def _unavailable(self, op: str, sha256: str, e: Exception) -> StoreUnavailable:
         what = f" {self.key(sha256)}" if sha256 else ""
-        return StoreUnavailable(f"{self.url}: {op}{what} failed: {first_line(e)}")
+        return StoreUnavailable(f"{self.url}: {op}{what} failed: {store_said(e)}")
+
+    def check(self) -> None:
+        """Raise StoreUnavailable unless the store answers a listing under PREFIX with these credentials."""
+        import obstore
+
+        try:
+            next(iter(obstore.list(self.client, "sha256", chunk_size=1)), None)
+        except Exception as e:  # noqa: BLE001
+            raise self._unavailable("LIST", "", e) from None
+
+
+_CODE, _MESSAGE = re.compile(r"<Code>([^<]{1,80})</Code>"), re.compile(r"<Message>([^<]{1,200})</Message>")
+
+
+def store_said(e: Exception) -> str:
+    """The store's own reason in one line: obstore's first line ends where the S3 error's XML body begins,
+    which holds it (<Code>SignatureDoesNotMatch</Code>, NoSuchBucket, …); a client with no credentials at
+    all asks the cloud's metadata endpoint for some, and says that instead."""
+    text, line = str(e), first_line(e)
+    if (code := _CODE.search(text)) is not None:
+        message = _MESSAGE.search(text)
+        return f"{line.split('<?xml')[0].rstrip(': ')}: {code[1]}" + (f" ({message[1]})" if message else "")
+    if "169.254.169.254" in text and not os.environ.get("AWS_ACCESS_KEY_ID"):
+        return (
+            "no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (the store's endpoint in AWS_ENDPOINT_URL)"
+        )
+    return line
 
 
 class _Reader(io.RawIOBase):

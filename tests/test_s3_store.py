@@ -119,12 +119,39 @@ def test_an_object_once_written_is_never_replaced(tmp_path, pg_url, s3_server, s
     assert store.digest(d.sha256) == d and store.uploaded == 1
 
 
-def test_a_sqlite_ledger_beside_an_s3_store_is_refused_in_one_line(hub, tmp_path, manifest, s3_server, s3_store):
+@pytest.mark.parametrize("ledger", ["the home's", "sqlite:///", "sqlite+pysqlite:///"])
+def test_a_sqlite_ledger_beside_an_s3_store_is_refused_in_one_line(
+    hub, tmp_path, manifest, s3_server, s3_store, ledger
+):
+    """The home's SQLite file, or one named by --ledger (tried by hand: that one was taken, and a second host
+    would have staged into the same bucket with a ledger of its own)."""
+    named = () if ledger == "the home's" else ("--ledger", f"{ledger}{tmp_path / 'l.sqlite'}")
     p = run_cli(
-        "--store", s3_store, "--endpoint", hub.url, "stage", str(manifest), home=tmp_path / "h", env=s3_env(s3_server)
+        *named,
+        *("--store", s3_store, "--endpoint", hub.url, "stage", str(manifest)),
+        home=tmp_path / "h",
+        env=s3_env(s3_server),
     )
-    assert p.returncode == 2
+    assert p.returncode == 2, p.stderr
     assert "database server" in one_line(p)
+    assert not objects(s3_server, s3_store)
+
+
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        ({"AWS_SECRET_ACCESS_KEY": "not-the-secret"}, "SignatureDoesNotMatch"),
+        ({"AWS_ACCESS_KEY_ID": "nobody"}, "InvalidAccessKeyId"),
+    ],
+)
+def test_a_store_that_refuses_says_its_reason_in_one_line(tmp_path, pg_url, s3_server, s3_store, change, said):
+    """The S3 server's own error code, which obstore's first line leaves in the XML body after it (tried by
+    hand: the line ended at `<?xml version="1.0" encoding="UTF-8"?>`); nginx-conf asks the store first too."""
+    env = s3_env(s3_server, FRT_LEDGER_URL=pg_url, FRT_STORE_URL=s3_store, **change)
+    for args in (("verify",), ("nginx-conf", "--run-dir", str(tmp_path / "run"))):
+        p = run_cli(*args, home=tmp_path / "h", env=env)
+        assert p.returncode == 3 and said in one_line(p), (args, p.stderr)
+        assert not p.stdout, args
 
 
 @pytest.mark.parametrize("url", ["gs://bucket/x", "s3://", "s3://b/../x", "bucket/prefix"])

@@ -104,9 +104,12 @@ class S3Endpoint:
 
 
 def store_endpoint(store) -> S3Endpoint:
-    """The endpoint of `store` (an S3BlobStore), read off a presigned URL signed here; raises BadInput."""
+    """The endpoint of `store` (an S3BlobStore), read off a presigned URL signed here, once the store
+    answered a listing with these credentials (nginx fetches by the URLs the replicas sign: a store that
+    refuses them would only show in nginx's error log); raises BadInput, or StoreUnavailable."""
     import obstore
 
+    store.check()
     probe = store.key("0" * 64)
     try:
         url = urlsplit(obstore.sign(store.client, "GET", probe, timedelta(seconds=60)))
