@@ -88,6 +88,10 @@ class S3BlobStore(BlobStore):
         self._seen.add(sha256)
         return True
 
+    def forget(self, sha256: str) -> None:
+        """`sha256`'s object was removed by another hand (serve's quarantine): `has` asks the store again."""
+        self._seen.discard(sha256)
+
     def size(self, sha256: str) -> int | None:
         import obstore
 

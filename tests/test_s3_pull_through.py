@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import time
 
 import pytest
 
@@ -102,3 +103,39 @@ def test_a_big_cold_file_streams_while_fetched_then_every_replica_serves_it_from
             tmp_path / "hf",
         )
         assert out == want, p.stderr[-3000:] + b.stderr()
+
+
+def test_an_object_found_bad_is_quarantined_and_pulled_again(upstream, tmp_path, site, s3_server):
+    """A pulled object's byte flips in the bucket: the GET that meets it is cut short (or a 500), the
+    object is moved aside to PREFIX/quarantine/, and the next request pulls it again from the upstream:
+    the right bytes, and verify clean."""
+    from tests.support.kernel_fixtures import RELU
+    from tests.support.serve_helpers import raw_http, raw_request
+
+    repo = upstream.repos[("kernel", RELU)]
+    path, good = max(
+        ((p, d) for p, d in repo.commits[repo.branches["v1"]].files.items() if d and X86_CPU in p),
+        key=lambda x: len(x[1]),
+    )
+    sha = hashlib.sha256(good).hexdigest()
+    raw, key = s3_server.store(site["FRT_STORE_URL"]), f"sha256/{sha[:2]}/{sha}"
+    target = f"/kernels/{RELU}/resolve/v1/{path}"
+    with pulled(tmp_path / "a", upstream.url, site) as a:
+        assert raw_http(a.port, raw_request("GET", target))[2] == good  # pulled, uploaded
+    data = bytearray(raw.get(key).bytes())
+    data[0] ^= 0x01
+    raw.put(key, bytes(data))
+    with pulled(tmp_path / "b", upstream.url, site) as b:  # a fresh replica: nothing verified yet
+        try:
+            status, _, body = raw_http(b.port, raw_request("GET", target))
+        except OSError:  # cut short of Content-Length
+            status, body = 200, b""
+        assert body != bytes(data) and (status == 500 or len(body) < len(data)), status
+        deadline = time.monotonic() + 30
+        while (got := raw_http(b.port, raw_request("GET", target)))[0] != 200:  # once moved aside: pulled again
+            assert time.monotonic() < deadline, (got[:2], b.stderr())
+            time.sleep(0.2)
+        assert got[2] == good
+        assert [o["size"] for o in raw.list("quarantine").collect()] == [len(data)]
+    p = run_cli("verify", home=tmp_path / "c", env=cli_env(**site))
+    assert p.returncode == 0, p.stdout + p.stderr

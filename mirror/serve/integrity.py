@@ -227,7 +227,9 @@ class Integrity:
         )
         log.warning("frt-mirror: serve: blob %s failed verification on read, quarantined: %s", f.sha256, detail)
         if self.home is not None:
-            threading.Thread(target=self._record, args=(f, detail), name="frt-quarantine", daemon=True).start()
+            threading.Thread(
+                target=record_quarantine, args=(self.home, f, detail), name="frt-quarantine", daemon=True
+            ).start()
 
     def _set_aside(self, f: ServedFile, st: os.stat_result):
         """Move the bad file out of the store (only if the store still holds that very file), or None."""
@@ -243,17 +245,19 @@ class Integrity:
             return None
         return dest
 
-    def _record(self, f: ServedFile, detail: str) -> None:
-        from ..events import record_event
 
-        try:
-            record_event(self.home.ledger, QUARANTINE, ref=f.sha256, files=1, nbytes=f.size, detail=detail)
-        except Exception as e:  # the ledger down or read-only: the log line above and /metrics still say it
-            print(
-                f"frt-mirror: warning: could not record the quarantine of blob {f.sha256} in the ledger: {e}",
-                file=sys.stderr,
-                flush=True,
-            )
+def record_quarantine(home, f: ServedFile, detail: str) -> None:
+    """The quarantine in the ledger (verify names it); said on stderr where the ledger cannot take it."""
+    from ..events import record_event
+
+    try:
+        record_event(home.ledger, QUARANTINE, ref=f.sha256, files=1, nbytes=f.size, detail=detail)
+    except Exception as e:  # the ledger down or read-only: the log line and /metrics still say it
+        print(
+            f"frt-mirror: warning: could not record the quarantine of blob {f.sha256} in the ledger: {e}",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _counter(metrics):

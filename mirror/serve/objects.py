@@ -2,8 +2,11 @@
 an answer is never completed with bytes this process has not verified, kept with what S3 gives.
 
 - A whole GET streams the object and hashes it as it goes; the last chunk is held back until the digest
-  matches the blob's name. A mismatch cuts the answer short (a 500 before any byte went) and marks the
-  blob bad for this process: every later request for it gets the 500 until the object is put right.
+  matches the blob's name. A mismatch cuts the answer short (a 500 before any byte went), and the object
+  is quarantined as a bad file is (integrity.py): moved aside to PREFIX/quarantine/<sha256>.<ns> (only if
+  it is still the object found bad, by its ETag), counted and recorded, so that `stage`, or pull-through
+  on the next request, fetches it again. Until then a request for it is a 500; every RECHECK_S one looks
+  whether it is back (streamed, hashed, and vouched for again if it is).
 - A Range (and nothing else sends unhashed bytes) is sent only once the whole object was verified in this
   process within FRT_SERVE_VERIFY_TTL, under the ETag it has now; the ranged GET is made conditional on
   that ETag (If-Match), so an object replaced in between answers 412 rather than other bytes.
@@ -22,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import threading
 import time
 from collections.abc import Sequence
 from datetime import timedelta
@@ -31,21 +35,26 @@ from urllib.parse import urlsplit
 from frt.resolver.settings import env_number
 
 from .catalog import ServedFile
-from .integrity import MAX_ENTRIES, TTL_ENV
+from .integrity import MAX_ENTRIES, TTL_ENV, _counter, record_quarantine
 from .protocol import HubError
 
 log = logging.getLogger("frt.serve")
 CHUNK = 1 << 20
+RECHECK_S = 2.0  # how often a request looks whether a quarantined object was put back
 
 
 class ObjectIntegrity:
     """What one serve process verified of an object store's blobs (sha256 -> the ETag then, and when) and
     what it found bad (sha256 -> that ETag). The same questions the app asks of integrity.Integrity."""
 
-    def __init__(self, store, metrics=None, ttl: float | None = None):
+    def __init__(self, store, metrics=None, ttl: float | None = None, home=None):
         self.store, self.ttl = store, env_number(TTL_ENV, 3600.0) if ttl is None else ttl
+        self.home = home  # where quarantines are recorded (None in bare test apps)
+        self.counter = _counter(metrics) if metrics is not None else None
         self._verified: dict[str, tuple[str, float]] = {}
+        # sha256 -> the ETag of the object found bad; None: moved aside (and _looked: when last looked for)
         self.bad: dict[str, str | None] = {}
+        self._looked: dict[str, float] = {}
         self._checks: dict[str, asyncio.Future] = {}
         self.redirect = False  # serve --s3-redirect
         self.redirect_ttl = env_number("FRT_S3_REDIRECT_TTL", 600.0)
@@ -84,14 +93,24 @@ class ObjectIntegrity:
         return ObjectResponse(self, f, start, end, status, headers, head)
 
     def refused(self, f: ServedFile) -> bool:
-        return f.sha256 in self.bad
+        """Is `f`'s object one found bad? Once it was moved aside, every RECHECK_S one request is let
+        through to look for it again (stage or pull-through may have put it back)."""
+        if f.sha256 not in self.bad:
+            return False
+        if self.bad[f.sha256] is not None:
+            return True
+        now = time.monotonic()
+        if now - self._looked.get(f.sha256, 0.0) < RECHECK_S:
+            return True
+        self._looked[f.sha256] = now
+        return False
 
     def error(self, f: ServedFile) -> HubError:
         return HubError(
             500,
             None,
-            f"{f.path}: the mirror's stored object failed verification (blob {f.sha256}): 'frt-mirror verify' "
-            "names it; delete the object and stage again",
+            f"{f.path}: the mirror's stored object failed verification (blob {f.sha256}) and is quarantined: "
+            "'frt-mirror stage' fetches it again",
         )
 
     def fresh(self, f: ServedFile) -> str | None:
@@ -103,17 +122,47 @@ class ObjectIntegrity:
         if len(self._verified) >= MAX_ENTRIES:
             self._verified.clear()
         self._verified[f.sha256] = (etag, time.monotonic())
+        self.bad.pop(f.sha256, None)  # put back, whole: no longer refused
+        self._looked.pop(f.sha256, None)
 
     def condemn(self, f: ServedFile, etag: str | None, got: str | None) -> None:
-        first = f.sha256 not in self.bad
+        """The object (`etag`) hashed to `got`, not to its name: refuse it, and quarantine it in a thread
+        (a few requests to the store; the ledger written there too)."""
+        first = self.bad.get(f.sha256, ()) != etag
         self.bad[f.sha256], _ = etag, self._verified.pop(f.sha256, None)
         if first:
-            log.warning(
-                "frt-mirror: serve: %s: object %s hashes to %s, not to its name: refused until it is put right",
-                f.path,
-                self.store.key(f.sha256),
-                got or "fewer bytes than its size",
-            )
+            threading.Thread(target=self._quarantine, args=(f, etag, got), name="frt-quarantine", daemon=True).start()
+
+    def _quarantine(self, f: ServedFile, etag: str | None, got: str | None) -> None:
+        where = self._set_aside(f, etag)
+        if where is not None:
+            self.store.forget(f.sha256)
+            self.bad[f.sha256] = None  # looked for again from now on (refused)
+        detail = (
+            f"{f.path}: object hashes to {got or f'fewer than {f.size} bytes'}; "
+            f"{f'moved to {where}' if where else 'left in place'}"
+        )
+        log.warning("frt-mirror: serve: blob %s failed verification on read, quarantined: %s", f.sha256, detail)
+        if self.counter is not None:
+            self.counter.inc()
+        if self.home is not None:
+            record_quarantine(self.home, f, detail)
+
+    def _set_aside(self, f: ServedFile, etag: str | None) -> str | None:
+        """Move the object to PREFIX/quarantine/ if it is still the one found bad; where it went, or None."""
+        import obstore
+
+        client, key = self.store.client, self.store.key(f.sha256)
+        dest = f"quarantine/{f.sha256}.{time.time_ns()}"
+        try:
+            if etag is None or obstore.head(client, key)["e_tag"] != etag:
+                return None  # replaced since (judged afresh when next read), or not known which
+            obstore.copy(client, key, dest)
+            obstore.delete(client, key)
+        except Exception as e:  # noqa: BLE001  (gone already, or the store refusing: refused here all the same)
+            log.warning("frt-mirror: serve: could not move %s aside: %s", key, str(e).split("\n")[0])
+            return None
+        return f"{self.store.url}/{dest}"
 
     async def ensure(self, f: ServedFile) -> str:
         """The object verified whole (cached, or hashed now once for every request waiting): its ETag."""

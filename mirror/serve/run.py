@@ -36,7 +36,7 @@ def make_app(
     app.metrics = Metrics(home)
     app.metrics.registry.register(LedgerCollector(watcher))
     if home.store_url:  # an object store's blobs: streamed from it, verified the same (objects.py)
-        app.integrity = ObjectIntegrity(home.store, app.metrics)
+        app.integrity = ObjectIntegrity(home.store, app.metrics, home=home)
     else:
         app.integrity = Integrity(home, app.metrics)  # bad blobs: moved out, counted, recorded (integrity.py)
     app.operator = OperatorRoutes(home, app.metrics, watcher)
