@@ -138,3 +138,14 @@ def test_an_object_with_a_flipped_byte_is_never_served_whole_and_stage_puts_it_b
             time.sleep(0.5)
         assert got[2] == good
     assert run_cli("verify", home=tmp_path / "checker", env=env).returncode == 0
+
+
+def test_serve_on_a_store_that_holds_none_of_the_staged_blobs_says_so_at_start(s3_staged, tmp_path):
+    """A prefix mistyped (tried by hand: every file was then a 404 'not staged', which it is not): serve
+    starts, and says at once that the store holds none of the blobs the staged rows need."""
+    wrong = {**s3_staged, "store": s3_staged["store"] + "-typo"}
+    with replica(tmp_path, wrong) as served:
+        err = served.stderr()
+    assert "warning: the store" in err and "holds 0 of the" in err and "is --store the stagers'" in err, err
+    with replica(tmp_path, s3_staged, "right") as served:
+        assert "holds 0 of the" not in served.stderr()

@@ -238,6 +238,7 @@ def serve_cmd(
             err=True,
         )
     _warn_name_picks(app)
+    _warn_unheld(app, mirror)
     http_limits = HttpLimits(**limits)
     url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
     how = f", {workers} workers" if workers > 1 else ""
@@ -258,6 +259,24 @@ def serve_cmd(
         metrics_dir.cleanup()
     if code:
         click.get_current_context().exit(code)
+
+
+def _warn_unheld(app: App, mirror) -> None:
+    """Blobs the staged rows need that the store does not hold: their files are answered 404 (not staged),
+    which is true of what this serve can send but not of what was staged; say it once, at start."""
+    catalog = getattr(mirror.catalog, "current", None)  # not mirror.catalog(): that starts its poller
+    if catalog is None:
+        return
+    missing, needed = catalog.unheld
+    if not missing:
+        return
+    where = app.home.store_url or f"{app.home.root}/store"
+    hint = " (is --store the stagers' bucket and prefix?)" if missing == needed and app.home.store_url else ""
+    click.echo(
+        f"frt-mirror: warning: the store {where} holds {needed - missing} of the {needed} blobs the staged "
+        f"rows need: their files are not served{hint}; 'frt-mirror verify' names them",
+        err=True,
+    )
 
 
 def _warn_name_picks(app: App) -> None:

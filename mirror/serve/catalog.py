@@ -114,6 +114,8 @@ class Catalog:
     tokens: frozenset[str] = frozenset()  # sha256 of serve's bearer tokens (none: open to every client)
     # The wheels staged rows need (python-depends), for /simple/: project -> filename -> its stored file
     wheels: dict[str, dict[str, ServedFile]] = field(default_factory=dict)
+    # Blobs the staged rows need that the store does not hold (their files are not served): (missing, needed)
+    unheld: tuple[int, int] = (0, 0)
 
     def publisher_trusted(self, org: str) -> bool | None:
         """What to answer for the org's overview; None: the upstream never told us (404)."""
@@ -153,7 +155,9 @@ def load_catalog(home: Home, trust_override: frozenset[str] = frozenset()) -> Ca
                         )
             add_refs(v, served, [r for r in rows if r.repo == repo_id])
     publishers = {org: p.trusted for org, p in ledger.publishers().items()}
-    return Catalog(repos, publishers, frozenset(trust_override), token_hashes(ledger), _wheels(home, rows))
+    needed = {sha for sha in blobs.values() if sha}
+    unheld = (len(needed - stored), len(needed))
+    return Catalog(repos, publishers, frozenset(trust_override), token_hashes(ledger), _wheels(home, rows), unheld)
 
 
 def _wheels(home: Home, rows) -> dict[str, dict[str, ServedFile]]:
