@@ -23,6 +23,7 @@ import resource
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from frt.resolver.settings import env_number
 
@@ -113,12 +114,29 @@ class _Answered:
             pass
 
 
-def guarded(limits: HttpLimits, fast: Callable[[dict, float], bytes | None] | None = None) -> type:
+class _Sending:
+    """The request-response cycle of a GET the protocol sends itself with sendfile (fast_get): uvicorn
+    queues a pipelined request behind it, and a shutdown asks it not to keep the connection alive."""
+
+    def __init__(self) -> None:
+        self.response_complete, self.disconnected, self.keep_alive = False, False, True
+        self.more_body, self.body = True, b""
+        self.message_event = _Answered.message_event
+
+
+def guarded(
+    limits: HttpLimits,
+    fast: Callable[[dict, float], bytes | None] | None = None,
+    fast_get: Callable[[dict, float], Any] | None = None,
+) -> type:
     """uvicorn's httptools protocol with the header size limit and the header timeout (see above), and
-    `fast` (MirrorApp.fast_head): the header lines of a HEAD answered without the app, or None.
+    `fast` (MirrorApp.fast_head): the header lines of a HEAD answered without the app, or None;
+    `fast_get` (MirrorApp.fast_get): a whole-file GET's sendfile.FileSend, or None.
     uvicorn is imported here, not above: the CLI reads this module's defaults for serve's --help."""
     import httptools
     from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+    from .sendfile import send
 
     ok = STATUS_LINE[200]
 
@@ -164,31 +182,65 @@ def guarded(limits: HttpLimits, fast: Callable[[dict, float], bytes | None] | No
         def on_headers_complete(self) -> None:
             self._head_open = False
             self._disarm()
-            if fast is None or not self._answer_head():
+            if not self._answer_head() and not self._answer_get():
                 super().on_headers_complete()
 
-        def _answer_head(self) -> bool:
-            """A keep-alive HTTP/1.1 HEAD with no query, nothing before it in flight, that `fast`
-            answers: written here, as uvicorn would write that answer (its Date header included)."""
-            t0 = time.perf_counter()
+        def _fast_scope(self, method: bytes) -> dict | None:
+            """The scope of a keep-alive HTTP/1.1 `method` request with no query and no %-escape, nothing
+            before it in flight; None for any other."""
             p = self.parser
-            if p.get_method() != b"HEAD" or p.get_http_version() != "1.1" or not p.should_keep_alive():
-                return False
-            if self.cycle is not None and not self.cycle.response_complete:
-                return False
+            if p.get_method() != method or p.get_http_version() != "1.1" or not p.should_keep_alive():
+                return None
+            if (self.cycle is not None and not self.cycle.response_complete) or self.root_path:
+                return None
             url = httptools.parse_url(self.url)
             if url.query is not None or b"%" in url.path:
-                return False
-            path = url.path.decode("ascii")
+                return None
             scope = self.scope
-            scope.update(method="HEAD", path=self.root_path + path, raw_path=url.path, query_string=b"")
-            if self.root_path or (lines := fast(scope, t0)) is None:
+            scope.update(method=method.decode(), path=url.path.decode("ascii"), raw_path=url.path, query_string=b"")
+            return scope
+
+        def _head_lines(self, lines: bytes) -> bytes:
+            """The answer's head as uvicorn would write it (its Date header included)."""
+            return b"".join([ok, *(b"%s: %s\r\n" % h for h in self.server_state.default_headers), lines, b"\r\n"])
+
+        def _answer_head(self) -> bool:
+            """A HEAD that `fast` answers: written here."""
+            t0 = time.perf_counter()
+            if fast is None or (scope := self._fast_scope(b"HEAD")) is None or (lines := fast(scope, t0)) is None:
                 return False
-            head = [ok, *(b"%s: %s\r\n" % h for h in self.server_state.default_headers), lines, b"\r\n"]
-            self.transport.write(b"".join(head))
+            self.transport.write(self._head_lines(lines))
             self.cycle = _Answered()  # type: ignore[assignment]
             self.on_response_complete()  # uvicorn's keep-alive timer and the next pipelined request
             return True
+
+        def _answer_get(self) -> bool:
+            """A whole-file GET that `fast_get` sends with sendfile, in a task of its own, once nothing of
+            an earlier answer is still queued in the transport (its bytes must go first)."""
+            t0 = time.perf_counter()
+            if fast_get is None or self.transport.get_write_buffer_size():
+                return False
+            if (scope := self._fast_scope(b"GET")) is None or (fs := fast_get(scope, t0)) is None:
+                return False
+            cycle = self.cycle = _Sending()  # type: ignore[assignment]
+            sock = self.transport.get_extra_info("socket")
+            task = self.loop.create_task(self._send(cycle, sock.fileno(), fs))
+            task.add_done_callback(self.tasks.discard)
+            self.tasks.add(task)  # a graceful shutdown waits for it, as for an app's
+            return True
+
+        async def _send(self, cycle: _Sending, sock_fd: int, fs) -> None:
+            sent = None
+            try:
+                sent = await send(self.loop, sock_fd, self._head_lines(fs.lines), fs)
+            except OSError:  # the client went away, or the file ended early
+                pass
+            fs.done(200, sent or 0)
+            cycle.response_complete = True
+            if sent is None or not cycle.keep_alive or self.transport.is_closing():
+                self.transport.close()  # cut short: the client sees fewer bytes than Content-Length
+                return
+            self.on_response_complete()
 
         def on_message_complete(self) -> None:
             super().on_message_complete()

@@ -60,7 +60,7 @@ def serve(app: MirrorApp, sockets: list[socket.socket], limits: HttpLimits | Non
         lifespan="on",
         server_header=False,
         date_header=True,
-        **{**limits.uvicorn(), "http": guarded(limits, fast=app.fast_head)},
+        **{**limits.uvicorn(), "http": guarded(limits, fast=app.fast_head, fast_get=app.fast_get)},
     )
     logging.getLogger("uvicorn.error").addFilter(CutSaid())  # after Config, which configures uvicorn's loggers
     raise_open_files(limits)  # after Config too: a warning it says goes through uvicorn's handler
