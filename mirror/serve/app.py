@@ -51,7 +51,7 @@ from .protocol import (
     split_revision,
 )
 from .pull import STALE_HEADER, PullService, upstream_error
-from .sendfile import FileSend
+from .sendfile import FileSend, hot_get
 from .stream import FlowResponse
 
 if TYPE_CHECKING:  # what make_app (run.py) sets; a bare app has neither
@@ -181,23 +181,8 @@ class MirrorApp:
         return found[0].lines
 
     def fast_get(self, scope, t0: float) -> FileSend | None:
-        """A whole-file GET that hot() would answer from a file this process verified lately, sent by the
-        HTTP protocol itself with sendfile(2) (limits.guarded, sendfile.py); logged and counted as hot()
-        does once it is over. None (through the app): what fast_head declines, a hand-off to nginx, a
-        file not verified lately (the app hashes it as it sends it), an object store's blob."""
-        if not isinstance(self.integrity, Integrity) or any(n == b"x-forwarded-for" for n, _ in scope["headers"]):
-            return None
-        found = self._hot.hit(scope, self.catalog(), self.integrity.bad, self.authorized)
-        if found is None or (found[1] and self.accel_redirect):
-            return None
-
-        def done(status: int, sent: int) -> None:
-            if self.log:
-                self.log.record(scope, status, sent, t0)
-            if self.metrics:
-                self.metrics.count("resolve", "GET", status, sent)
-
-        return FileSend.open(found[0].file, found[0].lines, self.integrity, done)
+        """A whole-file GET that hot() would answer, sent by the HTTP protocol with sendfile (sendfile.py)."""
+        return hot_get(self, scope, t0)
 
     async def dispatch(self, request: Request) -> Response:
         segs = split_raw_path(request.scope.get("raw_path") or request.scope["path"].encode())

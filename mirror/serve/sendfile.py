@@ -60,6 +60,26 @@ class FileSend:
         return cls(fd, f.size, lines, check, done)
 
 
+def hot_get(app, scope, t0: float) -> FileSend | None:
+    """MirrorApp.fast_get: a whole-file GET that app.hot() would answer from a file this process verified
+    lately; logged and counted as hot() does once it is over. None (through the app): what fast_head
+    declines, a hand-off to nginx, a file not verified lately (the app hashes it as it sends it), an
+    object store's blob."""
+    if not isinstance(app.integrity, Integrity) or any(n == b"x-forwarded-for" for n, _ in scope["headers"]):
+        return None
+    found = app._hot.hit(scope, app.catalog(), app.integrity.bad, app.authorized)
+    if found is None or (found[1] and app.accel_redirect):
+        return None
+
+    def done(status: int, sent: int) -> None:
+        if app.log:
+            app.log.record(scope, status, sent, t0)
+        if app.metrics:
+            app.metrics.count("resolve", "GET", status, sent)
+
+    return FileSend.open(found[0].file, found[0].lines, app.integrity, done)
+
+
 async def send(loop: asyncio.AbstractEventLoop, sock_fd: int, head: bytes, fs: FileSend) -> int | None:
     """Write `head`, then the file, to the socket: the body bytes sent, or None where the file was not
     the one verified any more (cut short: the caller closes the connection). Closes the file. OSError:
