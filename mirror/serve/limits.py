@@ -235,6 +235,8 @@ def guarded(
                 sent = await send(self.loop, sock_fd, self._head_lines(fs.lines), fs)
             except OSError:  # the client went away, or the file ended early
                 pass
+            except Exception:  # never leave the connection waiting on an answer that will not come
+                log.exception("frt-mirror: serve: a sendfile answer failed")
             fs.done(200, sent or 0)
             cycle.response_complete = True
             if sent is None or not cycle.keep_alive or self.transport.is_closing():
