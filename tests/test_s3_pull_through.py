@@ -94,10 +94,8 @@ def test_a_big_cold_file_streams_while_fetched_then_every_replica_serves_it_from
     with pulled(tmp_path / "b", url, site) as b:
         p, out = client(
             f"""
-            import hashlib
             from huggingface_hub import hf_hub_download
-            path = hf_hub_download({BIG!r}, {BIG_FILE!r}, repo_type="kernel", revision="v1")
-            report(hashlib.sha256(open(path, "rb").read()).hexdigest())
+            report(sha256_of(hf_hub_download({BIG!r}, {BIG_FILE!r}, repo_type="kernel", revision="v1")))
             """,
             b.url,
             tmp_path / "hf",
@@ -119,20 +117,22 @@ def test_an_object_found_bad_is_quarantined_and_pulled_again(upstream, tmp_path,
     )
     sha = hashlib.sha256(good).hexdigest()
     raw, key = s3_server.store(site["FRT_STORE_URL"]), f"sha256/{sha[:2]}/{sha}"
-    target = f"/kernels/{RELU}/resolve/v1/{path}"
+    target = f"/kernels/{RELU}/resolve/v1/{path}"  # timeouts: a cold pull on a loaded box can pass 10 s
     with pulled(tmp_path / "a", upstream.url, site) as a:
-        assert raw_http(a.port, raw_request("GET", target))[2] == good  # pulled, uploaded
+        assert raw_http(a.port, raw_request("GET", target), timeout=60)[2] == good  # pulled, uploaded
     data = bytearray(raw.get(key).bytes())
     data[0] ^= 0x01
     raw.put(key, bytes(data))
     with pulled(tmp_path / "b", upstream.url, site) as b:  # a fresh replica: nothing verified yet
         try:
-            status, _, body = raw_http(b.port, raw_request("GET", target))
+            status, _, body = raw_http(b.port, raw_request("GET", target), timeout=60)
         except OSError:  # cut short of Content-Length
             status, body = 200, b""
         assert body != bytes(data) and (status == 500 or len(body) < len(data)), status
         deadline = time.monotonic() + 30
-        while (got := raw_http(b.port, raw_request("GET", target)))[0] != 200:  # once moved aside: pulled again
+        while (got := raw_http(b.port, raw_request("GET", target), timeout=60))[
+            0
+        ] != 200:  # once moved aside: pulled again
             assert time.monotonic() < deadline, (got[:2], b.stderr())
             time.sleep(0.2)
         assert got[2] == good

@@ -30,15 +30,11 @@ def test_get_kernel_and_snapshot_download_stream_from_the_bucket(s3_staged, tmp_
     with replica(tmp_path, s3_staged, "replica", *args) as served:
         p, out = run_client(
             f"""
-            import hashlib, os, kernels
+            import kernels
             from huggingface_hub import hf_hub_download, snapshot_download
             ln = kernels.get_kernel({LAYERNORM!r}, version=1)
             snap = snapshot_download({RELU!r}, repo_type="kernel", revision="v1")
-            files = {{}}
-            for root, _, names in os.walk(snap):
-                for n in names:
-                    full = os.path.join(root, n)
-                    files[os.path.relpath(full, snap)] = hashlib.sha256(open(full, "rb").read()).hexdigest()
+            files = tree_sha256(snap)
             so = hf_hub_download({ACTIVATION!r}, "build/{X86_CPU}/metadata.json", repo_type="kernel", revision="v1")
             report({{"ln": [ln.VARIANT, ln.add(2, 3)], "files": files, "meta": open(so, "rb").read().decode()}})
             """,

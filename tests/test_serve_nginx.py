@@ -238,11 +238,9 @@ def test_get_kernel_through_nginx(serve_staged, front, tmp_path):
 def test_snapshot_download_through_nginx(serve_staged, front, tmp_path):
     p, out = run_client(
         f"""
-        import hashlib, os
+        import os
         from huggingface_hub import snapshot_download
-        def files(snap):
-            return {{os.path.relpath(os.path.join(d, f), snap): hashlib.sha256(open(os.path.join(d, f), "rb").read())
-                     .hexdigest() for d, _, fs in os.walk(snap) for f in fs}}
+        files = tree_sha256
         act = snapshot_download({ACTIVATION!r}, repo_type="kernel", revision="v1")
         big = snapshot_download({BIG!r}, repo_type="kernel", revision="release/v1")
         report({{"act": [os.path.basename(act), files(act)], "big": [os.path.basename(big), files(big)]}})
@@ -267,10 +265,8 @@ def test_dropped_download_resumes_with_range_through_nginx(serve_staged, front, 
     with CuttingProxy(front.port, cut_path, cut_after=16 << 20) as proxy:
         p, out = run_client(
             f"""
-            import hashlib
             from huggingface_hub import hf_hub_download
-            path = hf_hub_download({BIG!r}, {BIG_FILE!r}, repo_type="kernel", revision="v1")
-            report(hashlib.sha256(open(path, "rb").read()).hexdigest())
+            report(sha256_of(hf_hub_download({BIG!r}, {BIG_FILE!r}, repo_type="kernel", revision="v1")))
         """,
             proxy.url,
             tmp_path / "hf",

@@ -79,7 +79,7 @@ class Integrity:
         self._verified: dict[str, tuple[tuple, float]] = {}  # sha256 -> (file key, when verified)
         self.bad: dict[str, tuple | None] = {}  # sha256 -> key of the file found bad; None: gone from the store
         self._checks: dict[str, asyncio.Future] = {}  # sha256 -> its whole-blob check in flight
-        self.counter = _counter(metrics) if metrics is not None else None
+        self.counter = quarantine_counter(metrics) if metrics is not None else None
 
     def response(self, f: ServedFile, start: int, end: int, status: int, headers, head: bool = False):
         """The answer that sends `f`'s bytes [start, end) under `headers` (objects.py has an object store's)."""
@@ -260,7 +260,7 @@ def record_quarantine(home, f: ServedFile, detail: str) -> None:
         )
 
 
-def _counter(metrics):
+def quarantine_counter(metrics):
     """frt_mirror_quarantined_blobs_total, beside metrics.Metrics' own series (in each worker's file
     under serve --workers, summed at a scrape like theirs)."""
     from prometheus_client import Counter

@@ -35,7 +35,7 @@ from urllib.parse import urlsplit
 from frt.resolver.settings import env_number
 
 from .catalog import ServedFile
-from .integrity import MAX_ENTRIES, TTL_ENV, _counter, record_quarantine
+from .integrity import MAX_ENTRIES, TTL_ENV, quarantine_counter, record_quarantine
 from .protocol import HubError
 
 log = logging.getLogger("frt.serve")
@@ -50,7 +50,7 @@ class ObjectIntegrity:
     def __init__(self, store, metrics=None, ttl: float | None = None, home=None):
         self.store, self.ttl = store, env_number(TTL_ENV, 3600.0) if ttl is None else ttl
         self.home = home  # where quarantines are recorded (None in bare test apps)
-        self.counter = _counter(metrics) if metrics is not None else None
+        self.counter = quarantine_counter(metrics) if metrics is not None else None
         self._verified: dict[str, tuple[str, float]] = {}
         # sha256 -> the ETag of the object found bad; None: moved aside (and _looked: when last looked for)
         self.bad: dict[str, str | None] = {}
@@ -135,13 +135,11 @@ class ObjectIntegrity:
 
     def _quarantine(self, f: ServedFile, etag: str | None, got: str | None) -> None:
         where = self._set_aside(f, etag)
-        if where is not None:
+        if where is not None:  # the bad object is no longer under its key: looked for again from now on
             self.store.forget(f.sha256)
-            self.bad[f.sha256] = None  # looked for again from now on (refused)
-        detail = (
-            f"{f.path}: object hashes to {got or f'fewer than {f.size} bytes'}; "
-            f"{f'moved to {where}' if where else 'left in place'}"
-        )
+            if self.bad.get(f.sha256, ()) == etag:
+                self.bad[f.sha256] = None
+        detail = f"{f.path}: object hashes to {got or f'fewer than {f.size} bytes'}; {where or 'left in place'}"
         log.warning("frt-mirror: serve: blob %s failed verification on read, quarantined: %s", f.sha256, detail)
         if self.counter is not None:
             self.counter.inc()
@@ -149,20 +147,25 @@ class ObjectIntegrity:
             record_quarantine(self.home, f, detail)
 
     def _set_aside(self, f: ServedFile, etag: str | None) -> str | None:
-        """Move the object to PREFIX/quarantine/ if it is still the one found bad; where it went, or None."""
+        """Move the object to PREFIX/quarantine/ if it is still the one found bad. What became of it (it is
+        no longer under its key), or None: still there (no ETag to tell it by, or the store refusing)."""
         import obstore
 
         client, key = self.store.client, self.store.key(f.sha256)
         dest = f"quarantine/{f.sha256}.{time.time_ns()}"
         try:
-            if etag is None or obstore.head(client, key)["e_tag"] != etag:
-                return None  # replaced since (judged afresh when next read), or not known which
+            if etag is None:
+                return None
+            if obstore.head(client, key)["e_tag"] != etag:
+                return "replaced since (judged afresh when next read)"
             obstore.copy(client, key, dest)
             obstore.delete(client, key)
-        except Exception as e:  # noqa: BLE001  (gone already, or the store refusing: refused here all the same)
+        except FileNotFoundError:
+            return "gone already"
+        except Exception as e:  # noqa: BLE001  (the store refusing: refused here all the same)
             log.warning("frt-mirror: serve: could not move %s aside: %s", key, str(e).split("\n")[0])
             return None
-        return f"{self.store.url}/{dest}"
+        return f"moved to {self.store.url}/{dest}"
 
     async def ensure(self, f: ServedFile) -> str:
         """The object verified whole (cached, or hashed now once for every request waiting): its ETag."""

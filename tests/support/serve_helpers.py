@@ -120,10 +120,23 @@ def client_env(url: str, hf_home: Path, **extra: str) -> dict[str, str]:
     }
 
 
+CLIENT_HASHES = """
+def sha256_of(path):
+    import hashlib
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+def tree_sha256(root):
+    import os
+    return {os.path.relpath(os.path.join(d, n), root): sha256_of(os.path.join(d, n))
+            for d, _, names in os.walk(root) for n in names}
+"""
+
+
 def run_client(code: str, url: str, hf_home: Path, timeout: float = 120, **extra: str):
     """Run unmodified client code in a subprocess (this interpreter, so this venv's huggingface_hub).
-    The code reports with `report(obj)`; returns (CompletedProcess, the reported object or None)."""
-    prelude = f"import json\ndef report(obj):\n    print({RESULT!r} + json.dumps(obj), flush=True)\n"
+    The code reports with `report(obj)`, and may hash what it downloaded with `sha256_of(path)` and
+    `tree_sha256(root)` ({relative path: sha256}); returns (CompletedProcess, the reported object or None)."""
+    prelude = f"import json\ndef report(obj):\n    print({RESULT!r} + json.dumps(obj), flush=True)\n" + CLIENT_HASHES
     p = subprocess.run(
         [sys.executable, "-c", prelude + textwrap.dedent(code)],
         capture_output=True,
