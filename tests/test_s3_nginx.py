@@ -4,7 +4,7 @@ own, the blobs are in a real S3 server (SeaweedFS's weed), the ledger on a real 
 - `nginx-conf --store s3://…` with `serve --accel-redirect`: nginx fetches each body from the store by the
   presigned URL a replica hands it (If-Match the ETag the replica verified), never through a replica;
   answers header for header serve's own, a flipped byte never served whole, real clients through it.
-- A replica SIGKILLed under 64 clients: no request fails, no wrong bytes.
+- A replica SIGKILLed, or the ledger's PostgreSQL stopped, under 64 clients: no request fails, no wrong bytes.
 Also in the huggingface_hub 1.33 venv (marked hub1).
 """
 
@@ -164,16 +164,7 @@ def test_two_replicas_behind_nginx_one_killed_under_load_fail_no_request(
     replica streams and hashes it the first time, nginx fetches it from S3 after); one replica is SIGKILLed
     half-way: no request fails and every body is right. (Behind a plain front, one whose replicas stream
     every body, a replica killed mid-body cuts that answer: nginx cannot retry a body it began to send.)"""
-    from tests.support.big_kernel import BIG
-
-    manifest = write_manifest(tmp_path / "m.toml", {BIG: {"version": 1}, RELU: {"version": 1}}, [X86])
-    env = cli_env(**s3_server.env())
-    p = stage_to(s3_store, pg_url, big_hub.url, manifest, home=tmp_path / "stager", env=env, json=True)
-    assert p.returncode == 0, p.stderr
-    files = hub_files(big_hub, json.loads(p.stdout)["rows"])
-    assert any(f.size > 1 << 20 for f in files), "a file of several chunks, streamed and hashed"
-    big_hub.stop()
-    staged = {"ledger": pg_url, "store": s3_store, "env": s3_server.env()}
+    staged, files = _big_site(big_hub, tmp_path, pg_url, s3_server, s3_store)
     with s3_front(tmp_path, staged, accel=True) as front:
         victim = front.replicas[0]
         out = asyncio.run(load(front.port, files, clients=64, rounds=2, kill=victim.proc.kill))
@@ -183,3 +174,42 @@ def test_two_replicas_behind_nginx_one_killed_under_load_fail_no_request(
     assert out["failures"] == [], out["failures"][:10]
     assert out["total"] == 64 * 2 * len(files) * 2 and out["after"] > 0
     assert "upstream" in errors  # nginx did meet the dead replica, and went on to the other
+
+
+def test_the_ledger_stopped_under_load_fails_no_request(big_hub, tmp_path, pg_server, pg_url, s3_server, s3_store):
+    """The same front and load; half-way the ledger's PostgreSQL stops (pg_ctl stop: every connection
+    closed), and a second load runs with it down. The replicas answer from the catalog they hold and the
+    bucket: no request fails, no byte is wrong."""
+    import threading
+
+    staged, files = _big_site(big_hub, tmp_path, pg_url, s3_server, s3_store)
+    stopper = threading.Thread(target=pg_server.stop)  # off the load's event loop: pg_ctl waits
+    try:
+        with s3_front(tmp_path, staged, accel=True) as front:
+            out = asyncio.run(load(front.port, files, clients=64, rounds=2, kill=stopper.start))
+            stopper.join()
+            assert not pg_server.running
+            out2 = asyncio.run(load(front.port, files, clients=16, rounds=1, kill=lambda: None))  # all of it down
+            stderr = [r.stderr() for r in front.replicas]
+    finally:
+        if stopper.is_alive():
+            stopper.join()
+        pg_server.start()
+    assert out["failures"] == [] and out2["failures"] == [], (out["failures"] + out2["failures"])[:10]
+    assert out["after"] > 0 and out2["total"] == 16 * len(files) * 2
+    assert all("Traceback" not in e for e in stderr), stderr
+
+
+def _big_site(big_hub, tmp_path, pg_url, s3_server, s3_store) -> tuple[dict, list]:
+    """big v1 (a multi-MiB file) and relu v1 staged for x86 into the bucket; the upstream then stopped.
+    (The site as s3_staged gives it, and every staged file as a client asks for it.)"""
+    from tests.support.big_kernel import BIG
+
+    manifest = write_manifest(tmp_path / "m.toml", {BIG: {"version": 1}, RELU: {"version": 1}}, [X86])
+    env = cli_env(**s3_server.env())
+    p = stage_to(s3_store, pg_url, big_hub.url, manifest, home=tmp_path / "stager", env=env, json=True)
+    assert p.returncode == 0, p.stderr
+    files = hub_files(big_hub, json.loads(p.stdout)["rows"])
+    assert any(f.size > 1 << 20 for f in files), "a file of several chunks, streamed and hashed"
+    big_hub.stop()
+    return {"ledger": pg_url, "store": s3_store, "env": s3_server.env()}, files
