@@ -4,9 +4,12 @@ for nginx-conf's nginx (`nginx-conf --head-map`), which then answers those HEADs
 A node's job start is a HEAD per file by commit sha (kernels, snapshot_download): an immutable URL whose
 answer is fixed by the catalog. Each line of RUN_DIR/heads/current.map is one such URL, exactly as a
 client spells it (nginx matches `$request_uri`, so a URL spelled any other way, or with a query, still
-goes to a replica), and serve's answer to it: the blob under the store, ETag, X-Linked-Etag,
-X-Linked-Size and X-Repo-Commit. nginx sends them over its own static answer for the blob, whose
-Content-Length is the file's size: header for header what serve answers (tests/test_serve_nginx.py).
+goes to a replica), and the URI of serve's answer to it: the blob under the store and what fixes its
+headers (the size of an LFS file, whose ETag and X-Linked-Etag are the blob's sha256, or the git oid of
+another; the commit). nginx rewrites a plain HEAD to it, and one regex location sends serve's headers
+over nginx's own static answer for the blob, whose Content-Length is the file's size: header for header
+what serve answers (tests/test_nginx_head_map.py). Only hash lookups and that one regex: a mapped HEAD
+costs nginx what its static answer does (bench/serve.py).
 
 Kept current by the catalog's change serial: each poll of the watcher (watch.py) that finds a new
 catalog, or a blob this process found bad, rewrites the file (atomically, only when it differs) and
@@ -28,10 +31,11 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 
 from ..store import blob_relpath
-from .catalog import Catalog, etag_of
+from .catalog import Catalog, ServedFile
 
 KEY_MAX = 200  # nginx-conf sets map_hash_bucket_size 256: a longer key would not fit a bucket
 _PLAIN = re.compile(r"[A-Za-z0-9._~/-]+")  # what huggingface_hub's quote() leaves as it is
+_ANSWER = re.compile(r"/_frt_heads/(L/[0-9]+|G/[0-9a-f]{40,64})/[0-9a-f]{40}/[0-9a-f]{2}/[0-9a-f]{64}")
 PREFIX = {"model": "", "kernel": "/kernels", "dataset": "/datasets", "space": "/spaces"}
 MAP_NAME = "current.map"
 
@@ -49,10 +53,18 @@ def head_lines(catalog: Catalog, bad: Collection[str], skip_repo: Callable[[str]
                     continue
                 if not f.blob.exists():
                     continue
-                linked = (f'"{f.sha256}"', str(f.size)) if f.lfs else ("", "")
-                value = "|".join((blob_relpath(f.sha256), f'"{etag_of(f)}"', *linked, sha))
-                lines.append(f"\"{key}\" '{value}';\n")
+                answer = answer_uri(f, sha)
+                if _ANSWER.fullmatch(answer):  # else a location of nginx's would not parse it: a replica answers
+                    lines.append(f'"{key}" "{answer}";\n')
     return sorted(lines)
+
+
+def answer_uri(f: ServedFile, sha: str) -> str:
+    """Where nginx-conf's nginx finds the answer to a HEAD of `f` at commit `sha`: the blob, and serve's
+    headers spelled in the URI its location parses (nginx.py's MAP_LOCATION)."""
+    if f.lfs:  # ETag and X-Linked-Etag: the blob's sha256, X-Linked-Size: the file's size
+        return f"/_frt_heads/L/{f.size}/{sha}/{blob_relpath(f.sha256)}"
+    return f"/_frt_heads/G/{f.oid}/{sha}/{blob_relpath(f.sha256)}"
 
 
 class HeadMap:

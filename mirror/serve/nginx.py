@@ -205,7 +205,6 @@ class NginxSite:
             for u in self.upstreams
         )
         ttl, cached = self.head_cache, self.head_cache > 0
-        by_sha = cached or self.head_map
         return TEMPLATE.format(
             home=home,
             replicas=replicas,
@@ -236,14 +235,9 @@ class NginxSite:
             keepalive=32 * len(self.upstreams),
             cache_http=CACHE_HTTP.format(run=run, ttl=ttl) if cached else "",
             map_http=MAP_HTTP.format(run=run) if self.head_map else "",
-            by_sha=BY_SHA.format(
-                rewrite=MAP_REWRITE if self.head_map else "", cache=CACHE_LOCATION.format(ttl=ttl) if cached else ""
-            )
-            if by_sha
-            else "",
-            map_location=MAP_LOCATION.format(alias=alias, map_headers=file_headers("frt_head_etag", "frt_head_"))
-            if self.head_map
-            else "",
+            map_rewrite=MAP_REWRITE if self.head_map else "",
+            by_sha=BY_SHA.format(cache=CACHE_LOCATION.format(ttl=ttl)) if cached else "",
+            map_location=map_location(alias) if self.head_map else "",
         )
 
 
@@ -300,7 +294,7 @@ http {{
     proxy_connect_timeout 5s;
     # Bodies serve streams itself (conditional or odd Range requests) pass through, never to disk.
     proxy_max_temp_file_size 0;
-
+{map_rewrite}
     location / {{
       proxy_pass http://frt_mirror;
     }}
@@ -343,10 +337,25 @@ def file_headers(etag: str, prefix: str) -> str:
     )
 
 
-# A file by commit sha: the location --head-cache and --head-map act in.
+def map_location(alias: str) -> str:
+    """--head-map's internal location over the store (`alias`, quoted), its headers from the URI's parts:
+    an LFS file's ETag and X-Linked-Etag are its blob's sha256, a git file's ETag its git oid."""
+
+    def headers(etag: str, linked: bool) -> str:
+        lines = ['add_header Last-Modified "";', f"add_header ETag '\"${etag}\"';", "add_header X-Repo-Commit $frt_hc;"]
+        if linked:
+            lines += ["add_header X-Linked-Etag '\"$frt_he\"';", "add_header X-Linked-Size $frt_hs;"]
+        return "".join(f"        {ln}\n" for ln in lines)
+
+    return MAP_LOCATION.format(
+        store=alias[:-1], lfs_headers=headers("frt_he", True), git_headers=headers("frt_ho", False)
+    )
+
+
+# A file by commit sha: the location --head-cache acts in.
 BY_SHA = """
     location ~ "^/([a-z]+s/)?[^/]+/[^/]+/resolve/[0-9a-f]{{40}}/" {{
-{rewrite}      proxy_pass http://frt_mirror;
+      proxy_pass http://frt_mirror;
 {cache}    }}
 """
 CACHE_LOCATION = """\
@@ -360,39 +369,49 @@ CACHE_LOCATION = """\
 
 # nginx-conf --head-map: the replicas' answers to HEADs of stored files by sha (mirror/serve/head_map.py).
 MAP_HTTP = """
-  # --head-map: each line of {run}/heads/*.map is a URL as a client spells it and serve's answer to a HEAD
-  # of it: blob|ETag|X-Linked-Etag|X-Linked-Size|X-Repo-Commit. A replica started with --head-map writes
-  # it and reloads nginx when the ledger changes; with no file yet, nothing is answered from it.
+  # --head-map: each line of {run}/heads/*.map is a URL as a client spells it and where nginx finds
+  # serve's answer to a HEAD of it: /_frt_heads/L/SIZE/COMMIT/BLOB (an LFS file) or
+  # /_frt_heads/G/GIT_OID/COMMIT/BLOB. A replica started with --head-map writes it and reloads nginx
+  # when the ledger changes; with no file yet, nothing is answered from it. Hash lookups only: the one
+  # regex a mapped HEAD costs is its location's below.
   map_hash_bucket_size 256;
   map_hash_max_size 1048576;
-  map $request_uri $frt_head {{
+  map $request_uri $frt_head_uri {{
     include "{run}/heads/*.map";
     default "";
   }}
   # Only a HEAD with no Range, no condition and no token is answered from the map.
-  map "$request_method:$http_range$http_if_range$http_if_match$http_if_none_match$http_if_modified_since$http_if_unmodified_since$http_authorization:$frt_head" $frt_head_blob {{
-    "~^HEAD::(?<frt_hb>[^|]+)[|]" $frt_hb;
+  map "$request_method:$http_range$http_if_range$http_if_match$http_if_none_match$http_if_modified_since$http_if_unmodified_since$http_authorization" $frt_plain_head {{
+    "HEAD:" 1;
     default "";
   }}
-  map $frt_head $frt_head_etag {{ "~^[^|]*[|](?<frt_he>[^|]*)" $frt_he; default ""; }}
-  map $frt_head $frt_head_linked_etag {{ "~^[^|]*[|][^|]*[|](?<frt_hl>[^|]*)" $frt_hl; default ""; }}
-  map $frt_head $frt_head_linked_size {{ "~^[^|]*[|][^|]*[|][^|]*[|](?<frt_hs>[^|]*)" $frt_hs; default ""; }}
-  map $frt_head $frt_head_repo_commit {{ "~[|](?<frt_hc>[0-9a-f]{{40}})$" $frt_hc; default ""; }}
+  map $frt_plain_head $frt_head {{
+    1 $frt_head_uri;
+    default "";
+  }}
 """
-MAP_REWRITE = """\
-      if ($frt_head_blob) {
-        rewrite ^ /_frt_heads/$frt_head_blob last;
-      }
+MAP_REWRITE = """
+    # --head-map: a mapped HEAD goes to its answer before any location is chosen.
+    if ($frt_head) {
+      rewrite ^ $frt_head last;
+    }
 """
 MAP_LOCATION = """
     # --head-map: the HEAD's answer, nginx's static one for the blob (Content-Length: the file's size)
-    # with serve's headers from the map.
-    location /_frt_heads/ {{
+    # with serve's headers, from the URI the map gave.
+    location ^~ /_frt_heads/ {{
       internal;
       # Blobs are content-addressed and every map change reloads nginx (new workers, empty cache).
       open_file_cache max=65536 inactive=60s;
       open_file_cache_valid 1s;
-      alias {alias};
       types {{ }}
-{map_headers}    }}
+      etag off;
+      location ~ "^/_frt_heads/L/(?<frt_hs>[0-9]+)/(?<frt_hc>[0-9a-f]{{40}})/(?<frt_hb>[0-9a-f]{{2}}/(?<frt_he>[0-9a-f]{{64}}))$" {{
+        alias {store}$frt_hb";
+{lfs_headers}      }}
+      location ~ "^/_frt_heads/G/(?<frt_ho>[0-9a-f]{{40,64}})/(?<frt_hc>[0-9a-f]{{40}})/(?<frt_hb>[0-9a-f]{{2}}/[0-9a-f]{{64}})$" {{
+        alias {store}$frt_hb";
+{git_headers}      }}
+      return 404;
+    }}
 """
