@@ -320,13 +320,13 @@ def test_a_format_1_bundle_still_imports_with_its_history(tmp_path):
 
 @pytest.mark.parametrize("size", [0, 1, 64 << 10, (4 << 20) - 1, 4 << 20, (9 << 20) + 7])
 def test_a_member_is_written_and_hashed_exactly_across_chunk_edges(tmp_path, size):
-    """import's copier (bundle/extract.py) reads a member with pread into two reused 4 MiB buffers and
-    hashes sha256 on a helper thread one buffer behind: at every edge of a chunk, the bytes written and
-    both hashes are the member's own, as digest_file has them."""
+    """import's copier (bundle/extract.py) reads a member with pread into its thread's reused 4 MiB
+    buffer: at every edge of a chunk, the bytes written and both hashes are the member's own, as
+    digest_file has them."""
     import hashlib
     import os
 
-    from frt.mirror.bundle.extract import MemberCopier
+    from frt.mirror.bundle.extract import copy_member
     from frt.mirror.store import digest_file
 
     data = hashlib.shake_256(str(size).encode()).digest(size) if size else b""
@@ -335,7 +335,7 @@ def test_a_member_is_written_and_hashed_exactly_across_chunk_edges(tmp_path, siz
     (tmp_path / "alone").write_bytes(data)
     fd, o = os.open(src, os.O_RDONLY), os.open(out, os.O_WRONLY | os.O_CREAT)
     try:
-        got = MemberCopier(fd).copy(512, size, o)
+        got = copy_member(fd, 512, size, o)
     finally:
         os.close(fd)
         os.close(o)
@@ -347,7 +347,7 @@ def test_an_archive_that_ends_inside_a_member_is_refused(tmp_path):
     """The archive shrank under the import (its headers were read whole): a clean refusal, not a short blob."""
     import os
 
-    from frt.mirror.bundle.extract import MemberCopier
+    from frt.mirror.bundle.extract import copy_member
     from frt.mirror.bundle.format import BundleRejected
 
     src = tmp_path / "archive"
@@ -355,6 +355,39 @@ def test_an_archive_that_ends_inside_a_member_is_refused(tmp_path):
     fd = os.open(src, os.O_RDONLY)
     try:
         with pytest.raises(BundleRejected, match="ends inside a blob member"):
-            MemberCopier(fd).copy(1000, 10_000, None)
+            copy_member(fd, 1000, 10_000, None)
     finally:
         os.close(fd)
+
+
+def test_a_failed_member_copy_stops_those_not_begun_and_waits_for_those_under_way():
+    """import copies members on several threads (bundle/read.py): at the first refusal, no member not yet
+    begun is copied, and each one under way finishes before the refusal is raised (so every part it made
+    is in `parts` when the import removes them)."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from frt.mirror.bundle.format import BundleRejected
+    from frt.mirror.bundle.read import _all_or_none
+
+    ran, under_way, release, gate = [], threading.Event(), threading.Event(), threading.Event()
+
+    def refused():
+        under_way.wait(5)
+        raise BundleRejected("tampered")
+
+    def slow():
+        under_way.set()
+        release.wait(0.5)  # still running when the refusal comes
+        ran.append("slow")
+
+    def later(i):
+        gate.wait(1)  # one per worker at most begins before the refusal cancels the rest
+        ran.append(i)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        copying = [pool.submit(refused), pool.submit(slow), *(pool.submit(later, i) for i in range(20))]
+        with pytest.raises(BundleRejected):
+            _all_or_none(copying)
+        assert ran[0] == "slow"  # waited for, not abandoned
+    assert len(ran) <= 3  # "slow" and the one each worker may have begun: the other 18 never began

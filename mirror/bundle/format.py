@@ -99,7 +99,7 @@ class Hashing:
 
     Both hashes of every byte, from the one read: sha256 runs on a helper thread, one chunk behind the
     caller, while the caller's thread does the sha1 and writes the chunk out (hashlib lets go of the GIL
-    on large buffers), so a bundle or an import hashes at the pace of the slower of the two, not of
+    on large buffers), so a bundle being written hashes at the pace of the slower of the two, not of
     their sum (bench/bundle.py)."""
 
     def __init__(self, f, size: int, on_bytes: Callable[[int], None] | None = None):

@@ -13,7 +13,7 @@ import json
 import os
 import tarfile
 import uuid
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
 from frt.resolver.errors import BadInput
@@ -40,7 +40,7 @@ from ..views import link_wheels
 from ..withdrawn import forget_withdrawn, withdrawn_after
 from . import signing
 from .check import Manifest, check_manifest
-from .extract import MemberCopier
+from .extract import copiers, copy_member
 from .format import (
     BLOB,
     MANIFEST,
@@ -193,22 +193,48 @@ def _read_and_verify(src: Path, home: Home, key, parts: dict[str, Path | None], 
         blobs = _blob_members(tf, [first_blob] if first_blob else [], members, m.listed)
         home.store.sweep_parts("*.import-*.part")  # left by a killed import; a running one's are recent
         meter = Progress(sum(d.size for d in m.listed.values()), len(m.listed), label="import") if progress else None
-        # Each part is fsynced on a helper thread while the next member is read and hashed: by the time
+        # Members are copied on one thread per core, biggest first (so the last to finish is a small one);
+        # each part is fsynced on a helper thread while other members are read and hashed: by the time
         # the store takes them (commit_synced), their bytes are on disk, without a wait per file here.
-        copier = MemberCopier(raw.fileno())  # the blobs are read from the descriptor tarfile reads
-        with ThreadPoolExecutor(max_workers=4, thread_name_prefix="frt-fsync") as syncer:
+        src, store = raw.fileno(), home.store  # the blobs are read from the descriptor tarfile reads
+        by_size = sorted(blobs, key=lambda mem: -mem.size)
+        with (
+            ThreadPoolExecutor(max_workers=4, thread_name_prefix="frt-fsync") as syncer,
+            ThreadPoolExecutor(max_workers=copiers(), thread_name_prefix="frt-import") as pool,
+        ):
             synced: list[Future] = []
             try:
-                for mem in blobs:
-                    match = BLOB.fullmatch(mem.name)
-                    assert match is not None  # _blob_members held every member's name to BLOB
-                    _verify_member(copier, mem, m.listed[match[1]], parts, home.store, meter, syncer, synced)
+                _all_or_none(
+                    [
+                        pool.submit(_verify_member, src, mem, _listed(m, mem), parts, store, meter, syncer, synced)
+                        for mem in by_size
+                    ]
+                )
             finally:
                 if meter:
                     meter.close()
             for f in synced:
                 f.result()  # an fsync that failed (EIO) fails the import before the store sees it
     return m, bundle_id(manifest), signer
+
+
+def _listed(m: Manifest, mem: tarfile.TarInfo) -> Digest:
+    match = BLOB.fullmatch(mem.name)
+    assert match is not None  # _blob_members held every member's name to BLOB
+    return m.listed[match[1]]
+
+
+def _all_or_none(copying: list[Future]) -> None:
+    """Wait for every member's copy; at the first that fails, none not yet begun begins, those under
+    way finish (each part they made is then in `parts`, for the caller to remove), and it is raised."""
+    try:
+        for f in copying:
+            f.result()
+    except BaseException:
+        for f in copying:
+            f.cancel()
+        wait(copying)
+        raise
 
 
 def _blob_members(tf: tarfile.TarFile, first: list[tarfile.TarInfo], rest, listed: dict[str, Digest]) -> list:
@@ -298,7 +324,7 @@ def _sync_close(fd: int) -> None:
 
 
 def _verify_member(
-    copier: MemberCopier,
+    src: int,
     m: tarfile.TarInfo,
     want: Digest,
     parts: dict[str, Path | None],
@@ -307,14 +333,15 @@ def _verify_member(
     syncer: ThreadPoolExecutor,
     synced: list[Future],
 ) -> None:
-    """Copy one `blobs/<sha256>` member (its header checked: _blob_members) into tmp/ (or nowhere, if
-    the store has it), hashing it; its part is then fsynced and closed by `syncer`."""
+    """Copy one `blobs/<sha256>` member of the archive `src` (its header checked: _blob_members) into
+    tmp/ (or nowhere, if the store has it), hashing it; its part is then fsynced and closed by `syncer`.
+    Runs on several threads at once, each member on one."""
     sha = want.sha256
     part = parts[sha] = None if store.has(sha) else store.part_path(f"{sha}.import-{uuid.uuid4().hex}")
     add, done = meter.file(sha[:16], m.size) if meter is not None else (None, None)
     out = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644) if part else None
     try:
-        got = copier.copy(m.offset_data, m.size, out, add)
+        got = copy_member(src, m.offset_data, m.size, out, add)
         if out is not None:
             synced.append(syncer.submit(_sync_close, out))
             out = None
