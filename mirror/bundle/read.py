@@ -196,7 +196,7 @@ def _read_and_verify(src: Path, home: Home, key, parts: dict[str, Path | None], 
         # Members are copied on one thread per core, biggest first (so the last to finish is a small one);
         # each part is fsynced on a helper thread while other members are read and hashed: by the time
         # the store takes them (commit_synced), their bytes are on disk, without a wait per file here.
-        src, store = raw.fileno(), home.store  # the blobs are read from the descriptor tarfile reads
+        fd, store = raw.fileno(), home.store  # the blobs are read from the descriptor tarfile reads
         by_size = sorted(blobs, key=lambda mem: -mem.size)
         with (
             ThreadPoolExecutor(max_workers=4, thread_name_prefix="frt-fsync") as syncer,
@@ -206,7 +206,7 @@ def _read_and_verify(src: Path, home: Home, key, parts: dict[str, Path | None], 
             try:
                 _all_or_none(
                     [
-                        pool.submit(_verify_member, src, mem, _listed(m, mem), parts, store, meter, syncer, synced)
+                        pool.submit(_verify_member, fd, mem, _listed(m, mem), parts, store, meter, syncer, synced)
                         for mem in by_size
                     ]
                 )
