@@ -5,15 +5,16 @@ stored file by commit sha itself, header for header as serve alone answers it, a
 
 from __future__ import annotations
 
+import hashlib
 import subprocess
 import time
 
 import pytest
 
 from tests.support.cli import X86, run_cli, write_manifest
-from tests.support.kernel_fixtures import ACTIVATION, RELU
+from tests.support.kernel_fixtures import ACTIVATION, RELU, X86_CPU
 from tests.support.nginx import NGINX, answer, front_of, nginx_conf, replica_lines, wait_for_lines
-from tests.support.serve_helpers import free_port, raw_http, raw_request, replica_env
+from tests.support.serve_helpers import free_port, raw_http, raw_request, replica_env, run_client
 
 pytestmark = pytest.mark.hub1
 
@@ -111,3 +112,36 @@ def test_nginx_accepts_the_config_with_either_or_both(serve_staged, tmp_path, fl
     conf.write_text(nginx_conf(serve_staged.home, [free_port()], free_port(), run, *flags))
     t = subprocess.run([NGINX, "-t", "-c", str(conf), "-e", str(run / "error.log")], capture_output=True, text=True)
     assert t.returncode == 0, t.stderr
+
+
+def test_real_clients_through_the_head_map(serve_staged, tmp_path):
+    """Unmodified snapshot_download and kernels.get_kernel through a --head-map front: the staged bytes,
+    every HEAD they sent by commit sha answered by nginx itself (nginx's log has them, no replica's)."""
+    run = tmp_path / "nginx"
+    commit = serve_staged.repos[ACTIVATION].commits[v1(serve_staged, ACTIVATION)]
+    with front_of(serve_staged.home, run, conf_args=("--head-map",), serve_args=("--head-map", str(run))) as front:
+        p, out = run_client(
+            f"""
+            import os, kernels
+            from huggingface_hub import snapshot_download
+            act = snapshot_download({ACTIVATION!r}, repo_type="kernel", revision="v1")
+            a1 = kernels.get_kernel({ACTIVATION!r}, version=1)
+            report({{"act": [os.path.basename(act), tree_sha256(act)], "a1": [a1.VARIANT, a1.REVISION_NOTE]}})
+        """,
+            front.url,
+            tmp_path / "hf",
+        )
+        time.sleep(0.5)  # a replica's line goes out at its loop's next turn
+        reached = [ln for ln in replica_lines(front) if ln["method"] == "HEAD" and commit.sha in ln["path"]]
+    assert out is not None, p.stderr[-3000:]
+    staged = {f: hashlib.sha256(commit.files[f]).hexdigest() for f in commit.files if f.startswith(f"build/{X86_CPU}/")}
+    assert out["act"] == [commit.sha, staged]
+    assert out["a1"] == [X86_CPU, "cu-rebuild"]
+    # nginx's own log, written out when it stopped: the by-sha HEADs the clients sent, none of them a replica's.
+    heads = [
+        ln
+        for ln in (run / "access.log").read_text().splitlines()
+        if f'"HEAD /kernels/{ACTIVATION}/resolve/{commit.sha}/' in ln
+    ]
+    assert len(heads) >= len(staged) and all('" 200 ' in ln for ln in heads), heads
+    assert reached == []
