@@ -44,8 +44,11 @@ def test_nginx_answers_heads_by_sha_itself_as_serve(serve_staged, serve_mirror, 
         ("HEAD", f"{first}?x=1", []),
         ("GET", first, []),
     ]
+    # A map an older replica wrote (values "blob|ETag|…", read by configs of that time) is not this config's.
+    (run / "heads").mkdir(parents=True)
+    (run / "heads" / "current.map").write_text(f'"{first}" \'aa/{"a" * 64}|"x"|||{"0" * 40}\';\n')
     with front_of(serve_staged.home, run, conf_args=("--head-map",), serve_args=("--head-map", str(run))) as front:
-        assert (run / "heads" / "current.map").stat().st_size > 0  # written before the replica answered
+        assert (run / "heads" / "current.answers").stat().st_size > 0  # written before the replica answered
         for url in urls:
             alone = answer(serve_mirror.port, "HEAD", url, [])
             assert [answer(front.port, "HEAD", url, []) for _ in range(2)] == [alone] * 2, url
@@ -72,10 +75,10 @@ def test_the_map_follows_the_ledger_within_a_second(hub, tmp_path):
         assert p.returncode == 0, p.stderr
         t0 = time.monotonic()
         sha = hub.repos[("kernel", ACTIVATION)].branches["v1"]
-        while ACTIVATION not in (run / "heads" / "current.map").read_text():
+        while ACTIVATION not in (run / "heads" / "current.answers").read_text():
             assert time.monotonic() - t0 < 1.0, "the map did not take the new commit within a second"
             time.sleep(0.02)
-        keys = [ln.split('"')[1] for ln in (run / "heads" / "current.map").read_text().splitlines()]
+        keys = [ln.split('"')[1] for ln in (run / "heads" / "current.answers").read_text().splitlines()]
         url = next(k for k in keys if k.startswith(f"/kernels/{ACTIVATION}/resolve/{sha}/") and k.endswith(".so"))
         direct = answer(front.replicas[0].port, "HEAD", url, [])
         assert direct[0] == 200
@@ -89,7 +92,7 @@ def test_the_map_follows_the_ledger_within_a_second(hub, tmp_path):
         while raw_http(front.port, raw_request("HEAD", url))[0] != 404:
             assert time.monotonic() - t0 < 1.0, "nginx still answered an unstaged file after a second"
             time.sleep(0.02)
-        assert ACTIVATION not in (run / "heads" / "current.map").read_text()
+        assert ACTIVATION not in (run / "heads" / "current.answers").read_text()
         for replica in front.replicas:
             assert replica.proc.poll() is None, replica.stderr()
 

@@ -2,7 +2,7 @@
 for nginx-conf's nginx (`nginx-conf --head-map`), which then answers those HEADs itself.
 
 A node's job start is a HEAD per file by commit sha (kernels, snapshot_download): an immutable URL whose
-answer is fixed by the catalog. Each line of RUN_DIR/heads/current.map is one such URL, exactly as a
+answer is fixed by the catalog. Each line of RUN_DIR/heads/current.answers is one such URL, exactly as a
 client spells it (nginx matches `$request_uri`, so a URL spelled any other way, or with a query, still
 goes to a replica), and the URI of serve's answer to it: the blob under the store and what fixes its
 headers (the size of an LFS file, whose ETag and X-Linked-Etag are the blob's sha256, or the git oid of
@@ -37,7 +37,9 @@ KEY_MAX = 200  # nginx-conf sets map_hash_bucket_size 256: a longer key would no
 _PLAIN = re.compile(r"[A-Za-z0-9._~/-]+")  # what huggingface_hub's quote() leaves as it is
 _ANSWER = re.compile(r"/_frt_heads/(L/[0-9]+|G/[0-9a-f]{40,64})/[0-9a-f]{40}/[0-9a-f]{2}/[0-9a-f]{64}")
 PREFIX = {"model": "", "kernel": "/kernels", "dataset": "/datasets", "space": "/spaces"}
-MAP_NAME = "current.map"
+# Not *.map: a config nginx-conf wrote before the map's values were answer URIs reads heads/*.map (values
+# "blob|ETag|…"); mid-upgrade, either one reading the other's file would answer HEADs wrongly.
+MAP_NAME = "current.answers"
 
 
 def head_lines(catalog: Catalog, bad: Collection[str], skip_repo: Callable[[str], bool]) -> list[str]:
@@ -68,7 +70,7 @@ def answer_uri(f: ServedFile, sha: str) -> str:
 
 
 class HeadMap:
-    """Writes RUN_DIR/heads/current.map from a catalog; `update` is cheap when nothing changed."""
+    """Writes RUN_DIR/heads/current.answers from a catalog; `update` is cheap when nothing changed."""
 
     def __init__(self, run_dir: Path, skip_repo: Callable[[str], bool]):
         self.dir, self.run_dir = run_dir / "heads", run_dir
@@ -95,7 +97,7 @@ class HeadMap:
         except FileNotFoundError:
             pass
         self.dir.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=".", suffix=".tmp")  # not *.map: nginx's glob skips it
+        fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=".", suffix=".tmp")  # not *.answers: nginx's glob skips it
         with os.fdopen(fd, "w") as out:
             out.write(text)
         os.replace(tmp, self.path)

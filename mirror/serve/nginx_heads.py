@@ -50,7 +50,7 @@ CACHE_LOCATION = """\
 
 # nginx-conf --head-map: the replicas' answers to HEADs of stored files by sha (mirror/serve/head_map.py).
 MAP_HTTP = """
-  # --head-map: each line of {run}/heads/*.map is a URL as a client spells it and where nginx finds
+  # --head-map: each line of {run}/heads/*.answers is a URL as a client spells it and where nginx finds
   # serve's answer to a HEAD of it: /_frt_heads/L/SIZE/COMMIT/BLOB (an LFS file) or
   # /_frt_heads/G/GIT_OID/COMMIT/BLOB. A replica started with --head-map writes it and reloads nginx
   # when the ledger changes; with no file yet, nothing is answered from it. Hash lookups only: the one
@@ -58,7 +58,7 @@ MAP_HTTP = """
   map_hash_bucket_size 256;
   map_hash_max_size 1048576;
   map $request_uri $frt_head_uri {{
-    include "{run}/heads/*.map";
+    include "{run}/heads/*.answers";
     default "";
   }}
   # Only a HEAD with no Range, no condition and no token is answered from the map.
