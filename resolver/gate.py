@@ -220,15 +220,18 @@ def hub_date(value: object) -> datetime | None:
         return None
 
 
+BYTES_MAX = (1 << 63) - 1  # the ledger's integers (SQLite's, PostgreSQL's bigint) hold no more
+
+
 def _count(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= BYTES_MAX
 
 
 Rule = tuple[Callable[[object], bool], str]
 _STR: Rule = (lambda v: isinstance(v, str), "is not a string")
 _OPT_STR: Rule = (lambda v: v is _ABSENT or v is None or isinstance(v, str), "is not a string")
 _LIST: Rule = (lambda v: isinstance(v, list), "is not a list")
-_SIZE: Rule = (_count, "is not a whole number of bytes")
+_SIZE: Rule = (_count, "is not a whole number of bytes (0 to 2**63-1)")
 _DATE: Rule = (lambda v: hub_date(v) is not None, "is not a date (2026-01-01T00:00:00.000Z)")
 
 # What the mirror reads of each route's answer (DESIGN.md, "The Hub API subset"); other fields pass
