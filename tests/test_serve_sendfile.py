@@ -1,5 +1,5 @@
 """A whole-file GET of a file serve verified lately is sent by serve's HTTP protocol itself with sendfile(2)
-(MirrorApp.fast_get, limits.guarded, mirror/serve/sendfile.py): no byte of it through Python. Its answer
+(sendfile.hot_get, limits.guarded, mirror/serve/sendfile.py): no byte of it through Python. Its answer
 must be, byte for byte but the Date, what the app answers; logged and counted as any; pipelined requests
 behind it answered in order; a file that changes while it is sent cut short before its tail (Content-Length
 not reached); a client that goes away costs nothing else; and what it declines (the first GET, which

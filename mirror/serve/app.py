@@ -51,7 +51,6 @@ from .protocol import (
     split_revision,
 )
 from .pull import STALE_HEADER, PullService, upstream_error
-from .sendfile import FileSend, hot_get
 from .stream import FlowResponse
 
 if TYPE_CHECKING:  # what make_app (run.py) sets; a bare app has neither
@@ -107,11 +106,7 @@ class MirrorApp:
             return
         t0, log, metrics = time.perf_counter(), self.log, self.metrics
         if scope["method"] in ("GET", "HEAD") and (hit := await self.hot(scope, receive, send)) is not None:
-            status, sent = hit
-            if log:  # logged here, not by wrapping send: that wrapper would cost more than the hit itself
-                log.record(scope, status, sent, t0)
-            if metrics:
-                metrics.count("resolve", scope["method"], status, sent)
+            self.record_hot(scope, *hit, t0)  # here, not by wrapping send: that would cost more than the hit
             return
         counted = Counted(send) if log or metrics else send
         try:
@@ -167,22 +162,25 @@ class MirrorApp:
         """A HEAD that hot() would answer, answered by the HTTP protocol itself (limits.guarded): its
         header lines, encoded once per URL, after logging and counting it as hot() does. No ASGI task,
         no response object: at 64 clients in flight a HEAD costs about a third less (bench/serve.py).
-        None (the request goes through the app as before): hot() would decline, or a forwarded client
-        address that uvicorn's proxy-headers handling would put in the log."""
-        if any(name == b"x-forwarded-for" for name, _ in scope["headers"]):
+        None (the request goes through the app as before): see protocol_hit."""
+        if (found := self.protocol_hit(scope)) is None:
             return None
-        found = self._hot.hit(scope, self.catalog(), self.integrity.bad, self.authorized)
-        if found is None:
-            return None
-        if self.log:
-            self.log.record(scope, 200, 0, t0)
-        if self.metrics:
-            self.metrics.count("resolve", "HEAD", 200, 0)
+        self.record_hot(scope, 200, 0, t0)
         return found[0].lines
 
-    def fast_get(self, scope, t0: float) -> FileSend | None:
-        """A whole-file GET that hot() would answer, sent by the HTTP protocol with sendfile (sendfile.py)."""
-        return hot_get(self, scope, t0)
+    def protocol_hit(self, scope):
+        """The hot table's hit for what the HTTP protocol answers itself (fast_head, sendfile.hot_get);
+        None where hot() would decline, or for a forwarded client address uvicorn's proxy headers log."""
+        if any(name == b"x-forwarded-for" for name, _ in scope["headers"]):
+            return None
+        return self._hot.hit(scope, self.catalog(), self.integrity.bad, self.authorized)
+
+    def record_hot(self, scope, status: int, sent: int, t0: float) -> None:
+        """Log and count an answer of the hot path (hot, fast_head, sendfile.hot_get) as the slow way does."""
+        if self.log:
+            self.log.record(scope, status, sent, t0)
+        if self.metrics:
+            self.metrics.count("resolve", scope["method"], status, sent)
 
     async def dispatch(self, request: Request) -> Response:
         segs = split_raw_path(request.scope.get("raw_path") or request.scope["path"].encode())

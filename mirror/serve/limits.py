@@ -131,7 +131,7 @@ def guarded(
 ) -> type:
     """uvicorn's httptools protocol with the header size limit and the header timeout (see above), and
     `fast` (MirrorApp.fast_head): the header lines of a HEAD answered without the app, or None;
-    `fast_get` (MirrorApp.fast_get): a whole-file GET's sendfile.FileSend, or None.
+    `fast_get` (sendfile.hot_get): a whole-file GET's sendfile.FileSend, or None.
     uvicorn is imported here, not above: the CLI reads this module's defaults for serve's --help."""
     import httptools
     from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import socket
 
@@ -17,6 +18,7 @@ from .limits import HttpLimits, guarded, raise_open_files
 from .metrics import Metrics
 from .objects import ObjectIntegrity
 from .page import OperatorRoutes
+from .sendfile import hot_get
 from .watch import CatalogWatcher, LedgerCollector
 
 
@@ -60,7 +62,7 @@ def serve(app: MirrorApp, sockets: list[socket.socket], limits: HttpLimits | Non
         lifespan="on",
         server_header=False,
         date_header=True,
-        **{**limits.uvicorn(), "http": guarded(limits, fast=app.fast_head, fast_get=app.fast_get)},
+        **{**limits.uvicorn(), "http": guarded(limits, fast=app.fast_head, fast_get=functools.partial(hot_get, app))},
     )
     logging.getLogger("uvicorn.error").addFilter(CutSaid())  # after Config, which configures uvicorn's loggers
     raise_open_files(limits)  # after Config too: a warning it says goes through uvicorn's handler

@@ -1,5 +1,5 @@
 """A whole-file GET of a blob this process verified lately, sent by sendfile(2) from serve's HTTP protocol
-(limits.guarded, MirrorApp.fast_get): no ASGI task, and no byte of the file through Python.
+(limits.guarded, hot_get): no ASGI task, and no byte of the file through Python.
 
 Why: a GET streamed through the app reads each chunk into Python (pread) and writes it out again (the
 transport), two copies of every byte on the one core serve has; sendfile has the kernel move the page
@@ -61,23 +61,17 @@ class FileSend:
 
 
 def hot_get(app, scope, t0: float) -> FileSend | None:
-    """MirrorApp.fast_get: a whole-file GET that app.hot() would answer from a file this process verified
-    lately; logged and counted as hot() does once it is over. None (through the app): what fast_head
-    declines, a hand-off to nginx, a file not verified lately (the app hashes it as it sends it), an
-    object store's blob."""
-    if not isinstance(app.integrity, Integrity) or any(n == b"x-forwarded-for" for n, _ in scope["headers"]):
+    """The protocol's fast_get (limits.guarded, run.py): a whole-file GET that app.hot() would answer
+    from a file this process verified lately; logged and counted as hot() does once it is over. None
+    (through the app): what fast_head declines, a hand-off to nginx, a file not verified lately (the app
+    hashes it as it sends it), an object store's blob."""
+    if not isinstance(app.integrity, Integrity) or (found := app.protocol_hit(scope)) is None:
         return None
-    found = app._hot.hit(scope, app.catalog(), app.integrity.bad, app.authorized)
-    if found is None or (found[1] and app.accel_redirect):
+    if found[1] and app.accel_redirect:
         return None
-
-    def done(status: int, sent: int) -> None:
-        if app.log:
-            app.log.record(scope, status, sent, t0)
-        if app.metrics:
-            app.metrics.count("resolve", "GET", status, sent)
-
-    return FileSend.open(found[0].file, found[0].lines, app.integrity, done)
+    return FileSend.open(
+        found[0].file, found[0].lines, app.integrity, lambda status, sent: app.record_hot(scope, status, sent, t0)
+    )
 
 
 async def send(loop: asyncio.AbstractEventLoop, sock_fd: int, head: bytes, fs: FileSend) -> int | None:
