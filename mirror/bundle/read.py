@@ -197,7 +197,7 @@ def _read_and_verify(src: Path, home: Home, key, parts: dict[str, Path | None], 
         # each part is fsynced on a helper thread while other members are read and hashed: by the time
         # the store takes them (commit_synced), their bytes are on disk, without a wait per file here.
         fd, store = raw.fileno(), home.store  # the blobs are read from the descriptor tarfile reads
-        by_size = sorted(blobs, key=lambda mem: -mem.size)
+        by_size = sorted(blobs, key=lambda pair: -pair[0].size)
         with (
             ThreadPoolExecutor(max_workers=4, thread_name_prefix="frt-fsync") as syncer,
             ThreadPoolExecutor(max_workers=copiers(), thread_name_prefix="frt-import") as pool,
@@ -206,8 +206,8 @@ def _read_and_verify(src: Path, home: Home, key, parts: dict[str, Path | None], 
             try:
                 _all_or_none(
                     [
-                        pool.submit(_verify_member, fd, mem, _listed(m, mem), parts, store, meter, syncer, synced)
-                        for mem in by_size
+                        pool.submit(_verify_member, fd, mem, want, parts, store, meter, syncer, synced)
+                        for mem, want in by_size
                     ]
                 )
             finally:
@@ -216,12 +216,6 @@ def _read_and_verify(src: Path, home: Home, key, parts: dict[str, Path | None], 
             for f in synced:
                 f.result()  # an fsync that failed (EIO) fails the import before the store sees it
     return m, bundle_id(manifest), signer
-
-
-def _listed(m: Manifest, mem: tarfile.TarInfo) -> Digest:
-    match = BLOB.fullmatch(mem.name)
-    assert match is not None  # _blob_members held every member's name to BLOB
-    return m.listed[match[1]]
 
 
 def _all_or_none(copying: list[Future]) -> None:
@@ -237,13 +231,17 @@ def _all_or_none(copying: list[Future]) -> None:
         raise
 
 
-def _blob_members(tf: tarfile.TarFile, first: list[tarfile.TarInfo], rest, listed: dict[str, Digest]) -> list:
+def _blob_members(
+    tf: tarfile.TarFile, first: list[tarfile.TarInfo], rest, listed: dict[str, Digest]
+) -> list[tuple[tarfile.TarInfo, Digest]]:
     """Every blob member's header, held to the manifest before a byte of any is written: a regular
     `blobs/<sha256>` file the manifest lists, once, of exactly the listed size, not sparse (its holes
     would be written out: a 10 KiB member stood for a 2 GiB file); none missing; the end-of-archive
-    marker there. Reading the headers seeks over the members' data: it costs no read of it."""
-    blobs, seen = [*first, *rest], set()
-    for mem in blobs:
+    marker there. Reading the headers seeks over the members' data: it costs no read of it. Each member
+    with its listed digest."""
+    pairs: list[tuple[tarfile.TarInfo, Digest]] = []
+    seen: set[str] = set()
+    for mem in [*first, *rest]:
         match = BLOB.fullmatch(mem.name)
         if match is None or mem.type not in REGULAR:
             raise BundleRejected(
@@ -257,13 +255,14 @@ def _blob_members(tf: tarfile.TarFile, first: list[tarfile.TarInfo], rest, liste
         if mem.size != listed[sha].size:
             raise BundleRejected(f"blob {sha} is {mem.size} bytes in the archive, listed as {listed[sha].size}")
         seen.add(sha)
+        pairs.append((mem, listed[sha]))
     if missing := sorted(set(listed) - seen):
         raise BundleRejected(f"{len(missing)} listed blob(s) missing from the archive, e.g. {missing[0]}")
     # A tar cut off exactly between members reads as complete: require its end-of-archive marker.
     tf.fileobj.seek(tf.offset)
     if tf.fileobj.read(2 * tarfile.BLOCKSIZE) != bytes(2 * tarfile.BLOCKSIZE):
         raise BundleRejected("no end-of-archive marker: the archive is truncated")
-    return blobs
+    return pairs
 
 
 def _check_signature(manifest: bytes, signature: bytes | None, key) -> str | None:
