@@ -290,13 +290,17 @@ def staged_files(staged) -> list[File]:
     return files_of(lambda repo_id: staged.repos[repo_id], staged.rows)
 
 
-def test_a_replica_killed_under_load_fails_no_request(serve_staged, tmp_path):
+@pytest.mark.parametrize("head_map", [False, True], ids=["plain", "head-map"])
+def test_a_replica_killed_under_load_fails_no_request(serve_staged, tmp_path, head_map):
     """64 clients over loopback, HEAD + GET of every staged file; one of the two replicas is killed
-    (SIGKILL) halfway: no request fails and every body has the right bytes."""
+    (SIGKILL) halfway: no request fails and every body has the right bytes. With --head-map too (nginx
+    answers the HEADs, the replicas the GETs; the one killed was writing the map as well)."""
     files = [f for f in staged_files(serve_staged) if f.size < BIG_SIZE]  # the 24 MiB file: once per client
     big = [f for f in staged_files(serve_staged) if f.size == BIG_SIZE]
     assert len(files) >= 8 and big
-    with front_of(serve_staged.home, tmp_path / "nginx") as front:
+    run = tmp_path / "nginx"
+    mapped = {"conf_args": ("--head-map",), "serve_args": ("--head-map", str(run))} if head_map else {}
+    with front_of(serve_staged.home, run, **mapped) as front:
         victim = front.replicas[0]
         out = asyncio.run(load(front.port, files + big[:1], clients=64, rounds=2, kill=victim.proc.kill))
         assert victim.proc.wait(timeout=30) == -signal.SIGKILL
