@@ -87,7 +87,7 @@ def stage(
     views = None if home.store_url else home.views  # an object store's blobs have no views: env --into makes them
     if views is not None:
         views.sweep_tmp()
-    outcomes = _resolve_closure(requests, targets, ledger=ledger, hub=hub, publishers=publishers)
+    outcomes = _resolve_closure(requests, targets, ledger=ledger, hub=hub, publishers=publishers, jobs=jobs)
     metas = {_key(o.resolution): o.metadata_parsed for o in outcomes if isinstance(o, _Checked)}
     resolutions = [o.resolution for o in outcomes if isinstance(o, _Checked)]
     report = StageReport()
@@ -246,7 +246,7 @@ def _checked(outcome: Resolution | Refusal, ledger: Ledger) -> _Checked | Refusa
         return refusal
 
 
-def _resolve_closure(requests, targets, *, ledger, hub, publishers) -> list[_Checked | Refusal]:
+def _resolve_closure(requests, targets, *, ledger, hub, publishers, jobs) -> list[_Checked | Refusal]:
     """Resolve requests for every target, then their kernel-depends (recursively) for the same target.
     With a trust policy, a kernel from another publisher is refused before upstream is asked about it."""
     refreshed: set[str] = set()
@@ -257,7 +257,7 @@ def _resolve_closure(requests, targets, *, ledger, hub, publishers) -> list[_Che
             _untrusted(r, t, publishers, ledger) for r in reqs if r not in trusted for t in tgts
         ]
         if trusted:
-            out += refresh_and_decide(trusted, targets=tgts, ledger=ledger, hub=hub, refreshed=refreshed)
+            out += refresh_and_decide(trusted, targets=tgts, ledger=ledger, hub=hub, refreshed=refreshed, jobs=jobs)
         return [_checked(o, ledger) for o in out]
 
     outcomes = resolve_trusted(requests, targets)

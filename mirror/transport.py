@@ -7,8 +7,8 @@ What the real Hub does on `GET /{repo}/resolve/{commit}/{path}`, and what this a
   `Authorization` is not carried across (httpx drops it on a cross-origin redirect). A **403 from
   the CDN** means the signature expired (a stalled or resumed transfer): ask the Hub again for a
   fresh one and resume at the bytes already in the `.part`;
-- **429**: the bucket's window is spent — wait until it resets (`frt.resolver.pacing`), which does
-  not count as a failed attempt;
+- **429**: the bucket's window is spent — asked again once it resets (`frt.resolver.pacing`, which
+  admits every hop, the 307 and the CDN's too), not counted as a failed attempt;
 - a dropped connection, a timeout, 5xx: retried with backoff, resuming with `Range`;
 - a redirect loop or a redirect off http(s) (`file:///etc/passwd`): refused at once, not retried;
 - **404** for a file the upstream's own listing names: the upstream contradicts itself about an
@@ -27,7 +27,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from huggingface_hub import get_session
 from huggingface_hub.utils import build_hf_headers
 
 from frt.resolver import wire
@@ -123,7 +122,7 @@ class Transport:
                 )
             return None
 
-        self.hub.attempts(one, bucket="resolvers", where=where, classify=transport_errors, prefix=f"{where}: ")
+        self.hub.attempts(one, where=where, classify=transport_errors, prefix=f"{where}: ")
 
     def _get(self, repo_id, path, commit, dest: Path, *, offset, limit, on_bytes, repo_type, running) -> None:
         """One request, following the Hub's redirects, streaming into `dest` from `offset`."""
@@ -133,7 +132,7 @@ class Transport:
         url = self.hub.file_url(repo_id, path, commit, repo_type)
         where = f"{repo_id}/{path}@{commit[:12]}"
         deadline = self.hub.limits.deadline(limit - offset)
-        with get_session().stream("GET", url, headers=headers, follow_redirects=True, timeout=deadline.timeout()) as r:
+        with wire.stream(url, headers=headers, deadline=deadline, pacer=self.hub.pacer) as r:
             if r.status_code == 403 and _left_host(r, self.hub.endpoint):
                 raise _SignatureExpired()  # its body unread: the connection is closed with the answer
             if r.status_code == 416:
@@ -162,7 +161,7 @@ class Transport:
 
 def _left_host(r, endpoint: str) -> bool:
     """The answer came from another host than the Hub's (a redirect to the CDN)."""
-    return bool(r.history) and urlsplit(str(r.url)).netloc != urlsplit(endpoint).netloc
+    return urlsplit(str(r.url)).netloc != urlsplit(endpoint).netloc
 
 
 @contextmanager

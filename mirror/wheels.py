@@ -16,13 +16,13 @@ import zipfile
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from huggingface_hub import get_session
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from frt.resolver import wire
 from frt.resolver.errors import BadInput, FrtError, UpstreamMalformed
 from frt.resolver.hub import HubClient
+from frt.resolver.pacing import Pacer
 from frt.resolver.python_depends import packages_for
 from frt.resolver.resolution import Resolution
 from frt.resolver.settings import env_number
@@ -92,7 +92,7 @@ class WheelStager:
             if project in self._pages:
                 return self._pages[project]
         files = self.hub.ask(
-            lambda: read_project(self.index, project, self.hub.limits),
+            lambda: read_project(self.index, project, self.hub.limits, pacer=self.hub.pacer),
             host=self.index,
             where=f"index {self.index} project {project}",
         )
@@ -120,7 +120,11 @@ class WheelStager:
     def _download(self, f: IndexFile) -> Digest:
         cap = f.size if f.size is not None else env_number(MAX_WHEEL_ENV, MAX_WHEEL, int)
         part = self.store.part_path(f.sha256)
-        self.hub.ask(lambda: _get_to(f.url, part, cap, self.hub.limits), host=self.index, where=f"wheel {f.filename}")
+        self.hub.ask(
+            lambda: _get_to(f.url, part, cap, self.hub.limits, self.hub.pacer),
+            host=self.index,
+            where=f"wheel {f.filename}",
+        )
         got = digest_file(part)
         if got.sha256 != f.sha256:
             part.unlink(missing_ok=True)
@@ -132,12 +136,12 @@ class WheelStager:
         return got
 
 
-def _get_to(url: str, part: Path, cap: int, limits: wire.Limits) -> None:
+def _get_to(url: str, part: Path, cap: int, limits: wire.Limits, pacer: Pacer) -> None:
     """GET a wheel's body into `part` (anew each attempt), at most `cap` bytes, under the deadline."""
     if urlsplit(url).scheme not in ("http", "https"):  # an index's link may point anywhere
         raise UpstreamMalformed(f"wheel at {url!r}: not an http(s) URL; not fetched")
     deadline = limits.deadline(cap if cap < (1 << 30) else 0)
-    with get_session().stream("GET", url, follow_redirects=True, timeout=deadline.timeout()) as r:
+    with wire.stream(url, headers={}, deadline=deadline, pacer=pacer) as r:
         wire.raise_for_status(r, deadline)
         written = 0
         with local_file(part, "wb") as out:

@@ -46,6 +46,7 @@ from .gate import (
     endpoint_problem,
     hub_date,
 )
+from .once import Once
 from .pacing import Pacer
 from .resolution import CommitInfo, FileEntry
 from .settings import env_number
@@ -142,7 +143,7 @@ class HubClient:
         self.endpoint = resolve_endpoint(endpoint)
         self.token, self.retry = token, retry or RetryPolicy.from_env()
         self.limits = limits or wire.Limits.from_env()
-        self._publishers: dict[str, bool | None] = {}
+        self._publishers: Once[str, bool | None] = Once()  # each org once per run, whichever repos ask
         self.pacer = pacer or Pacer()  # shared by every thread of a run, API calls and file transfers alike
         self.small = SmallFiles()  # small files this run read and checked (scan's metadata.json): small_files.py
 
@@ -165,8 +166,6 @@ class HubClient:
     def publisher_trusted(self, org: str) -> bool | None:
         """The upstream's `trustedKernelPublisher` for an org; None when the upstream has no
         overview for it (a user namespace, or a Hub without the route)."""
-        if org in self._publishers:
-            return self._publishers[org]
         where = f"upstream overview of org {org}"
 
         def overview() -> bool | None:
@@ -179,9 +178,7 @@ class HubClient:
                 raise
             return check_shape(doc, "overview", where=where).get("trustedKernelPublisher") is True
 
-        trusted = self._call(overview, org, where=where)
-        self._publishers[org] = trusted  # once per run: every repo of an org asks the same question
-        return trusted
+        return self._publishers.get(org, lambda: self._call(overview, org, where=where))
 
     def revision_sha(self, repo_id: str, revision: str, repo_type: str = "kernel") -> str:
         where = f"upstream info of {repo_id}@{revision}"
@@ -195,15 +192,18 @@ class HubClient:
         where = f"upstream history of {repo_id}@{revision[:12]}"
         url = f"{self._api(repo_type, repo_id)}/commits/{quote(revision, safe='')}"
         out = []
-        for i, c in enumerate(self._call(lambda: self._pages(url, where), repo_id, where=where)):
+        for i, c in enumerate(self._pages(url, repo_id, where)):
             check_shape(c, "commit", where=where, what=f"commit {i}")
             out.append(CommitInfo(check_commit(c["id"], where=where), hub_date(c["date"]), c.get("title") or ""))
         return out
 
-    def build_listing(self, repo_id: str, sha: str, repo_type: str = "kernel") -> dict[str, list[FileEntry]]:
-        """Every file under build/ at a commit, grouped by variant directory; {} without build/."""
+    def build_listing(
+        self, repo_id: str, sha: str, repo_type: str = "kernel", on_page: Callable[[], None] | None = None
+    ) -> dict[str, list[FileEntry]]:
+        """Every file under build/ at a commit, grouped by variant directory; {} without build/.
+        `on_page`: called as each page is asked for (a scan's count of the requests a listing takes)."""
         try:
-            entries, where = self._tree(repo_id, sha, repo_type, "build")
+            entries, where = self._tree(repo_id, sha, repo_type, "build", on_page)
         except _EntryMissing:
             return {}
         variants: dict[str, list[FileEntry]] = {}
@@ -241,10 +241,10 @@ class HubClient:
                     cap=cap,
                     what=where,
                     limit_name="its listed size",
+                    pacer=self.pacer,
                 ).body
             ),
             repo_id,
-            bucket="resolvers",
             where=where,
         )
 
@@ -260,22 +260,54 @@ class HubClient:
         return build_hf_headers(token=self.token)
 
     def _json(self, url: str, where: str, params: wire.Params | None = None) -> object:
-        return wire.get_json(url, headers=self._headers(), limits=self.limits, what=where, params=params)
+        return wire.get_json(
+            url, headers=self._headers(), limits=self.limits, what=where, params=params, pacer=self.pacer
+        )
 
-    def _pages(self, url: str, where: str, params: wire.Params | None = None) -> list[Any]:
-        """Every entry of a paged listing, bounded (wire.pages); the whole listing is one call to retry."""
-        pages = wire.pages(url, headers=self._headers(), limits=self.limits, what=where, params=params)
-        return list(itertools.chain.from_iterable(pages))
+    def _pages(
+        self,
+        url: str,
+        repo_id: str,
+        where: str,
+        params: wire.Params | None = None,
+        on_page: Callable[[], None] | None = None,
+    ) -> list[Any]:
+        """Every entry of a paged listing, bounded (wire.pages). A page is the unit of retry: one refused
+        (a 429, a dropped connection) is asked again, and the listing goes on from there with the pages
+        it has; it never starts again from the first. Its pages are admitted in the order of the
+        listing's start (Pacer.slot `since`), and all of them are under one deadline (less the time they
+        waited for a rate-limit window): pages without end stop there, or at FRT_MAX_PAGES."""
+        since, deadline = self.pacer.now(), self.limits.deadline()
 
-    def _tree(self, repo_id: str, sha: str, repo_type: str, path: str = "") -> tuple[list[dict[str, Any]], str]:
+        def page(at: str, query: wire.Params | None) -> wire.Got:
+            if on_page is not None:
+                on_page()
+            return self._call(
+                lambda: wire.get(
+                    at,
+                    headers=self._headers(),
+                    deadline=deadline,
+                    cap=self.limits.api_bytes,
+                    what=where,
+                    params=query,
+                    pacer=self.pacer,
+                    since=since,
+                ),
+                repo_id,
+                where=where,
+            )
+
+        return list(itertools.chain.from_iterable(wire.pages(url, page, limits=self.limits, what=where, params=params)))
+
+    def _tree(
+        self, repo_id: str, sha: str, repo_type: str, path: str = "", on_page: Callable[[], None] | None = None
+    ) -> tuple[list[dict[str, Any]], str]:
         """A recursive tree listing, each entry's shape checked, no path twice; and its `where`."""
         where = f"upstream listing of {repo_id}@{sha[:12]}"
         url = f"{self._api(repo_type, repo_id)}/tree/{quote(sha, safe='')}" + (
             f"/{quote(path, safe='')}" if path else ""
         )
-        entries = self._call(
-            lambda: self._pages(url, where, params={"recursive": True, "expand": False}), repo_id, where=where
-        )
+        entries = self._pages(url, repo_id, where, params={"recursive": True, "expand": False}, on_page=on_page)
         seen: set[str] = set()
         for i, e in enumerate(entries):
             check_entry(e, where=where, what=f"entry {i}")
@@ -285,11 +317,11 @@ class HubClient:
         return entries, where
 
     def ask(self, fn: Callable[[], T], *, host: str, where: str) -> T:
-        """Run a call to another upstream of the site's (a package index) under this client's retries and
-        pacing (its own bucket), its errors named by `host`."""
-        return self.attempts(fn, bucket=f"other {host}", where=where, host=host)
+        """Run a call to another upstream of the site's (a package index) under this client's retries, its
+        errors named by `host` (its requests are paced by their own host's accounts: pass `pacer`)."""
+        return self.attempts(fn, where=where, host=host)
 
-    def _call(self, fn: Callable[[], T], repo_id: str, bucket: str = "api", where: str | None = None) -> T:
+    def _call(self, fn: Callable[[], T], repo_id: str, where: str | None = None) -> T:
         """One Hub API call: `attempts`, with the Hub's own errors mapped to ours."""
 
         def hub_errors(e: Exception) -> Exception | None:
@@ -301,28 +333,28 @@ class HubClient:
                 return _EntryMissing()
             return None
 
-        return self.attempts(fn, bucket=bucket, where=where or f"upstream {self.endpoint}", classify=hub_errors)
+        return self.attempts(fn, where=where or f"upstream {self.endpoint}", classify=hub_errors)
 
     def attempts(
         self,
         fn: Callable[[], T],
         *,
-        bucket: str,
         where: str,
         host: str | None = None,
         classify: Callable[[Exception], Exception | object | None] | None = None,
         prefix: str = "",
     ) -> T:
-        """The one loop every upstream request runs in (API calls here, file bodies in mirror.transport):
-        paced per bucket, a 429 waited out (not an attempt), a transient failure retried with backoff up
-        to the policy's attempts, a redirect loop or a hop off http(s) refused at once, and every failure
-        one of our errors. `classify(e)` sees each failure first: an exception to raise, AGAIN to try
-        again without counting an attempt, or None for the rules above. Our own errors pass through."""
+        """The one loop every upstream request runs in (API calls and pages here, file bodies in
+        mirror.transport): `fn` is one request (its hops paced by `self.pacer`, in wire.stream); a 429 is
+        sent again once its window has reset (not an attempt: the pacer holds it), a transient failure
+        retried with backoff up to the policy's attempts, a redirect loop or a hop off http(s) refused at
+        once, and every failure one of our errors. `classify(e)` sees each failure first: an exception to
+        raise, AGAIN to try again without counting an attempt, or None for the rules above. Our own errors
+        pass through (the pacer's "waited too long" among them)."""
         host = host or self.endpoint
         attempt = 0
         while True:
             attempt += 1
-            self.pacer.wait(bucket)
             try:
                 return fn()
             except FrtError:
@@ -346,8 +378,7 @@ class HubClient:
                     raise
                 if (refusal := redirect_refusal(e)) is not None:  # the same hop would come again
                     raise UpstreamMalformed(f"{where}: {refusal}") from None
-                if rate_limited(e):  # a wait, not a failed attempt
-                    self.pacer.hold(e.response.headers, bucket, where)
+                if rate_limited(e):  # the pacer read its window off the answer: the next try waits for it
                     attempt -= 1
                     continue
                 if not is_transient(e) or (not self.retry.refused and isinstance(e, _httpx.ConnectError)):

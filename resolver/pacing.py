@@ -1,87 +1,346 @@
-"""Pacing against the upstream's rate limits: a 429 is a wait, not a failure.
+"""Pacing: the upstream's quota is a schedule, not a wall.
 
-The Hub limits requests per bucket (`api`, `resolvers`) over fixed windows (5 minutes; anonymous
-quotas 500 / 3,000). A 429 says when the window resets: `RateLimit: "<bucket>";r=0;t=<seconds>`, or
-`Retry-After`. huggingface_hub 2.x waits that out on some calls and not on `list_repo_refs` or
-`get_paths_info`; 1.x not at all; and a backoff of a few seconds would spend every retry inside one
-window. So a stager paces itself: when any request meets a 429, every request to that bucket waits
-until the window resets — otherwise eight download threads would burn the next window's quota in
-its first millisecond. The total wait of a run is bounded (FRT_RATE_LIMIT_MAX_WAIT, default 15
-minutes: a 5-minute window, twice over, and some).
+The Hub counts requests per bucket (`api`, `resolvers`) in fixed windows (5 minutes; anonymous quotas
+500 / 3,000) and says where a run stands on *every* answer, not only on a 429:
+`RateLimit: "api";r=<left>;t=<seconds to reset>`, `RateLimit-Policy: "fixed window";"api";q=<quota>;w=<window>`.
+huggingface_hub 2.x waits out a 429 on some calls and not on `list_repo_refs` or `get_paths_info`; 1.x not
+at all. So a run paces itself, and sends no request it knows will be refused:
+
+- one `Pacer` per run and upstream, shared by every thread: each request is admitted through `slot(url)`,
+  one account per (host, bucket), and its answer's headers are read back into the account at once;
+- an account admits while the window has requests left (`r`, less the requests already sent whose
+  answers have not come back: the upstream may not have counted them yet), then holds every thread until
+  the window resets (`t`), and the new window admits `q` again; before the first answer of a bucket
+  (nothing known yet) one request goes alone, and a host whose answers carry no `RateLimit` is not paced;
+- a 429 (a quota shared with someone else, or a clock that disagrees) spends the account until the reset
+  it names (or `Retry-After`), at least a second; only the refused request is sent again (HubClient);
+- the wait is counted in wall time, once however many threads wait on it, and bounded by
+  FRT_RATE_LIMIT_MAX_WAIT (default an hour: twelve of the Hub's windows); past it the run stops with one
+  line, keeping what it fetched.
+`on_wait(Wait)` hears of each window the run waits for, once per window: the CLI's "waiting 7 s for the
+upstream's api window" line, with the work left (`work`) and when it should end.
 """
 
 from __future__ import annotations
 
-import random
+import bisect
+import itertools
+import math
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
-from huggingface_hub.utils import parse_ratelimit_headers
+from huggingface_hub.utils import RateLimitInfo, parse_ratelimit_headers
 
 from .errors import UpstreamUnavailable
 from .settings import env_number
 
-DEFAULT_MAX_WAIT = 900.0
-_FALLBACK_WAIT = 5.0  # a 429 that says nothing about when to come back
+DEFAULT_MAX_WAIT = 3600.0
+MARGIN = 0.1  # after a window's reset, before its first request: the reset we compute is never early
+REFUSED_MIN = 1.0  # a 429 holds its bucket at least this long, whatever it says (r=0;t=0 again and again)
+FALLBACK_WAIT = 5.0  # a 429 that says nothing about when to come back
+_PROBE_WAIT = 0.5  # a thread waiting for an answer already on its way looks again this often
 
 
-def bucket_of(url: str) -> str:
-    """The Hub's bucket for a request, from its path: file resolution or the API."""
-    return "resolvers" if "/resolve/" in url or "/api/resolve-cache/" in url else "api"
+def bucket_of(url: str) -> tuple[str, str]:
+    """The account a request is counted in: its host, and the Hub's bucket by path (file resolution or
+    the API). Another host (a CDN, a package index) has accounts of its own."""
+    parts = urlsplit(url)
+    path = parts.path
+    return parts.netloc, "resolvers" if "/resolve/" in path or path.startswith("/api/resolve-cache/") else "api"
+
+
+@dataclass(frozen=True)
+class Wait:
+    """A window the run waits for: `seconds` until it resets; `quota` requests per `window` s where the
+    upstream said; `work`: (noun, left, total) of the work this bucket carries; `eta`: seconds until
+    that work should be done, from the requests it has taken so far."""
+
+    bucket: str
+    seconds: float
+    quota: int | None = None
+    window: float | None = None
+    work: tuple[str, int, int] | None = None
+    eta: float | None = None
+
+
+@dataclass
+class _Account:
+    quota: int | None = None  # q, from RateLimit-Policy
+    window: float | None = None  # w
+    left: int | None = None  # requests this run may still send in the window (None: not known)
+    resets: float | None = None  # when the window resets (None: not known yet)
+    ended: float | None = None  # when the window before it reset: its late answers are not this one's
+    in_flight: int = 0  # admitted, their answers not back
+    paced: bool | None = None  # None: no answer yet; False: answers carry no RateLimit
+    sent: int = 0
+    announced: float = -math.inf  # the reset last announced to on_wait
+    queue: list[tuple[float, int]] = field(default_factory=list)  # the waiting requests' places, in order
+
+    def tolerance(self) -> float:
+        """How far two answers' resets may differ and be the same window: `t` is whole seconds, and an
+        answer's way back adds to it."""
+        return 1.5 if self.window is None else min(1.5, self.window / 3)
+
+    def roll(self, now: float) -> None:
+        """The window has reset: a new one opens, with the whole quota where it is known."""
+        if self.resets is not None and now >= self.resets + MARGIN:
+            self.ended, self.resets = self.resets, None
+            self.left = self.quota
+
+    def admits(self) -> bool:
+        if self.paced is False:
+            return True
+        if self.left is None:  # nothing known: one request asks; its answer tells the rest
+            return self.in_flight == 0
+        return self.left > 0
+
+
+class Work:
+    """Work of `total` items that spends one bucket (a scan's listings: "api"). Each item counts the
+    requests it sends and says when it is done: a wait then tells how many items are left and, from the
+    requests a finished item took, when they should be done."""
+
+    def __init__(self, bucket: str, noun: str, total: int):
+        self.bucket, self.noun, self.total = bucket, noun, total
+        self._lock = threading.Lock()
+        self.finished = 0
+        self._open = 0  # items under way
+        self._spent_done = 0  # requests the finished items took
+        self._spent_open = 0  # requests of the items under way
+
+    def item(self) -> Item:
+        with self._lock:
+            self._open += 1
+        return Item(self)
+
+    def needs(self) -> tuple[int, float]:
+        """Items left, and the requests they should still need: as many each as a finished one took
+        (before any has finished: one more than those under way have taken), at least one each."""
+        with self._lock:
+            left = self.total - self.finished
+            if self.finished:
+                per_item = self._spent_done / self.finished
+            else:
+                per_item = (self._spent_open / self._open if self._open else 0.0) + 1.0
+            return left, max(float(left), left * per_item - self._spent_open)
+
+
+class Item:
+    def __init__(self, work: Work):
+        self.work, self.sent = work, 0
+
+    def request(self) -> None:
+        with self.work._lock:
+            self.sent += 1
+            self.work._spent_open += 1
+
+    def done(self) -> None:
+        with self.work._lock:
+            self.work.finished += 1
+            self.work._open -= 1
+            self.work._spent_open -= self.sent
+            self.work._spent_done += self.sent
+
+
+@dataclass
+class Slot:
+    """One request's place in its account: `answered(status, headers)` as soon as its headers arrive."""
+
+    pacer: Pacer
+    key: tuple[str, str]
+    waited: float = 0.0  # seconds this request waited to be admitted
+    _open: bool = field(default=True, repr=False)
+
+    def answered(self, status: int, headers: Mapping[str, str]) -> None:
+        if self._open:
+            self._open = False
+            self.pacer._answered(self.key, status, headers)
+
+    def release(self) -> None:
+        """No answer came (a refused connection, a timeout): the account stops waiting for one."""
+        if self._open:
+            self._open = False
+            self.pacer._answered(self.key, 0, {})
 
 
 class Pacer:
-    """`on_wait(bucket, seconds)`, if set, hears of each window a 429 makes this run wait out (once per
-    window, whichever thread met it): the CLI's "waiting 43 s: the upstream's api window" line."""
-
-    def __init__(self, max_wait: float | None = None, on_wait: Callable[[str, float], None] | None = None):
+    def __init__(
+        self,
+        max_wait: float | None = None,
+        on_wait: Callable[[Wait], None] | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[threading.Condition, float], object] | None = None,
+    ):
         self.on_wait = on_wait
         self.max_wait = env_number("FRT_RATE_LIMIT_MAX_WAIT", DEFAULT_MAX_WAIT) if max_wait is None else max_wait
-        self._lock = threading.Lock()
-        self._until: dict[str, float] = {}  # bucket -> monotonic time its window resets
-        self.waited = 0.0  # seconds spent waiting on 429s in this run, all threads together
-        self.limited = 0  # 429s met
+        self._clock = clock
+        self._sleep = sleep or (lambda cond, seconds: cond.wait(seconds))
+        self._cond = threading.Condition()
+        self._accounts: dict[tuple[str, str], _Account] = {}
+        self._works: list[Work] = []
+        self._tickets = itertools.count()
+        self._waited_to = -math.inf
+        self.waited = 0.0  # wall seconds this run spent held for a window (however many threads waited)
+        self.limited = 0  # answers of 429
 
-    def wait(self, bucket: str) -> None:
-        """Before a request: sleep while the bucket's window is known to be spent."""
-        with self._lock:
-            until = self._until.get(bucket, 0.0)
-        if (pause := until - time.monotonic()) > 0:
-            time.sleep(pause)
+    # -- the requests' side --------------------------------------------------------------------------
+
+    @contextmanager
+    def slot(self, url: str, since: float | None = None) -> Iterator[Slot]:
+        """Admit one request to `url` (waiting for its window if it is spent); the caller reports its
+        answer on the slot. A request that gets none releases its place on the way out. `since`: when the
+        work it is part of began (a listing's first page, on this pacer's clock): waiting requests go in
+        that order, so a listing under way is finished before another is begun (and a scan cut short
+        keeps whole listings, not a page of each)."""
+        key = bucket_of(url)
+        slot = Slot(self, key, self._admit(key, since))
+        try:
+            yield slot
+        finally:
+            slot.release()
 
     def blocked_for(self) -> float:
-        """Seconds until every bucket's spent window has reset (0: none is spent now)."""
-        with self._lock:
-            until = max(self._until.values(), default=0.0)
-        return max(0.0, until - time.monotonic())
+        """Seconds until every spent window has reset (0: none is spent now): a 503's Retry-After."""
+        with self._cond:
+            now = self._clock()
+            ends = [a.resets for a in self._accounts.values() if a.resets is not None and a.left == 0]
+        return max(0.0, max(ends, default=now) + MARGIN - now)
 
-    def hold(self, headers: Mapping[str, str], bucket: str, where: str) -> None:
-        """After a 429: mark the bucket spent until the upstream says, then wait for it."""
-        info = parse_ratelimit_headers(headers)
-        seconds = float(info.reset_in_seconds) if info is not None else _retry_after(headers)
-        if info is not None:
-            bucket = info.resource_type
-        pause = max(0.0, seconds) + 0.2 + random.random() * 0.3  # past the boundary, not all at once
-        with self._lock:
-            self.limited += 1
-            if self.waited + pause > self.max_wait:
-                raise UpstreamUnavailable(
-                    f"{where}: rate-limited by the upstream for more than {self.max_wait:.0f} s in all "
-                    f"(bucket {bucket!r}); try again later, or raise FRT_RATE_LIMIT_MAX_WAIT"
-                )
-            self.waited += pause
-            until, known = time.monotonic() + pause, self._until.get(bucket, 0.0)
-            fresh = until > known + 1.0  # not a window another thread already met and announced
-            self._until[bucket] = max(known, until)
-        if fresh and self.on_wait is not None:
-            self.on_wait(bucket, pause)
-        self.wait(bucket)
+    @contextmanager
+    def work(self, bucket: str, noun: str, total: int) -> Iterator[Work]:
+        """Work of `total` items that spends `bucket`, told of in the waits while it runs."""
+        w = Work(bucket, noun, total)
+        with self._cond:
+            self._works.append(w)
+        try:
+            yield w
+        finally:
+            with self._cond:
+                self._works.remove(w)
+
+    def now(self) -> float:
+        return self._clock()
+
+    def _admit(self, key: tuple[str, str], since: float | None) -> float:
+        with self._cond:
+            account = self._accounts.setdefault(key, _Account())
+            start = self._clock()
+            place = (start if since is None else since, next(self._tickets))
+            bisect.insort(account.queue, place)
+            try:
+                while True:
+                    now = self._clock()
+                    account.roll(now)
+                    if account.queue[0] == place and account.admits():
+                        if account.left is not None:
+                            account.left -= 1
+                        account.in_flight += 1
+                        account.sent += 1
+                        return now - start
+                    if account.left is not None and account.left <= 0 and account.resets is not None:
+                        until = account.resets + MARGIN
+                        self._count_wait(key, account, now, until)
+                        self._sleep(self._cond, until - now)
+                    elif account.left is not None and account.left <= 0 and account.in_flight == 0:
+                        account.left = None  # spent, yet nothing out to say when it resets: ask again
+                    else:  # its turn is coming, or an answer on its way will say how things stand
+                        self._sleep(self._cond, _PROBE_WAIT)
+            finally:
+                account.queue.remove(place)
+                self._cond.notify_all()  # the next in line may go
+
+    def _count_wait(self, key: tuple[str, str], account: _Account, now: float, until: float) -> None:
+        """Add this wait to the run's, in wall time (a stretch already counted is not counted again), or
+        stop the run when it would pass the bound."""
+        more = max(0.0, until - max(now, self._waited_to))
+        if self.waited + more > self.max_wait:
+            quota = f" ({account.quota} per {account.window:g} s)" if account.quota and account.window else ""
+            raise UpstreamUnavailable(
+                f"the upstream's {key[1]} quota{quota} would hold this run past {self.max_wait:.0f} s of waiting "
+                f"in all (FRT_RATE_LIMIT_MAX_WAIT); what was fetched is kept: run it again later, or raise "
+                f"FRT_RATE_LIMIT_MAX_WAIT"
+            )
+        self.waited += more
+        self._waited_to = max(self._waited_to, until)
+        if until > account.announced + account.tolerance():
+            account.announced = until
+            if self.on_wait is not None:
+                self.on_wait(self._describe(key[1], account, until - now))
+
+    def _describe(self, bucket: str, account: _Account, seconds: float) -> Wait:
+        """The wait, with the work of the bucket under way (all of one noun together: the scans of a
+        stage's repos run at once)."""
+        works = [w for w in self._works if w.bucket == bucket and w.finished < w.total]
+        if not works:
+            return Wait(bucket, seconds, account.quota, account.window)
+        noun = works[0].noun
+        needs = [w.needs() for w in works if w.noun == noun]
+        left, requests = sum(n for n, _ in needs), sum(r for _, r in needs)
+        total = sum(w.total for w in works if w.noun == noun)
+        eta = None
+        if account.quota and account.window:
+            eta = seconds + max(0, math.ceil(requests / account.quota) - 1) * account.window
+        return Wait(bucket, seconds, account.quota, account.window, (noun, left, total), eta)
+
+    # -- the answers' side ---------------------------------------------------------------------------
+
+    def _answered(self, key: tuple[str, str], status: int, headers: Mapping[str, str]) -> None:
+        info = parse_ratelimit_headers(headers) if headers else None
+        with self._cond:
+            account = self._accounts[key]
+            account.in_flight -= 1
+            now = self._clock()
+            if status == 429:
+                self.limited += 1
+            if info is None:
+                if status == 429:  # no RateLimit: Retry-After, or a guess
+                    account.paced = True
+                    self._spend(account, now + max(REFUSED_MIN, _retry_after(headers)))
+                elif status and account.paced is None:
+                    account.paced = False  # an upstream without quotas (a mirror, a package index)
+            else:
+                if info.resource_type != key[1]:  # the upstream counts it elsewhere: that account learns
+                    account = self._accounts.setdefault((key[0], info.resource_type), _Account())
+                self._learn(account, info, status, now)
+            self._cond.notify_all()
+
+    def _learn(self, account: _Account, info: RateLimitInfo, status: int, now: float) -> None:
+        account.paced = True
+        if info.limit is not None and info.window_seconds:
+            account.quota, account.window = info.limit, float(info.window_seconds)
+        resets, tol = now + info.reset_in_seconds, account.tolerance()
+        if status == 429:
+            self._spend(account, max(resets, now + REFUSED_MIN))
+            return
+        if account.resets is not None and resets < account.resets - tol:
+            return  # an answer from a window that has ended since
+        if account.resets is None and account.ended is not None and resets <= account.ended + tol:
+            return  # the same: the window it was counted in ended on our side already
+        # The upstream's count, less what is out that it may not have counted yet.
+        left = info.remaining - account.in_flight
+        if account.resets is None or resets > account.resets + tol:  # news of a window not known yet
+            account.resets = resets
+            account.left = left if account.left is None else min(account.left, left)
+        else:  # the same window: its tightest word stands
+            account.resets = min(account.resets, resets)
+            account.left = left if account.left is None else min(account.left, left)
+
+    def _spend(self, account: _Account, until: float) -> None:
+        account.left = 0
+        if account.resets is None or until > account.resets + account.tolerance():
+            account.resets = until
+        else:
+            account.resets = max(account.resets, until)
 
 
 def _retry_after(headers: Mapping[str, str]) -> float:
     value = next((v for k, v in headers.items() if k.lower() == "retry-after"), None)
     try:
-        return float(value) if value is not None else _FALLBACK_WAIT
+        return float(value) if value is not None else FALLBACK_WAIT
     except ValueError:  # an HTTP date: not worth parsing for a wait of this size
-        return _FALLBACK_WAIT
+        return FALLBACK_WAIT

@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from .core import resolve_request
 from .errors import BadInput, KernelUnavailable
 from .gate import check_ref, check_repo_id
-from .hub import HubClient, RepoNotFound, RevisionNotFound
+from .hub import HubClient, RepoNotFound
 from .ledger import Ledger
 from .ledger.retry import retried
 from .repo_ids import pin_variable, pinned_revision
@@ -69,11 +69,13 @@ def refresh_and_decide(
     hub: HubClient | None = None,
     offline: bool = False,
     refreshed: set[str] | None = None,
+    jobs: int = 8,
 ) -> list[Resolution | Refusal]:
     """Every request × target, as outcomes; every refusal is recorded in the ledger.
 
     `refreshed` names repos already scanned in this run (a stage resolving kernel-depends
-    per target); it is updated, so each repo is asked upstream once per run.
+    per target); it is updated, so each repo is asked upstream once per run. `jobs`: the listings
+    in flight at once, all repos together.
     """
     refreshed = set() if refreshed is None else refreshed
     upstream_refusals: dict[str, tuple[str, str]] = {}
@@ -81,17 +83,20 @@ def refresh_and_decide(
         hub = hub or HubClient()
 
         def refresh(repo: str) -> None:
-            extra = tuple(r.revision for r in requests if r.repo == repo and r.revision)
+            reach = tuple(r.revision for r in requests if r.repo == repo and r.revision)
             try:
-                scan(repo, hub=hub, ledger=ledger)
-                _scan_unknown_revisions(repo, extra, hub=hub, ledger=ledger)
+                scan(repo, hub=hub, ledger=ledger, reach=reach, pool=listings)
             except RepoNotFound as e:
                 upstream_refusals[repo] = ("RepoNotFound", str(e))
 
-        # Repos are independent: their scans overlap their round-trips (the ledger serializes writes).
+        # Repos are independent: their scans overlap their round-trips (the ledger serializes writes), and
+        # share one pool of listing threads, so `jobs` bounds the listings of the whole run.
         repos = [r for r in dict.fromkeys(r.repo for r in requests) if r not in refreshed]
         refreshed.update(repos)
-        with ThreadPoolExecutor(max_workers=min(8, len(repos) or 1)) as pool:
+        with (
+            ThreadPoolExecutor(max_workers=max(1, jobs)) as listings,
+            ThreadPoolExecutor(max_workers=max(1, min(jobs, 8, len(repos)))) as pool,
+        ):
             list(pool.map(refresh, repos))
     outcomes = _decide(ledger, requests, targets, upstream_refusals)
     for outcome in outcomes:
@@ -114,18 +119,3 @@ def _decide(
                 else:
                     outcomes.append(resolve_request(view, request, target))
     return outcomes
-
-
-@retried
-def _unknown_revisions(ledger: Ledger, repo: str, revisions: tuple[str, ...]) -> tuple[str, ...]:
-    with ledger.view() as view:
-        return tuple(r for r in revisions if view.commit_for(repo, r) is None)
-
-
-def _scan_unknown_revisions(repo: str, revisions: tuple[str, ...], *, hub: HubClient, ledger: Ledger) -> None:
-    """A revision no branch or tag history reaches (a stray sha) is looked up and scanned on its own."""
-    for rev in _unknown_revisions(ledger, repo, revisions):
-        try:
-            scan(repo, hub=hub, ledger=ledger, extra_revisions=(rev,))
-        except RevisionNotFound:
-            pass  # the core refuses it with RevisionNotFound, recorded like any refusal

@@ -12,12 +12,16 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from html.parser import HTMLParser
+from typing import TYPE_CHECKING
 from urllib.parse import urldefrag, urljoin, urlsplit
 
 from packaging.utils import canonicalize_name
 
 from . import wire
 from .errors import UpstreamMalformed
+
+if TYPE_CHECKING:
+    from .pacing import Pacer
 
 PYPI_SIMPLE = "https://pypi.org/simple/"
 JSON_TYPE = "application/vnd.pypi.simple.v1+json"
@@ -41,7 +45,9 @@ def project_url(index: str, project: str) -> str:
     return urljoin(index if index.endswith("/") else index + "/", f"{canonicalize_name(project)}/")
 
 
-def read_project(index: str, project: str, limits: wire.Limits | None = None) -> list[IndexFile]:
+def read_project(
+    index: str, project: str, limits: wire.Limits | None = None, pacer: Pacer | None = None
+) -> list[IndexFile]:
     """The files the index lists for `project` with a sha256; [] where it has no such project (404)."""
     limits = limits or wire.Limits.from_env()
     url = project_url(index, project)
@@ -49,7 +55,9 @@ def read_project(index: str, project: str, limits: wire.Limits | None = None) ->
     if urlsplit(url).scheme not in ("http", "https"):
         raise UpstreamMalformed(f"{what}: not an http(s) URL")
     try:
-        got = wire.get(url, headers={"Accept": ACCEPT}, deadline=limits.deadline(), cap=limits.api_bytes, what=what)
+        got = wire.get(
+            url, headers={"Accept": ACCEPT}, deadline=limits.deadline(), cap=limits.api_bytes, what=what, pacer=pacer
+        )
     except Exception as e:  # huggingface_hub raises its own error types for a 404 from any host
         if getattr(getattr(e, "response", None), "status_code", None) == 404:
             return []

@@ -16,7 +16,8 @@ The limits, from the environment (README, "Notes for operators"):
   FRT_MAX_LISTING_ENTRIES  20,000   entries of one listing, all its pages together (they become ledger
                                     rows in one write: 20k rows take ~10 s on a slow disk, inside the
                                     ledger's 30 s busy timeout; 100k took ~40 s and locked out others)
-  FRT_UPSTREAM_DEADLINE_S  300      one API call, every page and redirect of it; a file body gets this
+  FRT_UPSTREAM_DEADLINE_S  300      one API call (a listing: every page and redirect of it), not counting
+                                    the time it waits for a rate-limit window; a file body gets this
                                     plus its size at FRT_UPSTREAM_MIN_RATE bytes/s (default 64 KiB/s)
 An error answer's body is read up to 64 KiB (enough for its message). Redirects: httpx's 20 at most,
 http(s) only (hub.redirect_refusal). The deadline is checked as each piece of a body arrives, so a
@@ -27,7 +28,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import urljoin, urlsplit
@@ -41,6 +43,8 @@ from .settings import env_number
 
 if TYPE_CHECKING:  # checked against httpx2, the lint environment's (1.x's httpx has the same API)
     import httpx2 as _httpx
+
+    from .pacing import Pacer
 else:
     try:  # huggingface_hub 2.x speaks httpx2, 1.x httpx
         import httpx2 as _httpx
@@ -48,6 +52,7 @@ else:
         import httpx as _httpx
 
 ERROR_BODY_CAP = 64 << 10
+MAX_REDIRECTS = 20  # httpx's own
 CONNECT_S, READ_S = 30.0, 120.0  # httpx's per-phase timeouts; the deadline bounds the whole
 _REBUILT = {"content-encoding", "content-length", "transfer-encoding"}  # describe bytes we no longer hold
 Params = Mapping[str, str | int | float | bool | None]  # a request's query, as httpx takes one
@@ -89,6 +94,11 @@ class Deadline:
 
     def left(self) -> float:
         return self.end - time.monotonic()
+
+    def extend(self, seconds: float) -> None:
+        """Time spent waiting for the upstream's rate-limit window is not the answer's."""
+        self.seconds += seconds
+        self.end += seconds
 
     def check(self, what: str) -> None:
         if self.left() <= 0:
@@ -151,6 +161,61 @@ def raise_for_status(r: _httpx.Response, deadline: Deadline) -> None:
     raise UpstreamMalformed(f"{r.request.url.path}: answered {r.status_code}")  # pragma: no cover
 
 
+@contextmanager
+def stream(
+    url: str,
+    *,
+    headers: Mapping[str, str],
+    deadline: Deadline,
+    pacer: Pacer | None,
+    params: Params | None = None,
+    since: float | None = None,
+) -> Iterator[_httpx.Response]:
+    """GET `url` through huggingface_hub's session, its redirects followed one hop at a time: each hop is
+    admitted by `pacer` (a 307 to the resolve cache is a request of the upstream's quota too) and its
+    answer's headers shown to it at once. The time a hop waits for its window is added to the deadline.
+    httpx's rules for the hops stay (its `next_request`: Authorization dropped on another host); at most
+    20 of them, http(s) only (hub.redirect_refusal names both). Yields the last answer, its body unread.
+    `since`: when the work this request is part of began (Pacer.slot)."""
+    deadline.check(url)
+    session = get_session()
+    request = session.build_request("GET", url, params=params, headers=headers)
+    for _ in range(MAX_REDIRECTS + 1):
+        with pacer.slot(str(request.url), since) if pacer is not None else nullcontext() as slot:
+            if slot is not None:
+                deadline.extend(slot.waited)
+            request.extensions["timeout"] = deadline.timeout().as_dict()
+            r = session.send(request, stream=True, follow_redirects=False)
+            if slot is not None:
+                slot.answered(r.status_code, r.headers)
+        if not r.has_redirect_location:
+            try:
+                yield r
+            finally:
+                r.close()
+            return
+        nxt = r.next_request
+        _drain(r)
+        if nxt is None:  # httpx could not make a request of its Location
+            raise _httpx.RemoteProtocolError("Invalid URL in location header", request=request)
+        request = nxt
+    raise _httpx.TooManyRedirects("Exceeded maximum allowed redirects.", request=request)
+
+
+def _drain(r: _httpx.Response) -> None:
+    """A redirect's body, read (a little: the connection goes back to the pool) and closed."""
+    try:
+        got = 0
+        for chunk in r.iter_bytes():
+            got += len(chunk)
+            if got >= ERROR_BODY_CAP:
+                break
+    except _httpx.HTTPError:
+        pass
+    finally:
+        r.close()
+
+
 def get(
     url: str,
     *,
@@ -160,13 +225,12 @@ def get(
     what: str,
     params: Params | None = None,
     limit_name: str = "FRT_MAX_API_BYTES",
+    pacer: Pacer | None = None,
+    since: float | None = None,
 ) -> Got:
-    """GET `url` through huggingface_hub's session, redirects followed, its body read to at most `cap`
-    bytes before `deadline`; an error answer raised as huggingface_hub raises it."""
-    deadline.check(what)
-    with get_session().stream(
-        "GET", url, params=params, headers=headers, follow_redirects=True, timeout=deadline.timeout()
-    ) as r:
+    """GET `url` (`stream`), its body read to at most `cap` bytes before `deadline`; an error answer
+    raised as huggingface_hub raises it."""
+    with stream(url, headers=headers, deadline=deadline, pacer=pacer, params=params, since=since) as r:
         raise_for_status(r, deadline)
         nxt = r.links.get("next", {}).get("url")
         body = read_body(r, cap, deadline, what, limit_name)
@@ -190,20 +254,26 @@ def get_json(
     limits: Limits,
     what: str,
     params: Params | None = None,
-    deadline: Deadline | None = None,
+    pacer: Pacer | None = None,
 ) -> object:
     got = get(
-        url, headers=headers, deadline=deadline or limits.deadline(), cap=limits.api_bytes, what=what, params=params
+        url, headers=headers, deadline=limits.deadline(), cap=limits.api_bytes, what=what, params=params, pacer=pacer
     )
     return parse_json(got.body, what)
 
 
 def pages(
-    url: str, *, headers: Mapping[str, str], limits: Limits, what: str, params: Params | None = None
+    url: str,
+    fetch: Callable[[str, Params | None], Got],
+    *,
+    limits: Limits,
+    what: str,
+    params: Params | None = None,
 ) -> Iterator[list[Any]]:
-    """Each page of a listing (a JSON list), following `Link: rel="next"`, all under one deadline; past
-    `limits.pages` pages or `limits.entries` entries it stops with one line."""
-    deadline, n, entries = limits.deadline(), 0, 0
+    """Each page of a listing (a JSON list), following `Link: rel="next"`; past `limits.pages` pages or
+    `limits.entries` entries it stops with one line. `fetch(url, params)` gets one page: the unit the
+    caller retries and paces (a page refused by a rate limit is asked again, not the listing)."""
+    n, entries = 0, 0
     at: str | None = url  # this page's URL; None past the last
     while at is not None:
         n += 1
@@ -211,9 +281,7 @@ def pages(
             raise UpstreamMalformed(f"{what}: the listing runs past {limits.pages} pages (FRT_MAX_PAGES); stopped")
         if urlsplit(at).scheme not in ("http", "https"):
             raise UpstreamMalformed(f"{what}: page {n} is at {at!r}, not an http(s) URL")
-        got = get(
-            at, headers=headers, deadline=deadline, cap=limits.api_bytes, what=what, params=params if n == 1 else None
-        )  # a next URL carries its own query
+        got = fetch(at, params if n == 1 else None)  # a next URL carries its own query
         page, at = parse_json(got.body, what), got.next_url
         if not isinstance(page, list):
             raise UpstreamMalformed(f"{what}: page {n} is {json_kind(page)}, not a list")

@@ -22,8 +22,8 @@ from tests.support.serve_helpers import free_port, raw_http, raw_request, run_cl
 pytestmark = pytest.mark.hub1
 
 # A cold get_kernel of activation costs the mirror 13 API calls upstream (overview, refs, two histories,
-# nine listing pages): a quota of 8 puts one 429 in the middle of the refresh, its window 11 s, past the
-# mirror's 5 s --upstream-timeout.
+# nine listing pages): a quota of 8 puts a window's wait in the middle of the refresh, its window 11 s,
+# past the mirror's 5 s --upstream-timeout.
 LIMITS = RateLimits(api=8, resolvers=3000, window=11)
 GET_V1 = f"""
     import kernels
@@ -50,8 +50,9 @@ def test_get_kernel_succeeds_on_first_use_through_a_rate_limit_window_longer_tha
             p, out = run_client(GET_V1, m.url, tmp_path / "hf")  # the client's own defaults
             took = time.monotonic() - t0
             assert out == 1, p.stderr[-3000:]
-            limited = [e for e in hub.request_log if e.status == 429]
-            assert limited and took > 5, (len(limited), took)  # it did meet a window longer than the timeout
+            api = [e for e in hub.request_log if e.path.startswith("/api/") and "/resolve-cache/" not in e.path]
+            # it did meet a window longer than the timeout (waited for, not run into: issue 43)
+            assert len(api) > LIMITS.api and took > 5, (len(api), took)
             # The refresh has landed: the next answer is fresh (no X-Mirror-Stale), not a cached failure.
             status, headers, _ = raw_http(m.port, raw_request("GET", f"/api/kernels/{ACTIVATION}/refs"))
             assert status == 200 and "x-mirror-stale" not in headers, (status, headers)

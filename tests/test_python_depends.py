@@ -259,10 +259,11 @@ def test_a_wheel_url_off_http_is_refused_in_one_line(tmp_path):
     from frt.mirror.wheels import _get_to
     from frt.resolver import wire
     from frt.resolver.errors import UpstreamMalformed
+    from frt.resolver.pacing import Pacer
 
     part = BlobStore(tmp_path).part_path("x")
     with pytest.raises(UpstreamMalformed, match="not an http"):
-        _get_to("file:///etc/shadow", part, 100, wire.Limits())
+        _get_to("file:///etc/shadow", part, 100, wire.Limits(), Pacer())
     assert not part.exists()
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
@@ -36,6 +36,7 @@ class App:
     ledger_url: str | None = None
     store_url: str | None = None
     _home: Home | None = None
+    _hubs: dict[str, HubClient] = field(default_factory=dict)
 
     @property
     def home(self) -> Home:
@@ -58,12 +59,17 @@ class App:
         ride_out()
 
     def hub(self, endpoint: str | None, *, quiet: bool = False) -> HubClient:
-        """The upstream's client; unless `quiet`, each rate-limit window it waits out is one line on stderr."""
-        from frt.resolver.hub import HubClient
+        """The upstream's client for this command, one per upstream: every part of the command (a stage's
+        kernels, models and wheels) shares its pacer, so all of them spend one quota knowingly. Unless
+        `quiet`, each rate-limit window it waits for is one line on stderr."""
+        from frt.resolver.hub import HubClient, resolve_endpoint
 
         from .say import say_waiting
 
-        hub = HubClient(endpoint or self.endpoint)
+        url = resolve_endpoint(endpoint or self.endpoint)
+        hub = self._hubs.get(url)
+        if hub is None:
+            hub = self._hubs[url] = HubClient(url)
         if not quiet:
             hub.pacer.on_wait = say_waiting
         return hub

@@ -3,20 +3,37 @@ value from the upstream, a manifest or an option may carry a line break or a bid
 
 from __future__ import annotations
 
+import math
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
 from frt.resolver.errors import one_line
+
+if TYPE_CHECKING:
+    from frt.resolver.pacing import Wait
 
 
 def say(text: str) -> None:
     click.echo(f"frt-mirror: {one_line(text)}", err=True)
 
 
-def say_waiting(bucket: str, seconds: float) -> None:
-    """A 429 window being waited out (resolver/pacing.py), one line each: above a progress meter where one
-    is drawn (tqdm's write clears and redraws it), plain otherwise."""
+def say_waiting(wait: Wait) -> None:
+    """A rate-limit window being waited for (resolver/pacing.py), one line a window: above a progress
+    meter where one is drawn (tqdm's write clears and redraws it), plain otherwise."""
     from tqdm import tqdm
 
-    tqdm.write(f"frt-mirror: waiting {seconds:.0f} s: the upstream's {one_line(bucket)} window (429)", file=sys.stderr)
+    tqdm.write(f"frt-mirror: {waiting_line(wait)}", file=sys.stderr)
+
+
+def waiting_line(wait: Wait) -> str:
+    """`waiting 7 s for the upstream's api window (8 per 10 s): 41 of 63 listings left, about 40 s`"""
+    quota = f" ({wait.quota} per {wait.window:g} s)" if wait.quota and wait.window else ""
+    line = f"waiting {math.ceil(wait.seconds)} s for the upstream's {one_line(wait.bucket)} window{quota}"
+    if wait.work is not None:
+        noun, left, total = wait.work
+        line += f": {left} of {total} {noun} left"
+        if wait.eta is not None:
+            line += f", about {math.ceil(wait.eta)} s"
+    return line
