@@ -249,7 +249,6 @@ def _checked(outcome: Resolution | Refusal, ledger: Ledger) -> _Checked | Refusa
 def _resolve_closure(requests, targets, *, ledger, hub, publishers, jobs) -> list[_Checked | Refusal]:
     """Resolve requests for every target, then their kernel-depends (recursively) for the same target.
     With a trust policy, a kernel from another publisher is refused before upstream is asked about it."""
-    refreshed: set[str] = set()
 
     def resolve_trusted(reqs: list[Request], tgts: list[Target]) -> list[_Checked | Refusal]:
         trusted = [r for r in reqs if publishers is None or r.repo.split("/", 1)[0] in publishers]
@@ -257,7 +256,7 @@ def _resolve_closure(requests, targets, *, ledger, hub, publishers, jobs) -> lis
             _untrusted(r, t, publishers, ledger) for r in reqs if r not in trusted for t in tgts
         ]
         if trusted:
-            out += refresh_and_decide(trusted, targets=tgts, ledger=ledger, hub=hub, refreshed=refreshed, jobs=jobs)
+            out += refresh_and_decide(trusted, targets=tgts, ledger=ledger, hub=hub, jobs=jobs)
         return [_checked(o, ledger) for o in out]
 
     outcomes = resolve_trusted(requests, targets)

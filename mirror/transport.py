@@ -30,8 +30,9 @@ from urllib.parse import urlsplit
 from huggingface_hub.utils import build_hf_headers
 
 from frt.resolver import wire
+from frt.resolver.attempts import AGAIN, redirect_refusal
 from frt.resolver.errors import FrtError, LocalDiskError, UpstreamUnavailable, first_line
-from frt.resolver.hub import AGAIN, HubClient, redirect_refusal
+from frt.resolver.hub import HubClient
 
 from .store import RunningDigest
 

@@ -74,9 +74,11 @@ class _Account:
     left: int | None = None  # requests this run may still send in the window (None: not known)
     resets: float | None = None  # when the window resets (None: not known yet)
     ended: float | None = None  # when the window before it reset: its late answers are not this one's
-    in_flight: int = 0  # admitted, their answers not back
+    out: list[float] = field(default_factory=list)  # the requests admitted whose answers are not back: their `since`
     paced: bool | None = None  # None: no answer yet; False: answers carry no RateLimit
-    sent: int = 0
+    sent: int = 0  # requests admitted, all windows
+    base: int = 0  # `sent` when this window opened: the window's own requests are those past it
+    others: int = 0  # requests the upstream counted in this window that were not this run's
     announced: float = -math.inf  # the reset last announced to on_wait
     queue: list[tuple[float, int]] = field(default_factory=list)  # the waiting requests' places, in order
 
@@ -89,14 +91,17 @@ class _Account:
         """The window has reset: a new one opens, with the whole quota where it is known."""
         if self.resets is not None and now >= self.resets + MARGIN:
             self.ended, self.resets = self.resets, None
-            self.left = self.quota
+            self.left, self.base, self.others = self.quota, self.sent, 0
 
-    def admits(self) -> bool:
+    def admits(self, since: float) -> bool:
+        """Whether a request of work begun at `since` may go now. The window's last requests are kept for
+        the work under way before it (a listing's next page), so a listing begun is finished before one
+        is begun: a scan cut short keeps whole listings rather than a page of each."""
         if self.paced is False:
             return True
         if self.left is None:  # nothing known: one request asks; its answer tells the rest
-            return self.in_flight == 0
-        return self.left > 0
+            return not self.out
+        return self.left - bisect.bisect_left(self.out, since) > 0
 
 
 class Work:
@@ -152,19 +157,20 @@ class Slot:
 
     pacer: Pacer
     key: tuple[str, str]
+    since: float
     waited: float = 0.0  # seconds this request waited to be admitted
     _open: bool = field(default=True, repr=False)
 
     def answered(self, status: int, headers: Mapping[str, str]) -> None:
         if self._open:
             self._open = False
-            self.pacer._answered(self.key, status, headers)
+            self.pacer._answered(self, status, headers)
 
     def release(self) -> None:
         """No answer came (a refused connection, a timeout): the account stops waiting for one."""
         if self._open:
             self._open = False
-            self.pacer._answered(self.key, 0, {})
+            self.pacer._answered(self, 0, {})
 
 
 class Pacer:
@@ -198,7 +204,8 @@ class Pacer:
         that order, so a listing under way is finished before another is begun (and a scan cut short
         keeps whole listings, not a page of each)."""
         key = bucket_of(url)
-        slot = Slot(self, key, self._admit(key, since))
+        place, waited = self._admit(key, since)
+        slot = Slot(self, key, place, waited)
         try:
             yield slot
         finally:
@@ -226,7 +233,8 @@ class Pacer:
     def now(self) -> float:
         return self._clock()
 
-    def _admit(self, key: tuple[str, str], since: float | None) -> float:
+    def _admit(self, key: tuple[str, str], since: float | None) -> tuple[float, float]:
+        """The request's place (its `since`) and how long it waited for it."""
         with self._cond:
             account = self._accounts.setdefault(key, _Account())
             start = self._clock()
@@ -236,17 +244,17 @@ class Pacer:
                 while True:
                     now = self._clock()
                     account.roll(now)
-                    if account.queue[0] == place and account.admits():
+                    if account.queue[0] == place and account.admits(place[0]):
                         if account.left is not None:
                             account.left -= 1
-                        account.in_flight += 1
+                        bisect.insort(account.out, place[0])
                         account.sent += 1
-                        return now - start
+                        return place[0], now - start
                     if account.left is not None and account.left <= 0 and account.resets is not None:
                         until = account.resets + MARGIN
                         self._count_wait(key, account, now, until)
                         self._sleep(self._cond, until - now)
-                    elif account.left is not None and account.left <= 0 and account.in_flight == 0:
+                    elif account.left is not None and account.left <= 0 and not account.out:
                         account.left = None  # spent, yet nothing out to say when it resets: ask again
                     else:  # its turn is coming, or an answer on its way will say how things stand
                         self._sleep(self._cond, _PROBE_WAIT)
@@ -289,11 +297,12 @@ class Pacer:
 
     # -- the answers' side ---------------------------------------------------------------------------
 
-    def _answered(self, key: tuple[str, str], status: int, headers: Mapping[str, str]) -> None:
+    def _answered(self, slot: Slot, status: int, headers: Mapping[str, str]) -> None:
         info = parse_ratelimit_headers(headers) if headers else None
+        key = slot.key
         with self._cond:
             account = self._accounts[key]
-            account.in_flight -= 1
+            account.out.remove(slot.since)
             now = self._clock()
             if status == 429:
                 self.limited += 1
@@ -304,12 +313,14 @@ class Pacer:
                 elif status and account.paced is None:
                     account.paced = False  # an upstream without quotas (a mirror, a package index)
             else:
-                if info.resource_type != key[1]:  # the upstream counts it elsewhere: that account learns
+                own = info.resource_type == key[1]
+                if not own:  # the upstream counts it elsewhere: that account learns
                     account = self._accounts.setdefault((key[0], info.resource_type), _Account())
-                self._learn(account, info, status, now)
+                self._learn(account, info, status, now, own)
             self._cond.notify_all()
 
-    def _learn(self, account: _Account, info: RateLimitInfo, status: int, now: float) -> None:
+    def _learn(self, account: _Account, info: RateLimitInfo, status: int, now: float, own: bool) -> None:
+        """What one answer says of its window. `own`: the request was admitted in this account."""
         account.paced = True
         if info.limit is not None and info.window_seconds:
             account.quota, account.window = info.limit, float(info.window_seconds)
@@ -321,13 +332,22 @@ class Pacer:
             return  # an answer from a window that has ended since
         if account.resets is None and account.ended is not None and resets <= account.ended + tol:
             return  # the same: the window it was counted in ended on our side already
-        # The upstream's count, less what is out that it may not have counted yet.
-        left = info.remaining - account.in_flight
         if account.resets is None or resets > account.resets + tol:  # news of a window not known yet
+            if account.resets is not None:  # the upstream's window turned before ours: what is out is its
+                account.base, account.others = account.sent - len(account.out), 0
             account.resets = resets
-            account.left = left if account.left is None else min(account.left, left)
-        else:  # the same window: its tightest word stands
+        else:  # the same window: its earliest reset stands
             account.resets = min(account.resets, resets)
+        if account.quota is not None and own:
+            # The window's quota less what this run sent in it, less what the upstream counted that was
+            # not this run's (another process behind the same address): at least its count less all this
+            # run sent. Exact when nobody else spends the quota, where "r less what is out" is short by
+            # what is out and already counted (and each answer's shortfall would stick).
+            used = account.quota - info.remaining
+            account.others = max(account.others, used - (account.sent - account.base))
+            account.left = account.quota - (account.sent - account.base) - account.others
+        else:  # no policy: the upstream's count, less what is out that it may not have counted yet
+            left = info.remaining - len(account.out)
             account.left = left if account.left is None else min(account.left, left)
 
     def _spend(self, account: _Account, until: float) -> None:

@@ -13,7 +13,7 @@ from .ledger import Ledger
 from .ledger.retry import retried
 from .repo_ids import pin_variable, pinned_revision
 from .resolution import Refusal, Request, Resolution
-from .scan import scan
+from .scan import scan, unknown_revisions
 from .targets import Target
 
 
@@ -68,16 +68,14 @@ def refresh_and_decide(
     ledger: Ledger,
     hub: HubClient | None = None,
     offline: bool = False,
-    refreshed: set[str] | None = None,
     jobs: int = 8,
 ) -> list[Resolution | Refusal]:
     """Every request × target, as outcomes; every refusal is recorded in the ledger.
 
-    `refreshed` names repos already scanned in this run (a stage resolving kernel-depends
-    per target); it is updated, so each repo is asked upstream once per run. `jobs`: the listings
-    in flight at once, all repos together.
+    A repo is scanned once per run (the run's Hub client says which it scanned: a stage resolving
+    kernel-depends per target, a bisect resolving and staging each probe), unless a request names a
+    revision the ledger cannot place. `jobs`: the listings in flight at once, all repos together.
     """
-    refreshed = set() if refreshed is None else refreshed
     upstream_refusals: dict[str, tuple[str, str]] = {}
     if not offline:
         hub = hub or HubClient()
@@ -91,8 +89,7 @@ def refresh_and_decide(
 
         # Repos are independent: their scans overlap their round-trips (the ledger serializes writes), and
         # share one pool of listing threads, so `jobs` bounds the listings of the whole run.
-        repos = [r for r in dict.fromkeys(r.repo for r in requests) if r not in refreshed]
-        refreshed.update(repos)
+        repos = [r for r in dict.fromkeys(r.repo for r in requests) if _to_scan(r, requests, hub, ledger)]
         with (
             ThreadPoolExecutor(max_workers=max(1, jobs)) as listings,
             ThreadPoolExecutor(max_workers=max(1, min(jobs, 8, len(repos)))) as pool,
@@ -103,6 +100,12 @@ def refresh_and_decide(
         if isinstance(outcome, Refusal):
             ledger.record_refusal(outcome)
     return outcomes
+
+
+def _to_scan(repo: str, requests: list[Request], hub: HubClient, ledger: Ledger) -> bool:
+    if repo not in hub.scanned:
+        return True
+    return bool(unknown_revisions(ledger, repo, tuple(r.revision for r in requests if r.repo == repo and r.revision)))
 
 
 @retried

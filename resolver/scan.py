@@ -81,6 +81,7 @@ def scan(
             variants_found = _list_builds(repo_id, todo, hub=hub, ledger=ledger, pool=own, repo_type=repo_type)
     else:
         variants_found = _list_builds(repo_id, todo, hub=hub, ledger=ledger, pool=pool, repo_type=repo_type)
+    hub.scanned.add(repo_id)
     return ScanReport(repo_id, len(refs), _commit_count(ledger, repo_id), len(todo), variants_found)
 
 
@@ -94,7 +95,7 @@ def _unreached(
 ) -> list[str]:
     """The commits of `revisions` that the refs' histories do not reach, asked of the upstream."""
     out = []
-    for rev in _unknown_revisions(ledger, repo_id, revisions):
+    for rev in unknown_revisions(ledger, repo_id, revisions):
         try:
             out.append(hub.revision_sha(repo_id, rev, repo_type))
         except RevisionNotFound:
@@ -103,7 +104,7 @@ def _unreached(
 
 
 @retried
-def _unknown_revisions(ledger: Ledger, repo_id: str, revisions: tuple[str, ...]) -> list[str]:
+def unknown_revisions(ledger: Ledger, repo_id: str, revisions: tuple[str, ...]) -> list[str]:
     if not revisions:
         return []
     with ledger.view() as view:

@@ -20,7 +20,7 @@ The limits, from the environment (README, "Notes for operators"):
                                     the time it waits for a rate-limit window; a file body gets this
                                     plus its size at FRT_UPSTREAM_MIN_RATE bytes/s (default 64 KiB/s)
 An error answer's body is read up to 64 KiB (enough for its message). Redirects: httpx's 20 at most,
-http(s) only (hub.redirect_refusal). The deadline is checked as each piece of a body arrives, so a
+http(s) only (attempts.redirect_refusal). The deadline is checked as each piece of a body arrives, so a
 trickle ends within one read timeout of it.
 """
 
@@ -175,7 +175,7 @@ def stream(
     admitted by `pacer` (a 307 to the resolve cache is a request of the upstream's quota too) and its
     answer's headers shown to it at once. The time a hop waits for its window is added to the deadline.
     httpx's rules for the hops stay (its `next_request`: Authorization dropped on another host); at most
-    20 of them, http(s) only (hub.redirect_refusal names both). Yields the last answer, its body unread.
+    20 of them, http(s) only (attempts.redirect_refusal names both). Yields the last answer, its body unread.
     `since`: when the work this request is part of began (Pacer.slot)."""
     deadline.check(url)
     session = get_session()

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from frt.resolver.attempts import RetryPolicy
 from frt.resolver.errors import KernelUnavailable
-from frt.resolver.hub import HubClient, RetryPolicy
+from frt.resolver.hub import HubClient
 from frt.resolver.ledger import Ledger
 from frt.resolver.repo_ids import pin_variable
 from frt.resolver.resolve import resolve

@@ -48,7 +48,8 @@ class Upstream:
     hold: float = HOLD_S
 
     def service(self, home) -> PullService:
-        from frt.resolver.hub import HubClient, RetryPolicy
+        from frt.resolver.attempts import RetryPolicy
+        from frt.resolver.hub import HubClient
         from frt.resolver.pacing import Pacer
 
         # A serve runs for months: no cap on the rate-limit waits of its whole life (a stager's run has one).

@@ -15,9 +15,10 @@ TIGHT = RateLimits(api=8, resolvers=3000, window=10)
 
 
 def quota_repos() -> tuple[list[FakeRepo], list[str]]:
-    """The two repos, and the three commits of `drift` the manifest pins."""
+    """The two repos, and the three commits of `drift` the manifest pins: one on v1, one on v2 and one
+    that no branch reaches any more (a deleted work branch's), asked for by its sha alone."""
     drift = FakeRepo(DRIFT)
-    variants = [X86_CU, X86_CPU, ARM_CU, ARM_CPU, "torch-cpu", "torch-cuda"]  # 18 entries: 4 pages
+    variants = [X86_CU, X86_CPU, ARM_CU, ARM_CPU, "torch-cpu", "torch-cuda"]  # 18 entries: 4 pages of 5
     shas = [
         drift.commit(build("drift", variants, version=1, note=f"v1.{i}"), title=f"v1 build {i}", branch="v1")
         for i in range(4)
@@ -25,14 +26,17 @@ def quota_repos() -> tuple[list[FakeRepo], list[str]]:
     drift.branch("v2", "v1")
     shas += [
         drift.commit(build("drift", variants, version=2, note=f"v2.{i}"), title=f"v2 build {i}", branch="v2")
-        for i in range(5)
+        for i in range(4)
     ]
     drift.branch("main", "v2")
+    drift.branch("wip", "v1")
+    stray = drift.commit(build("drift", variants, version=1, note="wip"), title="wip build", branch="wip")
+    del drift.branches["wip"]
     steady = FakeRepo(STEADY)
     for i in range(2):
         steady.commit(build("steady", ["torch-cpu"], version=1, note=f"{i}"), title=f"build {i}", branch="v1")
     steady.branch("main", "v1")
-    return [drift, steady], [shas[1], shas[2], shas[6]]
+    return [drift, steady], [shas[1], shas[6], stray]
 
 
 def quota_manifest(path: Path, pins: list[str], target: str) -> Path:
