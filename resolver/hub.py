@@ -43,7 +43,7 @@ from .gate import (
     hub_date,
 )
 from .once import Once
-from .pacing import Pacer
+from .pacing import Item, Pacer
 from .resolution import CommitInfo, FileEntry
 from .small_files import SmallFiles
 
@@ -159,12 +159,12 @@ class HubClient:
         return out
 
     def build_listing(
-        self, repo_id: str, sha: str, repo_type: str = "kernel", on_page: Callable[[], None] | None = None
+        self, repo_id: str, sha: str, repo_type: str = "kernel", item: Item | None = None
     ) -> dict[str, list[FileEntry]]:
         """Every file under build/ at a commit, grouped by variant directory; {} without build/.
-        `on_page`: called as each page is asked for (a scan's count of the requests a listing takes)."""
+        `item`: the listing as an item of the run's work (Pacer.work): its pages go in its place in line."""
         try:
-            entries, where = self._tree(repo_id, sha, repo_type, "build", on_page)
+            entries, where = self._tree(repo_id, sha, repo_type, "build", item)
         except _EntryMissing:
             return {}
         variants: dict[str, list[FileEntry]] = {}
@@ -231,18 +231,18 @@ class HubClient:
         repo_id: str,
         where: str,
         params: wire.Params | None = None,
-        on_page: Callable[[], None] | None = None,
+        item: Item | None = None,
     ) -> list[Any]:
         """Every entry of a paged listing, bounded (wire.pages). A page is the unit of retry: one refused
         (a 429, a dropped connection) is asked again, and the listing goes on from there with the pages
         it has; it never starts again from the first. Its pages are admitted in the order of the
         listing's start (Pacer.slot `since`), and all of them are under one deadline (less the time they
         waited for a rate-limit window): pages without end stop there, or at FRT_MAX_PAGES."""
-        since, deadline = self.pacer.now(), self.limits.deadline()
+        since, deadline = item.since if item else self.pacer.now(), self.limits.deadline()
 
         def page(at: str, query: wire.Params | None) -> wire.Got:
-            if on_page is not None:
-                on_page()
+            if item is not None:
+                item.request()
             return self._call(
                 lambda: wire.get(
                     at,
@@ -261,14 +261,14 @@ class HubClient:
         return list(itertools.chain.from_iterable(wire.pages(url, page, limits=self.limits, what=where, params=params)))
 
     def _tree(
-        self, repo_id: str, sha: str, repo_type: str, path: str = "", on_page: Callable[[], None] | None = None
+        self, repo_id: str, sha: str, repo_type: str, path: str = "", item: Item | None = None
     ) -> tuple[list[dict[str, Any]], str]:
         """A recursive tree listing, each entry's shape checked, no path twice; and its `where`."""
         where = f"upstream listing of {repo_id}@{sha[:12]}"
         url = f"{self._api(repo_type, repo_id)}/tree/{quote(sha, safe='')}" + (
             f"/{quote(path, safe='')}" if path else ""
         )
-        entries = self._pages(url, repo_id, where, params={"recursive": True, "expand": False}, on_page=on_page)
+        entries = self._pages(url, repo_id, where, params={"recursive": True, "expand": False}, item=item)
         seen: set[str] = set()
         for i, e in enumerate(entries):
             check_entry(e, where=where, what=f"entry {i}")

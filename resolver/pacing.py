@@ -74,7 +74,7 @@ class _Account:
     left: int | None = None  # requests this run may still send in the window (None: not known)
     resets: float | None = None  # when the window resets (None: not known yet)
     ended: float | None = None  # when the window before it reset: its late answers are not this one's
-    out: list[float] = field(default_factory=list)  # the requests admitted whose answers are not back: their `since`
+    out: int = 0  # requests admitted whose answers are not back
     paced: bool | None = None  # None: no answer yet; False: answers carry no RateLimit
     sent: int = 0  # requests admitted, all windows
     base: int = 0  # `sent` when this window opened: the window's own requests are those past it
@@ -93,62 +93,74 @@ class _Account:
             self.ended, self.resets = self.resets, None
             self.left, self.base, self.others = self.quota, self.sent, 0
 
-    def admits(self, since: float) -> bool:
-        """Whether a request of work begun at `since` may go now. The window's last requests are kept for
-        the work under way before it (a listing's next page), so a listing begun is finished before one
-        is begun: a scan cut short keeps whole listings rather than a page of each."""
+    def admits(self, kept: int) -> bool:
+        """Whether a request may go now, `kept` of the window's requests being kept for work begun before
+        it (Work)."""
         if self.paced is False:
             return True
         if self.left is None:  # nothing known: one request asks; its answer tells the rest
             return not self.out
-        return self.left - bisect.bisect_left(self.out, since) > 0
+        return self.left - kept > 0
 
 
 class Work:
-    """Work of `total` items that spends one bucket (a scan's listings: "api"). Each item counts the
-    requests it sends and says when it is done: a wait then tells how many items are left and, from the
-    requests a finished item took, when they should be done."""
+    """Work of `total` items that spends one bucket (a scan's listings: "api"), each item a run of requests
+    (a listing's pages). The pacer keeps a window's last requests for the items under way, oldest first,
+    so an item begun is finished before another is begun (a scan cut short keeps whole listings, not a
+    page of each); and a wait tells how many items are left and, from the requests a finished one took,
+    about when they should be done."""
 
-    def __init__(self, bucket: str, noun: str, total: int):
-        self.bucket, self.noun, self.total = bucket, noun, total
-        self._lock = threading.Lock()
+    def __init__(self, pacer: Pacer, bucket: str, noun: str, total: int):
+        self.pacer, self.bucket, self.noun, self.total = pacer, bucket, noun, total
         self.finished = 0
-        self._open = 0  # items under way
+        self._open: list[Item] = []
         self._spent_done = 0  # requests the finished items took
-        self._spent_open = 0  # requests of the items under way
 
-    def item(self) -> Item:
-        with self._lock:
-            self._open += 1
-        return Item(self)
+    @contextmanager
+    def item(self) -> Iterator[Item]:
+        """An item under way: its requests are sent with its `since` and counted on it."""
+        item = Item(self, self.pacer.now())
+        with self.pacer._cond:
+            self._open.append(item)
+            self.pacer._under_way.setdefault(self.bucket, []).append(item)
+        try:
+            yield item
+        finally:
+            with self.pacer._cond:
+                self._open.remove(item)
+                self.pacer._under_way[self.bucket].remove(item)
+                self.finished += 1
+                self._spent_done += item.sent
+                self.pacer._cond.notify_all()
+
+    def per_item(self) -> float:
+        """The requests an item takes: as many as a finished one took (before any has finished: one more
+        than the most an item under way has taken)."""
+        if self.finished:
+            return self._spent_done / self.finished
+        return max((i.sent for i in self._open), default=0) + 1.0
 
     def needs(self) -> tuple[int, float]:
-        """Items left, and the requests they should still need: as many each as a finished one took
-        (before any has finished: one more than those under way have taken), at least one each."""
-        with self._lock:
-            left = self.total - self.finished
-            if self.finished:
-                per_item = self._spent_done / self.finished
-            else:
-                per_item = (self._spent_open / self._open if self._open else 0.0) + 1.0
-            return left, max(float(left), left * per_item - self._spent_open)
+        """Items left, and the requests they should still need (at least one each)."""
+        left, per_item = self.total - self.finished, self.per_item()
+        begun = sum(min(i.sent, per_item - 1) for i in self._open)
+        return left, max(float(left), left * per_item - begun)
 
 
+@dataclass(eq=False)
 class Item:
-    def __init__(self, work: Work):
-        self.work, self.sent = work, 0
+    work: Work
+    since: float  # when it began: its requests' place in line
+    sent: int = 0
 
     def request(self) -> None:
-        with self.work._lock:
+        """One more request of this item (called as it is sent)."""
+        with self.work.pacer._cond:
             self.sent += 1
-            self.work._spent_open += 1
 
-    def done(self) -> None:
-        with self.work._lock:
-            self.work.finished += 1
-            self.work._open -= 1
-            self.work._spent_open -= self.sent
-            self.work._spent_done += self.sent
+    def to_send(self) -> int:
+        """The requests it should still send (at least its next one)."""
+        return max(1, math.ceil(self.work.per_item()) - self.sent)
 
 
 @dataclass
@@ -157,7 +169,6 @@ class Slot:
 
     pacer: Pacer
     key: tuple[str, str]
-    since: float
     waited: float = 0.0  # seconds this request waited to be admitted
     _open: bool = field(default=True, repr=False)
 
@@ -189,6 +200,7 @@ class Pacer:
         self._cond = threading.Condition()
         self._accounts: dict[tuple[str, str], _Account] = {}
         self._works: list[Work] = []
+        self._under_way: dict[str, list[Item]] = {}  # bucket -> the Work items under way
         self._tickets = itertools.count()
         self._waited_to = -math.inf
         self.waited = 0.0  # wall seconds this run spent held for a window (however many threads waited)
@@ -204,8 +216,7 @@ class Pacer:
         that order, so a listing under way is finished before another is begun (and a scan cut short
         keeps whole listings, not a page of each)."""
         key = bucket_of(url)
-        place, waited = self._admit(key, since)
-        slot = Slot(self, key, place, waited)
+        slot = Slot(self, key, self._admit(key, since))
         try:
             yield slot
         finally:
@@ -221,7 +232,7 @@ class Pacer:
     @contextmanager
     def work(self, bucket: str, noun: str, total: int) -> Iterator[Work]:
         """Work of `total` items that spends `bucket`, told of in the waits while it runs."""
-        w = Work(bucket, noun, total)
+        w = Work(self, bucket, noun, total)
         with self._cond:
             self._works.append(w)
         try:
@@ -233,8 +244,8 @@ class Pacer:
     def now(self) -> float:
         return self._clock()
 
-    def _admit(self, key: tuple[str, str], since: float | None) -> tuple[float, float]:
-        """The request's place (its `since`) and how long it waited for it."""
+    def _admit(self, key: tuple[str, str], since: float | None) -> float:
+        """Admit a request (in its place in line): how long it waited."""
         with self._cond:
             account = self._accounts.setdefault(key, _Account())
             start = self._clock()
@@ -244,12 +255,13 @@ class Pacer:
                 while True:
                     now = self._clock()
                     account.roll(now)
-                    if account.queue[0] == place and account.admits(place[0]):
+                    kept = sum(i.to_send() for i in self._under_way.get(key[1], ()) if i.since < place[0])
+                    if account.queue[0] == place and account.admits(kept):
                         if account.left is not None:
                             account.left -= 1
-                        bisect.insort(account.out, place[0])
+                        account.out += 1
                         account.sent += 1
-                        return place[0], now - start
+                        return now - start
                     if account.left is not None and account.left <= 0 and account.resets is not None:
                         until = account.resets + MARGIN
                         self._count_wait(key, account, now, until)
@@ -302,7 +314,7 @@ class Pacer:
         key = slot.key
         with self._cond:
             account = self._accounts[key]
-            account.out.remove(slot.since)
+            account.out -= 1
             now = self._clock()
             if status == 429:
                 self.limited += 1
@@ -334,7 +346,7 @@ class Pacer:
             return  # the same: the window it was counted in ended on our side already
         if account.resets is None or resets > account.resets + tol:  # news of a window not known yet
             if account.resets is not None:  # the upstream's window turned before ours: what is out is its
-                account.base, account.others = account.sent - len(account.out), 0
+                account.base, account.others = account.sent - account.out, 0
             account.resets = resets
         else:  # the same window: its earliest reset stands
             account.resets = min(account.resets, resets)
@@ -347,7 +359,7 @@ class Pacer:
             account.others = max(account.others, used - (account.sent - account.base))
             account.left = account.quota - (account.sent - account.base) - account.others
         else:  # no policy: the upstream's count, less what is out that it may not have counted yet
-            left = info.remaining - len(account.out)
+            left = info.remaining - account.out
             account.left = left if account.left is None else min(account.left, left)
 
     def _spend(self, account: _Account, until: float) -> None:

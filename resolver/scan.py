@@ -123,9 +123,8 @@ def _list_builds(
     with hub.pacer.work("api", "listings", len(todo)) as work:
 
         def one(sha: str) -> list[VariantInfo]:
-            item = work.item()
-            listing = hub.build_listing(repo_id, sha, repo_type, on_page=item.request)
-            item.done()
+            with work.item() as item:
+                listing = hub.build_listing(repo_id, sha, repo_type, item=item)
             docs = metadata.of(listing, sha)
             return [_variant_info(name, files, docs) for name, files in sorted(listing.items())]
 
