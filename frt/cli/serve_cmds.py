@@ -119,8 +119,10 @@ LIMIT_ENV = {field: var for field, (var, *_rest) in HttpLimits.ENV.items()}
     type=Finite(0, MAX_SETTING),
     help="With --upstream: seconds an API request for a repo this mirror has nothing of yet waits for the "
     "upstream (a rate-limit window, a slow listing), so that a client's first get_kernel succeeds "
-    "(huggingface_hub's API calls have no timeout). A HEAD or GET waits --upstream-timeout, then gets "
-    "503 with Retry-After while the upstream's answer is on its way.",
+    "(huggingface_hub's API calls have no timeout); also the longest a GET waits for a file being fetched. "
+    "A HEAD or GET of a repo not known yet, or of a file whose fetch waits for the upstream's rate-limit "
+    "window, waits --upstream-timeout, then gets 503 with Retry-After while the upstream's answer is on "
+    "its way.",
 )
 @click.option(
     "--max-header-bytes",

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -88,10 +89,11 @@ class _Known:
 
 
 class PullService:
-    """`timeout`: how long a request waits for the upstream to answer. `hold`: how long an API request
-    for a repo the mirror has nothing of yet may wait for it (huggingface_hub sets no timeout on API
-    calls, so a client's first use rides out the upstream's rate limit; its HEAD and GET time out in
-    10 s, so those wait `timeout` only, then get a 503 with Retry-After)."""
+    """`timeout`: how long a request waits for the upstream to answer. `hold`: the longest any request
+    waits for it: an API request for a repo the mirror has nothing of yet (huggingface_hub sets no
+    timeout on API calls, so a client's first use rides out the upstream's rate limit), a file being
+    fetched. A HEAD or GET of a repo not known yet, or of a file whose fetch waits for a rate-limit
+    window, waits `timeout` only (the client's read timeout is 10 s). Past either: 503 with Retry-After."""
 
     def __init__(self, pull: PullThrough, *, refs_ttl: float = 60.0, timeout: float = 5.0, hold: float = HOLD_S):
         self.pull, self.refs_ttl, self.timeout, self.hold = pull, refs_ttl, timeout, hold
@@ -140,20 +142,25 @@ class PullService:
 
     def _pending(self, repo_id: str, known: _Known | None) -> tuple[ServedRepo | None, str]:
         """The refresh is still on its way: the last known repo, flagged; with none, a 503 saying when
-        to come back (the upstream's rate-limit window, where the mirror has met it)."""
+        to come back."""
         if known is not None and known.repo is not None:
             return known.repo, f"upstream did not answer within {self.timeout:g} s"
+        raise self._on_its_way(repo_id)
+
+    def _on_its_way(self, what: str) -> HubError:
+        """A 503 for what the upstream has not answered yet, saying when to come back: when the upstream's
+        rate-limit window resets, where the mirror waits for one."""
         wait = self.pull.hub.pacer.blocked_for()
         why = (
             f"the upstream is rate-limiting this mirror for {wait:.0f} s more"
             if wait > 0
             else f"the upstream did not answer within {self.timeout:g} s"
         )
-        raise HubError(
+        return HubError(
             503,
             None,
-            f"{repo_id} is on its way from the upstream ({why}): try again shortly",
-            {"Retry-After": str(max(1, round(wait or self.timeout)))},
+            f"{what} is on its way from the upstream ({why}): try again shortly",
+            {"Retry-After": str(max(1, math.ceil(wait or self.timeout)))},
         )
 
     async def _wait(self, key, start: Callable[[], Awaitable], limit: float) -> asyncio.Future | None:
@@ -191,8 +198,17 @@ class PullService:
         self._known[key] = _Known(repo, time.monotonic() + again, stale)
 
     async def file(self, repo: ServedRepo, commit: str, f: ServedFile) -> ServedFile:
-        """`f` stored (fetched now, or by whoever was fetching it); the cached repo is updated in place."""
-        return await self._flight(("file", _key(f)), lambda: self._fetch(repo, commit, f))
+        """`f` stored (fetched now, or by whoever was fetching it); the cached repo is updated in place.
+        A client waits for it at most the hold; past `timeout`, when the fetch waits for the upstream's
+        rate-limit window, it gets 503 with Retry-After at once (its own read timeout is 10 s). The fetch
+        goes on either way, and the next request finds the file stored."""
+        key = ("file", _key(f))
+        fut = await self._wait(key, lambda: self._fetch(repo, commit, f), min(self.timeout, self.hold))
+        if fut is None and self.pull.hub.pacer.blocked_for() <= 0 and self.hold > self.timeout:
+            fut = await self._wait(key, lambda: self._fetch(repo, commit, f), self.hold - self.timeout)
+        if fut is None:
+            raise self._on_its_way(f"{repo.repo_id}/{f.path}")
+        return fut.result()
 
     def streams(self, f: ServedFile) -> bool:
         """Is `f` sent as it is fetched (serve/stream.py), rather than verified before its first byte?"""
@@ -261,10 +277,6 @@ class PullService:
             return self.pull.publisher_trusted(org)
         except LedgerUnavailable:  # the catalog's record was asked before this (MirrorApp.api)
             return None
-
-    async def _flight(self, key, start: Callable[[], Awaitable]):
-        """The result of `start()`, run once for all concurrent callers with this key."""
-        return await asyncio.shield(self._start(key, start))
 
     def _start(self, key, start: Callable[[], Awaitable]) -> asyncio.Future:
         """The flight with this key, started if none is. The work is a task of its own: a caller that
