@@ -16,6 +16,9 @@ Then ours twice more behind the real Hub's transport (307s to the resolve cache,
 with the Hub's own quotas for an anonymous IP, which a stage of this size does not meet (the row the
 target is on), and with quotas small enough that it does (`same, quota met`: its 429s waited out, and
 the least wall any pacing could reach under them printed beside it).
+
+Last, staging inside a quota the stage needs many windows of (bench/quota.py): the requests needed,
+sent and refused, and the wall against the quota's floor.
 """
 
 from __future__ import annotations
@@ -422,6 +425,10 @@ def main() -> None:
         f"{stored / MiB:.2f} MiB in store/sha256 = {referenced / stored:.2f}x\n  (baseline's per-target "
         f"caches hold {base_disk / MiB:.2f} MiB of blobs)"
     )
+    print()
+    from bench import quota
+
+    quota.main(args.quick)
 
 
 def _quota(limits: tuple[int, int, int]) -> str:

@@ -26,6 +26,9 @@ ROWS = {
         "real-Hub transport wall / plain upstream's =",
         "bytes fetched / needed =",
         "store dedup ratio =",
+        "stage inside the upstream's quota",
+        "2 kernels (9 + 2 revisions), 8 / 2 s",
+        "10 kernels x 5 revisions, 100 / 2 s",
     ),
     "serve": (
         "hf_hub_download into a fresh cache",
