@@ -8,10 +8,12 @@ at all. So a run paces itself, and sends no request it knows will be refused:
 
 - one `Pacer` per run and upstream, shared by every thread: each request is admitted through `slot(url)`,
   one account per (host, bucket), and its answer's headers are read back into the account at once;
-- an account admits while the window has requests left (`r`, less the requests already sent whose
-  answers have not come back: the upstream may not have counted them yet), then holds every thread until
-  the window resets (`t`), and the new window admits `q` again; before the first answer of a bucket
-  (nothing known yet) one request goes alone, and a host whose answers carry no `RateLimit` is not paced;
+- an account admits while the window has room (its quota `q`, less what this run sent in it, less what
+  the answers show someone else spent), then holds every thread until the window resets (`t`), and the
+  new window admits `q` again; before the first answer of a bucket (nothing known yet) one request goes
+  alone, and a host whose answers carry no `RateLimit` is not paced;
+- waiting requests go in the order their work began, and a window's last requests are kept for the
+  items of `work` under way (a scan's listings), so a listing begun is finished before another begins;
 - a 429 (a quota shared with someone else, or a clock that disagrees) spends the account until the reset
   it names (or `Retry-After`), at least a second; only the refused request is sent again (HubClient);
 - the wait is counted in wall time, once however many threads wait on it, and bounded by
