@@ -155,7 +155,8 @@ def main(quick: bool = False) -> None:
     cases = [user_case(window), fleet_case(10, 5, window) if quick else fleet_case(50, 10, window)]
     print(
         "stage inside the upstream's quota: fixed windows per bucket, RateLimit on every answer, 429 past the quota;\n"
-        f"  frt-mirror stage (8 jobs) for {TARGET}, {DELAY_S * 1000:.0f} ms before every answer; needed = the distinct "
+        f"  frt-mirror stage (8 jobs) for {TARGET}, {DELAY_S * 1000:.0f} ms before every answer, listings paged by "
+        "5 entries; needed = the distinct "
         "answers of the same stage without a quota;\n  floor = ceil(needed / quota) windows of the tightest bucket "
         "+ the stage without a quota"
     )
