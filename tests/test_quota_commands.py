@@ -67,18 +67,22 @@ def test_scan_then_matrix_under_a_tight_quota(tmp_path):
         assert len(hub.request_log) == sent, "matrix answers from the ledger"
 
 
+def paced_once(hub, home: Path, command: str, *args: str) -> dict:
+    """Run a command that scans `drift` under the quota: each answer once, the refs once (one scan in the
+    run, however many resolves and stages it makes); its --json answer."""
+    with hub:
+        p = run_cli("--endpoint", hub.url, command, "--json", *args, home=home, timeout=300)
+        assert p.returncode == 0, p.stderr
+        assert_paced(hub.request_log)
+        assert sum(r.path.endswith("/refs") for r in hub.request_log) == 1, "the refs once: one scan"
+    return json.loads(p.stdout)
+
+
 def test_resolve_of_a_revision_no_ref_reaches_under_a_tight_quota(tmp_path):
     hub, pins = quota_hub()
     stray = pins[2]
-    with hub:
-        p = run_cli(
-            "--endpoint", hub.url, "resolve", DRIFT, "--revision", stray, "--target", X86, "--json",
-            home=tmp_path / "home", timeout=300,
-        )  # fmt: skip
-        assert p.returncode == 0, p.stderr
-        assert json.loads(p.stdout)["commit"] == stray
-        assert_paced(hub.request_log)
-        assert sum(r.path.endswith("/refs") for r in hub.request_log) == 1, "the refs once: one scan"
+    doc = paced_once(hub, tmp_path / "home", "resolve", DRIFT, "--revision", stray, "--target", X86)
+    assert doc["commit"] == stray
 
 
 def test_bisect_under_a_tight_quota_asks_each_answer_once(tmp_path):
@@ -89,15 +93,9 @@ def test_bisect_under_a_tight_quota_asks_each_answer_once(tmp_path):
     judge = tmp_path / "judge.py"
     var = "FRT_KERNEL_REV_KERNELS_TEST_DRIFT"
     judge.write_text(f"import os, sys\nsys.exit(1 if os.environ[{var!r}] in {[first_bad, bad]!r} else 0)\n")
-    with hub:
-        p = run_cli(
-            "--endpoint", hub.url, "bisect", DRIFT, "--good", good, "--bad", bad, "--target", X86, "--json",
-            "--", sys.executable, str(judge), home=tmp_path / "home", timeout=300,
-        )  # fmt: skip
-        assert p.returncode == 0, p.stderr
-        assert json.loads(p.stdout)["first_bad"] == first_bad
-        assert_paced(hub.request_log)
-        assert sum(r.path.endswith("/refs") for r in hub.request_log) == 1, "the refs once, not once per probe"
+    args = ["bisect", DRIFT, "--good", good, "--bad", bad, "--target", X86, "--", sys.executable, str(judge)]
+    doc = paced_once(hub, tmp_path / "home", *args)
+    assert doc["first_bad"] == first_bad
 
 
 def test_a_scan_cut_by_its_wait_bound_keeps_its_listings_and_lists_only_the_rest(tmp_path):
