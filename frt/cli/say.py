@@ -3,7 +3,6 @@ value from the upstream, a manifest or an option may carry a line break or a bid
 
 from __future__ import annotations
 
-import math
 import sys
 from typing import TYPE_CHECKING
 
@@ -30,10 +29,10 @@ def say_waiting(wait: Wait) -> None:
 def waiting_line(wait: Wait) -> str:
     """`waiting 7 s for the upstream's api window (8 per 10 s): 41 of 63 listings left, about 40 s`"""
     quota = f" ({wait.quota} per {wait.window:g} s)" if wait.quota and wait.window else ""
-    line = f"waiting {math.ceil(wait.seconds)} s for the upstream's {one_line(wait.bucket)} window{quota}"
+    line = f"waiting {max(1, round(wait.seconds))} s for the upstream's {one_line(wait.bucket)} window{quota}"
     if wait.work is not None:
         noun, left, total = wait.work
         line += f": {left} of {total} {noun} left"
         if wait.eta is not None:
-            line += f", about {math.ceil(wait.eta)} s"
+            line += f", about {max(1, round(wait.eta))} s"
     return line
