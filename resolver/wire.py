@@ -230,6 +230,7 @@ def get(
 ) -> Got:
     """GET `url` (`stream`), its body read to at most `cap` bytes before `deadline`; an error answer
     raised as huggingface_hub raises it."""
+    deadline.check(what)
     with stream(url, headers=headers, deadline=deadline, pacer=pacer, params=params, since=since) as r:
         raise_for_status(r, deadline)
         nxt = r.links.get("next", {}).get("url")
