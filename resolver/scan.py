@@ -14,6 +14,7 @@ import hashlib
 import json
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Executor, ThreadPoolExecutor, wait
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,14 +74,12 @@ def scan(
 
     todo = ledger.unscanned_commits(repo_id)
     if heads_only:
-        todo = [sha for sha in todo if sha in set(heads + more)]
+        listed_heads = set(heads + more)
+        todo = [sha for sha in todo if sha in listed_heads]
     if progress and todo:
         progress(f"{repo_id}: listing build/ of {len(todo)} commit(s)")
-    if pool is None:
-        with ThreadPoolExecutor(max_workers=max(1, jobs)) as own:
-            variants_found = _list_builds(repo_id, todo, hub=hub, ledger=ledger, pool=own, repo_type=repo_type)
-    else:
-        variants_found = _list_builds(repo_id, todo, hub=hub, ledger=ledger, pool=pool, repo_type=repo_type)
+    with nullcontext(pool) if pool is not None else ThreadPoolExecutor(max_workers=max(1, jobs)) as threads:
+        variants_found = _list_builds(repo_id, todo, hub=hub, ledger=ledger, pool=threads, repo_type=repo_type)
     hub.scanned.add(repo_id)
     return ScanReport(repo_id, len(refs), _commit_count(ledger, repo_id), len(todo), variants_found)
 
