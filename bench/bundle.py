@@ -63,7 +63,7 @@ def publish_v3(repo, scale: float) -> int:
 
 
 def stage_all(home, hub_url: str, pairs) -> None:
-    from frt.mirror.stage import stage
+    from frt.mirror.stage.kernels import stage
     from frt.resolver.hub import HubClient
     from frt.resolver.resolve import make_request
     from frt.resolver.targets import parse_target
@@ -93,7 +93,7 @@ def child_import(full: str, home: str) -> None:
     """In the child: open (create) the home's ledger and load what import uses on first call (kernels'
     variant parser), then time import_bundle alone: the whole command's row has the rest."""
     from frt.mirror.bundle import import_bundle
-    from frt.mirror.home import Home
+    from frt.mirror.store.home import Home
     from frt.resolver.variants import parse_fields
 
     h = Home(Path(home))
@@ -185,7 +185,7 @@ def main() -> None:
     tmp_dir = tempfile.TemporaryDirectory(prefix="frt-bench-bundle-")
     hub_env("http://unused.invalid", tmp_dir.name)
     from frt.mirror.bundle import bundle
-    from frt.mirror.home import Home
+    from frt.mirror.store.home import Home
     from tests.support.fakehub import FakeHub
 
     names, scale = (QUICK_REPOS, QUICK_SCALE) if args.quick else (tuple(REPOS), 1.0)

@@ -119,8 +119,8 @@ def main() -> None:
     if args.child:
         return emit(child_clients(args.child[0], args.child[1], int(args.child[2])))
     sys.path.insert(0, str(ROOT))
-    from frt.mirror.home import Home
-    from frt.mirror.stage import stage
+    from frt.mirror.stage.kernels import stage
+    from frt.mirror.store.home import Home
     from frt.resolver.hub import HubClient
     from frt.resolver.resolve import make_request
     from frt.resolver.targets import parse_target

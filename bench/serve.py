@@ -113,8 +113,8 @@ def wait_listening(port: int, proc: subprocess.Popen, what: str) -> None:
 def stage_big_file(tmp: Path, size: int, shard: int) -> dict:
     """Stage one fixture repo whose torch-universal build carries a `size`-byte and a `shard`-byte LFS
     file."""
-    from frt.mirror.home import Home
-    from frt.mirror.stage import stage
+    from frt.mirror.stage.kernels import stage
+    from frt.mirror.store.home import Home
     from frt.resolver.hub import HubClient
     from frt.resolver.resolve import make_request
     from frt.resolver.targets import parse_target
@@ -158,7 +158,7 @@ def s3_home(f: dict, tmp: Path, stack: contextlib.ExitStack) -> dict[str, str]:
     """The staged home's bundle imported into an S3 store (weed) with its ledger on PostgreSQL, both started
     here and stopped with `stack`; the environment a replica on it runs with (its home: tmp/s3-home)."""
     from frt.mirror.bundle import bundle, import_bundle
-    from frt.mirror.home import Home
+    from frt.mirror.store.home import Home
     from tests.support.pgserver import PgServer
     from tests.support.s3server import S3Server
 

@@ -1,4 +1,4 @@
-"""Staging: `frt.mirror.stage.stage` vs. the snapshot_download loop a user scripts today.
+"""Staging: `frt.mirror.stage.kernels.stage` vs. the snapshot_download loop a user scripts today.
 
     python -m bench.stage [--quick] [--store s3]
 
@@ -121,8 +121,8 @@ def child(kind: str, url: str, job: dict) -> dict:
                 cache_dir=Path(job["caches"]) / target,
             )
         return {"wall": time.perf_counter() - t0}
-    from frt.mirror.home import Home
-    from frt.mirror.stage import stage
+    from frt.mirror.stage.kernels import stage
+    from frt.mirror.store.home import Home
     from frt.resolver.hub import HubClient
     from frt.resolver.resolve import make_request
     from frt.resolver.targets import parse_target
@@ -271,7 +271,7 @@ def main() -> None:
 
     tmp_dir = tempfile.TemporaryDirectory(prefix="frt-bench-stage-")
     hub_env("http://unused.invalid", tmp_dir.name)  # the parent scans with the fake Hub's url explicitly
-    from frt.mirror.views import repo_folder
+    from frt.mirror.store.view_trees import repo_folder
     from frt.resolver.hub import HubClient
     from frt.resolver.ledger import Ledger
     from frt.resolver.resolution import Resolution

@@ -112,9 +112,9 @@ class Withdrawn(Base):
 
 
 class Demand(Base):
-    """What serve's kernels clients asked for and what it answered, counted per day (frt.mirror.demand): one
-    row per day x repo x what was asked x target x outcome (x client, only with serve
-    --demand-log-clients), never one per request."""
+    """What serve's kernels clients asked for and what it answered, counted per day
+    (frt.mirror.serve.demand_records): one row per day x repo x what was asked x target x outcome (x client,
+    only with serve --demand-log-clients), never one per request."""
 
     __tablename__ = "demand"
     day: Mapped[str] = mapped_column(String(10), primary_key=True)  # UTC, "2026-12-03"

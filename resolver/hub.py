@@ -1,5 +1,5 @@
 """A thin client of the upstream Hub (or of another frt-mirror) over huggingface_hub's session: refs,
-history, listings, small files, each org's trust. File bodies are `frt.mirror.transport`'s.
+history, listings, small files, each org's trust. File bodies are `frt.mirror.stage.transport`'s.
 
 Every request runs in the one retry loop (attempts.py) and is paced against the upstream's quota
 (pacing.py, per hop in wire.stream).
@@ -25,7 +25,9 @@ from huggingface_hub.errors import (
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
-from huggingface_hub.utils import build_hf_headers
+
+# huggingface_hub.utils re-exports it lazily, through an __all__ mypy cannot read: named where it is defined.
+from huggingface_hub.utils._headers import build_hf_headers
 
 from . import wire
 from .attempts import RetryPolicy, attempts

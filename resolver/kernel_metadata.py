@@ -12,7 +12,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,7 +21,7 @@ from .errors import FrtError
 from .gate import check_repo_id
 
 if TYPE_CHECKING:
-    from .resolution import Request
+    from .resolution import FileEntry, Request
 
 DIGEST_EXEMPT = ("metadata.json", "metadata.json.sigstore")
 
@@ -124,6 +124,17 @@ def validate_listing(meta: KernelMetadata, listing: Mapping[str, str]) -> list[s
     except DigestValidationError as e:
         return [str(v) for v in e.violations]
     return []
+
+
+ON_FILES = "its digest ({}) is checked on files, and an object store has none here"
+
+
+def listing_verdict(meta: KernelMetadata, pairs: Iterable[tuple[FileEntry, str]], variant: str) -> list[str] | None:
+    """validate_listing on the variant directory `pairs` lay out (each file, the sha256 of its verified
+    blob): stage judges a view before it is linked, verify a staged one again, from the same hashes."""
+    prefix = f"build/{variant}/"
+    listing = {f.path[len(prefix) :] if f.path.startswith(prefix) else f.path: sha for f, sha in pairs}
+    return validate_listing(meta, listing)
 
 
 def _dependency(dep: Any) -> Dependency:  # a kernel-depends entry of kernels' (untyped) Metadata

@@ -1,7 +1,7 @@
 """Small files one run has already read and checked, by git oid: scan reads every variant's metadata.json
 (and checks it against the listing's git oid); the stage in the same run stores those bytes instead of
 asking the upstream a second time (on the real Hub a resolve and its redirects, in the rate-limited
-resolvers' bucket). The mirror verifies them again as it verifies any download (mirror/transport.py)."""
+resolvers' bucket). The mirror verifies them again as it verifies any download (mirror/stage/transport.py)."""
 
 from __future__ import annotations
 

@@ -14,12 +14,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import cast
+from typing import TYPE_CHECKING, Any, cast
 
 from frt.manifests import KernelRef
-from frt.mirror.home import Home
 from frt.mirror.home_path import ledger_path
-from frt.mirror.records import blob_for
+from frt.mirror.store.home import Home
+from frt.mirror.store.records import blob_for
 from frt.resolver.errors import KernelUnavailable
 from frt.resolver.ledger import Ledger
 from frt.resolver.resolution import FileEntry, Resolution
@@ -28,6 +28,9 @@ from frt.resolver.targets import Target, host_target
 
 from .errors import SiteRefused
 
+if TYPE_CHECKING:
+    from frt.resolver.kernel_metadata import Dependency
+
 
 @dataclass(frozen=True)
 class LoadedKernel:
@@ -35,7 +38,7 @@ class LoadedKernel:
     resolution: Resolution
     path: Path  # the staged variant directory it was imported from
     module: ModuleType
-    metadata: dict  # that directory's metadata.json (a verified blob, the file the loader read)
+    metadata: dict[str, Any]  # that directory's metadata.json (a verified blob, the file the loader read)
 
     @property
     def archs(self) -> tuple[str, ...]:
@@ -60,7 +63,7 @@ class KernelSource:
         self.home, self.ledger, self.environ = home, ledger, environ
         self.target: Target = host_target()
         self.views = Home(home, ledger=ledger, readonly=True).views
-        self._done: dict[tuple, LoadedKernel | SiteRefused] = {}
+        self._done: dict[tuple[str, int | None, str | None], LoadedKernel | SiteRefused] = {}
 
     def get(self, ref: KernelRef) -> LoadedKernel:
         key = (ref.repo, ref.version, ref.revision)
@@ -131,7 +134,7 @@ class KernelSource:
         return self.views.variant_dir(res.repo, res.commit, res.variant)
 
 
-def _depends(ref: KernelRef, res: Resolution):
+def _depends(ref: KernelRef, res: Resolution) -> tuple[Dependency, ...]:
     """kernel-depends as `kernels` parses them (the same reading as stage's)."""
     from frt.resolver.kernel_metadata import MetadataInvalid, parse_metadata
 
@@ -154,10 +157,11 @@ def _import_staged(repo: str, path: Path, deps: dict[str, Path]) -> ModuleType:
     from kernels.validate import AllValidator, DependencyValidator
 
     paths = {**deps, repo: path}
-    return get_kernel_with_resolver(
+    module: ModuleType = get_kernel_with_resolver(
         api=HfApi(),  # only handed to install(), a no-op for local kernels
         backend=None,
         kernel=KernelDependency(repo_id=repo, version=KernelVersion.Version(0)),
         resolver=SequentialResolver([RepoPathsResolver(local_kernels=paths)]),
         metadata_validator=AllValidator(validators=[DependencyValidator()]),
     )
+    return module

@@ -327,7 +327,7 @@ def test_a_member_is_written_and_hashed_exactly_across_chunk_edges(tmp_path, siz
     import os
 
     from frt.mirror.bundle.extract import copy_member
-    from frt.mirror.store import digest_file
+    from frt.mirror.store.blobs import digest_file
 
     data = hashlib.shake_256(str(size).encode()).digest(size) if size else b""
     src, out = tmp_path / "archive", tmp_path / "out"

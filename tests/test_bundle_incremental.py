@@ -19,8 +19,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from frt.mirror.home import Home
-from frt.mirror.records import all_blobs, staged_rows
+from frt.mirror.store.home import Home
+from frt.mirror.store.records import all_blobs, staged_rows
 from frt.resolver.ledger.io import repo_record
 from tests.support.bundles import import_offline, rewrite, snapshot_data
 from tests.support.cli import ARM_CU, X86, run_cli, write_manifest

@@ -8,10 +8,10 @@ import hashlib
 
 import pytest
 
-from frt.mirror import fetch as fetch_module
-from frt.mirror.fetch import IntegrityError, fetch_file
-from frt.mirror.store import BlobStore
-from frt.mirror.transport import Transport
+from frt.mirror.stage import fetch as fetch_module
+from frt.mirror.stage.fetch import IntegrityError, fetch_file
+from frt.mirror.stage.transport import Transport
+from frt.mirror.store.blobs import BlobStore
 from frt.resolver.hub import HubClient
 from tests.support.fakehub import FakeHub, FakeRepo
 from tests.support.kernel_fixtures import ORG, variant_files

@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 
 from frt.mirror.events import last_events
-from frt.mirror.gc import SWEEP_AGE_S, plan
-from frt.mirror.home import Home
-from frt.mirror.records import all_blobs
+from frt.mirror.store.gc import SWEEP_AGE_S, plan
+from frt.mirror.store.home import Home
+from frt.mirror.store.records import all_blobs
 from tests.support.cli import X86, cli_env, one_line, run_cli, stage_json, write_manifest
 from tests.support.fakehub.repo import sha256
 from tests.support.kernel_fixtures import ACTIVATION, RELU, X86_CPU

@@ -111,7 +111,7 @@ def complete_files(hf_home: Path) -> list[bytes]:
 def quarantine_events(home: Path, timeout: float = 10) -> list[dict]:
     """The `quarantine` events (written by serve from a thread of its own: waited for)."""
     from frt.mirror.events import QUARANTINE, events_of
-    from frt.mirror.home import Home
+    from frt.mirror.store.home import Home
 
     deadline = time.monotonic() + timeout
     while True:
@@ -258,8 +258,8 @@ def test_the_cache_is_trusted_for_the_ttl_only(upstream, home, ranged):
     """Bit rot changes no metadata, so the cache can hold the key of a changed file. An entry older than
     FRT_SERVE_VERIFY_TTL (here 0) is not trusted: a whole GET hashes what it sends (cut), a Range
     hashes the whole blob first (500)."""
-    from frt.mirror.home import Home
     from frt.mirror.serve.run import make_app
+    from frt.mirror.store.home import Home
 
     big = original(upstream, BIG, BIG_FILE)
     flip(blob(home, big), AT)

@@ -4,6 +4,7 @@ with the CLI on top), and no library module grows past ~400 lines."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,6 +83,7 @@ PACKAGE_DIRS = {
     "frt.seats": "seats",
     "frt.adapters": "adapters",
     "frt.manifests": "manifests",
+    "bench": "bench",
 }
 
 
@@ -94,55 +96,132 @@ def _module_name(path: Path) -> str:
     raise ValueError(path)
 
 
-def _load_time_imports(path: Path, name: str, known: set[str]) -> set[str]:
-    """What importing the module imports: its top-level imports (not those inside functions, which run
-    later, nor `if TYPE_CHECKING:` ones), relative ones resolved."""
-    is_pkg = path.name == "__init__.py"
+def _imports_anywhere(path: Path, name: str, known: set[str]) -> set[str]:
+    """Every module of ours an import in `path` reaches, wherever it stands: at the top, inside a function,
+    under `if TYPE_CHECKING:` (an import moved into a function to break a cycle is still one). `from P
+    import x` reaches P itself too (P's __init__ runs first), and P.x where x is a module."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     out = set()
-    for node in ast.parse(path.read_text()).body:
+    for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            out |= {a.name for a in node.names}
+            out |= {_ours(a.name, known) for a in node.names}
         elif isinstance(node, ast.ImportFrom):
             if node.level:
-                base = name.split(".") if is_pkg else name.split(".")[:-1]
-                base = base[: len(base) - node.level + 1]
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
                 mod = ".".join(base + ([node.module] if node.module else []))
             else:
                 mod = node.module or ""
-            out |= {f"{mod}.{a.name}" if f"{mod}.{a.name}" in known else mod for a in node.names}
-    # A module's own packages are already importing when it loads: depending on them is no cycle.
-    return {m for m in out if m.startswith("frt") and not name.startswith(f"{m}.")}
+            out |= {_ours(mod, known)} | {_ours(f"{mod}.{a.name}", known) for a in node.names}
+    return out - {"", name}
 
 
-def test_nothing_below_imports_the_top_floor_and_modules_import_without_cycles():
-    """The CLI (frt.cli, and any module at frt's root) is the top floor: nothing below imports it. And no
-    module's import reaches itself again through others' (a cycle works only by the order things load)."""
+def _ours(module: str, known: set[str]) -> str:
+    """The module of ours that importing `module` (or a name in it) runs last; "" if none."""
+    while module and module not in known:
+        module = module.rpartition(".")[0]
+    return module
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The graph's strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while (w := stack.pop()) != v:
+                component.append(w)
+            if component:
+                out.append(sorted([v, *component]))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Module -> the modules of ours it imports anywhere, over the library and bench/."""
     files = {p: _module_name(p) for folder in PACKAGE_DIRS.values() for p in (ROOT / folder).rglob("*.py")}
     known = set(files.values())
+    return {name: _imports_anywhere(path, name, known) for path, name in files.items()}
+
+
+def test_nothing_below_imports_the_top_floor():
+    """The CLI (frt.cli, and any module at frt's root) is the top floor: nothing below imports it."""
     top = ("frt.cli", *(f"frt.{p.stem}" for p in (ROOT / "frt").glob("*.py") if p.stem != "__init__"))
-    graph = {}
-    up = []
-    for path, name in files.items():
-        deps = {d for d in _load_time_imports(path, name, known) if d in known and d != name}
-        graph[name] = deps
-        if not name.startswith(("frt.cli", "frt.__init__")) and name != "frt":
-            up += [f"{name} imports {n}" for n in imports(path) if n.startswith(top)]
+    up = [
+        f"{name} imports {dep}"
+        for name, deps in _import_graph().items()
+        if not name.startswith(("frt.cli", "bench")) and name != "frt"
+        for dep in sorted(deps)
+        if dep.startswith(top)
+    ]
     assert not up, "\n".join(up)
-    state, cycles = {}, []
 
-    def visit(n, stack):
-        state[n] = 1
-        for d in sorted(graph.get(n, ())):
-            if state.get(d) == 1:
-                cycles.append(" -> ".join(stack[stack.index(d) :] + [d]))
-            elif d not in state:
-                visit(d, stack + [d])
-        state[n] = 2
 
-    for n in sorted(graph):
-        if n not in state:
-            visit(n, [n])
-    assert not cycles, "\n".join(cycles)
+def test_no_import_cycles_in_the_library_or_bench():
+    """No module reaches itself again through others' imports, counting every import: one inside a
+    function or under TYPE_CHECKING is still an edge (a cycle that works only by the order things load,
+    or because an import waits for a call, is still a cycle)."""
+    cycles = _cycles(_import_graph())
+    assert not cycles, "\n".join(" <-> ".join(c) for c in cycles)
+
+
+# frt.mirror's rooms, along the data's path: each may import the flat modules at mirror's top and the
+# rooms it names (mirror/__init__.py and each room's __init__ say the same). Flat modules import no room.
+ROOMS = {
+    "store": (),
+    "stage": ("store",),
+    "views": ("store",),
+    "bisect": ("store", "stage", "views"),
+    "bundle": ("store", "stage"),
+    "serve": ("store", "stage"),
+}
+FLAT_AT_MIRROR = {"home_path", "schema", "events"}
+
+
+def _room(module: str) -> str:
+    """frt.mirror.<room>.x -> room; a flat module of frt.mirror -> "flat"."""
+    part = module.split(".")[2] if module.count(".") >= 2 else ""
+    return part if part in ROOMS else "flat"
+
+
+def test_mirror_is_rooms_along_the_datas_path():
+    assert {p.name for p in (ROOT / "mirror").iterdir() if p.suffix == ".py"} == {
+        "__init__.py",
+        *(f"{m}.py" for m in FLAT_AT_MIRROR),
+    }
+    assert {p.name for p in (ROOT / "mirror").iterdir() if p.is_dir() and (p / "__init__.py").exists()} == set(ROOMS)
+    bad = []
+    for name, deps in _import_graph().items():
+        if not name.startswith("frt.mirror."):
+            continue
+        room, allowed = _room(name), ROOMS.get(_room(name), ())
+        for dep in sorted(d for d in deps if d.startswith("frt.mirror.")):
+            there = _room(dep)
+            if there != room and there != "flat" and there not in allowed:
+                bad.append(f"{name} ({room}) imports {dep} ({there})")
+    assert not bad, "\n".join(bad)
+    for room, allowed in ROOMS.items():
+        doc = ast.get_docstring(ast.parse((ROOT / "mirror" / room / "__init__.py").read_text())) or ""
+        said = doc.rpartition("May import:")[2] if "May import:" in doc else ""
+        assert (
+            said
+            and all(r in said for r in allowed)
+            and not (set(ROOMS) - {room, *allowed}) & set(re.findall(r"\w+", said))
+        ), f"mirror/{room}/__init__.py must say which rooms it may import: {allowed or 'none'}"
 
 
 def _is_test_module(name: str) -> bool:

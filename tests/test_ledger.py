@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from frt.mirror.home import Home
 from frt.mirror.schema import MIRROR_TRACK, MIRROR_VERSION
-from frt.mirror.tokens import list_tokens
+from frt.mirror.serve.tokens import list_tokens
+from frt.mirror.store.home import Home
 from frt.resolver.core import resolve_request
 from frt.resolver.errors import LedgerCorrupt
 from frt.resolver.ledger import Ledger

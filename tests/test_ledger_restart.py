@@ -17,9 +17,9 @@ import pytest
 import sqlalchemy as sa
 
 from frt.mirror.events import record_event
-from frt.mirror.home import open_ledger
-from frt.mirror.records import staged_rows
 from frt.mirror.schema import MIRROR_TRACK
+from frt.mirror.store.home import open_ledger
+from frt.mirror.store.records import staged_rows
 from frt.resolver.errors import LedgerUnavailable
 from frt.resolver.ledger import Ledger
 from tests.support.cli import EXE, cli_env, run_cli

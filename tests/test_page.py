@@ -55,7 +55,7 @@ def staged(tmp_path_factory):
 
 
 def _record_hostile(home: Path, matrix: dict) -> None:
-    from frt.mirror.home import Home
+    from frt.mirror.store.home import Home
     from frt.resolver.resolution import Refusal, Request
     from frt.resolver.targets import parse_target
 
@@ -158,8 +158,8 @@ def test_the_page_over_http(staged):
 
 def test_the_page_data(staged):
     """Decisions as data: each cell's state and text come from the ledger, not from the template."""
-    from frt.mirror.home import Home
     from frt.mirror.serve.page import operator_view
+    from frt.mirror.store.home import Home
 
     home, rows, matrix = staged
     h = Home(home)
@@ -246,9 +246,9 @@ def test_wheel_carries_the_templates(tmp_path):
 def test_a_pulled_through_variant_serves_the_targets_that_choose_it(staged, tmp_path):
     """serve --upstream records a pulled variant under no target (`pulled:<variant>`): on the page it
     is served for every target whose choice it is at that commit, and names no column of its own."""
-    from frt.mirror.home import Home
-    from frt.mirror.records import PULLED, StagedRow, record_staged_rows
     from frt.mirror.serve.page import Cell, operator_view
+    from frt.mirror.store.home import Home
+    from frt.mirror.store.records import PULLED, StagedRow, record_staged_rows
 
     home, _, _ = staged
     shutil.copytree(home, tmp_path / "home")

@@ -16,7 +16,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from frt.mirror.home import Home
+from frt.mirror.store.home import Home
 from tests.support.cli import EXE, X86, cli_env, run_cli
 from tests.support.fakehub.wire import LoggedRequest
 from tests.support.quota import DRIFT, STEADY, TIGHT, quota_hub

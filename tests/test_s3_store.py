@@ -103,8 +103,8 @@ def test_verify_streams_every_object_and_names_a_flipped_byte(hub, tmp_path, man
 def test_an_object_once_written_is_never_replaced(tmp_path, pg_url, s3_server, s3_store, monkeypatch):
     """Two uploads of one key: the first stays (a conditional PUT, If-None-Match: *), whatever the second
     carries; and the server refuses bytes whose sha256 is not the one the PUT names."""
-    from frt.mirror.s3store import S3BlobStore
-    from frt.mirror.store import digest_file
+    from frt.mirror.store.blobs import digest_file
+    from frt.mirror.store.s3 import S3BlobStore
 
     for k, v in s3_server.env().items():
         monkeypatch.setenv(k, v)

@@ -224,7 +224,7 @@ def test_python_api_validates_too():
 
 def test_catalog_and_resolver_need_no_torch():
     code = (
-        "import sys, frt.manifests, frt.resolver, frt.mirror.stage, frt.mirror.env; "
+        "import sys, frt.manifests, frt.resolver, frt.mirror.stage.kernels, frt.mirror.views.env; "
         "frt.manifests.load_seat_catalog(frt.manifests.EXAMPLES / 'seats-qwen3.toml'); "
         "print('torch' in sys.modules)"
     )

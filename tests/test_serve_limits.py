@@ -26,8 +26,8 @@ REFS = f"/api/kernels/{RELU}/refs"
 
 @pytest.fixture(scope="module")
 def home(tmp_path_factory) -> Path:
-    from frt.mirror.home import Home
-    from frt.mirror.stage import stage
+    from frt.mirror.stage.kernels import stage
+    from frt.mirror.store.home import Home
     from frt.resolver.hub import HubClient
     from frt.resolver.resolve import make_request
     from frt.resolver.targets import parse_target

@@ -44,8 +44,8 @@ class Staged(SimpleNamespace):
 
 @pytest.fixture(scope="module")
 def staged(tmp_path_factory) -> Staged:
-    from frt.mirror.home import Home
-    from frt.mirror.stage import stage
+    from frt.mirror.stage.kernels import stage
+    from frt.mirror.store.home import Home
     from frt.resolver.hub import HubClient
     from frt.resolver.resolve import make_request
     from frt.resolver.targets import parse_target
@@ -377,10 +377,10 @@ BODIES = st.one_of(
 @pytest.fixture(scope="module")
 def apps(staged, tmp_path_factory):
     """The app as `serve` builds it (open: no tokens), and one behind a token."""
-    from frt.mirror.home import Home
     from frt.mirror.serve.app import MirrorApp
     from frt.mirror.serve.run import make_app
-    from frt.mirror.tokens import TokenCheck, add_token, token_hashes
+    from frt.mirror.serve.tokens import TokenCheck, add_token, token_hashes
+    from frt.mirror.store.home import Home
 
     open_app = make_app(Home(staged.home), frozenset([ORG]))
     tokens = Home(tmp_path_factory.mktemp("tokens")).ledger

@@ -63,7 +63,7 @@ def test_stage_fetches_exactly_the_needed_files_and_reruns_for_free(hub, home, m
     assert run_cli("verify", home=home).returncode == 0
     # Each stage that staged something is one event (the operator's page shows the last one).
     from frt.mirror.events import last_events
-    from frt.mirror.home import Home
+    from frt.mirror.store.home import Home
 
     h = Home(home)
     try:

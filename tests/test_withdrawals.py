@@ -13,8 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from frt.mirror.home import Home
-from frt.mirror.records import staged_rows
+from frt.mirror.store.home import Home
+from frt.mirror.store.records import staged_rows
 from tests.support.bundles import import_offline
 from tests.support.cli import X86, run_cli, write_manifest
 from tests.support.fakehub import FakeHub, FakeRepo

@@ -24,7 +24,7 @@ from frt.resolver.targets import parse_target
 from .say import say
 
 if TYPE_CHECKING:  # the home, the ledger and the Hub client are imported by the commands that use them
-    from frt.mirror.home import Home
+    from frt.mirror.store.home import Home
     from frt.resolver.hub import HubClient
     from frt.resolver.ledger import Ledger
 
@@ -42,7 +42,7 @@ class App:
     def home(self) -> Home:
         """The home every command works on (its root made absolute: views and LOCAL_KERNELS name it)."""
         if self._home is None:
-            from frt.mirror.home import Home
+            from frt.mirror.store.home import Home
 
             self._home = Home(self.root.absolute(), ledger_url=self.ledger_url, store_url=self.store_url)
         return self._home

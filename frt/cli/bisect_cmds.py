@@ -26,8 +26,8 @@ from .say import say
 def pin_cmd(app: App, repo, revision, target, fmt, endpoint):
     """The environment that loads REPO at exactly REVISION: FRT_KERNEL_REV_<ID> and LOCAL_KERNELS
     (the commit is staged first if it is not yet)."""
-    from frt.mirror.env import render_sh
-    from frt.mirror.pin import pin_env
+    from frt.mirror.bisect.pin import pin_env
+    from frt.mirror.views.env import render_sh
 
     check_writable(app.root, "pin records what upstream has and stages the commit it pins")
     try:
@@ -116,7 +116,7 @@ def bisect_cmd(
     if perf is not None:
         _bisect_perf(check_repo_id(repo), perf, common, as_json)
 
-    from frt.mirror.bisect import bisect
+    from frt.mirror.bisect.by_revision import bisect
 
     def show(step):
         if not as_json:
@@ -143,7 +143,7 @@ def bisect_cmd(
 
 def _bisect_perf(repo, perf, common, as_json):
     """The performance mode: each step on stderr as it is decided, then the result; exits."""
-    from frt.mirror.bisect_perf import bisect_metric
+    from frt.mirror.bisect.by_metric import bisect_metric
 
     def progress(step):
         if not as_json:
@@ -161,7 +161,7 @@ def _metric(pattern, higher, repeat, threshold, interleave):
     """The performance mode's settings, or None for a correctness bisect (exit codes only)."""
     import re
 
-    from frt.mirror.bisect_perf import Metric
+    from frt.mirror.bisect.by_metric import Metric
 
     if pattern is None:
         given = [

@@ -1,4 +1,4 @@
-"""The fleet's demand (mirror/demand.py): `report --demand` (ledger_cmds.report_cmd calls here) and
+"""The fleet's demand (mirror/serve/demand_records.py): `report --demand` (ledger_cmds.report_cmd calls here) and
 `demand manifest`, which writes the misses as a manifest for `stage` on the connected box."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from .app import App, cli, emit_json
 from .render import table
 
 if TYPE_CHECKING:
-    from frt.mirror.demand import DemandLine
+    from frt.mirror.serve.demand_records import DemandLine
 
 _UNITS = {"m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
@@ -40,7 +40,7 @@ since_option = click.option(
 
 
 def demand_lines(app: App, since: timedelta | None) -> list[DemandLine]:
-    from frt.mirror.demand import demand_lines as lines
+    from frt.mirror.serve.demand_records import demand_lines as lines
 
     return lines(app.home.ledger, app.home.staged(), since)
 
@@ -105,7 +105,7 @@ def demand_group():
 @click.pass_obj
 def demand_manifest_cmd(app: App, since):
     """Print a manifest of every miss not staged since: stage it on the connected box."""
-    from frt.mirror.demand import misses_manifest
+    from frt.mirror.serve.demand_records import misses_manifest
 
     text, count = misses_manifest(demand_lines(app, since))
     if not count:

@@ -61,7 +61,7 @@ def env_cmd(app: App, target, serve_url, engine, seats, python_dir, versions, in
     (the frt package and the plugin's dist-info, written to --python-dir), FRT_MIRROR_HOME, FRT_SEATS
     and the engine's plugin allow-list."""
     from frt.adapters.engine_env import check_catalog, engine_vars
-    from frt.mirror.env import TELEMETRY_WARNING, endpoint_vars, env_vars, local_kernels, pip_line, render_sh
+    from frt.mirror.views.env import TELEMETRY_WARNING, endpoint_vars, env_vars, local_kernels, pip_line, render_sh
 
     if (seats or python_dir) and not engine:
         raise BadInput("--seats and --python-dir go with --engine vllm|sglang")

@@ -33,7 +33,7 @@ def gc_cmd(app: App, dry_run, as_json):
     """Remove blobs no staged row and no view references, and partial downloads of dead runs.
 
     Waits for a stage or import running in this home (and they wait for it)."""
-    from frt.mirror.gc import collect
+    from frt.mirror.store.gc import collect
 
     _existing(app)
     check_writable(app.root, "gc removes blobs and their ledger rows (--dry-run as well: it takes the store's lock)")
@@ -54,7 +54,7 @@ def unstage_cmd(app: App, spec, target, as_json):
     """Drop a staged set: its staged rows and the views no other row needs; then 'gc' reclaims its blobs.
 
     REV: a staged version (v1), branch, tag or commit (default: everything staged of REPO)."""
-    from frt.mirror.unstage import parse_spec, unstage
+    from frt.mirror.store.unstage import parse_spec, unstage
 
     repo, rev = parse_spec(spec)
     target = str(parse_target(target)) if target is not None else None

@@ -8,7 +8,7 @@ import click
 
 from frt.manifests.fields import MAX_INT
 from frt.mirror.home_path import check_writable
-from frt.mirror.progress import human_bytes
+from frt.mirror.stage.progress import human_bytes
 from frt.resolver.errors import BadInput, KernelUnavailable, exit_code
 from frt.resolver.gate import check_repo_id
 
@@ -129,7 +129,7 @@ def resolve_cmd(app: App, repo, version, revision, target, offline, endpoint, as
 def matrix_cmd(app: App, repo, targets, html, as_json):
     """Availability from the ledger: revision × variant, and which targets each revision serves."""
     check_repo_id(repo)
-    from frt.mirror.records import MODEL_TARGET, repo_types
+    from frt.mirror.store.records import MODEL_TARGET, repo_types
     from frt.resolver.matrix import build_matrix
     from frt.resolver.targets import parse_target
 

@@ -16,7 +16,7 @@ from frt.mirror.serve.nginx import (
     parse_address,
 )
 from frt.mirror.serve.nginx_s3 import S3Endpoint, store_endpoint
-from frt.mirror.store import store_root
+from frt.mirror.store.blobs import store_root
 from frt.resolver.errors import BadInput
 
 from .app import App, cli

@@ -6,12 +6,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from frt.mirror.progress import human_bytes
+from frt.mirror.stage.progress import human_bytes
 
 if TYPE_CHECKING:  # the reports' modules bring the ledger's libraries: not at the CLI's start-up
     from frt.mirror.bundle.format import BundleReport
-    from frt.mirror.gc import GcReport
-    from frt.mirror.unstage import UnstageReport
+    from frt.mirror.store.gc import GcReport
+    from frt.mirror.store.unstage import UnstageReport
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:

@@ -333,7 +333,7 @@ def token_group():
 @click.pass_obj
 def token_add(app: App, name):
     """Create a token and print it (the only time it is shown; the ledger keeps its hash)."""
-    from frt.mirror.tokens import add_token
+    from frt.mirror.serve.tokens import add_token
 
     check_writable(app.root, "token add writes the ledger")
     click.echo(add_token(app.ledger, name))
@@ -343,7 +343,7 @@ def token_add(app: App, name):
 @json_option
 @click.pass_obj
 def token_list(app: App, as_json):
-    from frt.mirror.tokens import list_tokens
+    from frt.mirror.serve.tokens import list_tokens
 
     rows = list_tokens(app.ledger)
     if as_json:
@@ -356,7 +356,7 @@ def token_list(app: App, as_json):
 @click.argument("name")
 @click.pass_obj
 def token_revoke(app: App, name):
-    from frt.mirror.tokens import revoke_token
+    from frt.mirror.serve.tokens import revoke_token
 
     check_writable(app.root, "token revoke writes the ledger")
     revoke_token(app.ledger, name)

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from frt.mirror.home_path import check_writable
-from frt.mirror.progress import human_bytes
+from frt.mirror.stage.progress import human_bytes
 from frt.resolver.errors import FrtError
 
 from .app import App, cli, emit_json, endpoint_option, json_option, parse_targets
@@ -44,11 +44,11 @@ def stage_cmd(app: App, manifest, targets, jobs, endpoint, wheel_index, quiet, a
     MANIFEST: an frt manifest TOML, a pyproject.toml with [tool.kernels.dependencies], or a
     kernels.lock (default: the current directory's frt-manifest.toml, pyproject.toml or kernels.lock).
     """
-    from frt.mirror.manifest_input import load_plan
-    from frt.mirror.models import stage_models
-    from frt.mirror.stage import StageReport, stage
-    from frt.mirror.storelock import store_writer
-    from frt.mirror.wheels import default_index
+    from frt.mirror.stage.kernels import StageReport, stage
+    from frt.mirror.stage.manifest_input import load_plan
+    from frt.mirror.stage.models import stage_models
+    from frt.mirror.stage.wheels import default_index
+    from frt.mirror.store.lock import store_writer
 
     check_writable(app.root, "stage writes the ledger, the store and the views")
     app.ride_out()
@@ -138,7 +138,7 @@ def _untrusted_orgs(app: App, report) -> list[str]:
 @click.pass_obj
 def verify_cmd(app: App, as_json):
     """Re-hash every blob and check every view link; exit 1 with a list on any mismatch."""
-    from frt.mirror.verify import verify
+    from frt.mirror.store.verify import verify
 
     report = verify(app.home)
     if as_json:
@@ -185,8 +185,8 @@ def export_cache_cmd(app: App, out, target, wheels_to, keep, as_json):
 
     Into a folder it wrote before, OUT is made to hold what the home stages for every target exported into
     it: refs, snapshots and blobs withdrawn since are removed (unless --keep)."""
-    from frt.mirror.env import pip_line
-    from frt.mirror.hfcache import export_cache, wheels_needed
+    from frt.mirror.views.env import pip_line
+    from frt.mirror.views.hfcache import export_cache, wheels_needed
 
     wheels = wheels_needed(app.home, target)
     wheels_to = (wheels_to or out.with_name(f"{out.name}-wheels")) if wheels else None
@@ -277,7 +277,7 @@ def import_cmd(app: App, src, require_signature, allow_rollback, quiet, as_json)
 
     An incremental bundle ('bundle --since') imports only into a home that holds its base."""
     from frt.mirror.bundle import import_bundle
-    from frt.mirror.storelock import store_collector
+    from frt.mirror.store.lock import store_collector
 
     check_writable(app.root, "import writes the ledger, the store and the views")
     app.ride_out()

@@ -24,8 +24,8 @@ from frt.resolver.ledger.rows import PublisherInfo
 from frt.resolver.resolution import FileEntry, Request, VariantInfo, parent_chain
 from frt.resolver.targets import parse_target
 
-from ..records import MODEL_SELECTION, PULLED, StagedRow, WheelRecord
-from ..store import Digest
+from ..store.blobs import Digest
+from ..store.records import MODEL_SELECTION, PULLED, StagedRow, WheelRecord
 from .format import READS, UNSTAGES, WHEELS
 from .state import check_state
 

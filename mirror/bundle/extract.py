@@ -15,7 +15,7 @@ import os
 import threading
 from collections.abc import Callable
 
-from ..store import Digest
+from ..store.blobs import Digest
 from .format import BundleRejected
 
 CHUNK = 4 << 20  # fewer system calls and hash calls per MiB than 1 MiB

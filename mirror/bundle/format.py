@@ -33,8 +33,8 @@ from pathlib import Path
 
 from frt.resolver.errors import VerificationFailed
 
-from ..records import StagedRow
-from ..store import CHUNK, Digest
+from ..store.blobs import CHUNK, Digest
+from ..store.records import StagedRow
 
 FORMAT = 3
 UNSTAGES = 4  # the format of a bundle that carries removals

@@ -23,9 +23,10 @@ from frt.resolver.ledger.retry import retried
 from frt.resolver.resolution import FileEntry
 
 from ..events import events_with_ref, record_event
-from ..home import Home
-from ..progress import Progress
-from ..records import (
+from ..stage.progress import Progress
+from ..store.blobs import BlobStore, Digest
+from ..store.home import Home
+from ..store.records import (
     StagedRow,
     blob_for,
     delete_staged,
@@ -34,11 +35,9 @@ from ..records import (
     record_wheels,
     staged_rows,
 )
-from ..store import BlobStore, Digest
-from ..unstage import drop_views
-from ..views import link_wheels
-from ..withdrawn import forget_withdrawn, withdrawn_after
-from . import signing
+from ..store.unstage import drop_views
+from ..store.view_trees import link_wheels
+from ..store.withdrawn import forget_withdrawn, withdrawn_after
 from .check import Manifest, check_manifest
 from .extract import copiers, copy_member
 from .format import (
@@ -51,6 +50,8 @@ from .format import (
     bundle_id,
     read_head,
 )
+from .signing import check as check_signature
+from .signing import key_id, load_public
 from .state import base_refusal, missing_here, without
 
 
@@ -62,9 +63,9 @@ def import_bundle(
     progress: bool = False,
     allow_rollback: bool = False,
 ) -> BundleReport:
-    """`allow_rollback`: also stage again the rows this home withdrew after the bundle was written (withdrawn.py);
+    """`allow_rollback`: also stage again the rows this home withdrew after the bundle was written (store/withdrawn.py);
     without it they are skipped, and the report names them."""
-    key = signing.load_public(require_signature) if require_signature else None  # bad input: before any read
+    key = load_public(require_signature) if require_signature else None  # bad input: before any read
     ledger, store = home.ledger, home.store
     parts: dict[str, Path | None] = {}  # sha -> its .part in tmp/ (None: already in the store)
     try:
@@ -85,10 +86,10 @@ def import_bundle(
     # ledger row in one transaction, so a failure there leaves the ledger as it was and a rerun
     # completes the import (blobs and views already in place are kept, not redone).
     store.commit_synced([(part, m.listed[sha]) for sha, part in parts.items() if part is not None])
-    if not home.store_url:  # an object store's blobs have no views (s3store.py)
+    if not home.store_url:  # an object store's blobs have no views (store/s3.py)
         views = home.views
         for row, pairs in m.staged:
-            if not row.is_model and row.key not in skip:  # models have no view (frt.mirror.models)
+            if not row.is_model and row.key not in skip:  # models have no view (frt.mirror.stage.models)
                 views.link(row.repo, row.commit, row.variant, pairs)
         link_wheels(home.root, store, m.wheels)
     report, gone = ledger.retrying(_record_import, ledger, src, m, ident, signer, parts, skip)
@@ -276,9 +277,9 @@ def _check_signature(manifest: bytes, signature: bytes | None, key) -> str | Non
         return None
     if signature is None:
         raise BundleRejected(f"the bundle is not signed (no {SIGNATURE}), and --require-signature was given")
-    if problem := signing.check(manifest, signature, key):
+    if problem := check_signature(manifest, signature, key):
         raise BundleRejected(problem)
-    return signing.key_id(key)
+    return key_id(key)
 
 
 def _pair_from_home(m: Manifest, home: Home) -> None:

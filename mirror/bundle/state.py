@@ -32,8 +32,8 @@ from frt.resolver.ledger.io import repo_record
 from frt.resolver.ledger.retry import retried
 
 from ..events import events_with_ref
-from ..home import Home
-from ..records import MODEL_TARGET, recorded_blobs, staged_rows
+from ..store.home import Home
+from ..store.records import MODEL_TARGET, recorded_blobs, staged_rows
 
 _KEYS = ("blobs", "repos", "staged", "publishers")
 

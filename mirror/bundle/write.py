@@ -15,11 +15,10 @@ from frt.resolver.ledger.io import repo_record
 from frt.resolver.ledger.migrations import utcnow
 
 from ..events import record_event
-from ..home import Home
-from ..progress import Progress
-from ..records import StagedRow, all_blobs, blob_for, staged_rows, wheel_rows
-from ..store import BlobStore, Digest
-from . import signing
+from ..stage.progress import Progress
+from ..store.blobs import BlobStore, Digest
+from ..store.home import Home
+from ..store.records import StagedRow, all_blobs, blob_for, staged_rows, wheel_rows
 from .format import (
     FORMAT,
     MANIFEST,
@@ -33,6 +32,8 @@ from .format import (
     bundle_id,
     read_head,
 )
+from .signing import key_id, load_private
+from .signing import sign as sign_manifest
 from .state import cumulative_state, delta, unstaged_since
 
 
@@ -48,7 +49,7 @@ def bundle(
     """Write OUT: a full bundle of what is staged (for `targets`, default all), or with `since` an
     incremental one that carries only the blobs and records PREV (and its bases) do not, naming
     PREV as its base. With `sign`, a private key's signature over the manifest travels with it."""
-    key = signing.load_private(sign) if sign else None  # a bad key is refused before any work
+    key = load_private(sign) if sign else None  # a bad key is refused before any work
     base = _read_base(since) if since else None
     rows = _rows(home, targets)
     if not out.parent.is_dir():
@@ -70,7 +71,7 @@ def bundle(
     else:
         del doc["wheels"]  # a bundle without wheels reads as it did before them
     manifest = json.dumps(doc, indent=1, sort_keys=True).encode()
-    signature = signing.sign(manifest, key) if key else None
+    signature = sign_manifest(manifest, key) if key else None
     meter = Progress(sum(d.size for d in blobs), len(blobs), label="bundle") if progress else None
     try:
         _write_tar(out, manifest, signature, blobs, home.store, meter)
@@ -85,7 +86,7 @@ def bundle(
         id=bundle_id(manifest),
         base=base["id"] if base is not None else None,
         base_name=base["name"] if base is not None else None,
-        signed_by=signing.key_id(key.public_key()) if key is not None else None,
+        signed_by=key_id(key.public_key()) if key is not None else None,
         unstaged=gone,
     )
     if not home.ledger.readonly:  # a cluster's read-only home bundles too, and keeps no record of it

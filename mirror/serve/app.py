@@ -31,11 +31,10 @@ from frt.resolver.errors import FrtError
 from . import simple
 from .accel import accel_headers, accel_ok
 from .accesslog import AccessLog, Counted
-from .blob import BlobResponse, file_headers
+from .blob import BlobResponse, FileIntegrity, file_headers
 from .catalog import Catalog, ServedCommit, ServedRepo, dir_oid, etag_of
 from .demand import DemandRecorder
 from .hot import HotTable
-from .integrity import Integrity
 from .objects import ObjectIntegrity
 from .protocol import (
     TOKEN_HINT,
@@ -88,7 +87,7 @@ class MirrorApp:
         self._hot = HotTable()  # answers given before, by raw path: see hot() and fast_head()
         self.metrics: Metrics | None = None
         self.operator: OperatorRoutes | None = None
-        self.integrity: Integrity | ObjectIntegrity = Integrity()
+        self.integrity: FileIntegrity | ObjectIntegrity = FileIntegrity()
         self.demand = DemandRecorder()  # what kernels clients ask for (demand.py); make_app gives it the ledger
 
     async def __call__(self, scope, receive, send):

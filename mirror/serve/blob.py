@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import hashlib
-import logging
 import os
 from collections.abc import Sequence
 
@@ -14,12 +13,12 @@ import anyio
 from starlette.responses import Response
 
 from .catalog import ServedFile
+from .cut import cut
 from .integrity import Integrity, file_key
 from .protocol import HubError
 
 CHUNK = 4 << 20
 INLINE = 256 << 10  # bodies up to this size are read on the event loop (see BlobResponse)
-log = logging.getLogger("frt.serve")
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -162,18 +161,8 @@ class BlobResponse(Response):
 
     def _cut(self, sent: int, problem: str) -> int:
         """End the answer short: returning with the body incomplete makes the server close the connection
-        (uvicorn's line for that is dropped, see stream.CutSaid: this one says why)."""
-        from .stream import _cut_said
-
-        log.warning(
-            "frt-mirror: serve: %s: answer cut after %d of %d bytes: %s",
-            self.file.path,
-            sent,
-            self.end - self.start,
-            problem,
-        )
-        _cut_said.set(True)
-        return sent
+        (cut.py: this says why)."""
+        return cut(self.file.path, sent, self.end - self.start, problem)
 
     async def _refuse(self, error, scope, receive, send) -> int:
         self.status_code = error.status
@@ -182,5 +171,22 @@ class BlobResponse(Response):
 
     def _integrity(self) -> Integrity:
         if self.integrity is None:
-            self.integrity = Integrity()
+            self.integrity = FileIntegrity()
         return self.integrity
+
+
+class FileIntegrity(Integrity):
+    """Integrity on read over a filesystem store: its answers are BlobResponses (objects.ObjectIntegrity
+    is an object store's)."""
+
+    def response(
+        self,
+        f: ServedFile,
+        start: int,
+        end: int,
+        status: int,
+        headers: Sequence[tuple[bytes, bytes]],
+        head: bool = False,
+    ) -> BlobResponse:
+        """The answer that sends `f`'s bytes [start, end) under `headers`."""
+        return BlobResponse(f, start, end, status, headers, head=head, integrity=self)

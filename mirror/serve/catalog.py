@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from ..home import Home
-from ..records import blob_for, repo_types, staged_rows, wheel_rows
-from ..tokens import token_hashes
+from ..store.home import Home
+from ..store.records import blob_for, repo_types, staged_rows, wheel_rows
+from .tokens import token_hashes
 
 VERSION_BRANCH = re.compile(r"v\d+")
 

@@ -1,4 +1,4 @@
-"""serve's count of what its kernels clients ask for (the fleet's demand, mirror/demand.py).
+"""serve's count of what its kernels clients ask for (the fleet's demand, mirror/serve/demand_records.py).
 
 A kernels client names its system in its User-Agent (`kernels/0.17.2; python/3.11; backend/cu130;
 platform/x86_64-linux; file_type/kernel; torch/2.11.0`): that is the target it asks for. One load is one
@@ -32,7 +32,7 @@ from frt.resolver.errors import FrtError
 from frt.resolver.targets import make_target
 from frt.resolver.variants import accepted
 
-from ..demand import SERVED, Ask, Tally
+from .demand_records import SERVED, Ask, Tally
 
 log = logging.getLogger("frt.serve")
 INTERVAL = 2.0

@@ -30,7 +30,7 @@ import tempfile
 from collections.abc import Callable, Collection
 from pathlib import Path
 
-from ..store import blob_relpath
+from ..store.blobs import blob_relpath
 from .catalog import Catalog, ServedFile
 
 KEY_MAX = 200  # nginx-conf sets map_hash_bucket_size 256: a longer key would not fit a bucket

@@ -41,7 +41,7 @@ from frt.resolver.settings import env_number
 
 from ..events import QUARANTINE
 from ..home_path import HomeLayout
-from ..store import blob_relpath
+from ..store.blobs import blob_relpath
 from .catalog import ServedFile
 from .protocol import HubError
 
@@ -80,12 +80,6 @@ class Integrity:
         self.bad: dict[str, tuple | None] = {}  # sha256 -> key of the file found bad; None: gone from the store
         self._checks: dict[str, asyncio.Future] = {}  # sha256 -> its whole-blob check in flight
         self.counter = quarantine_counter(metrics) if metrics is not None else None
-
-    def response(self, f: ServedFile, start: int, end: int, status: int, headers, head: bool = False):
-        """The answer that sends `f`'s bytes [start, end) under `headers` (objects.py has an object store's)."""
-        from .blob import BlobResponse
-
-        return BlobResponse(f, start, end, status, headers, head=head, integrity=self)
 
     def handoff(self, f: ServedFile, prefix: str) -> tuple | None:
         """The headers (X-Accel-Redirect) that hand a GET of `f` to nginx, which sends the file from its

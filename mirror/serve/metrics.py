@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
-    from ..home import Home
+    from ..store.home import Home
 
 ROUTES = (
     "resolve",

@@ -16,8 +16,8 @@ from frt.resolver.archs import Declared, uncovered
 from frt.resolver.targets import parse_target
 from frt.resolver.variants import by_name_best
 
-from ..home import Home
-from ..records import MODEL_TARGET, staged_rows
+from ..store.home import Home
+from ..store.records import MODEL_TARGET, staged_rows
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from urllib.parse import urlsplit
 from frt.resolver.settings import env_number
 
 from .catalog import ServedFile
+from .cut import cut
 from .integrity import MAX_ENTRIES, TTL_ENV, quarantine_counter, record_quarantine
 from .protocol import HubError
 
@@ -290,13 +291,4 @@ class ObjectResponse:
         await send({"type": "http.response.start", "status": self.status_code, "headers": list(self.raw_headers)})
 
     def _cut(self, sent: int) -> int:
-        from .stream import _cut_said
-
-        log.warning(
-            "frt-mirror: serve: %s: answer cut after %d of %d bytes: the object failed verification",
-            self.file.path,
-            sent,
-            self.end - self.start,
-        )
-        _cut_said.set(True)
-        return sent
+        return cut(self.file.path, sent, self.end - self.start, "the object failed verification")

@@ -30,12 +30,12 @@ from frt.resolver.matrix import Matrix, MatrixRow, build_matrix, targets_named_b
 from frt.resolver.targets import Target, parse_target
 from frt.resolver.variants import decide, parse_fields
 
-from ..demand import DemandLine, demand_lines
 from ..events import EventRow, last_events, pulled_by_repo
-from ..home import Home
-from ..progress import human_bytes
-from ..records import PULLED, StagedRow
 from ..schema import Blob
+from ..stage.progress import human_bytes
+from ..store.home import Home
+from ..store.records import PULLED, StagedRow
+from .demand_records import DemandLine, demand_lines
 from .name_picks import NamePick, name_picks
 
 DEMAND_WINDOW, DEMAND_ROWS = timedelta(days=7), 12  # the page's "asked for" card: the last week, the most asked
@@ -110,7 +110,7 @@ class OperatorView:
     events: dict[str, EventRow]
     by_target: tuple[tuple[str, int, int], ...]  # (target, staged sets, bytes), over every repo
     name_picks: tuple[NamePick, ...] = ()  # where serve's clients would pick by name a build their GPUs refuse
-    demand: tuple[DemandLine, ...] = ()  # repo x target the fleet asked for and missed, lately (demand.py)
+    demand: tuple[DemandLine, ...] = ()  # repo x target the fleet asked for and missed, lately (demand_records.py)
 
 
 def operator_view(

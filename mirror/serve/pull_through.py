@@ -33,10 +33,12 @@ from frt.resolver.scan import heads_without_history, scan
 from frt.resolver.targets import parse_target
 
 from ..events import events_with_ref, record_event
-from ..fetch import IntegrityError, expected_key, fetch_file
-from ..home import Home
-from ..publisher import digest_mismatch, publisher_expectations, variant_metadata, view_check
-from ..records import (
+from ..stage.fetch import IntegrityError, expected_key, fetch_file
+from ..stage.publisher import digest_mismatch, publisher_expectations, variant_metadata, view_check
+from ..stage.transport import Transport
+from ..store.home import Home
+from ..store.lock import store_writer
+from ..store.records import (
     MODEL_SELECTION,
     MODEL_TARGET,
     PULLED,
@@ -48,8 +50,6 @@ from ..records import (
     sha256_by_git_oid,
     staged_rows,
 )
-from ..storelock import store_writer
-from ..transport import Transport
 from .catalog import ServedCommit, ServedFile, ServedRepo, add_refs
 
 SHA = re.compile(r"[0-9a-f]{40}")

@@ -6,19 +6,19 @@ import functools
 import logging
 import socket
 
-from ..demand import record_demand
-from ..home import Home
-from ..tokens import TokenCheck
+from ..store.home import Home
 from .accesslog import AccessLog
 from .app import MirrorApp
+from .blob import FileIntegrity
 from .catalog import Catalog
 from .demand import DemandRecorder
-from .integrity import Integrity
+from .demand_records import record_demand
 from .limits import HttpLimits, guarded, raise_open_files
 from .metrics import Metrics
 from .objects import ObjectIntegrity
 from .page import OperatorRoutes
 from .sendfile import hot_get
+from .tokens import TokenCheck
 from .watch import CatalogWatcher, LedgerCollector
 
 
@@ -40,7 +40,7 @@ def make_app(
     if home.store_url:  # an object store's blobs: streamed from it, verified the same (objects.py)
         app.integrity = ObjectIntegrity(home.store, app.metrics, home=home)
     else:
-        app.integrity = Integrity(home, app.metrics)  # bad blobs: moved out, counted, recorded (integrity.py)
+        app.integrity = FileIntegrity(home, app.metrics)  # bad blobs: moved out, counted, recorded (integrity.py)
     app.operator = OperatorRoutes(home, app.metrics, watcher)
     app.demand = DemandRecorder(lambda tallies: record_demand(home.ledger, tallies), clients=demand_clients)
     return app
@@ -51,7 +51,7 @@ def serve(app: MirrorApp, sockets: list[socket.socket], limits: HttpLimits | Non
     `limits`: the HTTP limits (limits.py); by default those FRT_SERVE_* name (how --workers hands them on)."""
     import uvicorn
 
-    from .stream import CutSaid
+    from .cut import CutSaid
 
     limits = limits or HttpLimits.from_env()
     app.catalog()  # starts this process's poller now, not at the first request (serve --head-map's writer)

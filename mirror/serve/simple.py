@@ -14,8 +14,8 @@ from html import escape
 from packaging.utils import canonicalize_name
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
+from .blob import FileIntegrity
 from .catalog import Catalog
-from .integrity import Integrity
 from .objects import ObjectIntegrity
 from .protocol import HubError
 
@@ -30,7 +30,7 @@ def _page(title: str, links: list[tuple[str, str]]) -> str:
     )
 
 
-def answer(catalog: Catalog, integrity: Integrity | ObjectIntegrity, segs: list[str], method: str) -> Response:
+def answer(catalog: Catalog, integrity: FileIntegrity | ObjectIntegrity, segs: list[str], method: str) -> Response:
     """`segs`: the path after `simple`. The root, a project page, or a wheel of it."""
     head = method == "HEAD"
     # Links are absolute paths: the raw path's trailing "/" is not seen here (`/simple/einops` and

@@ -27,9 +27,7 @@ streams the object as any answer does (objects.py, hashed on the way).
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
-from contextvars import ContextVar
 
 import anyio
 from starlette.responses import Response
@@ -38,24 +36,12 @@ from frt.resolver.errors import FrtError
 
 from .blob import CHUNK
 from .catalog import ServedFile
+from .cut import cut
 from .integrity import hash_whole
 from .objects import ObjectIntegrity
 from .pull import Flow, PullService, upstream_error
 
 POLL_S = 0.02  # how often an answer looks for new bytes in the `.part` (no per-write wakeup to a thread)
-log = logging.getLogger("frt.serve")
-_cut_said = ContextVar("frt_serve_cut_said", default=False)  # per request: uvicorn runs each in a task of its own
-INCOMPLETE = "ASGI callable returned without completing response."
-
-
-class CutSaid(logging.Filter):
-    """Drops uvicorn's error line for an answer that returned incomplete where this module cut it and
-    said why in its own line: the cut is meant (the connection is closed all the same), and an
-    operator reading the log would take the second line for a bug. Any other incomplete answer is
-    still logged."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.msg == INCOMPLETE and _cut_said.get())
 
 
 class Cut(Exception):
@@ -108,8 +94,7 @@ class FlowResponse(Response):
             await _rest_of(stored, sent, body)
             return sent
         except Cut as e:
-            log.warning("frt-mirror: serve: %s: answer cut after %d of %d bytes: %s", flow.path, sent, flow.size, e)
-            _cut_said.set(True)
+            cut(flow.path, sent, flow.size, e)
             if sent:
                 await self.service.note_unvouched(flow)
             return sent  # returning with the body incomplete makes the server close the connection

@@ -25,8 +25,8 @@ from collections.abc import Callable
 from frt.resolver.errors import FrtError
 from frt.resolver.settings import env_number
 
-from ..home import Home
-from ..records import change_serial
+from ..store.home import Home
+from ..store.records import change_serial
 from .catalog import Catalog, load_catalog
 
 

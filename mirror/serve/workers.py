@@ -25,7 +25,7 @@ from pathlib import Path
 
 from frt.resolver.errors import EXIT_UNAVAILABLE, BadInput, FrtError
 
-from ..home import Home
+from ..store.home import Home
 from .accesslog import AccessLog, open_sink
 from .app import MirrorApp
 from .catalog import Catalog

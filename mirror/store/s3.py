@@ -1,6 +1,6 @@
 """The blob store on an S3-compatible object store (`--store s3://BUCKET/PREFIX`, $FRT_STORE_URL).
 
-The same promises as the filesystem store (store.py), by what S3 gives: a blob's key is its sha256
+The same promises as the filesystem store (blobs.py), by what S3 gives: a blob's key is its sha256
 (`PREFIX/sha256/<sha[:2]>/<sha>`, the filesystem store's layout); its bytes are downloaded and verified on
 this host first (into the home's local tmp/, as for the filesystem store), then uploaded in one PUT, which
 S3 makes visible only whole. The PUT carries the bytes' sha256 (x-amz-checksum-sha256: the server refuses
@@ -25,7 +25,7 @@ from typing import Any, BinaryIO, cast
 
 from frt.resolver.errors import BadInput, StoreUnavailable, first_line
 
-from .store import BlobStore, Digest, blob_relpath
+from .blobs import BlobStore, Digest, blob_relpath
 
 RETRY_S = 20  # a store that keeps failing this long is unavailable (exit 3), not waited on for obstore's 3 min
 SINGLE_PUT_MAX = 5 << 30  # S3's limit for one PUT; a bigger blob goes up in parts (see _upload)

@@ -22,8 +22,8 @@ from sqlalchemy import select
 from frt.resolver.ledger import Ledger
 from frt.resolver.ledger.dialect import insert_for
 
-from .records import StagedRow
-from .schema import Demand
+from ..schema import Demand
+from ..store.records import StagedRow
 
 SERVED = "served"
 # What serve could not answer: a version it knows of (its refs) but has not staged, a staged version with

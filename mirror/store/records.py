@@ -16,12 +16,12 @@ from frt.resolver.ledger.retry import retried
 from frt.resolver.ledger.schema import Repo
 from frt.resolver.resolution import FileEntry, Resolution
 
-from .schema import Blob, Change, Staged, StagedWheel, Wheel
-from .store import Digest
+from ..schema import Blob, Change, Staged, StagedWheel, Wheel
+from .blobs import Digest
 
 # A staged model selection is target-less: its row carries this in place of a target (never a target
 # string, which always starts with "torch"), and its files are the Variant row MODEL_SELECTION (see
-# frt.mirror.models).
+# frt.mirror.stage.models).
 MODEL_TARGET = "model"
 MODEL_SELECTION = "files"
 # A kernel variant a client pulled through `serve --upstream` (frt.mirror.serve.pull_through) was asked for by no

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from frt.resolver.hub import HubClient
 from frt.resolver.targets import Target
 
-from .bisect import Range, plan, run_command, search
-from .home import Home
+from ..store.home import Home
+from .by_revision import Range, plan, run_command, search
 from .pin import PinnedEnv, pin_env
 
 

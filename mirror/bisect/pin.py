@@ -11,9 +11,9 @@ from frt.resolver.resolution import Request
 from frt.resolver.resolve import resolve
 from frt.resolver.targets import Target
 
-from .env import EnvEntry, env_vars, local_kernels
-from .home import Home
-from .stage import stage
+from ..stage.kernels import stage
+from ..store.home import Home
+from ..views.env import EnvEntry, env_vars, local_kernels
 
 
 @dataclass(frozen=True)

@@ -13,29 +13,27 @@ from dataclasses import dataclass, field
 
 from frt.resolver.errors import FrtError, UpstreamUnavailable
 from frt.resolver.hub import HubClient
-from frt.resolver.kernel_metadata import KernelMetadata, MetadataInvalid, dependency_request
+from frt.resolver.kernel_metadata import ON_FILES, KernelMetadata, MetadataInvalid, dependency_request, listing_verdict
 from frt.resolver.ledger import Ledger
 from frt.resolver.python_depends import UnsupportedDependency
 from frt.resolver.resolution import FileEntry, Refusal, Request, Resolution
 from frt.resolver.resolve import refresh_and_decide
 from frt.resolver.targets import Target
 
-from .events import record_event
+from ..events import record_event
+from ..store.home import Home
+from ..store.records import record_blobs, record_staged, record_wheels, recorded_blobs, sha256_by_git_oid
+from ..store.view_trees import Views, link_wheels
 from .fetch import Fetched, IntegrityError, expected_key, fetch_file
-from .home import Home
 from .progress import Progress
 from .publisher import (
-    ON_FILES,
     digest_mismatch,
-    listing_verdict,
     metadata_refusal,
     publisher_expectations,
     variant_metadata,
     view_check,
 )
-from .records import record_blobs, record_staged, record_wheels, recorded_blobs, sha256_by_git_oid
 from .transport import Transport
-from .views import Views, link_wheels
 from .wheels import NoWheel, WheelStager, default_index
 
 
@@ -51,7 +49,7 @@ class StageRow:
     status: str  # staged | refused | failed
     detail: str = ""
     publisher_digest: bool | None = None  # staged: whether metadata.json carried the publisher's digest
-    wheels: tuple[str, ...] = ()  # staged: the wheels its python-depends need (frt.mirror.wheels)
+    wheels: tuple[str, ...] = ()  # staged: the wheels its python-depends need (frt.mirror.stage.wheels)
 
     def to_json(self) -> dict:
         return dict(self.__dict__, wheels=list(self.wheels))
@@ -199,7 +197,7 @@ def _link_checked(
 
 
 class _Wheels:
-    """The wheels of each staged variant's python-depends (frt.mirror.wheels): stored, recorded and linked
+    """The wheels of each staged variant's python-depends (frt.mirror.stage.wheels): stored, recorded and linked
     into the home's find-links folder before the variant's row says it is staged."""
 
     def __init__(self, home: Home, hub: HubClient, index: str | None):

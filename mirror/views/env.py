@@ -10,9 +10,9 @@ from frt.resolver.errors import BadInput
 from frt.resolver.repo_ids import pin_variable, pinned_revision
 from frt.resolver.targets import Target
 
-from .home import Home
-from .records import StagedRow
-from .views import wheels_dir
+from ..store.home import Home
+from ..store.records import StagedRow
+from ..store.view_trees import wheels_dir
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from frt.resolver.ledger import Ledger
 
-from .schema import Withdrawn
+from ..schema import Withdrawn
 
 Key = tuple[str, str, str]  # (repo, requested, target), a staged row's key
 

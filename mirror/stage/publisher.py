@@ -15,8 +15,8 @@ from frt.resolver.kernel_metadata import (
     KernelMetadata,
     MetadataInvalid,
     digest_exempt,
+    listing_verdict,
     parse_metadata,
-    validate_listing,
     validate_variant,
 )
 from frt.resolver.resolution import FileEntry, Refusal, Resolution
@@ -67,17 +67,6 @@ def digest_mismatch(r: Resolution, meta: KernelMetadata, sha256_of: Callable[[Fi
                 f"{want}; the bytes served hash to {sha256_of(f)}"
             )
     return None
-
-
-ON_FILES = "its digest ({}) is checked on files, and an object store has none here"
-
-
-def listing_verdict(meta: KernelMetadata, pairs: Iterable[tuple[FileEntry, str]], variant: str) -> list[str] | None:
-    """kernels' digest rule on the variant directory `pairs` lay out (each file, the sha256 of its verified
-    blob), from those hashes alone (validate_listing); None where it needs the bytes (not sha256)."""
-    prefix = f"build/{variant}/"
-    listing = {f.path[len(prefix) :] if f.path.startswith(prefix) else f.path: sha for f, sha in pairs}
-    return validate_listing(meta, listing)
 
 
 def view_check(

@@ -23,7 +23,7 @@ from filelock import FileLock
 
 from frt.resolver.fs import fsync_dir
 
-from .home_path import HomeLayout
+from ..home_path import HomeLayout
 
 CHUNK = 1 << 20
 
@@ -126,11 +126,11 @@ class BlobStore:
         return self.path(sha256).is_file()
 
     def stored_of(self, shas) -> set[str]:
-        """Which of `shas` the store holds (s3store.py answers from one listing, not a request each)."""
+        """Which of `shas` the store holds (s3.py answers from one listing, not a request each)."""
         return {sha for sha in shas if self.has(sha)}
 
     def locator(self, sha256: str) -> Path:
-        """What serve's catalog names a stored blob by: its file here (s3store.py: its object's key)."""
+        """What serve's catalog names a stored blob by: its file here (s3.py: its object's key)."""
         return self.path(sha256)
 
     def part_path(self, key: str) -> Path:
@@ -193,11 +193,11 @@ class BlobStore:
             yield
 
     def open(self, sha256: str) -> BinaryIO:
-        """A stored blob's bytes to read from the start (bundle; s3store.py streams its object)."""
+        """A stored blob's bytes to read from the start (bundle; s3.py streams its object)."""
         return open(self.path(sha256), "rb")
 
     def stream(self, sha256: str) -> Iterator[bytes]:
-        """A stored blob's bytes in chunks (s3store.py: its object's, as they arrive)."""
+        """A stored blob's bytes in chunks (s3.py: its object's, as they arrive)."""
         with self.open(sha256) as f:
             while chunk := f.read(CHUNK):
                 yield chunk
@@ -210,7 +210,7 @@ class BlobStore:
         return sorted(p for p in self.root.glob("??/*") if p.is_file())
 
     def blob_shas(self) -> list[str]:
-        """The names (sha256) of every blob stored, whatever holds them (s3store.py lists objects)."""
+        """The names (sha256) of every blob stored, whatever holds them (s3.py lists objects)."""
         return [p.name for p in self.blobs()]
 
     def blob_stats(self) -> Iterator[tuple[str, int, tuple[int, int] | None]]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from frt.resolver.errors import VerificationFailed
 from frt.resolver.resolution import FileEntry
 
-from .store import BlobStore, Digest, RunningDigest, digest_file
+from ..store.blobs import BlobStore, Digest, RunningDigest, digest_file
 from .transport import ContentTooLarge, ListedFileMissing, Transport
 
 

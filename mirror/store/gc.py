@@ -6,7 +6,7 @@ of each staged variant) or its wheels do (python-depends), or when a file under 
 Everything else in the store is garbage: what `unstage` dropped, what a stage left unreferenced
 when it moved a branch to a new commit, blobs an interrupted run stored but never recorded.
 
-gc holds the store's lock exclusively (frt.mirror.storelock) for the whole run, so it never meets a
+gc holds the store's lock exclusively (frt.mirror.store.lock) for the whole run, so it never meets a
 stager between storing a blob and recording its reference; each blob is unlinked under the per-blob
 lock a download of it takes as well. Ledger rows go before files: a gc cut short leaves at most an
 unrecorded blob (which verify adopts and the next gc removes), never a record of missing bytes.
@@ -24,12 +24,12 @@ from frt.resolver.ledger import Ledger
 from frt.resolver.ledger.retry import retried
 from frt.resolver.resolution import FileEntry
 
-from .events import record_event
+from ..events import record_event
+from .blobs import Digest
 from .home import Home
+from .lock import store_collector
 from .records import all_blobs, blob_for, delete_blob_records, staged_rows, wheel_rows
-from .store import Digest
-from .storelock import store_collector
-from .views import Views, wheels_dir
+from .view_trees import Views, wheels_dir
 
 # As BlobStore.sweep_parts and Views.sweep_tmp: older than any live writer's (a download in flight
 # touches its .part with every chunk; a view being assembled is renamed into place within seconds).

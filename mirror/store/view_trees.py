@@ -16,8 +16,8 @@ from pathlib import Path
 
 from frt.resolver.resolution import FileEntry
 
-from .home_path import HomeLayout
-from .store import BlobStore
+from ..home_path import HomeLayout
+from .blobs import BlobStore
 
 
 def repo_folder(repo_id: str) -> str:

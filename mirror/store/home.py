@@ -11,11 +11,11 @@ from frt.resolver.errors import BadInput
 from frt.resolver.ledger import Ledger
 from frt.resolver.resolution import FileEntry
 
-from .home_path import check_home, check_not_forgotten, default_ledger_url, default_store_url, ledger_path
+from ..home_path import check_home, check_not_forgotten, default_ledger_url, default_store_url, ledger_path
+from ..schema import MIRROR_TRACK
+from .blobs import BlobStore, store_root
 from .records import StagedRow, blob_for, staged_for, staged_rows
-from .schema import MIRROR_TRACK
-from .store import BlobStore, store_root
-from .views import Views
+from .view_trees import Views
 
 
 def open_ledger(where: Path | str, readonly: bool | None = None) -> Ledger:
@@ -67,7 +67,7 @@ class Home:
                 f"--store {self.store_url}: the ledger must be on a database server that every host shares "
                 "(--ledger postgresql+psycopg://… or FRT_LEDGER_URL), not a SQLite file"
             )
-        from .s3store import S3BlobStore  # obstore only where an object store is used
+        from .s3 import S3BlobStore  # obstore only where an object store is used
 
         return S3BlobStore(self.store_url, self.root, shared_lock=shared)
 

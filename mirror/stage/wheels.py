@@ -29,8 +29,8 @@ from frt.resolver.settings import env_number
 from frt.resolver.wheel_index import PYPI_SIMPLE, IndexFile, read_project
 from frt.resolver.wheel_pick import pick, requires
 
-from .records import WheelRecord
-from .store import BlobStore, Digest, digest_file
+from ..store.blobs import BlobStore, Digest, digest_file
+from ..store.records import WheelRecord
 from .transport import local_file
 
 INDEX_ENV = "FRT_WHEEL_INDEX"

@@ -34,7 +34,7 @@ from frt.resolver.attempts import AGAIN, redirect_refusal
 from frt.resolver.errors import FrtError, LocalDiskError, UpstreamUnavailable, first_line
 from frt.resolver.hub import HubClient
 
-from .store import RunningDigest
+from ..store.blobs import RunningDigest
 
 try:  # huggingface_hub 2.x speaks httpx2, 1.x httpx
     import httpx2 as _httpx

@@ -18,9 +18,9 @@ from pathlib import Path
 
 from frt.resolver.errors import VerificationFailed
 
-from .home import Home
-from .records import StagedRow, blob_for, wheel_rows
-from .views import repo_folder
+from ..store.home import Home
+from ..store.records import StagedRow, blob_for, wheel_rows
+from ..store.view_trees import repo_folder
 
 
 def materialise(home: Home, rows: list[StagedRow], into: Path) -> dict[tuple[str, str, str], Path]:

@@ -18,11 +18,11 @@ from pathlib import Path
 from frt.resolver.errors import BadInput
 from frt.resolver.gate import check_repo_id, ref_problem
 
+from .blobs import Digest
 from .gc import plan
 from .home import Home
+from .lock import store_collector
 from .records import StagedRow, delete_staged, staged_rows
-from .store import Digest
-from .storelock import store_collector
 
 
 @dataclass

@@ -29,10 +29,10 @@ from frt.resolver.gate import check_commit, check_git_oid, check_path, check_ref
 from frt.resolver.resolution import FileEntry
 from frt.resolver.targets import Target
 
+from ..store.blobs import digest_file
+from ..store.home import Home
+from ..store.records import MODEL_TARGET, blob_for, repo_types
 from .hfcache_prune import Wanted, prune, read_record, write_record
-from .home import Home
-from .records import MODEL_TARGET, blob_for, repo_types
-from .store import digest_file
 
 CACHEDIR_TAG = "Signature: 8a477f597d28d172789f06886806bc55\n"
 
@@ -126,7 +126,7 @@ def wheels_needed(home: Home, target: Target) -> list[str]:
 def _check_wheels(home: Home, rows, fetched: Path | None = None) -> list[tuple[str, Path, str]]:
     """(filename, stored blob, sha256) of every wheel the rows need, each re-hashed before the first write:
     a find-links folder is another thing pip on the cluster trusts without a hash."""
-    from .records import wheel_rows
+    from ..store.records import wheel_rows
 
     needed = sorted({w for r in rows for w in r.wheels})
     recorded = wheel_rows(home.ledger, needed)
@@ -162,7 +162,7 @@ def _blob_file(home: Home, sha: str, fetched: Path | None) -> Path:
 
 def _sources(home: Home, plan, fetched: Path | None = None) -> dict[tuple[str, str, str], Path | None]:
     """Where each file's bytes lie: a kernel's in its view (what `kernels` loads), a model's in the
-    store (models have no view; see frt.mirror.models); on an object store, every one fetched."""
+    store (models have no view; see frt.mirror.stage.models); on an object store, every one fetched."""
     out: dict[tuple[str, str, str], Path | None] = {}
     blobs = blob_for(home.ledger, (f for row, (files, _) in plan if row.is_model or fetched for f in files))
     for row, (files, _) in plan:

@@ -13,8 +13,8 @@ from sqlalchemy import CursorResult, delete, select
 from frt.resolver.errors import BadInput
 from frt.resolver.ledger import Ledger
 
-from .records import bump_serial
-from .schema import Token
+from ..schema import Token
+from ..store.records import bump_serial
 
 
 def _hash(token: str) -> str:

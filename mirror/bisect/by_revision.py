@@ -4,7 +4,7 @@ bad one that have a build for the target, running a command against each probed 
 Exit codes of the command follow `git bisect run`: 0 good, 125 skip, 1-127 otherwise bad;
 a timeout is a skip (with a note), and a command killed by a signal counts as bad (a crash).
 The range, the search and the running of a command are shared with the performance mode
-(`bisect_perf`), which judges a commit by a figure the command prints instead of its exit code.
+(by_metric.py), which judges a commit by a figure the command prints instead of its exit code.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from frt.resolver.ledger import Ledger
 from frt.resolver.scan import scan
 from frt.resolver.targets import Target
 
-from .home import Home
+from ..store.home import Home
 from .pin import pin_env
 
 

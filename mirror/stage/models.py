@@ -28,9 +28,8 @@ from frt.resolver.hub import HubClient
 from frt.resolver.resolution import FileEntry, VariantInfo
 from frt.resolver.resolve import make_request
 
-from .fetch import Fetched, IntegrityError, fetch_file
-from .home import Home
-from .records import (
+from ..store.home import Home
+from ..store.records import (
     MODEL_SELECTION,
     MODEL_TARGET,
     StagedRow,
@@ -39,7 +38,8 @@ from .records import (
     recorded_blobs,
     sha256_by_git_oid,
 )
-from .stage import StageReport, StageRow
+from .fetch import Fetched, IntegrityError, fetch_file
+from .kernels import StageReport, StageRow
 from .transport import Transport
 
 

@@ -6,15 +6,14 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from frt.resolver.kernel_metadata import MetadataInvalid, parse_metadata, validate_variant
+from frt.resolver.kernel_metadata import ON_FILES, MetadataInvalid, listing_verdict, parse_metadata, validate_variant
 from frt.resolver.ledger import Ledger
 
-from .events import QUARANTINE, events_of
+from ..events import QUARANTINE, events_of
+from .blobs import BlobStore
 from .home import Home
-from .publisher import ON_FILES, listing_verdict
 from .records import MODEL_TARGET, all_blobs, blob_for, record_blobs, staged_rows, wheel_rows
-from .store import BlobStore
-from .views import Views, wheels_dir
+from .view_trees import Views, wheels_dir
 
 
 @dataclass
