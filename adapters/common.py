@@ -103,7 +103,7 @@ def engine_line(engine: str, handle: Handle, catalog_name: str) -> str:
     return f"[frt.{engine}] {len(handle.records)} seats ({'; '.join(parts)}), {len(handle.notes['refused'])} refused"
 
 
-def marker_record(engine: str, handle: Handle, catalog: str) -> dict:
+def marker_record(engine: str, handle: Handle, catalog: str) -> dict[str, object]:
     return {
         "engine": engine,
         "pid": os.getpid(),

@@ -27,14 +27,18 @@ import functools
 import os
 import sys
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from frt.resolver.fs import atomic_write
 
 if TYPE_CHECKING:
+    from importlib.abc import Loader
+    from importlib.machinery import ModuleSpec
     from pathlib import Path
+
+    import torch
 
     from frt.seats import Handle
 
@@ -50,7 +54,7 @@ _MARK = "__frt_sglang_hook__"
 
 # Models seated in this process. Both doors may wrap load_model in one process (the entry point and
 # FRT_SGLANG_ATTACH=1); the second hook to run must not seat the same model twice.
-_seated: weakref.WeakSet = weakref.WeakSet()
+_seated: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
 
 
 # --- the plugin door ---------------------------------------------------------------------------------
@@ -141,7 +145,7 @@ def wrap_load_model(cls: type[Any]) -> bool:
         fn = getattr(fn, "__wrapped__", None)
 
     @functools.wraps(current)
-    def load_model(self, *args, **kwargs):
+    def load_model(self: Any, *args: Any, **kwargs: Any) -> Any:  # SGLang's ModelRunner: untyped here
         result = current(self, *args, **kwargs)
         after_load_model(result, self, *args, **kwargs)
         return result
@@ -158,31 +162,35 @@ class _PatchOnImport:  # a sys.meta_path finder (duck-typed: see SITE_TEMPLATE o
     def __init__(self, name: str, patch: Callable[[ModuleType], None]):
         self.name, self.patch = name, patch
 
-    def find_spec(self, fullname, path, target=None):
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> ModuleSpec | None:
         if fullname != self.name:
             return None
         # Whoever would have found it without us (the path finder, an editable install's finder).
         for finder in sys.meta_path:
             find = getattr(finder, "find_spec", None) if finder is not self else None
-            spec = find(fullname, path, target) if find is not None else None
+            spec: ModuleSpec | None = find(fullname, path, target) if find is not None else None
             if spec is not None and spec.loader is not None:
-                spec.loader = _PatchingLoader(spec.loader, self.patch)
+                # The stub wants an importlib.abc.Loader; importlib itself takes any object with its two
+                # methods, and importing importlib.abc would cost every interpreter start (SITE_TEMPLATE).
+                spec.loader = _PatchingLoader(spec.loader, self.patch)  # type: ignore[assignment]
                 return spec
         return None
 
 
 class _PatchingLoader:
-    def __init__(self, loader: Any, patch: Callable[[ModuleType], None]):
+    def __init__(self, loader: Loader, patch: Callable[[ModuleType], None]):
         self.loader, self.patch = loader, patch
 
-    def create_module(self, spec):
+    def create_module(self, spec: ModuleSpec) -> ModuleType | None:
         return self.loader.create_module(spec)
 
-    def exec_module(self, module):
+    def exec_module(self, module: ModuleType) -> None:
         self.loader.exec_module(module)
         self.patch(module)
 
-    def __getattr__(self, name):  # get_source, get_code, …: what tracebacks and inspect ask for
+    def __getattr__(self, name: str) -> Any:  # get_source, get_code, …: what tracebacks and inspect ask for
         return getattr(self.loader, name)
 
 

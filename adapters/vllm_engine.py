@@ -26,9 +26,9 @@ import functools
 import logging
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, MutableMapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from . import common
 
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     import torch
 
     from frt.manifests import SeatCatalog
+    from frt.resolver.errors import BadInput
     from frt.seats import Handle
 
 ENGINE = "vllm"
@@ -44,7 +45,7 @@ _MARK = "__frt_seats_hook__"
 log = logging.getLogger("frt.vllm")
 
 
-def _spawn_trap_class() -> type:
+def _spawn_trap_class() -> type[BadInput]:
     # Built on first use: importing frt.resolver (for BadInput) costs seconds, and vLLM imports this
     # module in every process it starts, seats or not.
     global _SpawnTrap
@@ -59,10 +60,10 @@ def _spawn_trap_class() -> type:
     return _SpawnTrap
 
 
-_SpawnTrap: type | None = None
+_SpawnTrap: type[BadInput] | None = None
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> type[BadInput]:
     if name == "SpawnTrap":  # vllm_engine.SpawnTrap, a BadInput
         return _spawn_trap_class()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -171,8 +172,8 @@ def _wrap_loader() -> None:
     original = current
 
     @functools.wraps(original)
-    def load_model(self, *args, **kwargs):
-        model = original(self, *args, **kwargs)
+    def load_model(self: BaseModelLoader, *args: Any, **kwargs: Any) -> torch.nn.Module:
+        model: torch.nn.Module = original(self, *args, **kwargs)
         _attach(model)
         return model
 
@@ -196,7 +197,7 @@ def _attach(model: torch.nn.Module) -> Handle | None:
     return handle
 
 
-def _disable_compile_cache(environ: dict | os._Environ) -> None:
+def _disable_compile_cache(environ: MutableMapping[str, str]) -> None:
     value = environ.get(COMPILE_CACHE_VAR)
     if value is None:
         environ[COMPILE_CACHE_VAR] = "1"

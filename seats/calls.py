@@ -18,7 +18,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from types import ModuleType
-from typing import cast
+from typing import Any, cast
 
 import torch
 
@@ -26,7 +26,10 @@ from frt.manifests import SeatSpec
 
 from .errors import SiteRefused
 
-Call = Callable[..., torch.Tensor]
+#: A kernel function, as every convention here calls it: tensors in, a tensor out (parity checks it at attach).
+KernelFn = Callable[..., torch.Tensor]
+#: A seat's call returns what the module's forward does: a tensor, or a fused-add norm's (normed, sum).
+Call = Callable[..., torch.Tensor | tuple[torch.Tensor, torch.Tensor]]
 EPS_NAMES = ("variance_epsilon", "eps", "epsilon")
 
 
@@ -37,9 +40,10 @@ def kernel_call(
     if ref.layer is not None:
         return _layer_forward(ref.layer, module, kernel)
     assert ref.function is not None  # KernelRef holds exactly one of layer and function
-    fn = getattr(kernel, ref.function, None)
-    if not callable(fn):
+    found = getattr(kernel, ref.function, None)
+    if not callable(found):
         raise SiteRefused(f"{ref.label}: the kernel has no function {ref.function!r}")
+    fn: KernelFn = found
     if spec.kind == "linear":
         return lambda m, x: fn(x, m.weight, getattr(m, "bias", None))
     if spec.kind == "norm":
@@ -48,7 +52,9 @@ def kernel_call(
             raise SiteRefused(f"{type(module).__name__} has no float {'/'.join(EPS_NAMES)} to pass as eps")
         if takes_residual(module):
 
-            def fused_add(m: torch.nn.Module, x: torch.Tensor, residual: torch.Tensor | None = None):
+            def fused_add(
+                m: torch.nn.Module, x: torch.Tensor, residual: torch.Tensor | None = None
+            ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
                 if residual is None:
                     return fn(x, m.weight, getattr(m, eps))
                 x = x + residual  # rounded to x's dtype, as the engines' own residual is
@@ -70,7 +76,7 @@ def slab_bounds(rows: int, slab_rows: int | None = None) -> list[tuple[int, int]
     return [(a, min(a + size, rows)) for a in range(0, rows, size)]
 
 
-def _slabbed(fn: Callable, slabs: list[tuple[int, int]]) -> Call:
+def _slabbed(fn: KernelFn, slabs: list[tuple[int, int]]) -> Call:
     def call(m: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         w, b = cast(torch.Tensor, m.weight), getattr(m, "bias", None)  # an lm_head's weight is a tensor
         return torch.cat([fn(x, w[lo:hi], None if b is None else b[lo:hi]) for lo, hi in slabs], dim=-1)
@@ -100,7 +106,7 @@ def _layer_forward(name: str, module: torch.nn.Module, kernel: ModuleType) -> Ca
     return cls.forward
 
 
-def module_forward(module: torch.nn.Module) -> Callable:
+def module_forward(module: torch.nn.Module) -> Callable[..., Any]:
     """The forward that shows a module's real arguments: vLLM's CustomOps dispatch through a generic
     ``forward(*args, **kwargs)`` to ``forward_native`` (or a device twin of the same signature)."""
     cls = type(module)
@@ -113,7 +119,7 @@ def takes_residual(module: torch.nn.Module) -> bool:
     return len(params) >= 2 and params[1].name == "residual"
 
 
-def _params(fn: Callable) -> list[inspect.Parameter]:
+def _params(fn: Callable[..., Any]) -> list[inspect.Parameter]:
     """The parameters after ``self``. ``inspect.signature`` follows ``functools.wraps``, so a forward
     wrapped by a dispatching decorator (transformers' experts) shows its real arguments."""
     return list(inspect.signature(fn).parameters.values())[1:]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import threading
+from typing import Any
 
 #: Captures begun and not yet ended, process-wide. A one-element list so that a seat's hot path
 #: reads it with one global load and no attribute lookup.
@@ -45,7 +46,7 @@ def install() -> None:
         begin, end = cls.capture_begin, cls.capture_end
 
         @functools.wraps(begin)
-        def capture_begin(self, *args, **kwargs):
+        def capture_begin(self: torch.cuda.CUDAGraph, *args: Any, **kwargs: Any) -> None:
             _shift(1)
             try:
                 return begin(self, *args, **kwargs)
@@ -54,7 +55,7 @@ def install() -> None:
                 raise
 
         @functools.wraps(end)
-        def capture_end(self, *args, **kwargs):
+        def capture_end(self: torch.cuda.CUDAGraph, *args: Any, **kwargs: Any) -> None:
             try:
                 return end(self, *args, **kwargs)
             finally:

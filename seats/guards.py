@@ -7,7 +7,9 @@ traced graph (dtype, device and shape are what it guards anyway).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol, TypeGuard, cast
 
 import torch
 
@@ -28,13 +30,14 @@ class Guard:
         object.__setattr__(self, "admits", admits)
         object.__setattr__(self, "check", check)
 
-    def admits(self, x: object) -> bool:  # replaced per instance by _specialised; kept for the type
+    def admits(self, x: object) -> TypeGuard[torch.Tensor]:  # replaced per instance by _specialised; kept for the type
         raise NotImplementedError
 
     def check(self, x: object) -> bool:  # the same test, for a caller that catches its exceptions
         raise NotImplementedError
 
-    def __reduce__(self):  # the specialised functions are rebuilt, not pickled
+    def __reduce__(self) -> tuple[type[Guard], tuple[object, ...]]:
+        # The specialised functions are rebuilt, not pickled.
         return (Guard, (self.dtypes, self.devices, self.width, self.max_rows))
 
     def describe(self) -> str:
@@ -46,7 +49,7 @@ class Guard:
         return " ".join(parts)
 
 
-def _specialised(g: Guard):
+def _specialised(g: Guard) -> tuple[Callable[[object], TypeGuard[torch.Tensor]], Callable[[object], bool]]:
     """Two expressions with only the tests this guard needs, built once per seat: ``admits`` (safe on
     any object) and ``check`` (the same verdict on tensors; raises on what is not one).
 
@@ -78,13 +81,33 @@ def _specialised(g: Guard):
     }
     safe = ["isinstance(x, Tensor)", *tests, *(["x.ndim > 0"] if shape else []), *shape]
     name = f"<frt.seats guard {g.describe()}>"
-    return tuple(eval(compile(f"lambda x: {' and '.join(t)}", name, "eval"), scope) for t in (safe, tests + shape))
+    admits: Callable[[object], TypeGuard[torch.Tensor]]  # safe's first test: isinstance(x, Tensor)
+    check: Callable[[object], bool]
+    admits, check = (eval(compile(f"lambda x: {' and '.join(t)}", name, "eval"), scope) for t in (safe, tests + shape))
+    return admits, check
 
 
-_TENSOR_GUARDS: list = []  # [TensorGuards class or None], decided once per process by _probe
+class _TensorGuards(Protocol):
+    """torch._C._dynamo.guards.TensorGuards as its C++ constructor takes it: the tensors, then per tensor a
+    list of sizes and one of strides, None where dynamic. torch's stub (_C/_dynamo/guards.pyi) lacks the
+    positional tensors and types dynamic_dims_* as one flat list; `_probe` checks the real one."""
+
+    def __call__(
+        self,
+        *tensors: torch.Tensor,
+        dynamic_dims_sizes: list[list[int | None]],
+        dynamic_dims_strides: list[list[int | None]],
+    ) -> _Check: ...
 
 
-def tensor_match(g: Guard, example: torch.Tensor):
+class _Check(Protocol):
+    def check(self, x: object, /) -> bool: ...
+
+
+_TENSOR_GUARDS: list[_TensorGuards | None] = []  # [TensorGuards class or None], decided once per process by _probe
+
+
+def tensor_match(g: Guard, example: torch.Tensor) -> Callable[[object], bool] | None:
     """A one-call C check that admits only what ``g`` admits, specialised on an admitted example:
     torch's own Dynamo tensor guard (``torch._C._dynamo.guards.TensorGuards``), given every size but
     the guarded width as dynamic and no strides. It checks the example's Python type, dtype, device
@@ -95,29 +118,30 @@ def tensor_match(g: Guard, example: torch.Tensor):
     which it does not test either. What it misses goes to ``g.admits`` (the seat's `_admit`), so a
     miss costs time, never a wrong verdict. None where ``g`` bounds rows (a numel test it cannot
     express) or where this torch has no such class or it does not behave as probed."""
-    if g.max_rows is not None or not _probe():
+    factory = None if g.max_rows is not None else _probe()
+    if factory is None:
         return None
     sizes: list[int | None] = [None] * example.dim()
     if g.width is not None:
         sizes[-1] = g.width
     try:
-        return _TENSOR_GUARDS[0](example, dynamic_dims_sizes=[sizes], dynamic_dims_strides=[[None] * len(sizes)]).check
+        return factory(example, dynamic_dims_sizes=[sizes], dynamic_dims_strides=[[None] * len(sizes)]).check
     except Exception:  # a torch whose class takes other arguments: the Python guard alone
         return None
 
 
-def _probe() -> bool:
-    """Is there a TensorGuards that keeps the verdicts `tensor_match` relies on? Checked once, on CPU
+def _probe() -> _TensorGuards | None:
+    """A TensorGuards that keeps the verdicts `tensor_match` relies on, or None. Checked once, on CPU
     tensors: an equal tensor of other leading sizes passes; other width, dtype, dims, a non-tensor fail."""
     if not _TENSOR_GUARDS:
-        found = None
+        found: _TensorGuards | None = None
         try:
             from torch._C._dynamo.guards import TensorGuards
 
+            # Its stub is not the constructor (see _TensorGuards); the checks below probe the real one.
+            factory = cast(_TensorGuards, TensorGuards)
             ex = torch.zeros(2, 1, 8)
-            # torch's stub (_C/_dynamo/guards.pyi) lacks the positional tensors and types dynamic_dims_* as
-            # one flat list, where the C++ constructor takes a list per tensor; the checks below probe it.
-            check = TensorGuards(ex, dynamic_dims_sizes=[[None, None, 8]], dynamic_dims_strides=[[None] * 3]).check  # type: ignore[misc, arg-type, list-item]
+            check = factory(ex, dynamic_dims_sizes=[[None, None, 8]], dynamic_dims_strides=[[None] * 3]).check
             if (
                 check(torch.zeros(5, 3, 8)) is True
                 and not check(torch.zeros(2, 1, 4))
@@ -125,11 +149,11 @@ def _probe() -> bool:
                 and not check(torch.zeros(2, 8))
                 and not check("x")
             ):
-                found = TensorGuards
+                found = factory
         except Exception:  # absent or changed in this torch: every seat keeps its Python check
             found = None
         _TENSOR_GUARDS.append(found)
-    return _TENSOR_GUARDS[0] is not None
+    return _TENSOR_GUARDS[0]
 
 
 def module_width(kind: str, module: torch.nn.Module) -> int | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypedDict
 
 import torch
 
@@ -26,11 +27,17 @@ class SeatRecord:
     slabs: int = 0  # lm_head: the number of row slabs
 
 
+class Notes(TypedDict):
+    refused: list[tuple[str, str]]  # (site, reason)
+    nested: list[str]
+    unmatched: list[str]
+
+
 class Handle:
     """``notes["refused"]`` is ``[(site, reason)]``; ``notes["nested"]`` the matched modules inside
     another seat; ``notes["unmatched"]`` the catalog seats that matched nothing in this model."""
 
-    def __init__(self, records: list[SeatRecord], notes: dict):
+    def __init__(self, records: list[SeatRecord], notes: Notes):
         self.records = list(records)
         self.notes = notes
         self.attached = True
@@ -45,7 +52,7 @@ class Handle:
             f"{len(self.notes['refused'])} refused"
         )
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, int | bool]:
         """Counters since attach, by how the calls ran. ``guarded_calls`` and ``fallbacks`` (a guard
         missed: the original ran) count eager calls. ``captured_calls``: calls recorded into a CUDA
         graph, each counted once, at capture (its replays run the kernel with no seat code and are
@@ -84,7 +91,7 @@ class Handle:
     def __enter__(self) -> Handle:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.detach()
 
     def __repr__(self) -> str:

@@ -16,6 +16,8 @@ in all on that host, call by call): bench/seat_cost.py measures each part there.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.nn.modules.module import (
@@ -25,12 +27,12 @@ from torch.nn.modules.module import (
     _global_forward_pre_hooks,
 )
 
-from . import capture
 from .calls import Call
+from .capture import UNDERWAY as _UNDERWAY
+from .capture import stream_capturing
 from .guards import Guard, tensor_match
 
 _dynamo = torch.compiler.is_dynamo_compiling  # one frame; torch.compiler.is_compiling() takes three
-_UNDERWAY = capture.UNDERWAY
 UNSET = object()
 _REMATCH = 4  # times a seat may re-specialise its fast match (a change of grad mode, say), then it keeps it
 
@@ -67,14 +69,15 @@ class Hot:
         self.call, self.guard, self.admits, self.original, self.stats = call, guard, guard.admits, original, stats
         # The first test of every eager call, set by `admit` from the first admitted tensor: a match
         # specialised on it (guards.tensor_match), else the guard's own check. What it misses, `admit` decides.
-        self.fast, self.rematches = _unmatched, 0
+        self.fast: Callable[[object], bool] = _unmatched
+        self.rematches = 0
         self.fwd, self.fwd_pre = seat._forward_hooks, seat._forward_pre_hooks
         self.bwd, self.bwd_pre = seat._backward_hooks, seat._backward_pre_hooks
         self.compiled = False  # Module.compile() on the seat: calls must go through nn.Module.__call__
         self.cuda = "cuda" in guard.devices
         self.on_trace = _trace_counter(stats)
 
-    def __deepcopy__(self, memo):
+    def __deepcopy__(self, memo: dict[int, object]) -> Hot:
         # A deep-copied seat (its module dicts and stats copied through memo) gets its own trace
         # counter: a function is copied by reference, so the old one would count for the source seat.
         # The fast match (a C object, not copyable) is rebuilt by the copy's own first calls.
@@ -87,7 +90,7 @@ class Hot:
         return new
 
 
-def hot_call(hot: Hot):
+def hot_call(hot: Hot) -> Callable[..., Any]:
     """The ``__call__`` of one seat's own class. The hot path: one positional argument, no hook, not
     traced. nn.Module.__call__ would cost two frames and a dozen checks before forward, as much as the
     seat itself; it is taken only where it would do more than call forward: a hook (this seat's or a
@@ -99,7 +102,8 @@ def hot_call(hot: Hot):
     call, original, stats, cuda = hot.call, hot.original, hot.stats, hot.cuda
     fwd, fwd_pre, bwd, bwd_pre = hot.fwd, hot.fwd_pre, hot.bwd, hot.bwd_pre
 
-    def __call__(self, x=UNSET, *args, **kwargs):
+    # Any: what the original module's forward returns, which nothing here narrows.
+    def __call__(self: torch.nn.Module, x: object = UNSET, *args: object, **kwargs: object) -> Any:
         if (
             _dynamo()
             or hot.compiled
@@ -115,7 +119,7 @@ def hot_call(hot: Hot):
             return torch.nn.Module.__call__(self, *join(x, args), **kwargs)
         if args or kwargs or x is UNSET:
             return self.forward(*join(x, args), **kwargs)
-        if _UNDERWAY[0] and cuda and capture.stream_capturing():  # one global read unless capturing
+        if _UNDERWAY[0] and cuda and stream_capturing():  # one global read unless capturing
             stats.captured += 1
         else:
             stats.calls += 1
@@ -131,11 +135,11 @@ def hot_call(hot: Hot):
     return __call__
 
 
-def join(x, args: tuple) -> tuple:
+def join(x: object, args: tuple[object, ...]) -> tuple[object, ...]:
     return args if x is UNSET else (x, *args)
 
 
-def admit(hot: Hot, x) -> bool:
+def admit(hot: Hot, x: object) -> bool:
     """The guard's verdict on a call its fast match missed. An admitted tensor becomes the fast match's
     example, a few times at most: two kinds of call that alternate would otherwise rebuild it on
     every call (each then pays the fast miss and this, ~0.3 us more than a hit)."""
@@ -147,14 +151,14 @@ def admit(hot: Hot, x) -> bool:
     return True
 
 
-def _unmatched(x) -> bool:
+def _unmatched(x: object) -> bool:
     return False
 
 
-def _trace_counter(stats: SeatStats):
+def _trace_counter(stats: SeatStats) -> Callable[[object], None]:
     """A plain function for Dynamo's comptime: it runs it at trace time, and only then."""
 
-    def on_trace(ctx) -> None:
+    def on_trace(ctx: object) -> None:
         stats.traced += 1
 
     return on_trace
@@ -168,7 +172,7 @@ def note_trace(hot: Hot) -> None:
 
 def count(hot: Hot) -> SeatStats:
     stats = hot.stats
-    if _UNDERWAY[0] and hot.cuda and capture.stream_capturing():
+    if _UNDERWAY[0] and hot.cuda and stream_capturing():
         stats.captured += 1
     else:
         stats.calls += 1

@@ -72,7 +72,7 @@ def _kind(out: object) -> str:
 
 
 def check_parity(
-    call: Call, module: torch.nn.Module, args: tuple, dtype: torch.dtype, tolerance: float | None
+    call: Call, module: torch.nn.Module, args: tuple[torch.Tensor, ...], dtype: torch.dtype, tolerance: float | None
 ) -> Parity:
     bound = tolerance or DEFAULT_TOLERANCE.get(dtype, 1e-4)
     with torch.no_grad():

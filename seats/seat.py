@@ -24,16 +24,19 @@ Counters, by how the call ran (none of them syncs with the device, none is insid
 from __future__ import annotations
 
 import copyreg
+from typing import Any, SupportsIndex
 
 import torch
 
-from . import capture
 from .calls import Call
+from .capture import install as install_capture
 from .guards import Guard
 from .hot import Hot, SeatStats, count, hot_call, note_trace
 
 __all__ = ["Seat", "SeatStats"]
 _STEP = "original."
+# What object.__reduce_ex__ names as the constructor of a copy; typeshed's copyreg lists only the public API.
+_RECONSTRUCTORS = (copyreg.__newobj__, copyreg._reconstructor)  # type: ignore[attr-defined]
 
 
 class Seat(torch.nn.Module):
@@ -53,29 +56,30 @@ class Seat(torch.nn.Module):
         self.stats = SeatStats()
         self.__dict__["_hot"] = Hot(self, original, call, guard, self.stats)
         if "cuda" in guard.devices and torch.cuda.is_available():
-            capture.install()
-        self._register_state_dict_hook(_hide_step)
-        self._register_load_state_dict_pre_hook(_add_step)
+            install_capture()
+        # torch leaves Module's hook registration (and __setstate__) unannotated, public and private alike.
+        self._register_state_dict_hook(_hide_step)  # type: ignore[no-untyped-call]
+        self._register_load_state_dict_pre_hook(_add_step)  # type: ignore[no-untyped-call]
         _own_class(self)
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # Only a seat without a class of its own comes here (one being unpickled, say): the same path.
         return hot_call(self._hot)(self, *args, **kwargs)
 
-    def __reduce_ex__(self, protocol):
+    def __reduce_ex__(self, protocol: SupportsIndex) -> str | tuple[Any, ...]:
         # Copied as the shared class; __setstate__ then makes the copy a class of its own,
         # over its own state (a deep copy's Hot is its own, a shallow copy's the source's, as for any attribute).
         rv = list(super().__reduce_ex__(protocol))
-        if rv[0] in (copyreg.__newobj__, copyreg._reconstructor) and rv[1] and rv[1][0] is type(self):
+        if rv[0] in _RECONSTRUCTORS and rv[1] and rv[1][0] is type(self):
             rv[1] = (_shared_class(type(self)), *rv[1][1:])
         return tuple(rv)
 
-    def __setstate__(self, state) -> None:
-        super().__setstate__(state)
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)  # type: ignore[no-untyped-call]  # unannotated in torch (see __init__)
         if "_hot" in self.__dict__:
             _own_class(self)
 
-    def forward(self, *args, **kwargs):
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
         hot = self._hot
         x = args[0] if args else next(iter(kwargs.values()), None)
         if torch.compiler.is_dynamo_compiling():
@@ -87,7 +91,7 @@ class Seat(torch.nn.Module):
         stats.fallbacks += 1
         return hot.original(*args, **kwargs)
 
-    def compile(self, *args, **kwargs) -> None:
+    def compile(self, *args: Any, **kwargs: Any) -> None:
         super().compile(*args, **kwargs)
         self._hot.compiled = True
 
@@ -96,7 +100,8 @@ class Seat(torch.nn.Module):
 
 
 def _shared_class(cls: type[Seat]) -> type[Seat]:
-    return cls.__dict__.get("_shared_class", cls)
+    shared: type[Seat] = cls.__dict__.get("_shared_class", cls)
+    return shared
 
 
 def _own_class(seat: Seat) -> None:
@@ -120,11 +125,19 @@ def _own_class(seat: Seat) -> None:
     seat.__class__ = own
 
 
-def _hide_step(module, state_dict, prefix, local_metadata):
+def _hide_step(module: torch.nn.Module, state_dict: dict[str, object], prefix: str, local_metadata: object) -> None:
     for key in [k for k in state_dict if k.startswith(prefix + _STEP)]:
         state_dict[prefix + key[len(prefix + _STEP) :]] = state_dict.pop(key)
 
 
-def _add_step(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
+def _add_step(
+    state_dict: dict[str, object],
+    prefix: str,
+    local_metadata: object,
+    strict: bool,
+    missing_keys: list[str],
+    unexpected_keys: list[str],
+    error_msgs: list[str],
+) -> None:
     for key in [k for k in state_dict if k.startswith(prefix) and not k.startswith(prefix + _STEP)]:
         state_dict[prefix + _STEP + key[len(prefix) :]] = state_dict.pop(key)

@@ -13,9 +13,10 @@ import importlib.machinery
 import importlib.util
 import os
 import sys
+from types import ModuleType  # loaded already: importlib.util imports types
 
 
-def _chain():
+def _chain() -> "ModuleType | None":  # quoted: no interpreter evaluates it at start-up
     """Run the sitecustomize after this one on sys.path, as Python would have without us."""
     here = os.path.realpath(os.path.dirname(os.path.abspath(__file__)))
     dirs = [os.path.realpath(p or os.getcwd()) for p in sys.path]
@@ -30,7 +31,7 @@ def _chain():
     return module
 
 
-def _activate():
+def _activate() -> bool:
     if os.environ.get("FRT_SGLANG_ATTACH", "") != "1":
         return False
     try:
