@@ -1,6 +1,6 @@
 """A call's cost over another's, paired call by call: what bench.seats reads the per-call target from.
 
-Loops of one function at a time (bench.seats.per_call_us) pair two functions only round by round,
+Loops of one function at a time (bench.call_loops.per_call_us) pair two functions only round by round,
 ~10 ms apart. On the H200's host the speed of Python moved 1.6-3x within one run (a bare call: 22 ns
 idle, 63 ns inside the benchmark), so a loop that fell in a slow stretch is charged microseconds that
 are not its own, and the worst of a dozen such sites is mostly noise: seat-direct read -1.4 to +5.2 us

@@ -97,7 +97,7 @@ def timed(fn, work, warm_work) -> tuple[list[int], list[bool], list[int]]:
     """Nanoseconds per call and whether it resolved (False: KernelUnavailable), after the
     `warm_work` calls, whose times are returned apart, so imports, lru caches and connection
     setup are not charged to the measured calls."""
-    from frt.resolver.errors import KernelUnavailable
+    from frt.resolver.resolution import KernelUnavailable
 
     times, ok, warm = [], [], []
     warmup = len(warm_work)

@@ -179,6 +179,37 @@ def cases(device: str, home: Path):
         yield f"{kind} {rows}x{width} ({str(dtype).removeprefix('torch.')}, {device})", seat, module, x, handle
 
 
+def own_cost_line(device: str = "cpu") -> str:
+    """The seat's own cost on this host: a seat whose kernel returns its input, against that kernel
+    called directly, on a decode-sized bf16 tensor; a plain Python call beside it, for the host's speed."""
+    import torch
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+
+    from frt.seats.guards import Guard
+    from frt.seats.seat import Seat
+
+    from .call_loops import medians, paired, per_call_us
+
+    def kernel(m, x):
+        return x
+
+    def nothing(x):
+        return x
+
+    module = Qwen3RMSNorm(1024)
+    seat = Seat(module, kernel, Guard((torch.bfloat16,), (device,), 1024, None), "site", "norm")
+    x = torch.zeros(16, 1, 1024, dtype=torch.bfloat16, device=device)
+    rs = per_call_us(
+        {"direct": lambda x, m=module, f=kernel: f(m, x), "seat": seat, "python call": nothing}, x, 20000, 21
+    )
+    t, (_, cost) = medians(rs), paired(rs, "seat", "direct")
+    return (
+        f"the seat's own cost on this host ({device} tensor, a kernel that returns its input): "
+        f"{cost * 1e3:.0f} ns per call (seat {t['seat'] * 1e3:.0f} ns, direct {t['direct'] * 1e3:.0f} ns; "
+        f"a bare Python call here: {t['python call'] * 1e3:.0f} ns)"
+    )
+
+
 def report(device: str, home: Path, quick: bool) -> list[str]:
     import torch
 
@@ -200,8 +231,6 @@ def main() -> None:
     import torch
 
     from tests.support.seat_fixtures import staged_home
-
-    from .seats import own_cost_line
 
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:

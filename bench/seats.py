@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import gc
 import json
 import statistics
 import sys
@@ -42,80 +41,6 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
-def median_s(fn, n: int) -> float:
-    times = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def per_call_us(fns: dict, x, calls: int, rounds: int, sync=lambda: None) -> dict[str, list[float]]:
-    """Per function, its us per call in each of `rounds` rounds. A round runs one loop of `calls` calls
-    of every function, so drift in the machine hits all of them alike, in an order that turns around
-    each round (no function always runs right after another, or first); ``sync`` ends each loop (a
-    device sync on a GPU, so queued work is paid for). The garbage collector is off while the loops
-    run, as in timeit: a collection would be charged to whichever loop it fell in."""
-    order = list(fns.items())
-    per_round: dict[str, list[float]] = {name: [] for name in fns}
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        for r in range(rounds):
-            for name, fn in order if r % 2 == 0 else order[::-1]:
-                sync()
-                t0 = time.perf_counter()
-                for _ in range(calls):
-                    fn(x)
-                sync()
-                per_round[name].append((time.perf_counter() - t0) / calls * 1e6)
-    finally:
-        if was_enabled:
-            gc.enable()
-    return per_round
-
-
-def medians(per_round: dict[str, list[float]]) -> dict[str, float]:
-    return {name: statistics.median(ts) for name, ts in per_round.items()}
-
-
-def paired(per_round: dict[str, list[float]], a: str, b: str) -> tuple[float, float]:
-    """(median of a/b, median of a-b in us), each taken round by round: the two ran side by side in a
-    round, so what slowed that round slowed both, and the ratio of their medians would not cancel it."""
-    pairs = list(zip(per_round[a], per_round[b], strict=False))
-    return statistics.median(x / y for x, y in pairs), statistics.median(x - y for x, y in pairs)
-
-
-def own_cost_line(device: str = "cpu") -> str:
-    """The seat's own cost on this host: a seat whose kernel returns its input, against that kernel
-    called directly, on a decode-sized bf16 tensor; a plain Python call beside it, for the host's speed."""
-    import torch
-    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
-
-    from frt.seats.guards import Guard
-    from frt.seats.seat import Seat
-
-    def kernel(m, x):
-        return x
-
-    def nothing(x):
-        return x
-
-    module = Qwen3RMSNorm(1024)
-    seat = Seat(module, kernel, Guard((torch.bfloat16,), (device,), 1024, None), "site", "norm")
-    x = torch.zeros(16, 1, 1024, dtype=torch.bfloat16, device=device)
-    rs = per_call_us(
-        {"direct": lambda x, m=module, f=kernel: f(m, x), "seat": seat, "python call": nothing}, x, 20000, 21
-    )
-    t, (_, cost) = medians(rs), paired(rs, "seat", "direct")
-    return (
-        f"the seat's own cost on this host ({device} tensor, a kernel that returns its input): "
-        f"{cost * 1e3:.0f} ns per call (seat {t['seat'] * 1e3:.0f} ns, direct {t['direct'] * 1e3:.0f} ns; "
-        f"a bare Python call here: {t['python call'] * 1e3:.0f} ns)"
-    )
-
-
 def bench_attach(home: Path, quick: bool) -> None:
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
@@ -123,6 +48,8 @@ def bench_attach(home: Path, quick: bool) -> None:
     from frt.manifests import KernelRef, SeatCatalog, SeatSpec
     from frt.seats import attach
     from tests.support.seat_fixtures import LINEAR
+
+    from .call_loops import median_s
 
     hidden = 64 if quick else 256
     cfg = Qwen3Config(
@@ -223,6 +150,7 @@ def bench_overhead(home: Path, quick: bool) -> None:
     from tests.support.seat_fixtures import LINEAR, RMSNORM
 
     from . import call_pairs
+    from .call_loops import median_s, medians, paired, per_call_us
 
     cases = [
         ("linear", 1, torch.nn.Linear(1024, 3072, bias=False)),
@@ -304,6 +232,8 @@ def main() -> None:
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("bench.seats: --device cuda: no CUDA device here")
     from tests.support.seat_fixtures import staged_home
+
+    from .seat_cost import own_cost_line
 
     with tempfile.TemporaryDirectory(prefix="frt-bench-seats-") as tmp:
         home = staged_home(Path(tmp))  # fake Hub + real stage CLI; not timed

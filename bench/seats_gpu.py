@@ -208,8 +208,8 @@ def per_call_rows(home: Path, quick: bool, sets: dict) -> list[tuple]:
     from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm
 
     from . import call_pairs
+    from .call_loops import median_s, medians, paired, per_call_us
     from .seat_cost import seated_site
-    from .seats import median_s, medians, paired, per_call_us
 
     cfg = Qwen3Config(hidden_size=1024, intermediate_size=3072)
     budget, rounds = PER_CALL_QUICK if quick else PER_CALL
@@ -303,7 +303,7 @@ def report(home: Path, quick: bool) -> dict:
             f"{c['guarded_calls']} eager, {c['fallbacks']} fallbacks, {c['seats_never_called']} never called"
         )
 
-    from .seats import own_cost_line
+    from .seat_cost import own_cost_line
 
     calls = per_call_rows(home, quick, sets)
     budget, rounds = PER_CALL_QUICK if quick else PER_CALL

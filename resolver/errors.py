@@ -1,17 +1,13 @@
 """One error family for frt-mirror, and the one place that maps it to exit codes.
 
-A refusal is an outcome, not a crash: `KernelUnavailable` carries the `Refusal`
-that explains it, so the CLI, the ledger and the message all render one object.
+A refusal is an outcome, not a crash: `Refused` (resolution.KernelUnavailable, which carries the
+`Refusal` that explains it, so the CLI, the ledger and the message all render one object). This module
+imports nothing of ours: every module may raise its errors.
 Everything else a user can cause (bad target, malformed repo id, dead upstream,
 corrupt ledger) is a `FrtError` with one clear line of text.
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .resolution import Refusal
 
 
 class FrtError(Exception):
@@ -67,12 +63,8 @@ class HomeReadOnly(FrtError):
     """The home (or its ledger) is read-only here, a cluster's shared mount, and this needs to write it."""
 
 
-class KernelUnavailable(FrtError, ValueError):
-    """A kernel cannot be resolved for a target. `refusal` says why, and what would work."""
-
-    def __init__(self, refusal: Refusal):
-        super().__init__(refusal.message)
-        self.refusal = refusal
+class Refused(FrtError):
+    """What was asked has no answer that holds, and the reason is data, not a crash (exit 3)."""
 
 
 class VerificationFailed(FrtError):
@@ -106,7 +98,7 @@ EXIT_OK, EXIT_REFUSED, EXIT_BAD_INPUT, EXIT_UNAVAILABLE, EXIT_INTERRUPTED = 0, 1
 
 def exit_code(exc: BaseException) -> int:
     """The CLI's exit code for an error: the one map. Unknown errors are bugs, not refusals: re-raised."""
-    if isinstance(exc, (KernelUnavailable, VerificationFailed)):
+    if isinstance(exc, (Refused, VerificationFailed)):
         return EXIT_REFUSED
     if isinstance(exc, (UpstreamUnavailable, LedgerUnavailable, StoreUnavailable)):
         return EXIT_UNAVAILABLE

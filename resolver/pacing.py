@@ -35,7 +35,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from huggingface_hub.utils import RateLimitInfo, parse_ratelimit_headers
+# huggingface_hub.utils re-exports these lazily, through an __all__ mypy cannot read: named where they are
+# defined (the same module in 1.x and 2.x).
+from huggingface_hub.utils._http import RateLimitInfo, parse_ratelimit_headers
 
 from .errors import UpstreamUnavailable
 from .settings import env_number

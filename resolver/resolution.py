@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from .archs import declared_archs
+from .errors import Refused
 from .targets import Target
 
 
@@ -145,3 +146,11 @@ class Refusal:
             "versions_with_target": list(self.versions_with_target),
             "declared_archs": self.declared,
         }
+
+
+class KernelUnavailable(Refused, ValueError):
+    """A kernel cannot be resolved for a target. `refusal` says why, and what would work."""
+
+    def __init__(self, refusal: Refusal):
+        super().__init__(refusal.message)
+        self.refusal = refusal

@@ -6,13 +6,13 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 from .core import resolve_request
-from .errors import BadInput, KernelUnavailable
+from .errors import BadInput
 from .gate import check_ref, check_repo_id
 from .hub import HubClient, RepoNotFound
 from .ledger import Ledger
 from .ledger.retry import retried
 from .repo_ids import pin_variable, pinned_revision
-from .resolution import Refusal, Request, Resolution
+from .resolution import KernelUnavailable, Refusal, Request, Resolution
 from .scan import scan, unknown_revisions
 from .targets import Target
 

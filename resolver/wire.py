@@ -34,8 +34,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import urljoin, urlsplit
 
-from huggingface_hub import get_session
-from huggingface_hub.utils import hf_raise_for_status
+from huggingface_hub import get_session, hf_raise_for_status
 
 from .errors import UpstreamMalformed
 from .gate import json_kind

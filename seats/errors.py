@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from frt.resolver.errors import KernelUnavailable
+from frt.resolver.resolution import KernelUnavailable
 
 
 class SiteRefused(Exception):

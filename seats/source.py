@@ -20,9 +20,8 @@ from frt.manifests import KernelRef
 from frt.mirror.home_path import ledger_path
 from frt.mirror.store.home import Home
 from frt.mirror.store.records import blob_for
-from frt.resolver.errors import KernelUnavailable
 from frt.resolver.ledger import Ledger
-from frt.resolver.resolution import FileEntry, Resolution
+from frt.resolver.resolution import FileEntry, KernelUnavailable, Resolution
 from frt.resolver.resolve import resolve
 from frt.resolver.targets import Target, host_target
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from frt.resolver.attempts import RetryPolicy
-from frt.resolver.errors import KernelUnavailable
 from frt.resolver.hub import HubClient
 from frt.resolver.ledger import Ledger
 from frt.resolver.repo_ids import pin_variable
+from frt.resolver.resolution import KernelUnavailable
 from frt.resolver.resolve import resolve
 from frt.resolver.scan import scan
 from frt.resolver.targets import parse_target

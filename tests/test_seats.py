@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from frt.manifests import EXAMPLES, Guards, KernelRef, SeatCatalog, SeatSpec, load_seat_catalog  # noqa: E402
-from frt.resolver.errors import KernelUnavailable
+from frt.resolver.resolution import KernelUnavailable
 from frt.seats import Seat, SeatsRefused, arch_problem, attach, rocm_arch_problem  # noqa: E402
 from tests.support.seat_fixtures import (  # noqa: E402
     LINEAR,

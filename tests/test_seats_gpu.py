@@ -23,7 +23,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 from frt.manifests import EXAMPLES, KernelRef, SeatCatalog, SeatSpec, load_seat_catalog  # noqa: E402
-from frt.resolver.errors import KernelUnavailable
+from frt.resolver.resolution import KernelUnavailable
 from frt.seats import MoeSeat, Seat, SeatsRefused, attach  # noqa: E402
 from tests.support.graph_decode import StaticDecoder, teacher_forced_logits  # noqa: E402
 from tests.support.liger_fixture import LIGER  # noqa: E402

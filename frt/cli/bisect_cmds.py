@@ -7,8 +7,9 @@ import sys
 import click
 
 from frt.mirror.home_path import check_writable
-from frt.resolver.errors import BadInput, KernelUnavailable, exit_code
+from frt.resolver.errors import BadInput, exit_code
 from frt.resolver.gate import check_repo_id
+from frt.resolver.resolution import KernelUnavailable
 from frt.resolver.settings import MAX_SETTING
 
 from .app import App, Finite, cli, emit_json, endpoint_option, json_option, parse_targets

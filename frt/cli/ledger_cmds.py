@@ -9,8 +9,9 @@ import click
 from frt.manifests.fields import MAX_INT
 from frt.mirror.home_path import check_writable
 from frt.mirror.stage.progress import human_bytes
-from frt.resolver.errors import BadInput, KernelUnavailable, exit_code
+from frt.resolver.errors import BadInput, exit_code
 from frt.resolver.gate import check_repo_id
+from frt.resolver.resolution import KernelUnavailable
 
 from .app import App, cli, emit_json, endpoint_option, json_option, parse_targets
 from .demand_cmds import report_demand, since_option

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from frt.resolver.errors import KernelUnavailable
 from frt.resolver.hub import HubClient
 from frt.resolver.repo_ids import pin_variable
-from frt.resolver.resolution import Request
+from frt.resolver.resolution import KernelUnavailable, Request
 from frt.resolver.resolve import resolve
 from frt.resolver.targets import Target
 

@@ -117,7 +117,8 @@ def retried(fn: Callable[Concatenate[L, P], T]) -> Callable[Concatenate[L, P], T
     """A function of a ledger (its first argument, `self` for a method), as one retried unit."""
 
     @functools.wraps(fn)
-    def unit(ledger: L, *args: P.args, **kwargs: P.kwargs) -> T:
+    # `ledger` positional-only, as Concatenate has it: a keyword of P may then be named "ledger" too.
+    def unit(ledger: L, /, *args: P.args, **kwargs: P.kwargs) -> T:
         return ledger.retrying(fn, ledger, *args, **kwargs)
 
     return unit
