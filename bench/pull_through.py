@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
 import statistics
 import subprocess
@@ -27,6 +26,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from bench.child import run_child
 from bench.serve import emit, free_port, wait_listening
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,17 +73,7 @@ def clients(endpoint: str, tmp: Path, name: str) -> dict:
         HF_HUB_DOWNLOAD_TIMEOUT="120",
         HF_HUB_ETAG_TIMEOUT="120",
     )
-    out = subprocess.run(
-        [sys.executable, "-m", "bench.pull_through", "--child", endpoint, str(tmp / name), str(CLIENTS)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        cwd=ROOT,
-        env=env,
-    )
-    if out.returncode:
-        sys.exit(f"clients {name} failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_child("bench.pull_through", "--child", endpoint, str(tmp / name), str(CLIENTS), env=env, timeout=900)
 
 
 def serve(home: Path, tmp: Path, *args: str) -> tuple[subprocess.Popen, str]:

@@ -20,11 +20,12 @@ import json
 import math
 import os
 import random
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from bench.child import run_child
 
 # Variant names a repo draws 6-8 of (plus torch-universal in every third repo): wide enough that
 # about a quarter of (repo, version, target) requests find no variant and are refused.
@@ -151,19 +152,8 @@ def live_child(client: str, url: str, work: list, warmup: int, home: str) -> Non
 
 def run_live(client: str, hub, work: list, warmup: int, home: str) -> tuple[list[int], list[bool], float]:
     hub.reset_log()
-    cmd = [sys.executable, "-m", "bench.resolve", "--live-child", client, hub.url]
-    out = subprocess.run(
-        cmd,
-        input=json.dumps({"work": work, "warmup": warmup, "home": home}),
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=300,
-        cwd=ROOT,
-    )
-    if out.returncode:
-        sys.exit(f"live child ({client}) failed:\n{out.stderr}")
-    res = json.loads(out.stdout)
+    job = {"work": work, "warmup": warmup, "home": home}
+    res = run_child("bench.resolve", "--live-child", client, hub.url, job=job, timeout=300)
     return res["times"], res["ok"], len(hub.requests) / (warmup + len(work))
 
 

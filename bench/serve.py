@@ -49,6 +49,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.child import run_child
+
 ROOT = Path(__file__).resolve().parents[1]
 MiB = 1 << 20
 REPO, VARIANT, FILENAME = "bench-org/big", "torch-universal", "build/torch-universal/_weights.bin"
@@ -431,20 +433,10 @@ def emit(doc: dict) -> None:
         data = data[os.write(1, data) :]
 
 
-def run_child(*args: str) -> dict:
+def serve_child(*args: str) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
     env.update(HF_HUB_DISABLE_XET="1", HF_HUB_DISABLE_PROGRESS_BARS="1")
-    out = subprocess.run(
-        [sys.executable, "-m", "bench.serve", "--child", *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=ROOT,
-        env=env,
-    )
-    if out.returncode:
-        sys.exit(f"child {args[0]} failed:\n{out.stderr}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_child("bench.serve", "--child", *args, env=env)
 
 
 def curl_seconds(url: str, size: int) -> float | None:
@@ -553,17 +545,17 @@ def measure(servers: dict, f: dict, rounds: int, heads: int) -> dict:
     for i in range(RUNS):
         for name, url in servers.items():
             cache = Path(tempfile.mkdtemp(prefix=f"frt-bench-cache-{i}-"))
-            res = run_child("download", url, f["sha"], str(cache))
+            res = serve_child("download", url, f["sha"], str(cache))
             if res["size"] != f["size"]:
                 sys.exit(f"{name}: downloaded {res['size']} bytes, not {f['size']}")
             walls[name].append(res["wall"])
             shutil.rmtree(cache)
     raw = {name: [curl_seconds(url + f["url"], f["size"]) for _ in range(RUNS)] for name, url in servers.items()}
     fetch = {
-        name: run_child("fetch", url.rsplit(":", 1)[1], f["shard_url"], str(f["shard"]), str(rounds))
+        name: serve_child("fetch", url.rsplit(":", 1)[1], f["shard_url"], str(f["shard"]), str(rounds))
         for name, url in servers.items()
     }
-    lat = {name: run_child("heads", url.rsplit(":", 1)[1], f["url"], str(heads)) for name, url in servers.items()}
+    lat = {name: serve_child("heads", url.rsplit(":", 1)[1], f["url"], str(heads)) for name, url in servers.items()}
     return {"walls": walls, "raw": raw, "fetch": fetch, "lat": lat, "sha_mbps": sha_mbps(f["blob"])}
 
 

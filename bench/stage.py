@@ -29,12 +29,13 @@ import hashlib
 import json
 import os
 import stat
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
+
+from bench.child import run_child
 
 ROOT = Path(__file__).resolve().parents[1]
 MiB = 1 << 20
@@ -140,19 +141,9 @@ def child(kind: str, url: str, job: dict) -> dict:
     }
 
 
-def run_child(kind: str, hub, repos: dict, job: dict) -> tuple[dict, dict]:
+def stage_child(kind: str, hub, repos: dict, job: dict) -> tuple[dict, dict]:
     hub.reset_log()
-    out = subprocess.run(
-        [sys.executable, "-m", "bench.stage", "--child", kind, hub.url],
-        input=json.dumps(job),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=ROOT,
-    )
-    if out.returncode:
-        sys.exit(f"{kind} child failed:\n{out.stderr}")
-    return json.loads(out.stdout.strip().splitlines()[-1]), traffic(hub.requests, repos)
+    return run_child("bench.stage", "--child", kind, hub.url, job=job), traffic(hub.requests, repos)
 
 
 def traffic(log: list, repos: dict) -> dict:
@@ -229,7 +220,7 @@ def stage_real(repos: dict, job: dict, name: str, limits: tuple[int, int, int]) 
     """`ours` on a fresh home (tmp home + `name`) behind real_transport_hub."""
     hub = real_transport_hub(repos, limits)
     try:
-        return run_child("ours", hub, repos, dict(job, home=job["home"] + name))
+        return stage_child("ours", hub, repos, dict(job, home=job["home"] + name))
     finally:
         hub.stop()
 
@@ -242,7 +233,7 @@ def stage_on_s3(hub, repos: dict, job: dict) -> tuple[dict, dict]:
 
     with PgServer() as pg, S3Server() as s3:
         os.environ.update(s3.env())  # the child's, as a stager host's environment names the store
-        return run_child("ours", hub, repos, dict(job, ledger=pg.url, store=s3.new_prefix()))
+        return stage_child("ours", hub, repos, dict(job, ledger=pg.url, store=s3.new_prefix()))
 
 
 def file_bytes(root: Path, under: str = "") -> int:
@@ -307,12 +298,12 @@ def main() -> None:
 
         hub.faults.delay("", DELAY_S)  # every request, both sides: a round trip to a far Hub
         hub.faults.throttle("/resolve/", RATE)  # per connection: parallel downloads do add up
-        base, base_net = run_child(
+        base, base_net = stage_child(
             "baseline", hub, repos, {"plan": plan, "caches": str(tmp / "caches"), "hf_home": hf_home}
         )
         job = {"requests": req_pairs, "targets": TARGETS, "home": str(tmp / "home"), "hf_home": hf_home}
-        ours, ours_net = run_child("ours", hub, repos, job)
-        again, again_net = run_child("ours", hub, repos, job)
+        ours, ours_net = stage_child("ours", hub, repos, job)
+        again, again_net = stage_child("ours", hub, repos, job)
         on_s3 = stage_on_s3(hub, repos, dict(job, home=str(tmp / "home-s3"))) if args.store == "s3" else None
         hub.stop()
         ours_real, real_net = stage_real(repos, job, "-real", HUB_LIMITS)
