@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
@@ -27,6 +28,7 @@ if TYPE_CHECKING:  # the home, the ledger and the Hub client are imported by the
     from frt.mirror.store.home import Home
     from frt.resolver.hub import HubClient
     from frt.resolver.ledger import Ledger
+    from frt.resolver.targets import Target
 
 
 @dataclass
@@ -85,7 +87,7 @@ class _Group(click.Group):
         except click.ClickException as e:  # an option of frt-mirror itself (--home, --ledger, ...)
             _usage_error(ctx, e)
 
-    def invoke(self, ctx: click.Context):
+    def invoke(self, ctx: click.Context) -> Any:  # a command's callback's result, as click.Group's own
         try:
             return super().invoke(ctx)
         except click.ClickException as e:  # a command's options and arguments, parsed in here
@@ -111,17 +113,19 @@ class Finite(click.FloatRange):
     """A float option within [low, high] and finite: click's FloatRange lets nan through (every
     comparison with nan is false), and nan seconds reach a socket timeout or a sleep as a traceback."""
 
-    def __init__(self, low: float | None, high: float):
+    def __init__(self, low: float | None, high: float) -> None:
         super().__init__(low, high)
 
-    def convert(self, value, param, ctx):
+    def convert(self, value: float, param: click.Parameter | None, ctx: click.Context | None) -> float:
         number = super().convert(value, param, ctx)
         if number != number:
             self.fail(f"{value!r} is not a number of seconds", param, ctx)
         return number
 
 
-def parse_targets(_ctx, _param, values):
+def parse_targets(
+    _ctx: click.Context, _param: click.Parameter, values: str | Sequence[str] | None
+) -> Target | tuple[Target, ...] | None:
     if values is None:
         return None
     if isinstance(values, str):
@@ -129,8 +133,8 @@ def parse_targets(_ctx, _param, values):
     return tuple(parse_target(v) for v in values)
 
 
-def parse_repo_versions(_ctx, _param, values) -> dict[str, int]:
-    out = {}
+def parse_repo_versions(_ctx: click.Context, _param: click.Parameter, values: Sequence[str] | None) -> dict[str, int]:
+    out: dict[str, int] = {}
     for v in values or ():
         repo, sep, n = v.rpartition("=")
         if not sep or not repo or not (n.isascii() and n.isdigit() and int(n[:11]) <= MAX_INT):
@@ -142,7 +146,7 @@ def parse_repo_versions(_ctx, _param, values) -> dict[str, int]:
     return out
 
 
-def emit_json(doc) -> None:
+def emit_json(doc: object) -> None:
     click.echo(json.dumps(doc, indent=2, default=str))
 
 
@@ -180,7 +184,9 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Machine-read
 @endpoint_option
 @click.version_option(package_name="frt-mirror")
 @click.pass_context
-def cli(ctx: click.Context, home: Path | None, ledger_url: str | None, store_url: str | None, endpoint: str | None):
+def cli(
+    ctx: click.Context, home: Path | None, ledger_url: str | None, store_url: str | None, endpoint: str | None
+) -> None:
     """Resolve, stage, verify and serve Hugging Face Hub kernels for offline clusters."""
     # Before huggingface_hub is imported: it parses HF_ENDPOINT at import, and `http://[::1` or a port
     # past 65535 there was its ValueError traceback, whatever the command.
@@ -192,8 +198,10 @@ def cli(ctx: click.Context, home: Path | None, ledger_url: str | None, store_url
         store_url = check_store_url(store_url, where="--store")
     # huggingface_hub logs its own retries ("Retrying in 2s") to stderr; ours report the outcome in
     # one line, so its chatter would break the one-line error contract.
+    import logging
+
     from huggingface_hub.utils import logging as hf_logging
 
-    hf_logging.set_verbosity_error()
+    hf_logging.set_verbosity(logging.ERROR)  # what its set_verbosity_error() does (that one is unannotated)
     ctx.obj = App(root=home or default_home(), endpoint=endpoint, ledger_url=ledger_url, store_url=store_url)
     ctx.call_on_close(lambda: ctx.obj._home and ctx.obj._home.close())

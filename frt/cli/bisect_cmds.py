@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING, NoReturn
 
 import click
 
@@ -16,6 +17,27 @@ from .app import App, Finite, cli, emit_json, endpoint_option, json_option, pars
 from .render import table
 from .say import say
 
+if TYPE_CHECKING:
+    from typing import TypedDict
+
+    from frt.mirror.bisect.by_metric import Metric, PerfResult, PerfStep
+    from frt.mirror.bisect.by_revision import Step
+    from frt.mirror.store.home import Home
+    from frt.resolver.hub import HubClient
+    from frt.resolver.targets import Target
+
+    class _Common(TypedDict):
+        """What both bisects take besides the repo (bisect_cmd's `common`)."""
+
+        good: str
+        bad: str
+        target: Target
+        cmd: list[str]
+        home: Home
+        hub: HubClient | None
+        timeout: float | None
+        refresh: bool
+
 
 @cli.command("pin")
 @click.argument("repo")
@@ -24,7 +46,7 @@ from .say import say
 @click.option("--format", "fmt", type=click.Choice(["sh", "json"]), default="sh", show_default=True)
 @endpoint_option
 @click.pass_obj
-def pin_cmd(app: App, repo, revision, target, fmt, endpoint):
+def pin_cmd(app: App, repo: str, revision: str, target: Target, fmt: str, endpoint: str | None) -> None:
     """The environment that loads REPO at exactly REVISION: FRT_KERNEL_REV_<ID> and LOCAL_KERNELS
     (the commit is staged first if it is not yet)."""
     from frt.mirror.bisect.pin import pin_env
@@ -81,22 +103,22 @@ def pin_cmd(app: App, repo, revision, target, fmt, endpoint):
 @click.pass_obj
 def bisect_cmd(
     app: App,
-    repo,
-    good,
-    bad,
-    target,
-    timeout,
-    refresh,
-    offline,
-    metric,
-    higher,
-    repeat,
-    threshold,
-    interleave,
-    endpoint,
-    as_json,
-    cmd,
-):
+    repo: str,
+    good: str,
+    bad: str,
+    target: Target,
+    timeout: float | None,
+    refresh: bool,
+    offline: bool,
+    metric: str | None,
+    higher: bool | None,
+    repeat: int | None,
+    threshold: float | None,
+    interleave: bool,
+    endpoint: str | None,
+    as_json: bool,
+    cmd: tuple[str, ...],
+) -> None:
     """Find the first bad commit of REPO between --good and --bad: each probed commit is staged and
     CMD runs with FRT_KERNEL_REV_<ID> and LOCAL_KERNELS pointing at it. CMD exit: 0 good, 125 skip,
     other bad (as git bisect run); a timeout is a skip. With --metric, a commit is judged by the median
@@ -104,7 +126,7 @@ def bisect_cmd(
     perf = _metric(metric, higher, repeat, threshold, interleave)
     if not offline:
         check_writable(app.root, "bisect stages the commits it probes (bisect --offline uses only what is staged)")
-    common = {
+    common: _Common = {
         "good": good,
         "bad": bad,
         "target": target,
@@ -119,7 +141,7 @@ def bisect_cmd(
 
     from frt.mirror.bisect.by_revision import bisect
 
-    def show(step):
+    def show(step: Step) -> None:
         if not as_json:
             code = "timeout" if step.exit_code is None else step.exit_code
             click.echo(
@@ -142,11 +164,11 @@ def bisect_cmd(
     sys.exit(0 if result.first_bad else 1)
 
 
-def _bisect_perf(repo, perf, common, as_json):
+def _bisect_perf(repo: str, perf: Metric, common: _Common, as_json: bool) -> NoReturn:
     """The performance mode: each step on stderr as it is decided, then the result; exits."""
     from frt.mirror.bisect.by_metric import bisect_metric
 
-    def progress(step):
+    def progress(step: PerfStep) -> None:
         if not as_json:
             click.echo("  " + "  ".join(str(c) for c in _perf_row(step) if c), err=True)
 
@@ -158,7 +180,9 @@ def _bisect_perf(repo, perf, common, as_json):
     sys.exit(0 if result.first_bad else 1)
 
 
-def _metric(pattern, higher, repeat, threshold, interleave):
+def _metric(
+    pattern: str | None, higher: bool | None, repeat: int | None, threshold: float | None, interleave: bool
+) -> Metric | None:
     """The performance mode's settings, or None for a correctness bisect (exit codes only)."""
     import re
 
@@ -201,7 +225,7 @@ def _figure(x: float | None) -> str:
     return f"{x:.1f}" if abs(x) >= 10 else f"{x:.4g}"  # one column of one width for times and rates
 
 
-def _perf_row(step) -> list:
+def _perf_row(step: PerfStep) -> list[str]:
     change = "" if step.change is None else f"{step.change:+.1f}%"
     spread = "" if step.spread is None else f"{step.spread:.1f}%"
     runs = " ".join(_figure(r) for r in step.runs)
@@ -218,7 +242,7 @@ def _perf_row(step) -> list:
     ]
 
 
-def render_perf(result) -> str:
+def render_perf(result: PerfResult) -> str:
     """A performance bisect for people: every step, then the answer (or why there is none)."""
     lines = [f"skipped {sha[:12]}: {why}" for sha, why in result.skipped]
     lines.append(

@@ -15,15 +15,19 @@ from .render import table
 if TYPE_CHECKING:
     from frt.mirror.serve.demand_records import DemandLine
 
+    _ParamType = click.ParamType[timedelta]
+else:  # click < 8.4's ParamType is not generic (pyproject: click>=8.1)
+    _ParamType = click.ParamType
+
 _UNITS = {"m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
-class Duration(click.ParamType):
+class Duration(_ParamType):
     """`30m`, `12h`, `7d`, `2w`: a window back from now."""
 
     name = "DURATION"
 
-    def convert(self, value, param, ctx):
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> timedelta:
         if isinstance(value, timedelta):
             return value
         m = re.fullmatch(r"(\d{1,6})([mhdw])", str(value).strip())
@@ -74,7 +78,7 @@ def report_demand(app: App, since: timedelta | None, as_json: bool) -> None:
         )
 
 
-def _line_json(d: DemandLine) -> dict:
+def _line_json(d: DemandLine) -> dict[str, object]:
     return {
         "repo": d.repo,
         "target": d.target,
@@ -96,14 +100,14 @@ def _line_json(d: DemandLine) -> dict:
 
 
 @cli.group("demand")
-def demand_group():
+def demand_group() -> None:
     """What the fleet asked serve for (see report --demand)."""
 
 
 @demand_group.command("manifest")
 @since_option
 @click.pass_obj
-def demand_manifest_cmd(app: App, since):
+def demand_manifest_cmd(app: App, since: timedelta | None) -> None:
     """Print a manifest of every miss not staged since: stage it on the connected box."""
     from frt.mirror.serve.demand_records import misses_manifest
 

@@ -4,6 +4,7 @@ that composes the mirror and the adapters)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -12,6 +13,10 @@ from frt.resolver.errors import BadInput
 
 from .app import App, cli, emit_json, parse_repo_versions, parse_targets
 from .say import say
+
+if TYPE_CHECKING:
+    from frt.mirror.views.env import EnvEntry
+    from frt.resolver.targets import Target
 
 
 @cli.command("env")
@@ -54,7 +59,17 @@ from .say import say
 )
 @click.option("--format", "fmt", type=click.Choice(["sh", "json"]), default="sh", show_default=True)
 @click.pass_obj
-def env_cmd(app: App, target, serve_url, engine, seats, python_dir, versions, into, fmt):
+def env_cmd(
+    app: App,
+    target: Target | None,
+    serve_url: str | None,
+    engine: str | None,
+    seats: Path | None,
+    python_dir: Path | None,
+    versions: dict[str, int],
+    into: Path | None,
+    fmt: str,
+) -> None:
     """What a cluster sets: LOCAL_KERNELS for a target's staged set (one commit per repo: the resolved
     one, or the pin), or with --serve, HF_ENDPOINT for a running mirror. With --engine, also what a
     vLLM or SGLang job sets to attach seats in its workers without installing anything: PYTHONPATH
@@ -66,7 +81,7 @@ def env_cmd(app: App, target, serve_url, engine, seats, python_dir, versions, in
     if (seats or python_dir) and not engine:
         raise BadInput("--seats and --python-dir go with --engine vllm|sglang")
     values: dict[str, str] = {}
-    entries: list = []
+    entries: list[EnvEntry] = []
     warnings: list[str] = []
     if into is not None and target is None:
         raise BadInput("--into DIR goes with --target (it is where that target's files are written)")

@@ -29,7 +29,7 @@ def _existing(app: App) -> None:
 @click.option("--dry-run", is_flag=True, help="Report what would be removed; remove nothing.")
 @json_option
 @click.pass_obj
-def gc_cmd(app: App, dry_run, as_json):
+def gc_cmd(app: App, dry_run: bool, as_json: bool) -> None:
     """Remove blobs no staged row and no view references, and partial downloads of dead runs.
 
     Waits for a stage or import running in this home (and they wait for it)."""
@@ -50,7 +50,7 @@ def gc_cmd(app: App, dry_run, as_json):
 @click.option("--target", help="Only what is staged for this target (default: every target).")
 @json_option
 @click.pass_obj
-def unstage_cmd(app: App, spec, target, as_json):
+def unstage_cmd(app: App, spec: str, target: str | None, as_json: bool) -> None:
     """Drop a staged set: its staged rows and the views no other row needs; then 'gc' reclaims its blobs.
 
     REV: a staged version (v1), branch, tag or commit (default: everything staged of REPO)."""

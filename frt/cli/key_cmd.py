@@ -10,14 +10,14 @@ from .app import cli, emit_json, json_option
 
 
 @cli.group("key")
-def key_group():
+def key_group() -> None:
     """Keys that sign bundles on the connected box and check them on the cluster."""
 
 
 @key_group.command("new")
 @click.argument("path", type=click.Path(dir_okay=False, path_type=Path))
 @json_option
-def key_new_cmd(path, as_json):
+def key_new_cmd(path: Path, as_json: bool) -> None:
     """Write PATH (the private key, mode 0600: keep it on the connected box) and PATH.pub (the public
     key, for 'import --require-signature PATH.pub' on the cluster). Never overwrites a key."""
     from frt.mirror.bundle.signing import new_key

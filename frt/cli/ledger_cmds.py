@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
@@ -18,6 +19,12 @@ from .demand_cmds import report_demand, since_option
 from .render import table
 from .say import say
 
+if TYPE_CHECKING:
+    from datetime import timedelta
+
+    from frt.resolver.matrix import Matrix
+    from frt.resolver.targets import Target
+
 
 @cli.command("scan")
 @click.argument("repos", nargs=-1, required=True)
@@ -25,7 +32,7 @@ from .say import say
 @click.option("--jobs", default=8, show_default=True, type=click.IntRange(1, 64))
 @json_option
 @click.pass_obj
-def scan_cmd(app: App, repos, endpoint, jobs, as_json):
+def scan_cmd(app: App, repos: tuple[str, ...], endpoint: str | None, jobs: int, as_json: bool) -> None:
     """Record refs, commit history and per-commit build variants of REPOS in the ledger."""
     from frt.resolver.scan import scan
 
@@ -62,7 +69,16 @@ def scan_cmd(app: App, repos, endpoint, jobs, as_json):
 @endpoint_option
 @json_option
 @click.pass_obj
-def resolve_cmd(app: App, repo, version, revision, target, offline, endpoint, as_json):
+def resolve_cmd(
+    app: App,
+    repo: str,
+    version: int | None,
+    revision: str | None,
+    target: Target,
+    offline: bool,
+    endpoint: str | None,
+    as_json: bool,
+) -> None:
     """Resolve REPO for a target: the commit, the variant and its files. FRT_KERNEL_REV_<ID> pins it."""
     from frt.resolver.resolve import resolve
 
@@ -127,7 +143,7 @@ def resolve_cmd(app: App, repo, version, revision, target, offline, endpoint, as
 )
 @json_option
 @click.pass_obj
-def matrix_cmd(app: App, repo, targets, html, as_json):
+def matrix_cmd(app: App, repo: str, targets: tuple[Target, ...], html: str | None, as_json: bool) -> None:
     """Availability from the ledger: revision × variant, and which targets each revision serves."""
     check_repo_id(repo)
     from frt.mirror.store.records import MODEL_TARGET, repo_types
@@ -166,7 +182,7 @@ def matrix_cmd(app: App, repo, targets, html, as_json):
     click.echo(_render_matrix(m))
 
 
-def _write_html(app: App, repo: str, targets, path: str, known: bool) -> None:
+def _write_html(app: App, repo: str, targets: list[Target] | None, path: str, known: bool) -> None:
     from pathlib import Path
 
     from frt.mirror.serve.page import operator_view, render
@@ -184,7 +200,7 @@ def _write_html(app: App, repo: str, targets, path: str, known: bool) -> None:
     click.echo(f"wrote the matrix of {repo} to {path} ({human_bytes(len(page.encode()))})", err=True)
 
 
-def _render_matrix(m) -> str:
+def _render_matrix(m: Matrix) -> str:
     headers = [
         "commit",
         "date",
@@ -193,7 +209,7 @@ def _render_matrix(m) -> str:
         *[str(i + 1) for i in range(len(m.variants))],
         *[f"T{i + 1}" for i in range(len(m.targets))],
     ]
-    rows = []
+    rows: list[list[object]] = []
     for r in m.rows:
         cells = [("n" if v in r.no_digest else "x") if v in r.variants else "." for v in m.variants]
         serves = [("fb" if r.fallback(str(t)) else "ok") if r.serves[str(t)] else "-" for t in m.targets]
@@ -210,7 +226,7 @@ def _render_matrix(m) -> str:
     return f"{m.repo}\n{table(headers, rows)}\n\n{key}):\n" + "\n".join(legend)
 
 
-def _declared_archs(m, variant: str) -> str:
+def _declared_archs(m: Matrix, variant: str) -> str:
     """What a variant's builds declare, newest revision first where it changed: `  archs 9.0`."""
     seen = list(dict.fromkeys(r.archs.get(variant) for r in m.rows if variant in r.variants))
     if not seen:
@@ -224,7 +240,7 @@ def _declared_archs(m, variant: str) -> str:
 @since_option
 @json_option
 @click.pass_obj
-def report_cmd(app: App, demand, since, as_json):
+def report_cmd(app: App, demand: bool, since: timedelta | None, as_json: bool) -> None:
     """Every refusal on record: repo, version, target, error, detail (verbatim). With --demand: per repo
     and target, what the fleet asked serve for, when last, what it was served and what it missed."""
     if demand:

@@ -80,7 +80,16 @@ from .app import App, cli
     "read the home's store). Default: nginx's own (nobody, or the distribution's).",
 )
 @click.pass_obj
-def nginx_conf(app: App, upstreams, listen, run_dir, accel, head_cache, head_map, user):
+def nginx_conf(
+    app: App,
+    upstreams: tuple[str, ...],
+    listen: str,
+    run_dir: Path,
+    accel: str,
+    head_cache: int,
+    head_map: bool,
+    user: str | None,
+) -> None:
     """Print an nginx.conf for nginx in front of serve replicas of this home.
 
     nginx proxies the API and every HEAD to the replicas and sends file bodies itself from the home's

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -14,6 +15,23 @@ from frt.resolver.settings import MAX_SETTING
 
 from .app import App, Finite, cli, emit_json, json_option
 from .render import table
+
+if TYPE_CHECKING:
+    import tempfile
+    from typing import TypedDict, Unpack
+
+    from frt.mirror.serve.app import MirrorApp
+    from frt.mirror.serve.catalog import Catalog
+    from frt.mirror.serve.pull import Upstream
+
+    class _Limits(TypedDict):
+        """serve's HTTP limit options, by HttpLimits' field names (serve_cmd's `limits`)."""
+
+        max_header_bytes: int
+        header_timeout: float
+        keep_alive_timeout: int
+        max_connections: int
+
 
 LIMIT_ENV = {field: var for field, (var, *_rest) in HttpLimits.ENV.items()}
 
@@ -169,22 +187,22 @@ LIMIT_ENV = {field: var for field, (var, *_rest) in HttpLimits.ENV.items()}
 @click.pass_obj
 def serve_cmd(
     app: App,
-    host,
-    port,
-    trust,
-    access_log,
-    demand_clients,
-    workers,
-    accel_redirect,
-    head_map,
-    s3_redirect,
-    upstream,
-    allow,
-    refs_ttl,
-    upstream_timeout,
-    upstream_hold,
-    **limits,
-):
+    host: str,
+    port: int,
+    trust: tuple[str, ...],
+    access_log: str | None,
+    demand_clients: bool,
+    workers: int,
+    accel_redirect: str | None,
+    head_map: Path | None,
+    s3_redirect: bool,
+    upstream: str | None,
+    allow: tuple[str, ...],
+    refs_ttl: float,
+    upstream_timeout: float,
+    upstream_hold: float,
+    **limits: Unpack[_Limits],
+) -> None:
     """Serve the staged set as a read-only Hub endpoint: point HF_ENDPOINT at it.
 
     Exits 2 without serving when it cannot listen (the port is in use) or open the access log."""
@@ -263,10 +281,10 @@ def serve_cmd(
         click.get_current_context().exit(code)
 
 
-def _warn_unheld(app: App, mirror) -> None:
+def _warn_unheld(app: App, mirror: MirrorApp) -> None:
     """Blobs the staged rows need that the store does not hold: their files are answered 404 (not staged),
     which is true of what this serve can send but not of what was staged; say it once, at start."""
-    catalog = getattr(mirror.catalog, "current", None)  # not mirror.catalog(): that starts its poller
+    catalog: Catalog | None = getattr(mirror.catalog, "current", None)  # not mirror.catalog(): that starts its poller
     if catalog is None:
         return
     missing, needed = catalog.unheld
@@ -294,7 +312,9 @@ def _warn_name_picks(app: App) -> None:
         click.echo(f"frt-mirror: warning: {pick.text}", err=True)
 
 
-def _upstream(app: App, url, allow, refs_ttl, timeout, hold):
+def _upstream(
+    app: App, url: str | None, allow: tuple[str, ...], refs_ttl: float, timeout: float, hold: float
+) -> Upstream | None:
     from frt.mirror.serve.pull import Upstream
     from frt.resolver.errors import BadInput
 
@@ -310,7 +330,7 @@ def _upstream(app: App, url, allow, refs_ttl, timeout, hold):
     return Upstream(resolve_endpoint(url, "--upstream"), frozenset(allow), refs_ttl, timeout, hold)
 
 
-def multiprocess_metrics():
+def multiprocess_metrics() -> tempfile.TemporaryDirectory[str]:
     """A private folder for prometheus_client's multiprocess mode, named in its environment variable
     (inherited by the forked workers); a fresh one per serve, so no earlier run's counts are summed in."""
     import os
@@ -324,14 +344,14 @@ def multiprocess_metrics():
 
 
 @cli.group("token")
-def token_group():
+def token_group() -> None:
     """Bearer tokens for serve: with any token, requests without a valid one get 401."""
 
 
 @token_group.command("add")
 @click.argument("name")
 @click.pass_obj
-def token_add(app: App, name):
+def token_add(app: App, name: str) -> None:
     """Create a token and print it (the only time it is shown; the ledger keeps its hash)."""
     from frt.mirror.serve.tokens import add_token
 
@@ -342,7 +362,7 @@ def token_add(app: App, name):
 @token_group.command("list")
 @json_option
 @click.pass_obj
-def token_list(app: App, as_json):
+def token_list(app: App, as_json: bool) -> None:
     from frt.mirror.serve.tokens import list_tokens
 
     rows = list_tokens(app.ledger)
@@ -355,7 +375,7 @@ def token_list(app: App, as_json):
 @token_group.command("revoke")
 @click.argument("name")
 @click.pass_obj
-def token_revoke(app: App, name):
+def token_revoke(app: App, name: str) -> None:
     from frt.mirror.serve.tokens import revoke_token
 
     check_writable(app.root, "token revoke writes the ledger")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -15,6 +16,10 @@ from frt.resolver.errors import FrtError
 from .app import App, cli, emit_json, endpoint_option, json_option, parse_targets
 from .render import render_bundle, table
 from .say import say
+
+if TYPE_CHECKING:
+    from frt.mirror.stage.kernels import StageReport
+    from frt.resolver.targets import Target
 
 
 @cli.command("stage")
@@ -38,7 +43,16 @@ from .say import say
 @click.option("--quiet", "-q", is_flag=True, help="No progress meter (drawn only when stderr is a terminal).")
 @json_option
 @click.pass_obj
-def stage_cmd(app: App, manifest, targets, jobs, endpoint, wheel_index, quiet, as_json):
+def stage_cmd(
+    app: App,
+    manifest: Path | None,
+    targets: tuple[Target, ...],
+    jobs: int,
+    endpoint: str | None,
+    wheel_index: str | None,
+    quiet: bool,
+    as_json: bool,
+) -> None:
     """Fetch exactly the files the targets need, verified, into the store and views.
 
     MANIFEST: an frt manifest TOML, a pyproject.toml with [tool.kernels.dependencies], or a
@@ -123,7 +137,7 @@ def stage_cmd(app: App, manifest, targets, jobs, endpoint, wheel_index, quiet, a
     sys.exit(0 if report.ok else 1)
 
 
-def _untrusted_orgs(app: App, report) -> list[str]:
+def _untrusted_orgs(app: App, report: StageReport) -> list[str]:
     """The orgs of what was staged that the upstream's overview does not call trusted kernel publishers:
     kernels refuses their kernels at load (trust_remote_code), which the cluster would learn only then."""
     orgs = {r.repo.split("/", 1)[0] for r in report.rows if r.status == "staged" and r.variant}
@@ -136,7 +150,7 @@ def _untrusted_orgs(app: App, report) -> list[str]:
 @cli.command("verify")
 @json_option
 @click.pass_obj
-def verify_cmd(app: App, as_json):
+def verify_cmd(app: App, as_json: bool) -> None:
     """Re-hash every blob and check every view link; exit 1 with a list on any mismatch."""
     from frt.mirror.store.verify import verify
 
@@ -179,7 +193,7 @@ def verify_cmd(app: App, as_json):
 )
 @json_option
 @click.pass_obj
-def export_cache_cmd(app: App, out, target, wheels_to, keep, as_json):
+def export_cache_cmd(app: App, out: Path, target: Target, wheels_to: Path | None, keep: bool, as_json: bool) -> None:
     """Write a Hub cache for a target that works with HF_HUB_OFFLINE=1 (refs/vN for every staged version),
     and a find-links folder of the wheels its kernels' python-depends need.
 
@@ -192,7 +206,8 @@ def export_cache_cmd(app: App, out, target, wheels_to, keep, as_json):
     wheels_to = (wheels_to or out.with_name(f"{out.name}-wheels")) if wheels else None
     done = export_cache(out, app.home, target, wheels_to, keep=keep)
     refs = done.refs
-    install = pip_line(wheels, wheels_to.absolute()) if wheels else None
+    # wheels_to is None exactly when no wheel is needed (said for the type checker)
+    install = pip_line(wheels, wheels_to.absolute()) if wheels_to is not None else None
     if as_json:
         emit_json(
             {
@@ -210,7 +225,7 @@ def export_cache_cmd(app: App, out, target, wheels_to, keep, as_json):
         gone = ", ".join(f"{r}@{ref}" for r, ref, _ in done.removed)
         click.echo(f"removed {len(done.removed)} ref(s) the home no longer stages: {gone}")
     click.echo(f"\nHF_HUB_CACHE={out.absolute()}  (with HF_HUB_OFFLINE=1 on the cluster)")
-    if install:
+    if install and wheels_to is not None:
         click.echo(f"python-depends: {len(wheels)} wheel(s) in {wheels_to.absolute()}; on the cluster: {install}")
 
 
@@ -243,7 +258,9 @@ quiet_option = click.option(
 @quiet_option
 @json_option
 @click.pass_obj
-def bundle_cmd(app: App, out, targets, since, sign, quiet, as_json):
+def bundle_cmd(
+    app: App, out: Path, targets: tuple[Target, ...], since: Path | None, sign: Path | None, quiet: bool, as_json: bool
+) -> None:
     """Write OUT.tar: the staged set (blobs and ledger rows) for 'frt-mirror import' across an air gap."""
     from frt.mirror.bundle import bundle
 
@@ -272,7 +289,9 @@ def bundle_cmd(app: App, out, targets, since, sign, quiet, as_json):
 @quiet_option
 @json_option
 @click.pass_obj
-def import_cmd(app: App, src, require_signature, allow_rollback, quiet, as_json):
+def import_cmd(
+    app: App, src: Path, require_signature: Path | None, allow_rollback: bool, quiet: bool, as_json: bool
+) -> None:
     """Verify every file of IN.tar, then add it to the store, ledger and views; nothing if any check fails.
 
     An incremental bundle ('bundle --since') imports only into a home that holds its base."""
