@@ -4,6 +4,7 @@ and the body-less answer that tells nginx where the blob lies."""
 from __future__ import annotations
 
 import re
+from typing import Literal
 
 # What nginx's static file handler would answer otherwise than serve, which ignores them (a 304, a 412,
 # If-Range's whole-file 200): a GET carrying one is streamed by serve itself, even behind nginx.
@@ -13,7 +14,7 @@ CONDITIONAL = frozenset({b"if-range", b"if-match", b"if-none-match", b"if-modifi
 PLAIN_RANGE = re.compile(r"bytes=(\d{1,18}-\d{0,18}|-\d{1,18})", re.ASCII)
 
 
-def accel_ok(headers: list, rng) -> bool:
+def accel_ok(headers: list[tuple[bytes, bytes]], rng: tuple[int, int] | Literal["unsatisfiable"] | None) -> bool:
     """Whether a GET came through nginx-conf's nginx and nginx would answer it as serve does: no
     conditional header, and no Range or a plain satisfiable one (`rng`: parse_range's reading)."""
     nginx, plain = False, True
@@ -27,7 +28,7 @@ def accel_ok(headers: list, rng) -> bool:
     return nginx and plain
 
 
-def accel_headers(fixed: tuple, ranged: bool) -> tuple:
+def accel_headers(fixed: tuple[tuple[bytes, bytes], ...], ranged: bool) -> tuple[tuple[bytes, bytes], ...]:
     """The answer that hands a GET to nginx: the file's headers and no body; where nginx finds it
     (X-Accel-Redirect) is the integrity's word (handoff), once the blob was verified.
     nginx keeps only Content-Type and Accept-Ranges of a redirecting answer (the internal location

@@ -19,6 +19,10 @@ import asyncio
 import os
 import re
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from starlette.types import Message, Scope, Send
 
 _UNSAFE = re.compile(rb"[^\x21\x23-\x5b\x5d-\x7e]")  # printable ASCII except space, `"` and `\`
 _PATHS_MAX = 8192  # escaped paths remembered (clients ask the same few thousand URLs over and over)
@@ -33,7 +37,7 @@ def escape(raw: bytes) -> str:
 class LogSink:
     """Batched, unbuffered appends to one file descriptor (a file, stdout or stderr)."""
 
-    def __init__(self, fd: int, close: bool = False):
+    def __init__(self, fd: int, close: bool = False) -> None:
         self.fd, self._close = fd, close
         self._lines: list[str] = []
         self._scheduled = False
@@ -68,12 +72,12 @@ class LogSink:
 class AccessLog:
     """Formats one request's line into a sink. `t0` is time.perf_counter() when the request came in."""
 
-    def __init__(self, sink: LogSink):
+    def __init__(self, sink: LogSink) -> None:
         self.sink = sink
         self._paths: dict[bytes, str] = {}
         self._stamp = (0, "")
 
-    def record(self, scope, status: int, nbytes: int, t0: float) -> None:
+    def record(self, scope: Scope, status: int, nbytes: int, t0: float) -> None:
         ms = (time.perf_counter() - t0) * 1e3
         raw = scope.get("raw_path") or scope["path"].encode()
         if query := scope.get("query_string"):
@@ -103,10 +107,10 @@ class Counted:
 
     __slots__ = ("send", "status", "nbytes")
 
-    def __init__(self, send):
+    def __init__(self, send: Send) -> None:
         self.send, self.status, self.nbytes = send, 500, 0  # 500 stands if the app fails before answering
 
-    async def __call__(self, message):
+    async def __call__(self, message: Message) -> None:
         if message["type"] == "http.response.start":
             self.status = message["status"]
         else:

@@ -20,10 +20,11 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.types import Receive, Scope, Send
 
 from frt.manifests.fields import org_problem
 from frt.resolver.errors import FrtError
@@ -34,8 +35,8 @@ from .accesslog import AccessLog, Counted
 from .blob import BlobResponse, FileIntegrity, file_headers
 from .catalog import Catalog, ServedCommit, ServedRepo, dir_oid, etag_of
 from .demand import DemandRecorder
-from .hot import HotTable
-from .objects import ObjectIntegrity
+from .hot import HotEntry, HotTable
+from .objects import ObjectIntegrity, ObjectResponse
 from .protocol import (
     TOKEN_HINT,
     TOKEN_MESSAGE,
@@ -60,6 +61,7 @@ log = logging.getLogger("frt.serve")
 REPO_TYPES = {"models": "model", "kernels": "kernel", "datasets": "dataset", "spaces": "space"}
 PREFIXES = {"kernels": "kernel", "datasets": "dataset", "spaces": "space"}
 PAGE, PAGE_EXPAND, COMMITS_PAGE = 1000, 50, 100
+Answer = Response | ObjectResponse  # what a route answers (an object store's file is an ObjectResponse)
 
 
 class MirrorApp:
@@ -77,7 +79,7 @@ class MirrorApp:
         log: AccessLog | None = None,
         accel_redirect: str | None = None,
         pull: PullService | None = None,
-    ):
+    ) -> None:
         self.catalog = catalog
         self.pull = pull  # serve --upstream: misses of allowed repos go to the upstream (see pull.py)
         self.authorized = authorized
@@ -90,7 +92,7 @@ class MirrorApp:
         self.integrity: FileIntegrity | ObjectIntegrity = FileIntegrity()
         self.demand = DemandRecorder()  # what kernels clients ask for (demand.py); make_app gives it the ledger
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
             while (await receive())["type"] != "lifespan.shutdown":
                 await send({"type": "lifespan.startup.complete"})
@@ -107,7 +109,8 @@ class MirrorApp:
         if scope["method"] in ("GET", "HEAD") and (hit := await self.hot(scope, receive, send)) is not None:
             self.record_hot(scope, *hit, t0)  # here, not by wrapping send: that would cost more than the hit
             return
-        counted = Counted(send) if log or metrics else send
+        # send itself only where neither log nor metrics is set: nothing below then reads .status/.nbytes
+        counted: Counted = Counted(send) if log or metrics else send  # type: ignore[assignment]
         try:
             await self.answer(scope, receive, counted)
         finally:
@@ -116,7 +119,7 @@ class MirrorApp:
             if metrics:
                 metrics.request(scope, counted.status, counted.nbytes)
 
-    async def answer(self, scope, receive, send):
+    async def answer(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Every request the hot path did not take: routing, then a response or a HubError's."""
         request = Request(scope, receive)
         try:
@@ -140,7 +143,7 @@ class MirrorApp:
             self._token_noted = True
             log.warning("a request without a token was refused (401): %s", TOKEN_HINT)
 
-    async def hot(self, scope, receive, send) -> tuple[int, int] | None:
+    async def hot(self, scope: Scope, receive: Receive, send: Send) -> tuple[int, int] | None:
         """Answer a whole-file resolve URL that was answered before, from the hot table (hot.py): no
         routing, no Starlette; the token still checked every time. The status and body bytes sent; None
         where the table declines (the slow way says why), or a blob not verified lately for nginx."""
@@ -157,7 +160,7 @@ class MirrorApp:
         sent = await answer(scope, receive, send)  # first: the answer may change its status (a 500, a 302)
         return answer.status_code, sent
 
-    def fast_head(self, scope, t0: float) -> bytes | None:
+    def fast_head(self, scope: Scope, t0: float) -> bytes | None:
         """A HEAD that hot() would answer, answered by the HTTP protocol itself (limits.guarded): its
         header lines, encoded once per URL, after logging and counting it as hot() does. No ASGI task,
         no response object: at 64 clients in flight a HEAD costs about a third less (bench/serve.py).
@@ -167,21 +170,21 @@ class MirrorApp:
         self.record_hot(scope, 200, 0, t0)
         return found[0].lines
 
-    def protocol_hit(self, scope):
+    def protocol_hit(self, scope: Scope) -> tuple[HotEntry, bool] | None:
         """The hot table's hit for what the HTTP protocol answers itself (fast_head, sendfile.hot_get);
         None where hot() would decline, or for a forwarded client address uvicorn's proxy headers log."""
         if any(name == b"x-forwarded-for" for name, _ in scope["headers"]):
             return None
         return self._hot.hit(scope, self.catalog(), self.integrity.bad, self.authorized)
 
-    def record_hot(self, scope, status: int, sent: int, t0: float) -> None:
+    def record_hot(self, scope: Scope, status: int, sent: int, t0: float) -> None:
         """Log and count an answer of the hot path (hot, fast_head, sendfile.hot_get) as the slow way does."""
         if self.log:
             self.log.record(scope, status, sent, t0)
         if self.metrics:
             self.metrics.count("resolve", scope["method"], status, sent)
 
-    async def dispatch(self, request: Request) -> Response:
+    async def dispatch(self, request: Request) -> Answer:
         segs = split_raw_path(request.scope.get("raw_path") or request.scope["path"].encode())
         method = request.method
         # Never a Hub route: `/`, `/metrics` and `/-/…` (`/metrics/x/resolve/…` is an org's model repo).
@@ -200,7 +203,7 @@ class MirrorApp:
                 return await self.resolve(request, repo_type, f"{rest[0]}/{rest[1]}", rev, "/".join(path))
         raise HubError(404, None, "Not found")
 
-    async def api(self, request: Request, segs: list[str], method: str) -> Response:
+    async def api(self, request: Request, segs: list[str], method: str) -> Answer:
         if segs == ["agent-harnesses"]:
             raise HubError(404, None, "Not found")
         if len(segs) == 3 and segs[0] == "organizations" and segs[2] == "overview" and method == "GET":
@@ -268,7 +271,7 @@ class MirrorApp:
         return JSONResponse(info_body(repo.repo_id, c.sha, c.date, c.files))
 
     def refs(self, request: Request, repo: ServedRepo) -> Response:
-        def refs(d: dict[str, str], kind: str) -> list[dict]:
+        def refs(d: dict[str, str], kind: str) -> list[dict[str, str]]:
             return [{"name": n, "ref": f"refs/{kind}/{n}", "targetCommit": sha} for n, sha in sorted(d.items())]
 
         branches = {**self.demand.unstaged_refs(request.scope, repo.unstaged), **repo.branches}
@@ -312,9 +315,9 @@ class MirrorApp:
         ]
         return JSONResponse([self.entry(c, p, expand) for p in dict.fromkeys(known)])
 
-    def entry(self, c: ServedCommit, path: str, expand: bool) -> dict:
+    def entry(self, c: ServedCommit, path: str, expand: bool) -> dict[str, Any]:
         f = c.files.get(path)
-        e = f.tree_entry() if f else {"type": "directory", "oid": dir_oid(c.sha, path), "path": path}
+        e: dict[str, Any] = f.tree_entry() if f else {"type": "directory", "oid": dir_oid(c.sha, path), "path": path}
         if expand:
             e["lastCommit"] = {"id": c.sha, "title": c.title, "date": iso_time(c.date)}
         return e
@@ -337,7 +340,7 @@ class MirrorApp:
 
     # -- files -----------------------------------------------------------------------------------
 
-    async def resolve(self, request: Request, repo_type: str, repo_id: str, rev: str, path: str) -> Response:
+    async def resolve(self, request: Request, repo_type: str, repo_id: str, rev: str, path: str) -> Answer:
         catalog = self.catalog()
         repo = await self.repo(request, repo_type, repo_id, rev)
         c = self.commit(repo, rev)

@@ -8,6 +8,7 @@ import functools
 import hashlib
 import os
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import anyio
 from starlette.responses import Response
@@ -17,12 +18,17 @@ from .cut import cut
 from .integrity import Integrity, file_key
 from .protocol import HubError
 
+if TYPE_CHECKING:
+    from _hashlib import HASH
+
+    from starlette.types import Receive, Scope, Send
+
 CHUNK = 4 << 20
 INLINE = 256 << 10  # bodies up to this size are read on the event loop (see BlobResponse)
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def file_headers(commit: str, etag: str, lfs_sha256: str | None, size: int) -> tuple:
+def file_headers(commit: str, etag: str, lfs_sha256: str | None, size: int) -> tuple[tuple[bytes, bytes], ...]:
     """A file answer's fixed headers, encoded once: HEAD is the hot path (one per file per snapshot),
     and building them through Starlette's Response cost about as much as the rest of the request."""
     headers = [
@@ -53,14 +59,14 @@ class BlobResponse(Response):
         headers: Sequence[tuple[bytes, bytes]],
         head: bool = False,
         integrity: Integrity | None = None,
-    ):
+    ) -> None:
         self.status_code, self.background = status, None
         # Starlette types raw_headers as a list; a tuple (the hot path's, built once per URL) is sent as it is.
         self.raw_headers = headers  # type: ignore[assignment]
         self.file, self.start, self.end, self.head, self.integrity = f, start, end, head, integrity
 
     # The body bytes sent, for the access log (MirrorApp.hot); Starlette ignores what __call__ returns.
-    async def __call__(self, scope, receive, send) -> int:  # type: ignore[override]
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> int:  # type: ignore[override]
         """Sends the answer; returns the body bytes sent (self.status_code: the status sent)."""
         if self.head:
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
@@ -85,7 +91,7 @@ class BlobResponse(Response):
         finally:
             os.close(fd)
 
-    async def _send(self, fd: int, scope, receive, send) -> int:
+    async def _send(self, fd: int, scope: Scope, receive: Receive, send: Send) -> int:
         f, integrity, st = self.file, self._integrity(), os.fstat(fd)
         # Verified lately (a Range always is): sent as it is, checked at the end. Else this answer hashes
         # it for everyone asking meanwhile, or, where another already does, waits for its word at the end.
@@ -98,7 +104,9 @@ class BlobResponse(Response):
             if verifier is not None:
                 integrity.end(f, verifier)
 
-    async def _chunks(self, fd: int, st: os.stat_result, h, trusted: bool, scope, receive, send) -> int:
+    async def _chunks(
+        self, fd: int, st: os.stat_result, h: HASH | None, trusted: bool, scope: Scope, receive: Receive, send: Send
+    ) -> int:
         off, end = self.start, self.end
 
         def read(at: int) -> bytes:  # in order: the next read starts after this one returned
@@ -136,7 +144,7 @@ class BlobResponse(Response):
             if nxt is not None:  # a read in flight must finish before its fd is closed
                 await asyncio.wait({nxt})
 
-    async def _held_back(self, fd: int, st: os.stat_result, h, off: int, trusted: bool) -> str | None:
+    async def _held_back(self, fd: int, st: os.stat_result, h: HASH | None, off: int, trusted: bool) -> str | None:
         """Why the last chunk must not go (None: it may). `h`: the whole file's hash as read; None where
         the file was verified before (`trusted`) or is being verified by another (its word is awaited):
         then it must still be that very file."""
@@ -164,7 +172,7 @@ class BlobResponse(Response):
         (cut.py: this says why)."""
         return cut(self.file.path, sent, self.end - self.start, problem)
 
-    async def _refuse(self, error, scope, receive, send) -> int:
+    async def _refuse(self, error: HubError, scope: Scope, receive: Receive, send: Send) -> int:
         self.status_code = error.status
         await error.response()(scope, receive, send)
         return 0

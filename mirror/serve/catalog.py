@@ -13,10 +13,18 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from ..store.home import Home
 from ..store.records import blob_for, repo_types, staged_rows, wheel_rows
 from .tokens import token_hashes
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from frt.resolver.ledger.view import LedgerView
+
+    from ..store.records import StagedRow
 
 VERSION_BRANCH = re.compile(r"v\d+")
 
@@ -41,8 +49,8 @@ class ServedFile:
         assert self.blob is not None, f"{self.path}: not stored"
         return self.blob
 
-    def tree_entry(self) -> dict:
-        entry = {"type": "file", "oid": self.oid, "size": self.size, "path": self.path}
+    def tree_entry(self) -> dict[str, Any]:
+        entry: dict[str, Any] = {"type": "file", "oid": self.oid, "size": self.size, "path": self.path}
         if self.lfs:
             entry["lfs"] = {
                 "oid": self.sha256,
@@ -160,7 +168,7 @@ def load_catalog(home: Home, trust_override: frozenset[str] = frozenset()) -> Ca
     return Catalog(repos, publishers, frozenset(trust_override), token_hashes(ledger), _wheels(home, rows), unheld)
 
 
-def _wheels(home: Home, rows) -> dict[str, dict[str, ServedFile]]:
+def _wheels(home: Home, rows: Iterable[StagedRow]) -> dict[str, dict[str, ServedFile]]:
     out: dict[str, dict[str, ServedFile]] = {}
     for name, (project, _version, sha, size) in wheel_rows(home.ledger, {w for r in rows for w in r.wheels}).items():
         if home.store.has(sha):  # only verified bytes are served
@@ -168,7 +176,7 @@ def _wheels(home: Home, rows) -> dict[str, dict[str, ServedFile]]:
     return out
 
 
-def add_refs(view, served: ServedRepo, rows, upstream: bool = False) -> None:
+def add_refs(view: LedgerView, served: ServedRepo, rows: Iterable[StagedRow], upstream: bool = False) -> None:
     """Branches v<N> as staged (what `kernels` resolves), plus upstream refs that point at staged commits.
     `upstream` (pull-through): the upstream's refs as last seen win over what was staged under a name."""
     for kind, name, sha in view.refs(served.repo_id):

@@ -26,6 +26,7 @@ import threading
 from collections.abc import Callable
 from datetime import datetime, timezone
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 from frt.manifests.fields import repo_id_problem
 from frt.resolver.errors import FrtError
@@ -33,6 +34,11 @@ from frt.resolver.targets import make_target
 from frt.resolver.variants import accepted
 
 from .demand_records import SERVED, Ask, Tally
+
+if TYPE_CHECKING:
+    from starlette.types import Scope
+
+    from .catalog import ServedRepo
 
 log = logging.getLogger("frt.serve")
 INTERVAL = 2.0
@@ -59,7 +65,8 @@ def target_of(agent: str) -> str | None:
     return str(target)
 
 
-def _agent(scope) -> str:
+def _agent(scope: Scope) -> str:
+    value: bytes  # the scope's raw (name, value) header pairs
     for name, value in scope["headers"]:
         if name == b"user-agent":
             return value.decode("latin-1")[:1024]
@@ -83,11 +90,11 @@ class DemandRecorder:
 
     # -- what the app calls ------------------------------------------------------------------------
 
-    def unstaged_refs(self, scope, unstaged: dict[str, str]) -> dict[str, str]:
+    def unstaged_refs(self, scope: Scope, unstaged: dict[str, str]) -> dict[str, str]:
         """The versions known but not staged, for a kernels client's refs answer (see the module's doc)."""
         return unstaged if unstaged and target_of(_agent(scope)) is not None else {}
 
-    def listed(self, scope, repo, rev: str, commit: str, names: list[str]) -> None:
+    def listed(self, scope: Scope, repo: ServedRepo, rev: str, commit: str, names: list[str]) -> None:
         """A listing of `build/` at a staged commit: served where the client's target accepts a variant."""
         target = self._target(scope)
         if target is None or _probe(rev):
@@ -96,7 +103,7 @@ class DemandRecorder:
         asked = _asked(repo, commit)
         self._count(scope, Ask(repo.repo_id, asked, target, SERVED if picks else "variant"), picks[0] if picks else "")
 
-    def missed(self, scope, repo, rev: str) -> None:
+    def missed(self, scope: Scope, repo: ServedRepo, rev: str) -> None:
         """A revision the repo does not have staged: a known version's commit, or any other revision."""
         target = self._target(scope)
         if target is None or _probe(rev):
@@ -109,7 +116,7 @@ class DemandRecorder:
         else:
             self._count(scope, Ask(repo.repo_id, f"revision {rev[:64]}", target, "revision"))
 
-    def missed_repo(self, scope, repo_id: str) -> None:
+    def missed_repo(self, scope: Scope, repo_id: str) -> None:
         """A repo this mirror has nothing of (gated: a malformed id is nobody's demand)."""
         target = self._target(scope)
         if target is not None and repo_id_problem(repo_id) is None:
@@ -117,7 +124,7 @@ class DemandRecorder:
 
     # -- counting and writing ------------------------------------------------------------------------
 
-    def _target(self, scope) -> str | None:
+    def _target(self, scope: Scope) -> str | None:
         return None if self.write is None else target_of(_agent(scope))
 
     @staticmethod
@@ -130,7 +137,7 @@ class DemandRecorder:
         except FrtError:
             return []
 
-    def _count(self, scope, ask: Ask, variant: str = "") -> None:
+    def _count(self, scope: Scope, ask: Ask, variant: str = "") -> None:
         if self.clients and scope.get("client"):
             ask = Ask(ask.repo, ask.asked, ask.target, ask.outcome, str(scope["client"][0]))
         now = datetime.now(timezone.utc)
@@ -195,7 +202,7 @@ def _probe(rev: str) -> bool:
     return rev.startswith("refs/")
 
 
-def _asked(repo, commit: str) -> str:
+def _asked(repo: ServedRepo, commit: str) -> str:
     """A staged commit as what a client asked for: its version where a v<N> branch names it."""
     names = [n for n, sha in repo.branches.items() if sha == commit and _VERSION.fullmatch(n)]
     return max(names, key=lambda n: int(n[1:])) if names else f"revision {commit}"

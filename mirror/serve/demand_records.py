@@ -167,7 +167,7 @@ def misses_manifest(lines: Iterable[DemandLine]) -> tuple[str, int]:
     record, as for any manifest. A repo kernels asked for by name only (it never got as far as a version)
     is a comment to fill in. Returns the text and how many misses it holds."""
     targets: set[str] = set()
-    wanted: dict[str, dict[str, dict]] = {}
+    wanted: dict[str, dict[str, dict[str, int | str]]] = {}
     unnamed: dict[str, set[str]] = {}
     for line in lines:
         for m in line.open_misses:

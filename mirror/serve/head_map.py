@@ -75,7 +75,7 @@ class HeadMap:
     def __init__(self, run_dir: Path, skip_repo: Callable[[str], bool]):
         self.dir, self.run_dir = run_dir / "heads", run_dir
         self.skip_repo = skip_repo
-        self._seen: tuple | None = None
+        self._seen: tuple[Catalog, frozenset[str], bool] | None = None
         self._unsignalled = False
 
     @property

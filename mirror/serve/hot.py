@@ -5,10 +5,13 @@ a repeat (a HEAD per file per snapshot is most of a client's traffic) skips rout
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from .accel import CONDITIONAL
 from .catalog import Catalog, ServedFile
+
+if TYPE_CHECKING:
+    from starlette.types import Scope
 
 HOT_MAX = 8192  # resolve URLs remembered
 
@@ -16,23 +19,31 @@ HOT_MAX = 8192  # resolve URLs remembered
 class HotEntry(NamedTuple):
     catalog: Catalog  # the one the answer was built from: another one, and the entry is stale
     file: ServedFile
-    headers: tuple  # the answer's raw (name, value) pairs, Content-Length included
-    accel: tuple | None  # the answer that hands a GET to nginx (serve --accel-redirect)
+    headers: tuple[tuple[bytes, bytes], ...]  # the answer's raw (name, value) pairs, Content-Length included
+    accel: tuple[tuple[bytes, bytes], ...] | None  # the answer that hands a GET to nginx (serve --accel-redirect)
     lines: bytes  # `headers` as the header lines fast_head writes
 
 
 class HotTable:
     def __init__(self) -> None:
-        self._entries: dict[bytes, HotEntry] = {}
+        # Keyed by raw path; looked up with scope.get("raw_path"): a scope without one (None) misses.
+        self._entries: dict[bytes | None, HotEntry] = {}
 
-    def remember(self, raw: bytes, catalog: Catalog, f: ServedFile, headers: tuple, accel: tuple | None) -> None:
+    def remember(
+        self,
+        raw: bytes,
+        catalog: Catalog,
+        f: ServedFile,
+        headers: tuple[tuple[bytes, bytes], ...],
+        accel: tuple[tuple[bytes, bytes], ...] | None,
+    ) -> None:
         if len(self._entries) >= HOT_MAX:  # distinct spellings of one URL must not grow it without bound
             self._entries.clear()
         lines = b"".join(b"%s: %s\r\n" % h for h in headers)
         self._entries[raw] = HotEntry(catalog, f, headers, accel, lines)
 
     def hit(
-        self, scope, catalog: Catalog, bad: Collection[str], authorized: Callable[[str | None], bool]
+        self, scope: Scope, catalog: Catalog, bad: Collection[str], authorized: Callable[[str | None], bool]
     ) -> tuple[HotEntry, bool] | None:
         """This request's entry, and whether nginx forwarded it; None: not remembered, from an older
         catalog, a blob found bad, a Range or a condition (the slow way parses them), a token that fails."""

@@ -36,6 +36,7 @@ import os
 import sys
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from frt.resolver.settings import env_number
 
@@ -45,6 +46,17 @@ from ..store.blobs import blob_relpath
 from .catalog import ServedFile
 from .protocol import HubError
 
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from prometheus_client import Counter
+
+    from ..store.home import Home
+    from .metrics import Metrics
+
+# (st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns): see file_key
+FileKey = tuple[int, int, int, int, int]
+
 # QUARANTINE: the event's kind (the folder bad files are moved to: HomeLayout.quarantine)
 TTL_ENV = "FRT_SERVE_VERIFY_TTL"
 READ = 4 << 20
@@ -52,7 +64,7 @@ MAX_ENTRIES = 1 << 16  # blobs remembered as verified: past that the cache start
 log = logging.getLogger("frt.serve")
 
 
-def file_key(st: os.stat_result) -> tuple:
+def file_key(st: os.stat_result) -> FileKey:
     """What a changed byte cannot keep (short of a change below the filesystem): see the module's doc."""
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
@@ -73,15 +85,15 @@ class Integrity:
     """One serve process's record of the blobs it verified and those it found bad. `home` (None in
     bare test apps): where bad blobs are moved from and their events recorded."""
 
-    def __init__(self, home=None, metrics=None, ttl: float | None = None):
+    def __init__(self, home: Home | None = None, metrics: Metrics | None = None, ttl: float | None = None) -> None:
         self.home = home
         self.ttl = env_number(TTL_ENV, 3600.0) if ttl is None else ttl
-        self._verified: dict[str, tuple[tuple, float]] = {}  # sha256 -> (file key, when verified)
-        self.bad: dict[str, tuple | None] = {}  # sha256 -> key of the file found bad; None: gone from the store
-        self._checks: dict[str, asyncio.Future] = {}  # sha256 -> its whole-blob check in flight
+        self._verified: dict[str, tuple[FileKey, float]] = {}  # sha256 -> (file key, when verified)
+        self.bad: dict[str, FileKey | None] = {}  # sha256 -> key of the file found bad; None: gone from the store
+        self._checks: dict[str, asyncio.Future[None]] = {}  # sha256 -> its whole-blob check in flight
         self.counter = quarantine_counter(metrics) if metrics is not None else None
 
-    def handoff(self, f: ServedFile, prefix: str) -> tuple | None:
+    def handoff(self, f: ServedFile, prefix: str) -> tuple[tuple[bytes, bytes], ...] | None:
         """The headers (X-Accel-Redirect) that hand a GET of `f` to nginx, which sends the file from its
         location over the store; None where the file is not the one this process verified lately."""
         try:
@@ -95,7 +107,7 @@ class Integrity:
         hit = self._verified.get(f.sha256)
         return hit is not None and hit[0] == file_key(st) and time.monotonic() - hit[1] < self.ttl
 
-    def fresh_key(self, f: ServedFile, st: os.stat_result) -> tuple | None:
+    def fresh_key(self, f: ServedFile, st: os.stat_result) -> FileKey | None:
         """fresh(), answering the key it matched (None: not fresh)."""
         hit = self._verified.get(f.sha256)
         if hit is not None and time.monotonic() - hit[1] < self.ttl and hit[0] == (key := file_key(st)):
@@ -169,7 +181,7 @@ class Integrity:
             await asyncio.shield(fut)
         raise HubError(500, None, f"{f.path}: blob {f.sha256} kept changing on disk while it was verified")
 
-    def begin(self, f: ServedFile) -> asyncio.Future | None:
+    def begin(self, f: ServedFile) -> asyncio.Future[None] | None:
         """This answer will hash `f` as it sends it, for every request waiting meanwhile; None: a check
         of it is already on its way (wait for it: `ensure`)."""
         if f.sha256 in self._checks:
@@ -177,13 +189,13 @@ class Integrity:
         fut = self._checks[f.sha256] = asyncio.get_running_loop().create_future()
         return fut
 
-    def end(self, f: ServedFile, fut: asyncio.Future) -> None:
+    def end(self, f: ServedFile, fut: asyncio.Future[None]) -> None:
         """The answer `begin` made the verifier is over (vouched, quarantined, or neither: cut short)."""
         if not fut.done():
             fut.set_result(None)
         self._checked(f, fut)
 
-    def _checked(self, f: ServedFile, fut: asyncio.Future) -> None:
+    def _checked(self, f: ServedFile, fut: asyncio.Future[None]) -> None:
         if self._checks.get(f.sha256) is fut:
             del self._checks[f.sha256]
 
@@ -225,7 +237,7 @@ class Integrity:
                 target=record_quarantine, args=(self.home, f, detail), name="frt-quarantine", daemon=True
             ).start()
 
-    def _set_aside(self, f: ServedFile, st: os.stat_result):
+    def _set_aside(self, f: ServedFile, st: os.stat_result) -> Path | None:
         """Move the bad file out of the store (only if the store still holds that very file), or None."""
         if self.home is None:
             return None
@@ -240,7 +252,7 @@ class Integrity:
         return dest
 
 
-def record_quarantine(home, f: ServedFile, detail: str) -> None:
+def record_quarantine(home: Home, f: ServedFile, detail: str) -> None:
     """The quarantine in the ledger (verify names it); said on stderr where the ledger cannot take it."""
     from ..events import record_event
 
@@ -254,7 +266,7 @@ def record_quarantine(home, f: ServedFile, detail: str) -> None:
         )
 
 
-def quarantine_counter(metrics):
+def quarantine_counter(metrics: Metrics) -> Counter:
     """frt_mirror_quarantined_blobs_total, beside metrics.Metrics' own series (in each worker's file
     under serve --workers, summed at a scrape like theirs)."""
     from prometheus_client import Counter

@@ -23,9 +23,16 @@ import resource
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from frt.resolver.settings import env_number
+
+if TYPE_CHECKING:
+    import asyncio
+
+    from starlette.types import Scope
+
+    from .sendfile import FileSend
 
 log = logging.getLogger("uvicorn.error")
 
@@ -72,7 +79,7 @@ class HttpLimits:
         """These limits as FRT_SERVE_* variables: how serve --workers hands them to its forked workers."""
         return {var: str(getattr(self, f)) for f, (var, *_rest) in self.ENV.items()}
 
-    def uvicorn(self) -> dict:
+    def uvicorn(self) -> dict[str, Any]:
         """uvicorn.Config's own settings for these limits, and the guarded protocol for the rest."""
         # uvicorn answers 503 once len(connections) >= limit_concurrency, counting the asking one: +1, so
         # that max_connections connections are served and the one past them refused.
@@ -126,8 +133,8 @@ class _Sending:
 
 def guarded(
     limits: HttpLimits,
-    fast: Callable[[dict, float], bytes | None] | None = None,
-    fast_get: Callable[[dict, float], Any] | None = None,
+    fast: Callable[[Scope, float], bytes | None] | None = None,
+    fast_get: Callable[[Scope, float], FileSend | None] | None = None,
 ) -> type:
     """uvicorn's httptools protocol with the header size limit and the header timeout (see above), and
     `fast` (MirrorApp.fast_head): the header lines of a HEAD answered without the app, or None;
@@ -149,11 +156,12 @@ def guarded(
         _lingering = False
         _messages = 0  # requests whose whole message the parser has seen
 
-        def connection_made(self, transport) -> None:
+        # asyncio.Transport, as uvicorn's own override declares it (and ignores [override] for)
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
             self._arm()  # a client that connects and sends nothing is closed too
 
-        def connection_lost(self, exc) -> None:
+        def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
             super().connection_lost(exc)
 
@@ -185,7 +193,7 @@ def guarded(
             if not self._answer_head() and not self._answer_get():
                 super().on_headers_complete()
 
-        def _fast_scope(self, method: bytes) -> dict | None:
+        def _fast_scope(self, method: bytes) -> Scope | None:
             """The scope of a keep-alive HTTP/1.1 `method` request with no query and no %-escape, nothing
             before it in flight; None for any other."""
             p = self.parser
@@ -229,7 +237,7 @@ def guarded(
             self.tasks.add(task)  # a graceful shutdown waits for it, as for an app's
             return True
 
-        async def _send(self, cycle: _Sending, sock_fd: int, fs) -> None:
+        async def _send(self, cycle: _Sending, sock_fd: int, fs: FileSend) -> None:
             sent = None
             try:
                 sent = await send(self.loop, sock_fd, self._head_lines(fs.lines), fs)

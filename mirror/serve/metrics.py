@@ -38,11 +38,14 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from datetime import datetime
+
     from prometheus_client.metrics_core import Metric
+    from starlette.types import Scope
 
     from ..store.home import Home
 
@@ -111,7 +114,7 @@ class Metrics:
         if folder and values.ValueClass is values.MutexValue:
             # prometheus_client picks its value class once, when first imported: a process that imported it
             # before the folder was named would keep counting in memory, unseen by the other workers.
-            values.ValueClass = values.get_value_class()
+            values.ValueClass = values.get_value_class()  # type: ignore[no-untyped-call]  # unannotated upstream
         self.registry = CollectorRegistry()
         # Multiprocess mode: the series live in the folder's files and a collector reads them all back;
         # registering the metric objects too would report this worker's share twice.
@@ -136,11 +139,11 @@ class Metrics:
         if folder:
             from prometheus_client.multiprocess import MultiProcessCollector
 
-            MultiProcessCollector(self.registry, path=folder)
+            MultiProcessCollector(self.registry, path=folder)  # type: ignore[no-untyped-call]  # unannotated upstream
         if home is not None:
             self.registry.register(HomeCollector(home))
         # (route, method, status) -> the increments of its requests child and of its route's bytes child
-        self._children: dict[tuple[str, str, int], tuple] = {}
+        self._children: dict[tuple[str, str, int], tuple[Callable[[], None], Callable[[float], None]]] = {}
         global _process
         _process = self
 
@@ -158,7 +161,7 @@ class Metrics:
         if nbytes:
             inc[1](nbytes)
 
-    def request(self, scope, status: int, nbytes: int) -> None:
+    def request(self, scope: Scope, status: int, nbytes: int) -> None:
         """A request the hot path did not answer: its route named from the raw path."""
         method = scope["method"]
         self.count(
@@ -251,7 +254,7 @@ class HomeCollector:
         yield from (at, files, nbytes)
 
 
-def _epoch(dt) -> float:
+def _epoch(dt: datetime) -> float:
     from datetime import timezone
 
     return (dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)).timestamp()

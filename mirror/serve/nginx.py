@@ -29,11 +29,15 @@ import shlex
 import socket
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from frt.resolver.errors import BadInput
 
 from .nginx_heads import MAP_REWRITE, heads_http, heads_locations
 from .nginx_s3 import S3Endpoint, render_location, render_upstream
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import URL
 
 DEFAULT_ACCEL = "/_frt_store"
 DEFAULT_RUN_DIR = Path("/var/lib/frt-mirror-nginx")
@@ -102,12 +106,12 @@ class ReplicaLedger:
 
     text: str | None = None
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.text is not None and re.search(r"[\x00-\x1f\x7f]", self.text):
             raise BadInput("the ledger URL holds a control character: it cannot be written in a config comment")
 
     @property
-    def url(self):
+    def url(self) -> URL | None:
         from frt.resolver.ledger.open import ledger_url
 
         return ledger_url(self.text) if self.text is not None else None

@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from frt.resolver.settings import env_number
@@ -38,6 +38,14 @@ from .catalog import ServedFile
 from .cut import cut
 from .integrity import MAX_ENTRIES, TTL_ENV, quarantine_counter, record_quarantine
 from .protocol import HubError
+
+if TYPE_CHECKING:
+    from prometheus_client import Counter
+    from starlette.types import Receive, Scope, Send
+
+    from ..store.home import Home
+    from ..store.s3 import S3BlobStore
+    from .metrics import Metrics
 
 log = logging.getLogger("frt.serve")
 CHUNK = 1 << 20
@@ -48,15 +56,21 @@ class ObjectIntegrity:
     """What one serve process verified of an object store's blobs (sha256 -> the ETag then, and when) and
     what it found bad (sha256 -> that ETag). The same questions the app asks of integrity.Integrity."""
 
-    def __init__(self, store, metrics=None, ttl: float | None = None, home=None):
+    def __init__(
+        self,
+        store: S3BlobStore,
+        metrics: Metrics | None = None,
+        ttl: float | None = None,
+        home: Home | None = None,
+    ) -> None:
         self.store, self.ttl = store, env_number(TTL_ENV, 3600.0) if ttl is None else ttl
         self.home = home  # where quarantines are recorded (None in bare test apps)
-        self.counter = quarantine_counter(metrics) if metrics is not None else None
+        self.counter: Counter | None = quarantine_counter(metrics) if metrics is not None else None
         self._verified: dict[str, tuple[str, float]] = {}
         # sha256 -> the ETag of the object found bad; None: moved aside (and _looked: when last looked for)
         self.bad: dict[str, str | None] = {}
         self._looked: dict[str, float] = {}
-        self._checks: dict[str, asyncio.Future] = {}
+        self._checks: dict[str, asyncio.Future[None]] = {}
         self.redirect = False  # serve --s3-redirect
         self.redirect_ttl = env_number("FRT_S3_REDIRECT_TTL", 600.0)
         self._signed: dict[str, tuple[str, float]] = {}  # sha256 -> (presigned URL, reused until)
@@ -75,7 +89,7 @@ class ObjectIntegrity:
         self._signed[f.sha256] = (url, now + self.redirect_ttl / 2)
         return url
 
-    def handoff(self, f: ServedFile, prefix: str) -> tuple | None:
+    def handoff(self, f: ServedFile, prefix: str) -> tuple[tuple[bytes, bytes], ...] | None:
         """The X-Accel-Redirect header that hands a GET of `f` to nginx (nginx-conf on an S3 store), which
         fetches the object itself by its presigned URL: `PREFIX/<URL's path>?<its query>`; None where this
         process has not verified the object whole lately (the bytes go from the store to the client unseen).
@@ -90,7 +104,15 @@ class ObjectIntegrity:
             (b"x-frt-object-etag", etag.encode()),
         )
 
-    def response(self, f: ServedFile, start: int, end: int, status: int, headers, head: bool = False):
+    def response(
+        self,
+        f: ServedFile,
+        start: int,
+        end: int,
+        status: int,
+        headers: Sequence[tuple[bytes, bytes]],
+        head: bool = False,
+    ) -> ObjectResponse:
         return ObjectResponse(self, f, start, end, status, headers, head)
 
     def refused(self, f: ServedFile) -> bool:
@@ -196,7 +218,7 @@ class ObjectIntegrity:
             self.condemn(f, etag, h.hexdigest() if n == f.size else None)
 
 
-async def open_object(store, f: ServedFile, start: int, end: int, etag: str | None) -> Any:
+async def open_object(store: S3BlobStore, f: ServedFile, start: int, end: int, etag: str | None) -> Any:
     """obstore's answer for bytes [start, end) of `f`'s object (If-Match `etag` where given)."""
     import obstore
 
@@ -219,12 +241,19 @@ class ObjectResponse:
     `raw_headers`, as Starlette's responses keep theirs, so the app can add one: X-Mirror-Stale)."""
 
     def __init__(
-        self, integrity: ObjectIntegrity, f: ServedFile, start: int, end: int, status: int, headers: Sequence, head
-    ):
+        self,
+        integrity: ObjectIntegrity,
+        f: ServedFile,
+        start: int,
+        end: int,
+        status: int,
+        headers: Sequence[tuple[bytes, bytes]],
+        head: bool,
+    ) -> None:
         self.integrity, self.file, self.start, self.end = integrity, f, start, end
         self.status_code, self.raw_headers, self.head = status, list(headers), head
 
-    async def __call__(self, scope, receive, send) -> int:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> int:
         f, integrity = self.file, self.integrity
         if self.head:
             await self._start(send)
@@ -272,7 +301,7 @@ class ObjectResponse:
         await send({"type": "http.response.body", "body": held, "more_body": False})
         return total
 
-    async def _redirect(self, scope, receive, send) -> int:
+    async def _redirect(self, scope: Scope, receive: Receive, send: Send) -> int:
         try:
             await self.integrity.ensure(self.file)
             location = self.integrity.presigned(self.file)
@@ -287,7 +316,7 @@ class ObjectResponse:
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         return 0
 
-    async def _start(self, send) -> None:
+    async def _start(self, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": list(self.raw_headers)})
 
     def _cut(self, sent: int) -> int:

@@ -20,6 +20,7 @@ import functools
 import shutil
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
+from typing import TYPE_CHECKING, Protocol
 from urllib.parse import quote
 
 from sqlalchemy import func, select
@@ -37,6 +38,24 @@ from ..store.home import Home
 from ..store.records import PULLED, StagedRow
 from .demand_records import DemandLine, demand_lines
 from .name_picks import NamePick, name_picks
+
+if TYPE_CHECKING:
+    import jinja2
+    from markupsafe import Markup
+    from starlette.requests import Request
+    from starlette.responses import Response
+
+    from frt.resolver.archs import Declared
+    from frt.resolver.ledger.view import LedgerView
+
+    from .watch import CatalogWatcher
+
+    class Scraped(Protocol):
+        """What the page asks of metrics.Metrics (not imported here: metrics imports this module)."""
+
+        def flush(self) -> None: ...
+        def exposition(self) -> bytes: ...
+
 
 DEMAND_WINDOW, DEMAND_ROWS = timedelta(days=7), 12  # the page's "asked for" card: the last week, the most asked
 INDEX_ROWS = 8  # on `/`, a repo's newest revisions shown; older ones only where a ref or a staged set points
@@ -172,16 +191,16 @@ def store_usage(home: Home) -> StoreUsage:
     return StoreUsage(blobs, int(nbytes), disk.free, disk.total)
 
 
-def _staged_set(view, r: StagedRow) -> StagedSet:
+def _staged_set(view: LedgerView, r: StagedRow) -> StagedSet:
     files, _ = view.variant(r.repo, r.commit, r.variant)
     return StagedSet(r.requested, r.target, r.commit, r.variant, len(files), sum(f.size for f in files))
 
 
 def _repo_view(
-    view,
+    view: LedgerView,
     name: str,
     staged: list[StagedRow],
-    sets: dict,
+    sets: dict[StagedRow, StagedSet],
     refusals: list[RefusalRow],
     columns: list[Target],
     explicit: bool,
@@ -209,7 +228,13 @@ def _repo_view(
     return RepoView(name, "kernel", m, cells, mine, tuple(refusals), rows, len(m.rows) - len(rows))
 
 
-def _cell(row: MatrixRow, t: Target, served: dict, recorded: dict, declared: dict | None) -> Cell:
+def _cell(
+    row: MatrixRow,
+    t: Target,
+    served: dict[tuple[str, str], str],
+    recorded: dict[tuple[str, str], RefusalRow],
+    declared: dict[str, Declared] | None,
+) -> Cell:
     key = (row.commit, str(t))
     chosen = row.serves.get(str(t))
     if chosen is not None:
@@ -235,7 +260,7 @@ def _cell(row: MatrixRow, t: Target, served: dict, recorded: dict, declared: dic
 # -- rendering --------------------------------------------------------------------------------------
 
 
-def _environment():
+def _environment() -> jinja2.Environment:
     import jinja2  # here: jinja2 and the templates load only where a page is rendered
 
     env = jinja2.Environment(
@@ -256,7 +281,7 @@ def _environment():
     return env
 
 
-def _target_heading(t: Target):
+def _target_heading(t: Target) -> Markup:
     """`torch2.11-cu130` over `x86_64-linux`: a column as narrow as its cells (Markup.format escapes)."""
     from markupsafe import Markup
 
@@ -265,7 +290,7 @@ def _target_heading(t: Target):
     return Markup('{}<span class="t2">{}</span>{}').format("-".join(parts[:-2]), "-".join(parts[-2:]), archs)
 
 
-def _variant_heading(name: str):
+def _variant_heading(name: str) -> str:
     """A variant's column heading in two lines, `torch211-cxx11-cu130` and `x86_64-linux`: written
     vertically, each line is a column of text, and the heading half as tall."""
     from markupsafe import Markup
@@ -278,7 +303,7 @@ def _variant_heading(name: str):
 
 
 @functools.lru_cache(maxsize=1)
-def _templates():
+def _templates() -> jinja2.Environment:
     return _environment()
 
 
@@ -300,16 +325,16 @@ class OperatorRoutes:
     `/-/repos/{org}/{name}` (one repo, every revision) and `/metrics`. `segs`: the request's path
     segments, decoded (MirrorApp.dispatch splits them)."""
 
-    def __init__(self, home: Home, metrics=None, watcher=None):
+    def __init__(self, home: Home, metrics: Scraped | None = None, watcher: CatalogWatcher | None = None) -> None:
         self.home, self.metrics, self.watcher = home, metrics, watcher
 
-    async def __call__(self, request, segs: list[str]):
+    async def __call__(self, request: Request, segs: list[str]) -> Response:
         response = await self.answer(request, segs)
         if request.method == "HEAD":  # the GET's headers (its Content-Length too), no body
             response.body = b""
         return response
 
-    async def answer(self, request, segs: list[str]):
+    async def answer(self, request: Request, segs: list[str]) -> Response:
         import anyio
         from starlette.responses import HTMLResponse, PlainTextResponse, Response
 

@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import parse_qs
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+
+if TYPE_CHECKING:
+    from datetime import datetime
+
+    from starlette.types import Scope
 
 MAX_PATH = 4096
 # A POST body (paths-info: a list of paths; huggingface_hub sends all it asks for in one): 4 MiB holds
@@ -23,7 +30,7 @@ class HubError(Exception):
     """An error answer. `code` becomes X-Error-Code, which is what huggingface_hub maps to
     RepositoryNotFoundError / RevisionNotFoundError / EntryNotFoundError (not the status)."""
 
-    def __init__(self, status: int, code: str | None, message: str, headers: dict | None = None):
+    def __init__(self, status: int, code: str | None, message: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status, self.code, self.message, self.headers = status, code, message, headers or {}
 
@@ -38,7 +45,7 @@ class HubError(Exception):
         return resp
 
 
-async def read_body(request, cap: int = MAX_BODY) -> bytes:
+async def read_body(request: Request, cap: int = MAX_BODY) -> bytes:
     """The request's body, or a 413 as soon as it (or its Content-Length) passes `cap`."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > cap:
@@ -96,7 +103,7 @@ def split_revision(segs: list[str]) -> tuple[str, list[str]]:
     return segs[0], segs[1:]
 
 
-def parse_range(header: str | None, size: int):
+def parse_range(header: str | None, size: int) -> tuple[int, int] | Literal["unsatisfiable"] | None:
     """`bytes=s-e`, `bytes=s-` or `bytes=-n` → (start, end_exclusive); None: serve it all;
     "unsatisfiable" → 416. A multi-range request is answered with the whole file, as RFC 9110 allows."""
     if not header:
@@ -122,7 +129,7 @@ def _num(digits: str) -> int:
     return int(digits) if len(digits.lstrip("0")) <= 18 else 1 << 62
 
 
-def paginate(request: Request, items: list, size: int) -> Response:
+def paginate(request: Request, items: Sequence[object], size: int) -> Response:
     """`Link: <absolute url>; rel="next"`, as the Hub pages (huggingface_hub follows it verbatim)."""
     try:
         start = max(0, int(request.query_params.get("cursor", "0")))
@@ -136,7 +143,7 @@ def paginate(request: Request, items: list, size: int) -> Response:
     return JSONResponse(page, headers=headers)
 
 
-def iso_time(dt) -> str:
+def iso_time(dt: datetime | None) -> str:
     return dt.strftime("%Y-%m-%dT%H:%M:%S.000Z") if dt else "1970-01-01T00:00:00.000Z"
 
 
@@ -144,7 +151,7 @@ TOKEN_HINT = "clients set HF_TOKEN to a token from 'frt-mirror token add NAME' (
 TOKEN_MESSAGE = f"Invalid or missing token for this mirror: {TOKEN_HINT}"
 
 
-def public_route(scope) -> bool:
+def public_route(scope: Scope) -> bool:
     """What serve answers without a token: an org's overview, public on the Hub too. kernels asks it
     before anything else, and a 401 there reads as "could not verify publisher trust status. Set
     trust_remote_code=True", advice that turns the trust check off instead of naming the token; so the
@@ -180,7 +187,7 @@ async def read_paths_info(request: Request) -> tuple[list[object], bool]:
     return paths, expand
 
 
-def info_body(repo_id: str, sha: str, date, files) -> dict:
+def info_body(repo_id: str, sha: str, date: datetime | None, files: Iterable[str]) -> dict[str, Any]:
     """`GET /api/{type}s/{repo}[/revision/{rev}]`: the fields huggingface_hub's RepoInfo reads."""
     return {
         "id": repo_id,

@@ -17,9 +17,10 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 
@@ -30,12 +31,16 @@ from .metrics import observe_pull
 from .protocol import HubError
 from .pull_through import NotAllowed, PullThrough
 
+if TYPE_CHECKING:
+    from ..store.home import Home
+
 STALE_HEADER = "X-Mirror-Stale"
 HOLD_S = 120.0  # serve --upstream-hold's default
 RETRY_FAILED_S = 1.0  # a refresh that failed is tried again this soon: a failure is never kept for the refs TTL
 # Files this big (LFS ones) are streamed to the first clients while they are fetched; smaller ones are
 # verified before their first byte goes out (they come down well within a client's 10 s read timeout).
 STREAM_MIN = 8 << 20
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -48,7 +53,7 @@ class Upstream:
     timeout: float = 5.0
     hold: float = HOLD_S
 
-    def service(self, home) -> PullService:
+    def service(self, home: Home) -> PullService:
         from frt.resolver.attempts import RetryPolicy
         from frt.resolver.hub import HubClient
         from frt.resolver.pacing import Pacer
@@ -70,7 +75,7 @@ class Flow:
     size: int
     key: str
     path: str
-    done: asyncio.Future | None = None
+    done: asyncio.Future[ServedFile] | None = None
     written: int = 0
     restarts: int = 0
 
@@ -98,9 +103,10 @@ class PullService:
     def __init__(self, pull: PullThrough, *, refs_ttl: float = 60.0, timeout: float = 5.0, hold: float = HOLD_S):
         self.pull, self.refs_ttl, self.timeout, self.hold = pull, refs_ttl, timeout, hold
         self._known: dict[tuple[str, str], _Known] = {}
-        self._flights: dict[object, asyncio.Future] = {}
+        self._flights: dict[Hashable, asyncio.Future[Any]] = {}  # their results: whatever each flight's work returns
         self._flows: dict[str, Flow] = {}  # blob key -> its streamed fetch in flight
-        self._tried: dict[tuple, float] = {}  # (repo key, commit sha) -> when the upstream was last asked
+        # (repo key, commit sha), or ("org", org) -> when the upstream was last asked
+        self._tried: dict[tuple[tuple[str, str] | str, str], float] = {}
 
     def allowed(self, repo_id: str) -> bool:
         return self.pull.allowed(repo_id)
@@ -163,7 +169,7 @@ class PullService:
             {"Retry-After": str(max(1, math.ceil(wait or self.timeout)))},
         )
 
-    async def _wait(self, key, start: Callable[[], Awaitable], limit: float) -> asyncio.Future | None:
+    async def _wait(self, key: Hashable, start: Callable[[], Awaitable[T]], limit: float) -> asyncio.Future[T] | None:
         """Wait up to `limit` seconds for the flight `key` (started if none is): the flight, landed, or
         None. A flight outlives its waiters: when it lands, what it found is what the next request sees."""
         fut = self._start(key, start)
@@ -278,7 +284,7 @@ class PullService:
         except LedgerUnavailable:  # the catalog's record was asked before this (MirrorApp.api)
             return None
 
-    def _start(self, key, start: Callable[[], Awaitable]) -> asyncio.Future:
+    def _start(self, key: Hashable, start: Callable[[], Awaitable[T]]) -> asyncio.Future[T]:
         """The flight with this key, started if none is. The work is a task of its own: a caller that
         goes away (a client disconnect cancels its request) does not stop it."""
         fut = self._flights.get(key)
@@ -287,7 +293,7 @@ class PullService:
             fut.add_done_callback(lambda f: self._landed(key, f))
         return fut
 
-    def _landed(self, key, fut: asyncio.Future) -> None:
+    def _landed(self, key: Hashable, fut: asyncio.Future[Any]) -> None:
         """The flight is over: the next miss starts a new one. Its error is read here too, so one whose
         waiters all went away (clients that disconnected) is not logged as never retrieved."""
         self._flights.pop(key, None)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from frt.resolver.errors import BadInput, LedgerUnavailable
 from frt.resolver.gate import check_repo_id
@@ -51,6 +52,9 @@ from ..store.records import (
     staged_rows,
 )
 from .catalog import ServedCommit, ServedFile, ServedRepo, add_refs
+
+if TYPE_CHECKING:
+    from ..store.blobs import BlobStore
 
 SHA = re.compile(r"[0-9a-f]{40}")
 VERSION = re.compile(r"v(\d+)")
@@ -254,10 +258,11 @@ class PullThrough:
             )
 
 
-def served_file(f: FileEntry, content: str | None, store, stored: set[str] | None = None) -> ServedFile:
+def served_file(f: FileEntry, content: str | None, store: BlobStore, stored: set[str] | None = None) -> ServedFile:
     """A listed file as serve answers it; `blob` None until its verified bytes are stored (`stored`: the
     blobs known to be, else the store is asked)."""
-    held = bool(content) and (content in stored if stored is not None else store.has(content))
+    # bool(content) rules out None, which mypy does not narrow through bool()
+    held = bool(content) and (content in stored if stored is not None else store.has(content))  # type: ignore[arg-type]
     return ServedFile(
         f.path,
         f.size,

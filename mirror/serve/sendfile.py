@@ -20,9 +20,15 @@ import asyncio
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .catalog import ServedFile
 from .integrity import Integrity, file_key
+
+if TYPE_CHECKING:
+    from starlette.types import Scope
+
+    from .app import MirrorApp
 
 TAIL = 64 << 10  # held back until the file is checked to be the one verified
 
@@ -60,7 +66,7 @@ class FileSend:
         return cls(fd, f.size, lines, check, done)
 
 
-def hot_get(app, scope, t0: float) -> FileSend | None:
+def hot_get(app: MirrorApp, scope: Scope, t0: float) -> FileSend | None:
     """The protocol's fast_get (limits.guarded, run.py): a whole-file GET that app.hot() would answer
     from a file this process verified lately; logged and counted as hot() does once it is over. None
     (through the app): what fast_head declines, a hand-off to nginx, a file not verified lately (the app
@@ -90,7 +96,7 @@ async def send(loop: asyncio.AbstractEventLoop, sock_fd: int, head: bytes, fs: F
         os.close(fs.fd)
 
 
-async def _write(loop, wfd: int, data: bytes) -> None:
+async def _write(loop: asyncio.AbstractEventLoop, wfd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         try:
@@ -99,7 +105,7 @@ async def _write(loop, wfd: int, data: bytes) -> None:
             await _writable(loop, wfd)
 
 
-async def _sendfile(loop, wfd: int, fd: int, off: int, end: int) -> int:
+async def _sendfile(loop: asyncio.AbstractEventLoop, wfd: int, fd: int, off: int, end: int) -> int:
     while off < end:
         try:
             n = os.sendfile(wfd, fd, off, end - off)
@@ -112,9 +118,10 @@ async def _sendfile(loop, wfd: int, fd: int, off: int, end: int) -> int:
     return off
 
 
-async def _writable(loop, wfd: int) -> None:
+async def _writable(loop: asyncio.AbstractEventLoop, wfd: int) -> None:
     ready = loop.create_future()
-    loop.add_writer(wfd, lambda: ready.done() or ready.set_result(None))
+    # set_result's None is only the callback's value, which add_writer ignores
+    loop.add_writer(wfd, lambda: ready.done() or ready.set_result(None))  # type: ignore[func-returns-value]
     try:
         await ready
     finally:

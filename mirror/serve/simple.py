@@ -16,7 +16,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from .blob import FileIntegrity
 from .catalog import Catalog
-from .objects import ObjectIntegrity
+from .objects import ObjectIntegrity, ObjectResponse
 from .protocol import HubError
 
 HTML = "text/html; charset=utf-8"
@@ -30,7 +30,9 @@ def _page(title: str, links: list[tuple[str, str]]) -> str:
     )
 
 
-def answer(catalog: Catalog, integrity: FileIntegrity | ObjectIntegrity, segs: list[str], method: str) -> Response:
+def answer(
+    catalog: Catalog, integrity: FileIntegrity | ObjectIntegrity, segs: list[str], method: str
+) -> Response | ObjectResponse:
     """`segs`: the path after `simple`. The root, a project page, or a wheel of it."""
     head = method == "HEAD"
     # Links are absolute paths: the raw path's trailing "/" is not seen here (`/simple/einops` and

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from typing import TYPE_CHECKING
 
 import anyio
 from starlette.responses import Response
@@ -41,6 +42,15 @@ from .integrity import hash_whole
 from .objects import ObjectIntegrity
 from .pull import Flow, PullService, upstream_error
 
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+    from pathlib import Path
+
+    from starlette.types import Receive, Scope, Send
+
+    # What an answer's bytes go through: (chunk, more_body); the status line goes before the first one.
+    Body = Callable[[bytes, bool], Awaitable[None]]
+
 POLL_S = 0.02  # how often an answer looks for new bytes in the `.part` (no per-write wakeup to a thread)
 
 
@@ -52,14 +62,20 @@ class FlowResponse(Response):
     """200 with the file's headers (Content-Length its size), then its bytes as the fetch writes them.
     A Range is not honoured: a file not yet stored is sent whole (both clients start over on a 200)."""
 
-    def __init__(self, flow: Flow, service: PullService, headers: list, objects: ObjectIntegrity | None = None):
+    def __init__(
+        self,
+        flow: Flow,
+        service: PullService,
+        headers: list[tuple[bytes, bytes]],
+        objects: ObjectIntegrity | None = None,
+    ) -> None:
         self.status_code, self.raw_headers, self.background = 200, headers, None
         self.flow, self.service, self.started = flow, service, False
         self.objects = objects  # the blobs are objects: the stored file is read from the part (or the store)
         self.gone: asyncio.Future[None] | None = None  # the client's disconnect, watched while answering
 
     # The body bytes sent, for the access log; Starlette's Response.__call__ returns None, and ignores this.
-    async def __call__(self, scope, receive, send) -> int:  # type: ignore[override]
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> int:  # type: ignore[override]
         """Sends the answer; returns the body bytes sent. The status line waits for the first byte: a
         fetch that fails before one is the same 502 as for a small file."""
         flow, fd = self.flow, None
@@ -103,11 +119,22 @@ class FlowResponse(Response):
             if fd is not None:
                 os.close(fd)
 
-    async def _rest_on_objects(self, stored: ServedFile, fd, restarts: int, sent: int, body, scope, receive, send):
+    async def _rest_on_objects(
+        self,
+        stored: ServedFile,
+        fd: int | None,
+        restarts: int,
+        sent: int,
+        body: Body,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+    ) -> int:
         """The answer's end where the stored file is an object: from the part this answer read, once it
         hashes whole to the blob's name; else, with nothing sent yet, the object (hashed as it streams)."""
         same = self.flow.restarts == restarts and fd is not None
-        if same and await anyio.to_thread.run_sync(hash_whole, fd, stored.size) == stored.sha256:
+        # `same` holds only where fd is not None, which mypy cannot follow through the name
+        if same and await anyio.to_thread.run_sync(hash_whole, fd, stored.size) == stored.sha256:  # type: ignore[arg-type]
             await _rest_of(stored, sent, body, fd)
             return sent
         if sent:
@@ -118,12 +145,12 @@ class FlowResponse(Response):
         self.status_code = answer.status_code
         return sent
 
-    async def _failed(self, e: FrtError, scope, receive, send) -> int:
+    async def _failed(self, e: FrtError, scope: Scope, receive: Receive, send: Send) -> int:
         answer = upstream_error(e, self.flow.path).response(head=False)
         await answer(scope, receive, send)
         return 0
 
-    async def _while_fetching(self, body, restarts: int) -> int | None:
+    async def _while_fetching(self, body: Body, restarts: int) -> int | None:
         """Send what the `.part` holds, all but the last byte, until the fetch lands; the part's fd."""
         flow, sent, fd = self.flow, 0, None
         assert flow.done is not None and self.gone is not None  # set by PullService.begin and __call__
@@ -148,13 +175,13 @@ class FlowResponse(Response):
         return fd
 
 
-async def _disconnected(receive) -> None:
+async def _disconnected(receive: Receive) -> None:
     """Returns once the client has gone (a GET's request message comes first)."""
     while (await receive())["type"] != "http.disconnect":
         pass
 
 
-def _replaced(part, fd: int) -> bool:
+def _replaced(part: Path, fd: int) -> bool:
     """Is the `.part` now another file than the one being read? A fetch that starts over (in any
     process) writes a new one (transport.fetch); gone means stored, or given up: the flight says which."""
     try:
@@ -163,14 +190,14 @@ def _replaced(part, fd: int) -> bool:
         return False
 
 
-def _open(part) -> int | None:
+def _open(part: Path) -> int | None:
     try:
         return os.open(part, os.O_RDONLY)
     except FileNotFoundError:  # not begun yet, or already stored
         return None
 
 
-async def _rest_of(f: ServedFile, start: int, body, part: int | None = None) -> None:
+async def _rest_of(f: ServedFile, start: int, body: Body, part: int | None = None) -> None:
     """Bytes `start`.. of the stored (verified) file, or of `part` (an open file verified to be its bytes):
     the answer's end."""
     fd = os.open(f.stored_blob, os.O_RDONLY) if part is None else part

@@ -20,7 +20,8 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 from frt.resolver.errors import FrtError
 from frt.resolver.settings import env_number
@@ -28,6 +29,9 @@ from frt.resolver.settings import env_number
 from ..store.home import Home
 from ..store.records import change_serial
 from .catalog import Catalog, load_catalog
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
 
 
 class CatalogWatcher:
@@ -142,7 +146,7 @@ class LedgerCollector:
     def __init__(self, watcher: CatalogWatcher):
         self.watcher = watcher
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         from prometheus_client.core import GaugeMetricFamily
 
         w = self.watcher

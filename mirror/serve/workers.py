@@ -22,6 +22,7 @@ import sys
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from frt.resolver.errors import EXIT_UNAVAILABLE, BadInput, FrtError
 
@@ -34,6 +35,9 @@ from .objects import ObjectIntegrity
 from .pull import Upstream
 from .run import make_app, serve
 from .watch import CatalogWatcher
+
+if TYPE_CHECKING:
+    from types import FrameType
 
 STOP = (signal.SIGINT, signal.SIGTERM)
 
@@ -90,10 +94,10 @@ def serve_workers(spec: AppSpec, sockets: list[socket.socket], workers: int, cat
     worker could not build its app (the home went away: restarting it would not help). `catalog`: what
     a worker starts from when the ledger does not answer (a worker restarted during an outage)."""
     pids: set[int] = set()
-    stopping: list[int] = []
+    stopping: list[int | None] = []  # None: stopped for a worker's EXIT_UNAVAILABLE, not a signal
     code = 0
 
-    def stop(signum, _frame) -> None:
+    def stop(signum: int | None, _frame: FrameType | None) -> None:
         stopping.append(signum)
         for pid in pids:
             _kill(pid)
