@@ -27,7 +27,7 @@ import urllib.request
 from pathlib import Path
 
 from bench.child import run_child
-from bench.serve import emit, free_port, wait_listening
+from bench.serve import emit, free_port, stage_v1, wait_listening
 
 ROOT = Path(__file__).resolve().parents[1]
 MiB = 1 << 20
@@ -109,11 +109,6 @@ def main() -> None:
     if args.child:
         return emit(child_clients(args.child[0], args.child[1], int(args.child[2])))
     sys.path.insert(0, str(ROOT))
-    from frt.mirror.stage.kernels import stage
-    from frt.mirror.store.home import Home
-    from frt.resolver.hub import HubClient
-    from frt.resolver.resolve import make_request
-    from frt.resolver.targets import parse_target
     from tests.support.fakehub import FakeHub, FakeRepo
     from tests.support.kernel_fixtures import variant_files
 
@@ -142,17 +137,7 @@ def main() -> None:
             p, mirror = serve(tmp / "pulled", tmp, "--upstream", hub.url, "--allow", "bench-org")
             procs.append(p)
             run("cold", mirror)
-            home = Home(tmp / "staged")
-            report = stage(
-                [make_request(REPO, version=1)],
-                [parse_target("torch2.13-cpu-x86_64-linux")],
-                home=home,
-                hub=HubClient(hub.url),
-                progress=False,
-            )
-            home.close()
-            if not report.ok:
-                sys.exit(f"staging failed: {report.rows}")
+            stage_v1(tmp / "staged", hub.url, REPO, "torch2.13-cpu-x86_64-linux")
             p, staged = serve(tmp / "staged", tmp)
             procs.append(p)
             for _ in range(1 if args.quick else RUNS):  # warm hits: interleaved, the median of each

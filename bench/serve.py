@@ -115,11 +115,6 @@ def wait_listening(port: int, proc: subprocess.Popen, what: str) -> None:
 def stage_big_file(tmp: Path, size: int, shard: int) -> dict:
     """Stage one fixture repo whose torch-universal build carries a `size`-byte and a `shard`-byte LFS
     file."""
-    from frt.mirror.stage.kernels import stage
-    from frt.mirror.store.home import Home
-    from frt.resolver.hub import HubClient
-    from frt.resolver.resolve import make_request
-    from frt.resolver.targets import parse_target
     from tests.support.fakehub import FakeHub, FakeRepo
     from tests.support.kernel_fixtures import variant_files
 
@@ -130,17 +125,7 @@ def stage_big_file(tmp: Path, size: int, shard: int) -> dict:
     meta, shard_meta = repo.commits[sha].meta[FILENAME], repo.commits[sha].meta[SHARD]
     home = tmp / "home"
     with FakeHub([repo], page_size=1000) as hub:
-        mirror_home = Home(home)
-        report = stage(
-            [make_request(REPO, version=1)],
-            [parse_target(TARGET)],
-            home=mirror_home,
-            hub=HubClient(hub.url),
-            progress=False,
-        )
-        mirror_home.close()
-    if not report.ok:
-        sys.exit(f"staging the bench file failed: {report.rows}")
+        stage_v1(home, hub.url, REPO, TARGET)
     blob = home / "store" / "sha256" / meta.sha256[:2] / meta.sha256
     return {
         "home": home,
@@ -431,6 +416,27 @@ def emit(doc: dict) -> None:
     data = (json.dumps(doc) + "\n").encode()
     while data:
         data = data[os.write(1, data) :]
+
+
+def stage_v1(home: Path, endpoint: str, repo: str, target: str) -> None:
+    """Stage `repo`'s v1 for `target` from `endpoint` into `home`, as `frt-mirror stage` would."""
+    from frt.mirror.stage.kernels import stage
+    from frt.mirror.store.home import Home
+    from frt.resolver.hub import HubClient
+    from frt.resolver.resolve import make_request
+    from frt.resolver.targets import parse_target
+
+    mirror_home = Home(home)
+    report = stage(
+        [make_request(repo, version=1)],
+        [parse_target(target)],
+        home=mirror_home,
+        hub=HubClient(endpoint),
+        progress=False,
+    )
+    mirror_home.close()
+    if not report.ok:
+        sys.exit(f"staging {repo} v1 failed: {report.rows}")
 
 
 def serve_child(*args: str) -> dict:
