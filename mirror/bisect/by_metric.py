@@ -15,6 +15,7 @@ import re
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from frt.resolver.hub import HubClient
 from frt.resolver.targets import Target
@@ -28,7 +29,7 @@ from .pin import PinnedEnv, pin_env
 class Metric:
     """How a run's output becomes a figure, and how figures are judged."""
 
-    pattern: re.Pattern
+    pattern: re.Pattern[str]
     higher_is_better: bool = False
     repeat: int = 5
     threshold: float = 5.0  # percent
@@ -120,7 +121,7 @@ class PerfResult:
     steps: list[PerfStep] = field(default_factory=list)
     undecided: list[str] = field(default_factory=list)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             **{k: v for k, v in self.__dict__.items() if k not in ("steps", "skipped")},
             "skipped": [{"commit": c, "reason": r} for c, r in self.skipped],
@@ -288,7 +289,7 @@ def bisect_metric(
     return result
 
 
-def _ends(result: PerfResult, rng: Range, probe: _Probe, record) -> Sample:
+def _ends(result: PerfResult, rng: Range, probe: _Probe, record: Callable[[PerfStep], object]) -> Sample:
     """Measure both ends first (alternating, with interleave; else the good end first); set `result.stopped`
     when they cannot be measured or show no drift to find. Returns the good end's sample, the baseline."""
     metric = probe.metric

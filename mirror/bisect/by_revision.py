@@ -16,11 +16,13 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from frt.resolver.core import judge
 from frt.resolver.errors import BadInput
 from frt.resolver.hub import HubClient
 from frt.resolver.ledger import Ledger
+from frt.resolver.ledger.view import CommitRow
 from frt.resolver.scan import scan
 from frt.resolver.targets import Target
 
@@ -52,7 +54,7 @@ class BisectResult:
     steps: list[Step] = field(default_factory=list)
     undecided: list[str] = field(default_factory=list)  # when skips leave several suspects
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             **{k: v for k, v in self.__dict__.items() if k not in ("steps", "skipped")},
             "skipped": [{"commit": c, "reason": r} for c, r in self.skipped],
@@ -70,7 +72,7 @@ class Range:
     bad: str
     candidates: list[str]
     skipped: list[tuple[str, str]]
-    meta: dict
+    meta: dict[str, CommitRow]  # sha -> the commit as the upstream listed it
 
     def described(self, sha: str) -> tuple[str, str]:
         """(title, ISO date) of a commit as the upstream listed it; empty where it did not."""
@@ -217,7 +219,9 @@ def run_command(cmd: list[str], env: dict[str, str], timeout: float | None, capt
     return Ran(rc, time.monotonic() - t0, text)
 
 
-def _run(repo, sha, target, cmd, home, hub, timeout) -> Step:
+def _run(
+    repo: str, sha: str, target: Target, cmd: list[str], home: Home, hub: HubClient | None, timeout: float | None
+) -> Step:
     pinned = pin_env(repo, sha, target, home=home, hub=hub, offline=hub is None)
     ran = run_command(cmd, pinned.env, timeout)
     rc = ran.exit_code

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
@@ -27,7 +28,7 @@ from frt.resolver.targets import parse_target
 from ..store.blobs import Digest
 from ..store.records import MODEL_SELECTION, PULLED, StagedRow, WheelRecord
 from .format import READS, UNSTAGES, WHEELS
-from .state import check_state
+from .state import Base, check_state
 
 
 @dataclass
@@ -39,7 +40,7 @@ class RepoRows:
     endpoint: str | None
     scanned_at: datetime | None
     refs: dict[tuple[str, str], str]
-    commits: list[dict]  # rows of the commits table, less repo_pk
+    commits: list[dict[str, Any]]  # rows of the commits table, less repo_pk
     listings: dict[str, list[str]]  # head -> the upstream's listing of its history, newest first
     builds: dict[str, list[VariantInfo]]  # sha -> its build listing, for scanned commits
 
@@ -56,13 +57,13 @@ class Manifest:
     repos: list[RepoRows]
     staged: list[tuple[StagedRow, Pairs]]
     publishers: list[PublisherInfo]
-    base: dict | None  # an incremental bundle's base: id, name, created, state (state)
+    base: Base | None  # an incremental bundle's base
     unstaged: list[tuple[str, str, str]]  # (repo, requested, target): rows of the base this bundle takes away
     wheels: list[WheelRecord] = field(default_factory=list)  # python-depends' wheels the staged rows name
     created: datetime | None = None  # when the box wrote it (its clock): what was withdrawn since stays so
 
 
-def check_manifest(doc: dict) -> Manifest:
+def check_manifest(doc: dict[str, Any]) -> Manifest:
     if doc["format"] not in READS:
         raise ValueError(f"bundle format {doc['format']!r}; this frt-mirror reads formats {', '.join(map(str, READS))}")
     json.dumps(doc, ensure_ascii=False).encode()  # a lone surrogate would fail later, inside SQLite
@@ -116,7 +117,7 @@ def _created(value: object) -> datetime | None:
         raise ValueError(f"bad created {value[:40]!r}") from None
 
 
-def _wheel_names(names) -> tuple[str, ...]:
+def _wheel_names(names: Any) -> tuple[str, ...]:  # parsed JSON, checked here
     _need(isinstance(names, list) and all(isinstance(n, str) for n in names), f"bad wheels {str(names)[:80]}")
     for n in names:
         try:
@@ -127,7 +128,9 @@ def _wheel_names(names) -> tuple[str, ...]:
     return tuple(names)
 
 
-def _wheels(doc: dict, staged: list, listed: dict[str, Digest], base: dict | None) -> list[WheelRecord]:
+def _wheels(
+    doc: dict[str, Any], staged: list[tuple[StagedRow, Pairs]], listed: dict[str, Digest], base: Base | None
+) -> list[WheelRecord]:
     """The wheel records, each named by a row, its blob listed (or, incremental, its base's) with its size;
     every wheel a row names has one. Only format 5 may carry them."""
     records = doc.get("wheels", [])
@@ -154,7 +157,9 @@ def _wheels(doc: dict, staged: list, listed: dict[str, Digest], base: dict | Non
     return list(out.values())
 
 
-def _unstaged(doc: dict, base: dict | None, staged: list) -> list[tuple[str, str, str]]:
+def _unstaged(
+    doc: dict[str, Any], base: Base | None, staged: list[tuple[StagedRow, Pairs]]
+) -> list[tuple[str, str, str]]:
     """An incremental bundle's removals: rows its base held (by the base's state, which the signature
     covers too) that it takes away; never one it also carries."""
     keys = doc.get("unstaged", [])
@@ -173,7 +178,7 @@ def _unstaged(doc: dict, base: dict | None, staged: list) -> list[tuple[str, str
     return out
 
 
-def _staged_row(s: dict) -> StagedRow:
+def _staged_row(s: dict[str, Any]) -> StagedRow:
     # Its repo, commit and variant become view paths (its revision, a cache ref: see _request).
     fields = {k: s[k] for k in StagedRow.__dataclass_fields__ if k != "wheels"}
     row = StagedRow(**fields, wheels=_wheel_names(s.get("wheels", [])))
@@ -189,7 +194,7 @@ def _staged_row(s: dict) -> StagedRow:
     return row
 
 
-def _parse_publisher(p: dict) -> PublisherInfo:
+def _parse_publisher(p: dict[str, Any]) -> PublisherInfo:
     _need(
         type(p["trusted"]) is bool and isinstance(p["endpoint"], (str, type(None))) and isinstance(p["seen_at"], str),
         f"bad publisher {p}",
@@ -199,7 +204,7 @@ def _parse_publisher(p: dict) -> PublisherInfo:
     return PublisherInfo(org, p["trusted"], p["endpoint"], seen_at)
 
 
-def _parse_repo(d: dict, base_commits: dict) -> RepoRows:
+def _parse_repo(d: dict[str, Any], base_commits: dict[str, list[str | bool]]) -> RepoRows:
     """`base_commits`: the commits an incremental bundle's base holds of this repo, which its listings
     may name."""
     where = f"repo {check_repo_id(d['repo'], where='repos')}"
@@ -247,7 +252,7 @@ def _parse_repo(d: dict, base_commits: dict) -> RepoRows:
     )
 
 
-def _parse_variant(v: dict, where: str, model: bool = False) -> VariantInfo:
+def _parse_variant(v: dict[str, Any], where: str, model: bool = False) -> VariantInfo:
     name = check_variant(v["name"], where=where)
     _need(not model or name == MODEL_SELECTION, f"{where}: a model's selection is {MODEL_SELECTION!r}, not {name!r}")
     _need(
@@ -264,8 +269,9 @@ def _parse_variant(v: dict, where: str, model: bool = False) -> VariantInfo:
     return VariantInfo(name, tuple(files), v["metadata_oid"], v["metadata"])
 
 
-def _int(value, low: int) -> int:
+def _int(value: object, low: int) -> int:
     _need(type(value) is int and low <= value < 1 << 62, f"bad number {value!r}")  # SQLite's integer range
+    assert isinstance(value, int)  # _need refused anything else
     return value
 
 
@@ -273,7 +279,7 @@ def _when(text: str | None) -> datetime | None:
     return None if text is None else datetime.fromisoformat(text)
 
 
-def _need(ok, message: str) -> None:
+def _need(ok: object, message: str) -> None:
     if not ok:
         raise ValueError(message)
 

@@ -26,10 +26,11 @@ from __future__ import annotations
 import hashlib
 import re
 import tarfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, BinaryIO
 
 from frt.resolver.errors import VerificationFailed
 
@@ -71,7 +72,7 @@ class BundleReport:
     unstaged: list[list[str]] = field(default_factory=list)  # [repo, requested, target] carried as removals
     skipped: list[StagedRow] = field(default_factory=list)  # import only: withdrawn here since it was written
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "ok": True,
             "bundle": str(self.path),
@@ -102,10 +103,10 @@ class Hashing:
     on large buffers), so a bundle being written hashes at the pace of the slower of the two, not of
     their sum (bench/bundle.py)."""
 
-    def __init__(self, f, size: int, on_bytes: Callable[[int], None] | None = None):
+    def __init__(self, f: BinaryIO, size: int, on_bytes: Callable[[int], None] | None = None):
         self.f, self.seen, self.on_bytes = f, 0, on_bytes
         self.h256, self.hgit = hashlib.sha256(), hashlib.sha1(f"blob {size}\0".encode())
-        self._pending: Future | None = None
+        self._pending: Future[None] | None = None
 
     def read(self, n: int = CHUNK) -> bytes:
         chunk = self.f.read(n)
@@ -127,7 +128,9 @@ class Hashing:
         return Digest(self.h256.hexdigest(), self.hgit.hexdigest(), self.seen)
 
 
-def read_head(tf: tarfile.TarFile, members) -> tuple[bytes, bytes | None, tarfile.TarInfo | None]:
+def read_head(
+    tf: tarfile.TarFile, members: Iterator[tarfile.TarInfo]
+) -> tuple[bytes, bytes | None, tarfile.TarInfo | None]:
     """The manifest's bytes, the signature member's (None: unsigned) and the first blob member (or None),
     read from the start of an archive being streamed, before any blob."""
     first = next(members, None)

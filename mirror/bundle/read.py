@@ -13,8 +13,12 @@ import json
 import os
 import tarfile
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
+from typing import cast
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from frt.resolver.errors import BadInput
 from frt.resolver.ledger import Ledger
@@ -88,7 +92,9 @@ def import_bundle(
     store.commit_synced([(part, m.listed[sha]) for sha, part in parts.items() if part is not None])
     if not home.store_url:  # an object store's blobs have no views (store/s3.py)
         views = home.views
-        for row, pairs in m.staged:
+        # Every row's pairs are whole by now (check_manifest's, or for an incremental bundle _pair_from_home's).
+        paired = cast("list[tuple[StagedRow, list[tuple[FileEntry, str]]]]", m.staged)
+        for row, pairs in paired:
             if not row.is_model and row.key not in skip:  # models have no view (frt.mirror.stage.models)
                 views.link(row.repo, row.commit, row.variant, pairs)
         link_wheels(home.root, store, m.wheels)
@@ -172,7 +178,9 @@ def _record_import(
     return report, gone
 
 
-def _read_and_verify(src: Path, home: Home, key, parts: dict[str, Path | None], progress: bool):
+def _read_and_verify(
+    src: Path, home: Home, key: Ed25519PublicKey | None, parts: dict[str, Path | None], progress: bool
+) -> tuple[Manifest, str, str | None]:
     """Returns the checked manifest (every staged row's files paired with blobs), the bundle's id and
     the key id that signed it (None: unsigned)."""
     with open(src, "rb") as raw, tarfile.open(fileobj=raw, mode="r:") as tf:
@@ -203,7 +211,7 @@ def _read_and_verify(src: Path, home: Home, key, parts: dict[str, Path | None], 
             ThreadPoolExecutor(max_workers=4, thread_name_prefix="frt-fsync") as syncer,
             ThreadPoolExecutor(max_workers=copiers(), thread_name_prefix="frt-import") as pool,
         ):
-            synced: list[Future] = []
+            synced: list[Future[None]] = []
             try:
                 _all_or_none(
                     [
@@ -219,7 +227,7 @@ def _read_and_verify(src: Path, home: Home, key, parts: dict[str, Path | None], 
     return m, bundle_id(manifest), signer
 
 
-def _all_or_none(copying: list[Future]) -> None:
+def _all_or_none(copying: list[Future[None]]) -> None:
     """Wait for every member's copy; at the first that fails, none not yet begun begins, those under
     way finish (each part they made is then in `parts`, for the caller to remove), and it is raised."""
     try:
@@ -233,7 +241,7 @@ def _all_or_none(copying: list[Future]) -> None:
 
 
 def _blob_members(
-    tf: tarfile.TarFile, first: list[tarfile.TarInfo], rest, listed: dict[str, Digest]
+    tf: tarfile.TarFile, first: list[tarfile.TarInfo], rest: Iterator[tarfile.TarInfo], listed: dict[str, Digest]
 ) -> list[tuple[tarfile.TarInfo, Digest]]:
     """Every blob member's header, held to the manifest before a byte of any is written: a regular
     `blobs/<sha256>` file the manifest lists, once, of exactly the listed size, not sparse (its holes
@@ -266,7 +274,7 @@ def _blob_members(
     return pairs
 
 
-def _check_signature(manifest: bytes, signature: bytes | None, key) -> str | None:
+def _check_signature(manifest: bytes, signature: bytes | None, key: Ed25519PublicKey | None) -> str | None:
     """Without a required key a signature is carried along unchecked (and its key id reported as
     claimed); with one, an unsigned or otherwise-signed bundle is refused before its manifest is read."""
     if key is None:
@@ -331,7 +339,7 @@ def _verify_member(
     store: BlobStore,
     meter: Progress | None,
     syncer: ThreadPoolExecutor,
-    synced: list[Future],
+    synced: list[Future[None]],
 ) -> None:
     """Copy one `blobs/<sha256>` member of the archive `src` (its header checked: _blob_members) into
     tmp/ (or nowhere, if the store has it), hashing it; its part is then fsynced and closed by `syncer`.

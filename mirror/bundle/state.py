@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable
+from typing import Any, TypedDict
 
 from frt.resolver.gate import check_commit, check_org, check_repo_id, check_sha256
 from frt.resolver.ledger import Ledger
@@ -38,31 +40,58 @@ from ..store.records import MODEL_TARGET, recorded_blobs, staged_rows
 _KEYS = ("blobs", "repos", "staged", "publishers")
 
 
-def empty_state() -> dict:
+class RepoState(TypedDict):
+    record: str | None  # the fingerprint of its header and refs
+    commits: dict[str, list[str | bool]]  # sha -> [its fingerprint, whether its build listing travelled]
+    listings: dict[str, str]  # head -> the fingerprint of its listing
+
+
+class State(TypedDict):
+    """A bundle's state (as a manifest's `base` carries it: JSON)."""
+
+    blobs: list[str]  # sha256, sorted
+    repos: dict[str, RepoState]
+    staged: dict[str, str]  # staged_key -> the row's fingerprint
+    publishers: dict[str, str]  # org -> its answer's fingerprint
+
+
+class _BaseKeys(TypedDict):
+    id: str  # the base bundle's id
+    state: State
+
+
+class Base(_BaseKeys, total=False):  # not NotRequired: that is 3.11's, and 3.10 runs this
+    """An incremental bundle's base, as its manifest names it (older bundles may lack `name`, `created`)."""
+
+    name: str | None
+    created: str | None
+
+
+def empty_state() -> State:
     return {"blobs": [], "repos": {}, "staged": {}, "publishers": {}}
 
 
-def _h(obj) -> str:
+def _h(obj: object) -> str:
     """A record's fingerprint: change detection between a bundle and its base, never a trust anchor
     (a forged state can only make the importer refuse, or carry what it would have carried anyway)."""
     data = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
     return hashlib.sha256(data.encode()).hexdigest()[:32]
 
 
-def _repo_header(r: dict) -> str:
+def _repo_header(r: dict[str, Any]) -> str:
     refs = sorted((x["kind"], x["name"], x["commit"]) for x in r["refs"])
     return _h([r["repo_type"], r["endpoint"], r["scanned_at"], refs])
 
 
-def _commit(c: dict) -> str:  # format 1's parent links are not part of a commit's content here
+def _commit(c: dict[str, Any]) -> str:  # format 1's parent links are not part of a commit's content here
     return _h([c["sha"], c["depth"], c["title"], c["date"], c["variants"]])
 
 
-def staged_key(row: dict) -> str:
+def staged_key(row: dict[str, Any]) -> str:
     return json.dumps([row["repo"], row["requested"], row["target"]])
 
 
-def own_state(doc: dict) -> dict:
+def own_state(doc: dict[str, Any]) -> State:
     """The state of the records a manifest itself carries (not its base's)."""
     return {
         "blobs": sorted(b["sha256"] for b in doc["blobs"]),
@@ -79,10 +108,10 @@ def own_state(doc: dict) -> dict:
     }
 
 
-def cumulative_state(doc: dict) -> dict:
+def cumulative_state(doc: dict[str, Any]) -> State:
     """Everything a home holds after importing this bundle (and its bases): the base's state, updated."""
     base = doc.get("base")
-    out = json.loads(json.dumps(base["state"])) if base else empty_state()
+    out: State = json.loads(json.dumps(base["state"])) if base else empty_state()
     mine = own_state(doc)
     out["blobs"] = sorted(set(out["blobs"]) | set(mine["blobs"]))
     for repo, rs in mine["repos"].items():
@@ -97,14 +126,14 @@ def cumulative_state(doc: dict) -> dict:
     return out
 
 
-def without(state: dict, unstaged: list[tuple[str, str, str]]) -> dict:
+def without(state: State, unstaged: list[tuple[str, str, str]]) -> State:
     """`state` less the staged rows an incremental bundle on it takes away: what an importing home must
     hold (once imported, it no longer holds those, and a rerun of the import must not be refused)."""
     gone = {json.dumps(list(k)) for k in unstaged}
-    return dict(state, staged={k: v for k, v in state["staged"].items() if k not in gone})
+    return {**state, "staged": {k: v for k, v in state["staged"].items() if k not in gone}}
 
 
-def unstaged_since(base: dict, staged: list[dict], targets: list[str] | None) -> list[list[str]]:
+def unstaged_since(base: State, staged: list[dict[str, Any]], targets: list[str] | None) -> list[list[str]]:
     """The staged rows `base` (a state) holds and the home no longer stages, as [repo, requested,
     target]: an incremental bundle carries them as removals. A bundle of some targets removes only
     rows it would have carried (models travel in every bundle), never another target's."""
@@ -117,7 +146,7 @@ def unstaged_since(base: dict, staged: list[dict], targets: list[str] | None) ->
     return out
 
 
-def delta(full: dict, base: dict) -> dict:
+def delta(full: dict[str, Any], base: State) -> dict[str, Any]:
     """Of a full manifest's records, those `base` (a state) lacks or holds otherwise. A repo that
     appears at all carries its header and all its refs (a few rows), since merging a repo's refs
     replaces them; of its commits and listings, only the new or changed."""
@@ -137,7 +166,7 @@ def delta(full: dict, base: dict) -> dict:
     return out
 
 
-def check_state(state: dict) -> dict:
+def check_state(state: State) -> State:
     """A base's state from a bundle, its shapes checked (its names reach the ledger's queries)."""
     if not isinstance(state, dict) or set(state) != set(_KEYS):
         raise ValueError("bad base state")
@@ -160,7 +189,7 @@ def check_state(state: dict) -> dict:
     return state
 
 
-def missing_here(state: dict, home: Home) -> list[str]:
+def missing_here(state: State, home: Home) -> list[str]:
     """What of a base's state this home lacks, counted per kind with an example; [] if it holds it."""
     ledger, store = home.ledger, home.store
     recorded = recorded_blobs(ledger, state["blobs"])
@@ -185,7 +214,7 @@ def missing_here(state: dict, home: Home) -> list[str]:
 
 
 @retried
-def _known_repos(ledger: Ledger, repos) -> set[str]:
+def _known_repos(ledger: Ledger, repos: Iterable[str]) -> set[str]:
     with ledger.view() as v:
         return {repo for repo in repos if v.known(repo)}
 
@@ -194,7 +223,7 @@ def _count(what: str, missing: list[str]) -> list[str]:
     return [f"{len(missing)} {what}(s), e.g. {missing[0]}"] if missing else []
 
 
-def base_refusal(base: dict, missing: list[str], home: Home) -> str:
+def base_refusal(base: Base, missing: list[str], home: Home) -> str:
     """The one line an import of an incremental bundle says when its home does not hold the base."""
     name = f"{base.get('name') or 'its base'} (id {base['id'][:12]}, written {base.get('created', '?')})"
     imported = events_with_ref(home.ledger, "import", base["id"])

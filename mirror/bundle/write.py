@@ -8,6 +8,7 @@ import tarfile
 import time
 from importlib.metadata import version as dist_version
 from pathlib import Path
+from typing import Any
 
 from frt.resolver.errors import BadInput
 from frt.resolver.fs import atomic_file
@@ -34,7 +35,7 @@ from .format import (
 )
 from .signing import key_id, load_private
 from .signing import sign as sign_manifest
-from .state import cumulative_state, delta, unstaged_since
+from .state import Base, cumulative_state, delta, unstaged_since
 
 
 def bundle(
@@ -113,7 +114,7 @@ def _rows(home: Home, targets: list[str] | None) -> list[StagedRow]:
     return rows
 
 
-def _read_base(prev: Path) -> dict:
+def _read_base(prev: Path) -> Base:
     """PREV's id and state, from its manifest alone (its blobs are not read: PREV may be a copy kept
     on the connected box, and only its description matters here)."""
     try:
@@ -128,7 +129,7 @@ def _read_base(prev: Path) -> dict:
     return {"id": bundle_id(manifest), "name": prev.name, "created": doc.get("created"), "state": state}
 
 
-def _full_doc(home: Home, rows: list[StagedRow]) -> tuple[dict, list[Digest]]:
+def _full_doc(home: Home, rows: list[StagedRow]) -> tuple[dict[str, Any], list[Digest]]:
     """The manifest of a full bundle of `rows`, and the blobs it lists, each checked to be stored."""
     ledger, store = home.ledger, home.store
     recorded = {d.sha256: d for d in all_blobs(ledger)}

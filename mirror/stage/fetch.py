@@ -101,7 +101,17 @@ def _stored_digest(store: BlobStore, entry: FileEntry, sha: str, recorded: Mappi
     return store.digest(sha)
 
 
-def _download_verified(transport, store, repo_id, commit, entry, key, on_bytes, repo_type, publisher) -> Fetched:
+def _download_verified(
+    transport: Transport,
+    store: BlobStore,
+    repo_id: str,
+    commit: str,
+    entry: FileEntry,
+    key: str,
+    on_bytes: Callable[[int], None],
+    repo_type: str,
+    publisher: set[str] | None,
+) -> Fetched:
     part = store.part_path(key)
     downloaded = 0
     where = f"{repo_id}/{entry.path}@{commit[:12]}"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
+from typing import Any
 
 from frt.resolver.errors import FrtError, UpstreamUnavailable
 from frt.resolver.hub import HubClient
@@ -21,6 +22,7 @@ from frt.resolver.resolve import refresh_and_decide
 from frt.resolver.targets import Target
 
 from ..events import record_event
+from ..store.blobs import BlobStore, Digest
 from ..store.home import Home
 from ..store.records import record_blobs, record_staged, record_wheels, recorded_blobs, sha256_by_git_oid
 from ..store.view_trees import Views, link_wheels
@@ -51,7 +53,7 @@ class StageRow:
     publisher_digest: bool | None = None  # staged: whether metadata.json carried the publisher's digest
     wheels: tuple[str, ...] = ()  # staged: the wheels its python-depends need (frt.mirror.stage.wheels)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__, wheels=list(self.wheels))
 
 
@@ -168,7 +170,11 @@ def stage(
 
 
 def _link_checked(
-    r: Resolution, meta, fetched: dict[str, Fetched], failures: dict[str, Exception], views: Views | None
+    r: Resolution,
+    meta: KernelMetadata,
+    fetched: dict[str, Fetched],
+    failures: dict[str, Exception],
+    views: Views | None,
 ) -> None:
     """Lay out a variant's view from its verified blobs, if its publisher's digest holds for them (on an
     object store, no view: the same check, on the hashes alone)."""
@@ -202,7 +208,7 @@ class _Wheels:
 
     def __init__(self, home: Home, hub: HubClient, index: str | None):
         self.home, self.hub, self.index = home, hub, index
-        self.of: dict[tuple, tuple[str, ...]] = {}
+        self.of: dict[tuple[str, str, str, str], tuple[str, ...]] = {}  # (repo, commit, variant, target)
         self._stager: WheelStager | None = None
 
     @property
@@ -229,7 +235,7 @@ class _Checked:
     metadata_parsed: KernelMetadata
 
 
-def _key(r) -> tuple:
+def _key(r: Resolution) -> tuple[str, str, str]:
     return (r.repo, r.commit, r.variant)
 
 
@@ -244,14 +250,23 @@ def _checked(outcome: Resolution | Refusal, ledger: Ledger) -> _Checked | Refusa
         return refusal
 
 
-def _resolve_closure(requests, targets, *, ledger, hub, publishers, jobs) -> list[_Checked | Refusal]:
+def _resolve_closure(
+    requests: list[Request],
+    targets: list[Target],
+    *,
+    ledger: Ledger,
+    hub: HubClient,
+    publishers: tuple[str, ...] | None,
+    jobs: int,
+) -> list[_Checked | Refusal]:
     """Resolve requests for every target, then their kernel-depends (recursively) for the same target.
     With a trust policy, a kernel from another publisher is refused before upstream is asked about it."""
 
     def resolve_trusted(reqs: list[Request], tgts: list[Target]) -> list[_Checked | Refusal]:
         trusted = [r for r in reqs if publishers is None or r.repo.split("/", 1)[0] in publishers]
+        # `or ()` only for the type: with publishers None every request is trusted, and none is refused here.
         out: list[Resolution | Refusal] = [
-            _untrusted(r, t, publishers, ledger) for r in reqs if r not in trusted for t in tgts
+            _untrusted(r, t, publishers or (), ledger) for r in reqs if r not in trusted for t in tgts
         ]
         if trusted:
             out += refresh_and_decide(trusted, targets=tgts, ledger=ledger, hub=hub, jobs=jobs)
@@ -286,7 +301,16 @@ def _untrusted(request: Request, target: Target, publishers: tuple[str, ...], le
 
 
 def _fetch_all(
-    unique, known, expect, recorded, *, ledger, transport, store, jobs, progress
+    unique: dict[str, tuple[Resolution, FileEntry]],
+    known: dict[str, str],
+    expect: dict[str, set[str]],
+    recorded: dict[str, Digest],
+    *,
+    ledger: Ledger,
+    transport: Transport,
+    store: BlobStore,
+    jobs: int,
+    progress: bool,
 ) -> tuple[dict[str, Fetched], dict[str, Exception]]:
     meter = Progress(sum(f.size for _, f in unique.values()), len(unique)) if progress else None
     stop = threading.Event()

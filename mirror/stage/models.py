@@ -20,7 +20,8 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-from huggingface_hub.utils import filter_repo_objects
+# From its own module: huggingface_hub.utils' lazy facade does not export it to mypy.
+from huggingface_hub.utils._paths import filter_repo_objects
 
 from frt.manifests import ModelSpec
 from frt.resolver.errors import FrtError, UpstreamUnavailable

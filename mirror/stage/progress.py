@@ -11,12 +11,13 @@ from __future__ import annotations
 import sys
 import threading
 from collections.abc import Callable
+from typing import TextIO
 
 BIG_FILE = 4 << 20  # files from this size get a line of their own while they are on their way
 
 
 class Progress:
-    def __init__(self, total_bytes: int, total_files: int, *, label: str = "stage", stream=None):
+    def __init__(self, total_bytes: int, total_files: int, *, label: str = "stage", stream: TextIO | None = None):
         from tqdm import tqdm  # here, not at import: the CLI's start-up reads human_bytes from this module
 
         self._tqdm, self._stream = tqdm, stream or sys.stderr
@@ -92,7 +93,7 @@ class Progress:
             self._bar.close()
 
 
-def _isatty(stream) -> bool:
+def _isatty(stream: TextIO) -> bool:
     try:
         return stream.isatty()
     except (AttributeError, ValueError):  # a closed or file-like stream without a terminal behind it

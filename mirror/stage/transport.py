@@ -22,12 +22,14 @@ reported as the upstream refusing. The bytes are judged by the caller (`fetch`),
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO, Literal
 from urllib.parse import urlsplit
 
-from huggingface_hub.utils import build_hf_headers
+# As resolver/hub.py: huggingface_hub.utils' lazy facade does not export it to mypy.
+from huggingface_hub.utils._headers import build_hf_headers
 
 from frt.resolver import wire
 from frt.resolver.attempts import AGAIN, redirect_refusal
@@ -109,7 +111,7 @@ class Transport:
                 running=running,
             )
 
-        def transport_errors(e: Exception):
+        def transport_errors(e: Exception) -> Exception | object | None:
             nonlocal resigns
             if isinstance(e, _SignatureExpired):
                 resigns += 1
@@ -125,7 +127,19 @@ class Transport:
 
         self.hub.attempts(one, where=where, classify=transport_errors, prefix=f"{where}: ")
 
-    def _get(self, repo_id, path, commit, dest: Path, *, offset, limit, on_bytes, repo_type, running) -> None:
+    def _get(
+        self,
+        repo_id: str,
+        path: str,
+        commit: str,
+        dest: Path,
+        *,
+        offset: int,
+        limit: int,
+        on_bytes: Callable[[int], None],
+        repo_type: str,
+        running: RunningDigest | None,
+    ) -> None:
         """One request, following the Hub's redirects, streaming into `dest` from `offset`."""
         headers = build_hf_headers(token=self.hub.token)
         if offset:
@@ -160,13 +174,13 @@ class Transport:
                     deadline.check(where)  # what was written stays: the next attempt resumes from it
 
 
-def _left_host(r, endpoint: str) -> bool:
+def _left_host(r: _httpx.Response, endpoint: str) -> bool:
     """The answer came from another host than the Hub's (a redirect to the CDN)."""
     return urlsplit(str(r.url)).netloc != urlsplit(endpoint).netloc
 
 
 @contextmanager
-def local_file(dest: Path, mode: str):
+def local_file(dest: Path, mode: Literal["wb", "ab"]) -> Iterator[BinaryIO]:
     """`dest` open for the download; failing to open it, or to flush it on close (a full disk shows
     there as often as on a write), is a local disk error, never the upstream's."""
     try:
@@ -182,7 +196,7 @@ def local_file(dest: Path, mode: str):
             raise LocalDiskError(f"cannot write {dest}: {e.strerror or e} (a local disk error)") from None
 
 
-def _write(f, chunk: bytes, dest: Path) -> None:
+def _write(f: BinaryIO, chunk: bytes, dest: Path) -> None:
     try:
         f.write(chunk)
     except OSError as e:

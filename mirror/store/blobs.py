@@ -12,7 +12,7 @@ import errno
 import hashlib
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
@@ -26,6 +26,8 @@ from frt.resolver.fs import fsync_dir
 from ..home_path import HomeLayout
 
 CHUNK = 1 << 20
+# A lock across hosts by name (Ledger.named_lock on a server ledger); what it yields is not used.
+SharedLock = Callable[[str], AbstractContextManager[object]]
 
 
 @dataclass(frozen=True)
@@ -105,7 +107,7 @@ class BlobStore:
     """`shared_lock(key)`: a lock every host sharing this store honours (the ledger's server gives one:
     many shared filesystems do not honour file locks across hosts); the file lock is taken as well."""
 
-    def __init__(self, home: Path, shared_lock: Callable[[str], AbstractContextManager] | None = None):
+    def __init__(self, home: Path, shared_lock: SharedLock | None = None):
         self.shared_lock = shared_lock
         self.root = store_root(home)
         self.tmp = HomeLayout(home).tmp
@@ -125,7 +127,7 @@ class BlobStore:
     def has(self, sha256: str) -> bool:
         return self.path(sha256).is_file()
 
-    def stored_of(self, shas) -> set[str]:
+    def stored_of(self, shas: Iterable[str]) -> set[str]:
         """Which of `shas` the store holds (s3.py answers from one listing, not a request each)."""
         return {sha for sha in shas if self.has(sha)}
 

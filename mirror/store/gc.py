@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from frt.resolver.ledger import Ledger
 from frt.resolver.ledger.retry import retried
@@ -68,7 +69,7 @@ class GcReport:
     def part_bytes(self) -> int:
         return sum(p.size for p in self.parts)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "dry_run": self.dry_run,
             "removed_blobs": len(self.removed),

@@ -18,6 +18,7 @@ import fcntl
 import os
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
+from pathlib import Path
 
 from .home import Home
 
@@ -60,7 +61,7 @@ def _store_lock(home: Home, *, exclusive: bool, on_wait: Callable[[str], None]) 
 
 
 @contextmanager
-def _flock(path, exclusive: bool, wait_note: Callable[[], None]) -> Iterator[None]:
+def _flock(path: Path, exclusive: bool, wait_note: Callable[[], None]) -> Iterator[None]:
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         op = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH

@@ -5,10 +5,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import delete, select, tuple_
 from sqlalchemy.orm import Session
 
+from frt.resolver.archs import Declared
 from frt.resolver.ledger import Ledger
 from frt.resolver.ledger.dialect import insert_for
 from frt.resolver.ledger.migrations import utcnow
@@ -41,11 +43,11 @@ class StagedRow:
     variant: str
     wheels: tuple[str, ...] = ()  # filenames of the wheels its python-depends need on its target
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not isinstance(self.wheels, tuple):  # a bundle's JSON gives a list
             object.__setattr__(self, "wheels", tuple(self.wheels))
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         """The row as bundles and --json carry it; `wheels` only where it has some (so a row without
         any reads, and fingerprints, as it did before wheels were staged)."""
         out = dict(self.__dict__)
@@ -140,7 +142,9 @@ def all_blobs(ledger: Ledger) -> list[Digest]:
 
 
 def record_staged(
-    ledger: Ledger, resolutions: Iterable[Resolution], wheels: dict[tuple, tuple[str, ...]] | None = None
+    ledger: Ledger,
+    resolutions: Iterable[Resolution],
+    wheels: dict[tuple[str, str, str, str], tuple[str, ...]] | None = None,
 ) -> None:
     """`wheels`: per resolution's (repo, commit, variant, target) the filenames of its wheels."""
     wheels = wheels or {}
@@ -223,7 +227,7 @@ def staged_rows(ledger: Ledger, target: str | None = None) -> list[StagedRow]:
     if target is not None:
         q = q.where(Staged.target == target)
     with ledger.session(write=False) as s:
-        wheels: dict[tuple, list[str]] = {}
+        wheels: dict[tuple[str, str, str], list[str]] = {}
         for repo, requested, tgt, filename in s.execute(
             select(StagedWheel.repo_id, StagedWheel.requested, StagedWheel.target, StagedWheel.filename).order_by(
                 StagedWheel.filename
@@ -320,7 +324,7 @@ def staged_for(ledger: Ledger, target: str | None) -> list[StagedRow]:
 
 
 @retried
-def _declared(ledger: Ledger, repo: str, commit: str) -> dict:
+def _declared(ledger: Ledger, repo: str, commit: str) -> dict[str, Declared]:
     with ledger.view() as v:
         return v.declared(repo, commit)
 

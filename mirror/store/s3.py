@@ -18,14 +18,17 @@ import hashlib
 import io
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, BinaryIO, cast
+from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
 from frt.resolver.errors import BadInput, StoreUnavailable, first_line
 
-from .blobs import BlobStore, Digest, blob_relpath
+from .blobs import BlobStore, Digest, SharedLock, blob_relpath
+
+if TYPE_CHECKING:
+    from _typeshed import WriteableBuffer
 
 RETRY_S = 20  # a store that keeps failing this long is unavailable (exit 3), not waited on for obstore's 3 min
 SINGLE_PUT_MAX = 5 << 30  # S3's limit for one PUT; a bigger blob goes up in parts (see _upload)
@@ -55,7 +58,7 @@ def _client(url: str) -> Any:
 class S3BlobStore(BlobStore):
     """A BlobStore whose blobs are objects; `path()` is what it cannot give (there is no file)."""
 
-    def __init__(self, url: str, home: Path, shared_lock=None):
+    def __init__(self, url: str, home: Path, shared_lock: SharedLock | None = None):
         super().__init__(home, shared_lock=shared_lock)  # tmp/ and locks/ stay local per host
         self.url = url
         self.client = _client(url)
@@ -71,7 +74,7 @@ class S3BlobStore(BlobStore):
     def locator(self, sha256: str) -> Path:
         return Path(self.key(sha256))  # relative: a key in the bucket, never opened as a file (serve/objects.py)
 
-    def stored_of(self, shas) -> set[str]:
+    def stored_of(self, shas: Iterable[str]) -> set[str]:
         return set(shas) & set(self.blob_shas())
 
     def has(self, sha256: str) -> bool:
@@ -232,13 +235,16 @@ class _Reader(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
-    def readinto(self, b) -> int:
-        while self._at >= len(self._buf):
-            chunk = next(self._chunks, b"")
-            if not chunk:
-                return 0
-            self._buf, self._at = memoryview(chunk), 0
-        n = min(len(b), len(self._buf) - self._at)
-        b[:n] = self._buf[self._at : self._at + n]
+    def readinto(self, b: WriteableBuffer) -> int:
+        # What io hands in (a bytearray or a memoryview), as the one type that slices; released on the way
+        # out, since RawIOBase.read resizes its bytearray after this returns.
+        with memoryview(b) as out:
+            while self._at >= len(self._buf):
+                chunk = next(self._chunks, b"")
+                if not chunk:
+                    return 0
+                self._buf, self._at = memoryview(chunk), 0
+            n = min(len(out), len(self._buf) - self._at)
+            out[:n] = self._buf[self._at : self._at + n]
         self._at += n
         return n

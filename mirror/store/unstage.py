@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from frt.resolver.errors import BadInput
 from frt.resolver.gate import check_repo_id, ref_problem
@@ -36,7 +37,7 @@ class UnstageReport:
     def reclaimable_bytes(self) -> int:
         return sum(d.size for d in self.reclaimable)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "rows": [dict(r.__dict__) for r in self.rows],
             "views": [str(p) for p in self.views],

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
 from frt.resolver.kernel_metadata import ON_FILES, MetadataInvalid, listing_verdict, parse_metadata, validate_variant
 from frt.resolver.ledger import Ledger
 
-from ..events import QUARANTINE, events_of
+from ..events import QUARANTINE, EventRow, events_of
 from .blobs import BlobStore
 from .home import Home
 from .records import MODEL_TARGET, all_blobs, blob_for, record_blobs, staged_rows, wheel_rows
@@ -33,7 +34,7 @@ class VerifyReport:
     def ok(self) -> bool:
         return not self.problems
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__, ok=self.ok)
 
 
@@ -82,7 +83,7 @@ def verify(home: Home) -> VerifyReport:
     return report
 
 
-def _quarantined(e) -> str:
+def _quarantined(e: EventRow | None) -> str:
     """A blob's problem line's end, when serve found it bad on read (serve/integrity.py) and said so."""
     if e is None:
         return ""

@@ -11,13 +11,17 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from frt.resolver.resolution import FileEntry
 
 from ..home_path import HomeLayout
 from .blobs import BlobStore
+
+if TYPE_CHECKING:
+    from .records import WheelRecord
 
 
 def repo_folder(repo_id: str) -> str:
@@ -121,7 +125,7 @@ class Views:
                     shutil.rmtree(p, ignore_errors=True)
 
 
-def link_wheels(home_root: Path, store: BlobStore, wheels) -> None:
+def link_wheels(home_root: Path, store: BlobStore, wheels: Sequence[WheelRecord]) -> None:
     """Hard-link each stored wheel (a WheelRecord: filename, sha256) into the home's find-links folder
     under its name, atomically: a link made beside it and renamed over, so pip never sees half an entry."""
     folder = wheels_dir(home_root)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -142,7 +142,7 @@ def env_vars(entries: list[EnvEntry]) -> dict[str, str]:
     return out
 
 
-def pip_line(wheels, find_links: Path | None = None) -> str | None:
+def pip_line(wheels: Iterable[str], find_links: Path | None = None) -> str | None:
     """The install a cluster runs before it loads kernels with python-depends: from PIP_FIND_LINKS, or
     from `find_links` named on the line. `wheels`: their filenames."""
     from packaging.utils import parse_wheel_filename

@@ -20,8 +20,10 @@ import os
 import shutil
 import tempfile
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from frt.resolver.errors import BadInput, VerificationFailed
 from frt.resolver.fs import atomic_write
@@ -31,8 +33,13 @@ from frt.resolver.targets import Target
 
 from ..store.blobs import digest_file
 from ..store.home import Home
-from ..store.records import MODEL_TARGET, blob_for, repo_types
+from ..store.records import MODEL_TARGET, StagedRow, blob_for, repo_types
 from .hfcache_prune import Wanted, prune, read_record, write_record
+
+# Per staged row, its files and the refs to write for it (_checked), before the first write.
+Plan = list[tuple[StagedRow, tuple[tuple[FileEntry, ...], list[str]]]]
+# (repo, commit, path) -> where a file's bytes lie (None: nowhere; _check_sources refuses it).
+Sources = dict[tuple[str, str, str], Path | None]
 
 CACHEDIR_TAG = "Signature: 8a477f597d28d172789f06886806bc55\n"
 
@@ -83,7 +90,17 @@ def export_cache(
         return _export(out, home, (targets, folders), plan, rows, mine + models, wheels_to, keep, fetched)
 
 
-def _export(out, home, record, plan, rows, with_wheels, wheels_to, keep, fetched) -> Exported:
+def _export(
+    out: Path,
+    home: Home,
+    record: tuple[list[str], list[str]],
+    plan: Plan,
+    rows: list[StagedRow],
+    with_wheels: list[StagedRow],
+    wheels_to: Path | None,
+    keep: bool,
+    fetched: Path | None,
+) -> Exported:
     """export_cache's writing, once `plan` is made: from the views (or `fetched`: an object store's blobs)."""
     targets, folders = record
     sources = _sources(home, plan, fetched)
@@ -123,7 +140,7 @@ def wheels_needed(home: Home, target: Target) -> list[str]:
     return sorted({w for r in home.staged(str(target)) for w in r.wheels})
 
 
-def _check_wheels(home: Home, rows, fetched: Path | None = None) -> list[tuple[str, Path, str]]:
+def _check_wheels(home: Home, rows: Iterable[StagedRow], fetched: Path | None = None) -> list[tuple[str, Path, str]]:
     """(filename, stored blob, sha256) of every wheel the rows need, each re-hashed before the first write:
     a find-links folder is another thing pip on the cluster trusts without a hash."""
     from ..store.records import wheel_rows
@@ -160,10 +177,10 @@ def _blob_file(home: Home, sha: str, fetched: Path | None) -> Path:
     return dest
 
 
-def _sources(home: Home, plan, fetched: Path | None = None) -> dict[tuple[str, str, str], Path | None]:
+def _sources(home: Home, plan: Plan, fetched: Path | None = None) -> Sources:
     """Where each file's bytes lie: a kernel's in its view (what `kernels` loads), a model's in the
     store (models have no view; see frt.mirror.stage.models); on an object store, every one fetched."""
-    out: dict[tuple[str, str, str], Path | None] = {}
+    out: Sources = {}
     blobs = blob_for(home.ledger, (f for row, (files, _) in plan if row.is_model or fetched for f in files))
     for row, (files, _) in plan:
         for f in files:
@@ -175,7 +192,7 @@ def _sources(home: Home, plan, fetched: Path | None = None) -> dict[tuple[str, s
     return out
 
 
-def _check_sources(home: Home, plan, sources) -> dict:
+def _check_sources(home: Home, plan: Plan, sources: Sources) -> dict[FileEntry, str]:
     """Every file to be linked is there and still hashes to its recorded blob, before the first write:
     clients (and `kernels` offline) check no hash, so a changed byte would be loaded on the cluster.
     Each file's blob (sha256), for _place."""
@@ -195,7 +212,7 @@ def _check_sources(home: Home, plan, sources) -> dict:
                     f"{where}: {src} hashes to {got}, not to its recorded blob {sha}: its "
                     "bytes changed on disk; nothing was written: run 'frt-mirror verify'"
                 )
-    return blobs
+    return cast("dict[FileEntry, str]", blobs)  # none is None: refused above
 
 
 def _holds(blob: Path, src: Path, sha256: str) -> bool:
@@ -206,7 +223,7 @@ def _holds(blob: Path, src: Path, sha256: str) -> bool:
     return os.path.samefile(blob, src) or digest_file(blob).sha256 == sha256
 
 
-def _checked(row, files: tuple[FileEntry, ...], at: list[str]) -> tuple[tuple[FileEntry, ...], list[str]]:
+def _checked(row: StagedRow, files: tuple[FileEntry, ...], at: list[str]) -> tuple[tuple[FileEntry, ...], list[str]]:
     """The row's files and ref names (its own, then `at`), through the gate: each becomes a path under
     `out` (blobs/<etag>, snapshots/<commit>/<path>, refs/<ref>), and the ledger is only a file on disk."""
     where = f"ledger's staged row {check_repo_id(row.repo, where='ledger')}@{row.commit[:12]}"

@@ -14,6 +14,7 @@ import hashlib
 import os
 import shutil
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 
 from frt.resolver.errors import VerificationFailed
@@ -21,6 +22,9 @@ from frt.resolver.errors import VerificationFailed
 from ..store.home import Home
 from ..store.records import StagedRow, blob_for, wheel_rows
 from ..store.view_trees import repo_folder
+
+# A folder's files: (path under it, size, the sha256 of its blob; None where no verified blob is recorded).
+Files = Sequence[tuple[str, int, str | None]]
 
 
 def materialise(home: Home, rows: list[StagedRow], into: Path) -> dict[tuple[str, str, str], Path]:
@@ -67,14 +71,14 @@ def fetch_blob(home: Home, sha: str, dest: Path, what: str) -> None:
         )
 
 
-def _complete(folder: Path, wanted) -> bool:
+def _complete(folder: Path, wanted: Files) -> bool:
     try:
         return all((folder / rel).stat().st_size == size for rel, size, _ in wanted)
     except FileNotFoundError:
         return False
 
 
-def _write(home: Home, final: Path, wanted, tmp: Path, merge: bool = False) -> None:
+def _write(home: Home, final: Path, wanted: Files, tmp: Path, merge: bool = False) -> None:
     tmp.mkdir(parents=True, exist_ok=True)
     scratch = tmp / uuid.uuid4().hex
     try:
