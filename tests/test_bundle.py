@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.bundles import import_offline, rewrite, snapshot
+from tests.support.bundles import edit_manifest, import_offline, rewrite, snapshot
 from tests.support.cli import ARM_CU, X86, run_cli
 from tests.support.kernel_fixtures import ACTIVATION, LAYERNORM, RELU, X86_CPU
 from tests.support.offline import NO_NET, load_offline
@@ -148,29 +148,19 @@ def _bad_json(m, data):
     return [(m, data)]
 
 
-def _climbing_path(m, data):
+def _climbing_path(doc):
     """A manifest whose listing puts a staged file outside its variant dir (a view would follow it)."""
-    if m.name == "frt-bundle.json":
-        doc = json.loads(data)
-        row = doc["staged"][0]
-        repo = next(r for r in doc["repos"] if r["repo"] == row["repo"])
-        commit = next(c for c in repo["commits"] if c["sha"] == row["commit"])
-        variant = next(v for v in commit["variants"] if v["name"] == row["variant"])
-        variant["files"][0]["path"] = f"build/{row['variant']}/../../../../evil"
-        data = json.dumps(doc).encode()
-        m.size = len(data)
-    return [(m, data)]
+    row = doc["staged"][0]
+    repo = next(r for r in doc["repos"] if r["repo"] == row["repo"])
+    commit = next(c for c in repo["commits"] if c["sha"] == row["commit"])
+    variant = next(v for v in commit["variants"] if v["name"] == row["variant"])
+    variant["files"][0]["path"] = f"build/{row['variant']}/../../../../evil"
 
 
-def _forged_listing(m, data):
+def _forged_listing(doc):
     """A head's history that names a commit the bundle does not carry."""
-    if m.name == "frt-bundle.json":
-        doc = json.loads(data)
-        listings = doc["repos"][0]["listings"]
-        listings[next(iter(listings))].append("f" * 40)
-        data = json.dumps(doc).encode()
-        m.size = len(data)
-    return [(m, data)]
+    listings = doc["repos"][0]["listings"]
+    listings[next(iter(listings))].append("f" * 40)
 
 
 @pytest.mark.parametrize(
@@ -182,8 +172,8 @@ def _forged_listing(m, data):
         (_extra("blobs/" + "ab" * 32), "is not in frt-bundle.json"),
         (_drop_first_blob(), "missing from the archive"),
         (_bad_json, "malformed frt-bundle.json"),
-        (_climbing_path, "../../../../evil"),
-        (_forged_listing, "a listing names an unknown commit"),
+        (edit_manifest(_climbing_path), "../../../../evil"),
+        (edit_manifest(_forged_listing), "a listing names an unknown commit"),
     ],
     ids=["traversal", "absolute", "symlink", "unlisted", "missing", "bad-json", "climbing-path", "forged-listing"],
 )
@@ -226,15 +216,7 @@ def with_member(src: Path, dst: Path, tar: bytes, blob: dict) -> None:
     """`src` with `blob` added to its manifest's list and `tar`'s member appended (two archives
     concatenate once the first one's end-of-archive blocks are cut)."""
 
-    def listed(m, data):
-        if m.name == "frt-bundle.json":
-            doc = json.loads(data)
-            doc["blobs"].append(blob)
-            data = json.dumps(doc).encode()
-            m.size = len(data)
-        return [(m, data)]
-
-    rewrite(src, dst, listed)
+    rewrite(src, dst, edit_manifest(lambda doc: doc["blobs"].append(blob)))
     with tarfile.open(dst) as tf:
         last = tf.getmembers()[-1]
     end = last.offset_data + -(-last.size // 512) * 512

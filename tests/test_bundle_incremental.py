@@ -22,7 +22,7 @@ import pytest
 from frt.mirror.store.home import Home
 from frt.mirror.store.records import all_blobs, staged_rows
 from frt.resolver.ledger.io import repo_record
-from tests.support.bundles import import_offline, rewrite, snapshot_data
+from tests.support.bundles import edit_manifest, import_offline, rewrite, snapshot_data
 from tests.support.cli import ARM_CU, X86, run_cli, write_manifest
 from tests.support.fakehub import FakeHub, FakeRepo
 from tests.support.kernel_fixtures import (
@@ -230,21 +230,6 @@ def test_since_must_name_a_bundle(box, tmp_path):
     assert not (tmp_path / "x.tar").exists()
 
 
-def _removal_of(key: list[str]):
-    """A `rewrite` edit (tests/support/bundles.py): the manifest (unsigned: a forger's bundle) names one more
-    removal."""
-
-    def edit(m, data):
-        if m.name == "frt-bundle.json":
-            doc = json.loads(data)
-            doc["unstaged"].append(key)
-            data = json.dumps(doc).encode()
-            m.size = len(data)
-        return [(m, data)]
-
-    return edit
-
-
 def test_what_the_box_unstaged_the_cluster_unstages(tmp_path):
     """The box stages activation and relu, writes A, unstages relu and writes D --since A: D names relu's
     row as a removal (format 4, which an older frt-mirror refuses rather than keep what was withdrawn).
@@ -292,7 +277,7 @@ def test_what_the_box_unstaged_the_cluster_unstages(tmp_path):
     other = tmp_path / "other"
     assert import_offline(other, tar["a"]).returncode == 0
     forged = tmp_path / "forged.tar"
-    rewrite(tar["d"], forged, _removal_of([ACTIVATION, "v9", X86]))
+    rewrite(tar["d"], forged, edit_manifest(lambda doc: doc["unstaged"].append([ACTIVATION, "v9", X86])))
     before = snapshot_data(other)
     p = import_offline(other, forged)
     assert p.returncode == 1 and "is not in the base" in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.cli import cli_env, run_cli
+from tests.support.cli import cli_env, run_cli, run_resolve
 from tests.support.kernel_fixtures import ACTIVATION, RELU
 
 pytestmark = pytest.mark.hub1
@@ -38,34 +38,13 @@ def test_scan_resolve_matrix_report(hub, home):
     assert ACTIVATION in p.stdout and RELU in p.stdout
 
     # The endpoint is accepted after the command too.
-    p = run_cli(
-        "resolve",
-        ACTIVATION,
-        "--version",
-        "2",
-        "--target",
-        "torch2.11-cu130-aarch64-linux",
-        "--endpoint",
-        hub.url,
-        "--json",
-        home=home,
-    )
+    p = run_resolve(ACTIVATION, "2", "torch2.11-cu130-aarch64-linux", "--endpoint", hub.url, "--json", home=home)
     assert p.returncode == 0, p.stderr
     doc = json.loads(p.stdout)
     assert doc["variant"] == "torch211-cxx11-cu130-aarch64-linux" and doc["archs"] == ["8.0", "9.0", "10.0"]
     assert len(doc["commit"]) == 40 and all(f["git_oid"] for f in doc["files"])
 
-    p = run_cli(
-        "--endpoint",
-        hub.url,
-        "resolve",
-        ACTIVATION,
-        "--version",
-        "1",
-        "--target",
-        "torch2.11-cu130-aarch64-linux",
-        home=home,
-    )
+    p = run_resolve(ACTIVATION, "1", "torch2.11-cu130-aarch64-linux", before=("--endpoint", hub.url), home=home)
     assert p.returncode == 1
     line = one_line_error(p)
     assert "none for torch2.11-cu130-aarch64-linux; newest commit on v1 with it:" in line and "v2 has it" in line
@@ -89,7 +68,7 @@ def test_scan_resolve_matrix_report(hub, home):
 
 
 def test_refusal_json_goes_to_stdout(hub, home):
-    p = run_cli("--endpoint", hub.url, "resolve", ACTIVATION, "--version", "9", "--target", "host", "--json", home=home)
+    p = run_resolve(ACTIVATION, "9", "host", "--json", before=("--endpoint", hub.url), home=home)
     assert p.returncode == 1
     assert json.loads(p.stdout)["error"] == "VersionNotFound"
 
@@ -98,18 +77,8 @@ def test_pin_from_the_environment(hub, home):
     repo = hub.repos[("kernel", ACTIVATION)]
     old = repo.history(repo.branches["v1"])[-1].sha
     env = cli_env(FRT_KERNEL_REV_KERNELS_TEST_ACTIVATION=old)
-    p = run_cli(
-        "--endpoint",
-        hub.url,
-        "resolve",
-        ACTIVATION,
-        "--version",
-        "2",
-        "--target",
-        "torch2.13-cpu-x86_64-linux",
-        "--json",
-        home=home,
-        env=env,
+    p = run_resolve(
+        ACTIVATION, "2", "torch2.13-cpu-x86_64-linux", "--json", before=("--endpoint", hub.url), home=home, env=env
     )
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["commit"] == old and json.loads(p.stdout)["requested"] == f"pin {old}"
@@ -152,43 +121,18 @@ def test_corrupt_ledger_is_one_line(home):
 def test_resolve_offline_answers_from_the_ledger_with_no_network(hub, home):
     needs_unshare()
     assert run_cli("--endpoint", hub.url, "scan", ACTIVATION, home=home).returncode == 0
-    p = run_cli(
-        "resolve",
-        ACTIVATION,
-        "--version",
-        "1",
-        "--target",
-        "torch2.13-cpu-x86_64-linux",
-        "--offline",
-        "--json",
-        home=home,
-        wrap=NO_NET,
-    )
+    p = run_resolve(ACTIVATION, "1", "torch2.13-cpu-x86_64-linux", "--offline", "--json", home=home, wrap=NO_NET)
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["variant"] == "torch213-cxx11-cpu-x86_64-linux"
     # The same refusal as online, from the ledger alone.
-    p = run_cli(
-        "resolve",
-        ACTIVATION,
-        "--version",
-        "1",
-        "--target",
-        "torch2.11-cu130-aarch64-linux",
-        "--offline",
-        home=home,
-        wrap=NO_NET,
-    )
+    p = run_resolve(ACTIVATION, "1", "torch2.11-cu130-aarch64-linux", "--offline", home=home, wrap=NO_NET)
     assert p.returncode == 1 and "v2 has it" in one_line_error(p)
     # Without --offline, the missing network is one clear line, not a traceback.
-    p = run_cli(
-        "--endpoint",
-        hub.url,
-        "resolve",
+    p = run_resolve(
         ACTIVATION,
-        "--version",
         "1",
-        "--target",
         "host",
+        before=("--endpoint", hub.url),
         home=home,
         wrap=NO_NET,
         env=cli_env(FRT_RETRY_ATTEMPTS="1"),

@@ -119,15 +119,7 @@ def test_lfs_302_to_signed_url_on_a_second_host(hub):
 
 def test_stop_stops_the_cdn_too(hub):
     loc = raw(f"{hub.url}/kernels/{REPO_ID}/resolve/v1/weights.bin", "HEAD").headers["Location"]
-    hub.faults.throttle("weights.bin", 20_000)  # 100 KiB at 20 kB/s: ~5 s of body
-    u = urlsplit(loc)
-    busy = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
-    busy.request("GET", f"{u.path}?{u.query}")
-    r = busy.getresponse()
-    assert hub.wait_for_body(timeout=10)
-    hub.stop()
-    with pytest.raises((http.client.IncompleteRead, ConnectionError)):
-        r.read()
+    tinyadd.stop_mid_body(hub, loc)
     with pytest.raises(OSError):
         raw(loc)
 
@@ -195,22 +187,26 @@ def test_paths_info_and_tree(hub, api):
     assert set(tree) == set(c.files) | c.dirs() and tree[BLOB].lfs.sha256 == sha256(BIG[::-1])
 
 
-def huge_branch(hub) -> bytes:
-    """A 24 MiB file (past the clients' 10 MiB read chunk) on branch `huge`; its bytes."""
+def cut_download(hub, tmp_path, *, ignore_range: bool = False) -> tuple[list, list]:
+    """A 24 MiB file (past the clients' 10 MiB read chunk) on branch `huge`, downloaded with its CDN body
+    cut after 16 MiB (and, with `ignore_range`, a CDN that answers a Range with the whole file): it arrives
+    whole. The CDN's (method, status) of each request, and the Range header each one sent."""
     huge = bytes(range(256)) * (96 * 1024)
     hub.repos[("kernel", REPO_ID)].commit({"huge.bin": huge}, title="add a huge file", branch="huge")
-    return huge
-
-
-def test_resumed_download_after_a_cdn_body_is_cut(hub, tmp_path):
-    huge = huge_branch(hub)
     hub.faults.drop_after("huge.bin", 16 << 20)  # the name rides in the CDN URL's query
+    if ignore_range:
+        hub.faults.ignore_range("huge.bin")
     path = dl(hub, "huge.bin", tmp_path, revision="huge")
     assert path.read_bytes() == huge
     cdn = [e for e in hub.request_log if e.server == "cdn"]
     ranges = [{k.lower(): v for k, v in e.headers.items()}.get("range") for e in cdn]
+    return [(e.method, e.status) for e in cdn], ranges
+
+
+def test_resumed_download_after_a_cdn_body_is_cut(hub, tmp_path):
+    statuses, ranges = cut_download(hub, tmp_path)
     # Both versions resume at the CDN (same signed URL) from a multiple of their 10 MiB chunk.
-    assert [(e.method, e.status) for e in cdn] == [("GET", 200), ("GET", 206)]
+    assert statuses == [("GET", 200), ("GET", 206)]
     assert ranges == [None, f"bytes={10 << 20}-"]
     assert [s for m, p, s in hub.requests if "/resolve/" in p] == [302]  # the Hub was asked once
 
@@ -218,14 +214,8 @@ def test_resumed_download_after_a_cdn_body_is_cut(hub, tmp_path):
 def test_a_cdn_that_ignores_range_is_taken_as_start_over(hub, tmp_path):
     """fake Hub `ignore_range`: the resume gets a 200 with the whole file, and both clients start over
     (huggingface_hub truncates what it had: a CDN that will not range a compressed answer)."""
-    huge = huge_branch(hub)
-    hub.faults.drop_after("huge.bin", 16 << 20)
-    hub.faults.ignore_range("huge.bin")
-    path = dl(hub, "huge.bin", tmp_path, revision="huge")
-    assert path.read_bytes() == huge
-    cdn = [e for e in hub.request_log if e.server == "cdn"]
-    ranges = [{k.lower(): v for k, v in e.headers.items()}.get("range") for e in cdn]
-    assert [(e.method, e.status) for e in cdn] == [("GET", 200), ("GET", 200)]
+    statuses, ranges = cut_download(hub, tmp_path, ignore_range=True)
+    assert statuses == [("GET", 200), ("GET", 200)]
     assert ranges == [None, f"bytes={10 << 20}-"]
 
 

@@ -7,7 +7,6 @@ A hostile upstream is the fake Hub with raw entries put into its repo model: a f
 
 from __future__ import annotations
 
-import json
 import posixpath
 import sqlite3
 from pathlib import Path
@@ -19,7 +18,7 @@ from hypothesis import strategies as st
 from frt.manifests import fields
 from frt.resolver import gate
 from frt.resolver.errors import EXIT_BAD_INPUT, BadInput, exit_code
-from tests.support.bundles import import_offline, rewrite, snapshot
+from tests.support.bundles import edit_manifest, import_offline, rewrite, snapshot
 from tests.support.cli import X86, run_cli, write_manifest
 from tests.support.fakehub import FakeHub
 from tests.support.kernel_fixtures import ORG, RELU, X86_CPU, demo_repos
@@ -332,20 +331,6 @@ def test_hostile_upstream_is_refused_in_one_line(tmp_path, poison, says, command
     assert not _ledger_rows(home, "SELECT path FROM files WHERE path LIKE '%..%'")
 
 
-def _forge(edit):
-    """A tar edit that rewrites frt-bundle.json with `edit(doc)`."""
-
-    def rewrite_doc(m, data):
-        if m.name == "frt-bundle.json":
-            doc = json.loads(data)
-            edit(doc)
-            data = json.dumps(doc).encode()
-            m.size = len(data)
-        return [(m, data)]
-
-    return rewrite_doc
-
-
 def _staged_variant(doc) -> dict:
     row = doc["staged"][0]
     repo = next(r for r in doc["repos"] if r["repo"] == row["repo"])
@@ -369,9 +354,9 @@ def _commit_not_hex(doc):
 @pytest.mark.parametrize(
     "edit, says",
     [
-        (_forge(_ref_with_dots), "'../../x'"),
-        (_forge(_path_with_dots), "/a/../b'"),
-        (_forge(_commit_not_hex), "'../" + "a" * 37 + "'"),
+        (edit_manifest(_ref_with_dots), "'../../x'"),
+        (edit_manifest(_path_with_dots), "/a/../b'"),
+        (edit_manifest(_commit_not_hex), "'../" + "a" * 37 + "'"),
     ],
     ids=["ref-name", "file-path", "commit"],
 )

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -19,6 +18,7 @@ from tests.support.cli import X86, cli_env, one_line, run_cli, stage_json, write
 from tests.support.fakehub.repo import sha256
 from tests.support.kernel_fixtures import ACTIVATION, RELU, X86_CPU
 from tests.support.offline import load_offline, read_only
+from tests.support.stage_race import stage_gc_race, wait_for
 
 EXE = str(Path(sys.executable).with_name("frt-mirror"))
 X86_212 = "torch2.12-cpu-x86_64-linux"  # no torch2.12 build: it takes the noarch torch-cpu variant
@@ -198,14 +198,6 @@ def test_a_read_only_home_is_refused_in_one_line(hub, home, tmp_path):
     assert store_blobs(home) == before and len(cli_json("unstage", ACTIVATION, home=home)["rows"]) == 2
 
 
-def _wait_for(what: str, check, timeout: float = 120.0):
-    deadline = time.monotonic() + timeout
-    while not (got := check()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-    return got
-
-
 def test_gc_racing_a_stage_never_takes_a_blob_from_under_it(ledger_each, hub, home, tmp_path):
     old = write_manifest(tmp_path / "old.toml", {ACTIVATION: {"version": 1}}, [X86])
     assert stage_json(home, old, hub)[0].returncode == 0
@@ -218,39 +210,22 @@ def test_gc_racing_a_stage_never_takes_a_blob_from_under_it(ledger_each, hub, ho
     # The stage of v2 stores its small files, then sits in the middle of the .so's body until released.
     hub.faults.hold("_activation.abi3.so", 4096)
     m = write_manifest(tmp_path / "new.toml", {ACTIVATION: {"version": 2}}, [X86])
-    logs = tmp_path / "stage.out", tmp_path / "stage.err", tmp_path / "gc.out", tmp_path / "gc.err"
-    files = [open(p, "w") for p in logs]
-    try:
-        stager = subprocess.Popen(
-            [EXE, "--home", str(home), "--endpoint", hub.url, "stage", str(m), "--json"],
-            stdout=files[0],
-            stderr=files[1],
-            env=cli_env(),
-        )
-        assert hub.wait_for_body(1, timeout=120), "the stage never started the held body"
-        small = _wait_for("the stage to store its small files", lambda: (store_blobs(home) & new) or None)
+    with stage_gc_race(hub, tmp_path, cli_env()) as race:
+        race.stage("--home", str(home), "--endpoint", hub.url, "stage", str(m), "--json")
+        small = wait_for("the stage to store its small files", lambda: (store_blobs(home) & new) or None)
         # The window: stored, not yet staged. Without the store's lock gc would take these.
         h = Home(home)
         try:
             assert small <= {d.sha256 for d in plan(h).garbage}
         finally:
             h.close()
-        collector = subprocess.Popen(
-            [EXE, "--home", str(home), "gc", "--json"], stdout=files[2], stderr=files[3], env=cli_env()
-        )
-        _wait_for("gc to wait for the stage", lambda: "waiting for the stage" in logs[3].read_text())
-        assert collector.poll() is None and small <= store_blobs(home)
-        hub.faults.release()
-        assert stager.wait(timeout=120) == 0, logs[1].read_text()
-        assert collector.wait(timeout=120) == 0, logs[3].read_text()
-    finally:
-        hub.faults.release()
-        for f in files:
-            f.close()
-    done = json.loads(logs[2].read_text())
+        race.gc("--home", str(home), "gc", "--json")
+        assert race.collector.poll() is None and small <= store_blobs(home)
+        race.finish()
+    done = race.gc_json()
     assert {b["sha256"] for b in done["blobs"]} == garbage  # the old set, and nothing of the new
     assert new <= store_blobs(home) == recorded(home)
-    assert all(r["status"] == "staged" for r in json.loads(logs[0].read_text())["rows"])
+    assert all(r["status"] == "staged" for r in race.stage_json()["rows"])
     verify_clean(home)
     assert (
         loads(

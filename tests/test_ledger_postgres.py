@@ -7,35 +7,26 @@ from __future__ import annotations
 import json
 import subprocess
 import time
-from collections import Counter
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 
 from tests.support.big_kernel import BIG
-from tests.support.cli import EXE, X86, cli_env, run_cli, write_manifest
+from tests.support.cli import X86, run_cli, run_resolve, start_cli, write_manifest
 from tests.support.kernel_fixtures import ORG, RELU
-
-
-def body_gets(hub) -> Counter:
-    """How many times each file's body was fetched from the upstream."""
-    return Counter(
-        r.path.split("?")[0]
-        for r in hub.request_log
-        if r.method == "GET" and "/resolve/" in r.path and r.status in (200, 206)
-    )
+from tests.support.stage_race import two_stagers
 
 
 def stager(home: Path, manifest: Path, hub, url: str, *, own_locks: bool) -> subprocess.Popen:
     """A stager as on its own host: `own_locks` gives it a private locks/ folder (a tmpfs over it in
     its own mount namespace), so file locks do not reach the other stager, as on a shared filesystem
     that does not honour them across hosts. Only the ledger's server can coordinate the two then."""
-    cmd = [EXE, "--home", str(home), "--ledger", url, "--endpoint", hub.url, "stage", str(manifest), "--json"]
+    wrap = None
     if own_locks:
         (home / "locks").mkdir(parents=True, exist_ok=True)
-        cmd = ["unshare", "-m", "sh", "-c", f'mount -t tmpfs none "{home}/locks" && exec "$@"', "sh", *cmd]
-    return subprocess.Popen(cmd, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        wrap = ["unshare", "-m", "sh", "-c", f'mount -t tmpfs none "{home}/locks" && exec "$@"', "sh"]
+    return start_cli("--ledger", url, "--endpoint", hub.url, "stage", str(manifest), "--json", home=home, wrap=wrap)
 
 
 def test_two_stagers_on_two_hosts_fetch_each_blob_once(big_hub, tmp_path, big_manifest, pg_url):
@@ -47,17 +38,7 @@ def test_two_stagers_on_two_hosts_fetch_each_blob_once(big_hub, tmp_path, big_ma
     for repo in (BIG, RELU):  # both start from one scanned ledger (a scan reads metadata.json too)
         assert run_cli("--ledger", pg_url, "--endpoint", big_hub.url, "scan", repo, home=home).returncode == 0
     big_hub.reset_log()
-    first = stager(home, big_manifest, big_hub, pg_url, own_locks=False)
-    assert big_hub.wait_for_body(1, timeout=120), "the first stager never reached its downloads"
-    second = stager(home, big_manifest, big_hub, pg_url, own_locks=True)
-    assert first.poll() is None, "the first stager was done before the second began: no race was tested"
-    outs = [p.communicate(timeout=300) for p in (first, second)]
-    for p, (_, err) in zip((first, second), outs, strict=False):
-        assert p.returncode == 0, err
-    gets = body_gets(big_hub)
-    assert gets and set(gets.values()) == {1}, {p: n for p, n in gets.items() if n != 1}
-    docs = [json.loads(out) for out, _ in outs]
-    assert sum(d["downloaded_bytes"] for d in docs) == docs[0]["needed_bytes"]
+    two_stagers(big_hub, lambda i: stager(home, big_manifest, big_hub, pg_url, own_locks=i == 1))
     v = run_cli("--ledger", pg_url, "verify", "--json", home=home)
     assert v.returncode == 0, v.stdout
 
@@ -67,21 +48,8 @@ def test_resolve_offline_reads_only_the_server(hub, tmp_path, pg_url):
     m = write_manifest(tmp_path / "m.toml", {RELU: {"version": 1}}, [X86])
     assert run_cli("--ledger", pg_url, "--endpoint", hub.url, "stage", str(m), home=tmp_path / "a").returncode == 0
     hub.reset_log()
-    p = run_cli(
-        "--ledger",
-        pg_url,
-        "--endpoint",
-        "http://127.0.0.1:9",
-        "resolve",
-        RELU,
-        "--version",
-        "1",
-        "--target",
-        X86,
-        "--offline",
-        "--json",
-        home=tmp_path / "b",
-    )
+    before = ("--ledger", pg_url, "--endpoint", "http://127.0.0.1:9")
+    p = run_resolve(RELU, "1", X86, "--offline", "--json", before=before, home=tmp_path / "b")
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["variant"] == "torch213-cxx11-cpu-x86_64-linux" and hub.requests == []
 
@@ -129,13 +97,7 @@ def test_the_server_restarting_mid_stage_loses_nothing_and_a_rerun_completes(
     rerun completes and verifies."""
     home = tmp_path / "h"
     big_hub.faults.throttle("/resolve/", 8e6)
-    proc = subprocess.Popen(
-        [EXE, "--home", str(home), "--ledger", pg_url, "--endpoint", big_hub.url, "stage", str(big_manifest), "--json"],
-        env=cli_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_cli("--ledger", pg_url, "--endpoint", big_hub.url, "stage", str(big_manifest), "--json", home=home)
     assert big_hub.wait_for_body(2, timeout=120), "the stage never reached its downloads"
     pg_server.kill() if how == "crash" else pg_server.stop()
     time.sleep(0.5)

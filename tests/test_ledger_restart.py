@@ -9,7 +9,6 @@ ledger. Before, the stage went on downloading and exited 3 at its next ledger wr
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 
 import psycopg
@@ -22,7 +21,7 @@ from frt.mirror.store.home import open_ledger
 from frt.mirror.store.records import staged_rows
 from frt.resolver.errors import LedgerUnavailable
 from frt.resolver.ledger import Ledger
-from tests.support.cli import EXE, cli_env, run_cli
+from tests.support.cli import cli_env, run_cli, start_cli
 from tests.support.kernel_fixtures import RELU
 
 
@@ -41,13 +40,7 @@ def test_a_stage_rides_out_a_server_restart_and_records_every_row(big_hub, tmp_p
     ones. It completes (exit 0), verifies, and the ledger holds every staged row and one stage event."""
     home = tmp_path / "h"
     big_hub.faults.throttle("/resolve/", 1e6)  # a few seconds of downloads left when the server is back
-    proc = subprocess.Popen(
-        [EXE, "--home", str(home), "--ledger", pg_url, "--endpoint", big_hub.url, "stage", str(big_manifest), "--json"],
-        env=cli_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_cli("--ledger", pg_url, "--endpoint", big_hub.url, "stage", str(big_manifest), "--json", home=home)
     assert big_hub.wait_for_body(2, timeout=120), "the stage never reached its downloads"
     pg_server.restart()
     assert proc.poll() is None, "the stage was over before the server was back: no restart was met"

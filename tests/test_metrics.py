@@ -12,7 +12,7 @@ import pytest
 from tests.support.cli import run_cli, write_manifest
 from tests.support.fakehub import FakeHub
 from tests.support.kernel_fixtures import ACTIVATION, ORG, RELU, demo_repos
-from tests.support.serve_helpers import raw_http, raw_request, run_client, serving
+from tests.support.serve_helpers import children, raw_http, raw_request, run_client, serving
 
 X86 = "torch2.13-cpu-x86_64-linux"
 DOWNLOAD = """
@@ -203,20 +203,6 @@ def idle(pid: int) -> bool:
         return state == "S" and "epoll" in Path(f"/proc/{pid}/wchan").read_text()
     except OSError:
         return False
-
-
-def children(pid: int) -> list[int]:
-    """serve's workers: the processes whose parent is `pid` (whichever of its threads started them)."""
-    import contextlib
-    from pathlib import Path
-
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                    out.append(int(entry.name))
-    return sorted(out)
 
 
 def parse(body: bytes) -> dict[str, list]:

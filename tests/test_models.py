@@ -30,7 +30,7 @@ from tests.support.model_fixtures import (
     write_tiny_model,
 )
 from tests.support.offline import NO_NET, load_offline
-from tests.support.serve_helpers import Tripwire, client_env, run_client, serving
+from tests.support.serve_helpers import Tripwire, client_env, run_client, serving, tripwire_at
 
 pytestmark = pytest.mark.hub1
 
@@ -64,12 +64,9 @@ def staged(tmp_path_factory):
     with FakeHub([repo]) as hub:
         p = run_cli("--endpoint", hub.url, "stage", str(m), "--json", home=tmp / "home")
         assert p.returncode == 0, p.stderr + p.stdout[-2000:]
-        port = int(hub.url.rsplit(":", 1)[1])
-    tripwire = Tripwire(port)  # the upstream is stopped; any call to it is recorded
-    try:
+        upstream = hub.url
+    with tripwire_at(upstream) as tripwire:  # the upstream is stopped; any call to it is recorded
         yield Staged(tmp / "home", repo, expect, json.loads(p.stdout)["rows"], tripwire)
-    finally:
-        tripwire.close()
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.cli import X86, cli_env, run_cli, write_manifest
+from tests.support.cli import X86, cli_env, run_cli, run_resolve, write_manifest
 from tests.support.fakehub import FakeHub
 from tests.support.kernel_fixtures import ORG, RELU, demo_repos
 from tests.support.nginx import nginx
@@ -41,19 +41,8 @@ def staged_on(url: str, home: Path, tmp: Path) -> dict:
     with FakeHub(demo_repos(), trusted_orgs=[ORG], page_size=5) as hub:
         p = run_cli("--ledger", url, "--endpoint", hub.url, "stage", str(manifest), home=home, env=env_without_ledger())
         assert p.returncode == 0, p.stderr
-    p = run_cli(
-        "--ledger",
-        url,
-        "resolve",
-        RELU,
-        "--version",
-        "1",
-        "--target",
-        X86,
-        "--offline",
-        "--json",
-        home=home,
-        env=env_without_ledger(),
+    p = run_resolve(
+        RELU, "1", X86, "--offline", "--json", before=("--ledger", url), home=home, env=env_without_ledger()
     )
     assert p.returncode == 0, p.stderr
     assert not (home / "ledger.sqlite").exists()  # everything went to the server

@@ -9,6 +9,7 @@ import sys
 import textwrap
 
 from tests.support.kernel_fixtures import ACTIVATION
+from tests.support.own_wheel import pip_wheel
 
 BLOCK_TORCH = textwrap.dedent("""
     import importlib.abc, importlib.util, sys
@@ -63,23 +64,7 @@ def test_wheel_carries_the_engine_plugins_and_their_data(tmp_path):
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    p = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "-q",
-            "--no-deps",
-            "--no-build-isolation",
-            "-w",
-            str(tmp_path),
-            str(root),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    p = pip_wheel(tmp_path)
     assert p.returncode == 0, p.stderr
     assert "Warning" not in p.stderr and "deprecated" not in p.stderr, p.stderr  # an install is quiet
     (wheel,) = tmp_path.glob("frt_mirror-*.whl")

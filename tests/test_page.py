@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
@@ -23,6 +21,7 @@ from tests.support.browser import chromium, dump_dom, png_size
 from tests.support.cli import run_cli, write_manifest
 from tests.support.fakehub import FakeHub
 from tests.support.kernel_fixtures import ACTIVATION, ORG, RELU, demo_repos
+from tests.support.own_wheel import pip_wheel
 from tests.support.serve_helpers import raw_http, raw_request, serving
 
 LAYERNORM = f"{ORG}/layernorm"
@@ -216,23 +215,7 @@ def test_matrix_html_file(staged, tmp_path):
 
 def test_wheel_carries_the_templates(tmp_path):
     """A pip-installed serve renders its page: the templates are package data in the wheel."""
-    p = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "-q",
-            "--no-deps",
-            "--no-build-isolation",
-            "-w",
-            str(tmp_path),
-            str(ROOT),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    p = pip_wheel(tmp_path)
     assert p.returncode == 0 and "Warning" not in p.stderr, p.stderr
     (wheel,) = tmp_path.glob("frt_mirror-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())

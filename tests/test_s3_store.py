@@ -6,14 +6,14 @@ re-hashes every object and catches a flipped byte; what cannot work is one line 
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.support.big_kernel import BIG
-from tests.support.cli import EXE, X86, cli_env, one_line, run_cli, stage_to, write_manifest
+from tests.support.cli import X86, cli_env, one_line, run_cli, stage_to, start_cli, write_manifest
 from tests.support.kernel_fixtures import ACTIVATION, RELU
+from tests.support.stage_race import stage_gc_race, two_stagers, wait_for
 
 
 def s3_env(s3_server, **extra: str) -> dict[str, str]:
@@ -23,15 +23,6 @@ def s3_env(s3_server, **extra: str) -> dict[str, str]:
 def objects(s3_server, url: str) -> dict[str, int]:
     """The store's objects as the S3 server lists them: sha256 -> size."""
     return {str(o["path"]).rsplit("/", 1)[-1]: int(o["size"]) for o in s3_server.store(url).list("sha256").collect()}
-
-
-def body_gets(hub) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for r in hub.request_log:
-        if r.method == "GET" and "/resolve/" in r.path and r.status in (200, 206):
-            key = r.path.split("?")[0]
-            out[key] = out.get(key, 0) + 1
-    return out
 
 
 @pytest.fixture
@@ -53,21 +44,7 @@ def test_two_stagers_on_two_hosts_store_each_blob_once(big_hub, tmp_path, big_ma
         assert run_cli(*cmd, "scan", repo, home=homes[0], env=env).returncode == 0
     big_hub.reset_log()
 
-    def stager(home: Path) -> subprocess.Popen:
-        argv = [EXE, "--home", str(home), *cmd, "stage", str(big_manifest), "--json"]
-        return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-    first = stager(homes[0])
-    assert big_hub.wait_for_body(1, timeout=120), "the first stager never reached its downloads"
-    second = stager(homes[1])
-    assert first.poll() is None, "the first stager was done before the second began: no race was tested"
-    outs = [p.communicate(timeout=300) for p in (first, second)]
-    for p, (_, err) in zip((first, second), outs, strict=True):
-        assert p.returncode == 0, err
-    gets = body_gets(big_hub)
-    assert gets and set(gets.values()) == {1}, {p: n for p, n in gets.items() if n != 1}
-    docs = [json.loads(out) for out, _ in outs]
-    assert sum(d["downloaded_bytes"] for d in docs) == docs[0]["needed_bytes"]
+    docs = two_stagers(big_hub, lambda i: start_cli(*cmd, "stage", str(big_manifest), "--json", home=homes[i], env=env))
     stored = objects(s3_server, s3_store)
     assert sum(stored.values()) == docs[0]["needed_bytes"], "each distinct blob once, whole"
     for home in homes:
@@ -212,7 +189,6 @@ def test_gc_on_another_host_waits_for_a_stager_and_takes_only_the_unreferenced_o
     home: no file lock in common) waits on the ledger server's store lock, then removes v1's objects and
     nothing of v2's; verify holds after."""
     import hashlib
-    import time
 
     env = s3_env(s3_server)
     common = ["--ledger", pg_url, "--store", s3_store]
@@ -236,34 +212,12 @@ def test_gc_on_another_host_waits_for_a_stager_and_takes_only_the_unreferenced_o
 
     hub.faults.hold("_activation.abi3.so", 4096)
     m2 = write_manifest(tmp_path / "v2.toml", {ACTIVATION: {"version": 2}}, [X86])
-    logs = [tmp_path / n for n in ("stage.out", "stage.err", "gc.out", "gc.err")]
-    files = [open(p, "w") for p in logs]
-    try:
-        stager = subprocess.Popen(
-            [EXE, "--home", str(host_b), *common, "--endpoint", hub.url, "stage", str(m2), "--json"],
-            stdout=files[0],
-            stderr=files[1],
-            env=env,
-        )
-        assert hub.wait_for_body(1, timeout=120), "the stage never started the held body"
-        deadline = time.monotonic() + 120
-        while not (set(objects(s3_server, s3_store)) & new):
-            assert time.monotonic() < deadline, "the stage never uploaded its small files"
-            time.sleep(0.1)
-        collector = subprocess.Popen(
-            [EXE, "--home", str(host_a), *common, "gc", "--json"], stdout=files[2], stderr=files[3], env=env
-        )
-        while "waiting for the stage" not in logs[3].read_text():
-            assert time.monotonic() < deadline and collector.poll() is None, logs[3].read_text()
-            time.sleep(0.05)
-        hub.faults.release()
-        assert stager.wait(timeout=120) == 0, logs[1].read_text()
-        assert collector.wait(timeout=120) == 0, logs[3].read_text()
-    finally:
-        hub.faults.release()
-        for f in files:
-            f.close()
-    done = json.loads(logs[2].read_text())
+    with stage_gc_race(hub, tmp_path, env) as race:
+        race.stage("--home", str(host_b), *common, "--endpoint", hub.url, "stage", str(m2), "--json")
+        wait_for("the stage to upload its small files", lambda: set(objects(s3_server, s3_store)) & new)
+        race.gc("--home", str(host_a), *common, "gc", "--json")
+        race.finish()
+    done = race.gc_json()
     assert {b["sha256"] for b in done["blobs"]} == old - new
     left = set(objects(s3_server, s3_store))
     assert new <= left and not (old - new) & left

@@ -24,30 +24,22 @@ from tests.support.seat_fixtures import (  # noqa: E402
     LINEAR,
     RMSNORM,
     WRONG,
+    Baseline,
+    attach_within,
     generate,
     logits,
     rel,
-    staged_home,
+    seats_in,
     tiny_qwen3,
 )
 
 EXAMPLE = load_seat_catalog(EXAMPLES / "seats-qwen3.toml")
 
 
-@pytest.fixture(scope="session")
-def seats_home(tmp_path_factory):
-    return staged_home(tmp_path_factory.mktemp("seats"))
-
-
-def seats_in(model) -> list[str]:
-    return [n for n, m in model.named_modules() if isinstance(m, Seat)]
-
-
 def test_attach_generate_detach_is_bit_identical(seats_home, caplog):
     model = tiny_qwen3()
     ids = torch.randint(0, 320, (2, 7), generator=torch.Generator().manual_seed(0))
-    before = dict(model.named_modules())
-    base, base_tokens = logits(model, ids), generate(model, ids)
+    base = Baseline(model, ids)
 
     with caplog.at_level(logging.INFO, logger="frt.seats"):
         handle = attach(model, EXAMPLE, home=seats_home)
@@ -59,17 +51,16 @@ def test_attach_generate_detach_is_bit_identical(seats_home, caplog):
     assert variants[LINEAR] == "torch-cpu" and variants[RMSNORM] == "torch-universal"  # this host's choice
     assert all(r.parity is not None and r.parity.error <= r.parity.bound for r in handle.records)
 
-    assert rel(logits(model, ids), base) < 1e-5
-    assert torch.equal(generate(model, ids), base_tokens)
+    assert rel(logits(model, ids), base.logits) < 1e-5
+    assert torch.equal(generate(model, ids), base.tokens)
     s = handle.summary()
     assert s["seats"] == 26 and s["head_slabs"] == 5 and s["guarded_calls"] > 26
     assert s["fallbacks"] == 0 and s["seats_never_called"] == 0 and s["clean"]
 
     handle.detach()
     handle.detach()  # idempotent
-    assert seats_in(model) == [] and all(m is before[n] for n, m in model.named_modules())
-    assert torch.equal(logits(model, ids), base)
-    assert torch.equal(generate(model, ids), base_tokens)
+    assert seats_in(model) == []
+    base.assert_restored()
     assert handle.summary()["attached"] is False
 
 
@@ -162,13 +153,8 @@ def test_a_missed_guard_runs_the_original_and_is_counted(seats_home):
 def test_bfloat16_model_checks_parity_in_its_own_dtype(seats_home):
     model = tiny_qwen3().to(torch.bfloat16)
     ids = torch.randint(0, 320, (1, 6), generator=torch.Generator().manual_seed(1))
-    base = logits(model, ids)
-    handle = attach(model, EXAMPLE, home=seats_home)
-    assert handle.notes["refused"] == [] and len(handle.records) == 26
+    handle = attach_within(model, ids, EXAMPLE, seats_home, seats=26, bound=3e-2)
     assert {r.parity.bound for r in handle.records} == {2e-2, 1e-4}  # the lm_head's tolerance overrides
-    assert rel(logits(model, ids), base) < 3e-2
-    handle.detach()
-    assert torch.equal(logits(model, ids), base)
 
 
 def test_state_dict_keys_are_the_base_models_while_seated(seats_home):

@@ -27,9 +27,9 @@ from frt.resolver.ledger import Ledger
 from frt.resolver.resolve import resolve
 from frt.resolver.targets import host_target
 from frt.resolver.variants import decide
-from frt.seats import Seat, attach  # noqa: E402
+from frt.seats import attach  # noqa: E402
 from tests.support import ROOT  # noqa: E402
-from tests.support.seat_fixtures import generate, logits, rel, tiny_qwen3  # noqa: E402
+from tests.support.seat_fixtures import Baseline, attach_within, generate, logits, rel, seats_in, tiny_qwen3  # noqa: E402
 from tests.support.seat_fixtures_compiled import (  # noqa: E402
     COMPILED,
     BuildUnavailable,
@@ -78,10 +78,6 @@ def compiled_module(build: CompiledBuild):
     return sys.modules[f"_seat_compiled_{build.key[:12]}_{host_variant().replace('-', '_')}"]
 
 
-def seats_in(model) -> list[str]:
-    return [n for n, m in model.named_modules() if isinstance(m, Seat)]
-
-
 def test_the_resolver_prefers_the_compiled_arch_variant_on_this_host(compiled_home):
     from kernels.variants import parse_variant, resolve_variant
 
@@ -102,8 +98,7 @@ def test_the_resolver_prefers_the_compiled_arch_variant_on_this_host(compiled_ho
 def test_compiled_seats_in_qwen3_generate_like_the_base_and_detach_exactly(compiled_home, compiled_build):
     model = tiny_qwen3()
     ids = torch.randint(0, 320, (2, 7), generator=torch.Generator().manual_seed(0))
-    before = dict(model.named_modules())
-    base, base_tokens = logits(model, ids), generate(model, ids, n=6)
+    base = Baseline(model, ids, n=6)
 
     handle = attach(model, CATALOG, home=compiled_home)
     assert handle.notes["refused"] == [] and len(handle.records) == SEATS
@@ -115,27 +110,21 @@ def test_compiled_seats_in_qwen3_generate_like_the_base_and_detach_exactly(compi
     assert kernel.LIBRARY.parent.name == host_variant() and kernel.LIBRARY.is_relative_to(compiled_home)
     assert str(kernel.LIBRARY) in torch.ops.loaded_libraries
 
-    assert rel(logits(model, ids), base) < 1e-5
-    assert torch.equal(generate(model, ids, n=6), base_tokens)
+    assert rel(logits(model, ids), base.logits) < 1e-5
+    assert torch.equal(generate(model, ids, n=6), base.tokens)
     s = handle.summary()
     assert s["fallbacks"] == 0 and s["seats_never_called"] == 0 and s["clean"]
 
     handle.detach()
-    assert seats_in(model) == [] and all(m is before[n] for n, m in model.named_modules())
-    assert torch.equal(logits(model, ids), base)
-    assert torch.equal(generate(model, ids, n=6), base_tokens)
+    assert seats_in(model) == []
+    base.assert_restored()
 
 
 def test_compiled_seats_in_a_bfloat16_qwen3(compiled_home):
     model = tiny_qwen3().to(torch.bfloat16)
     ids = torch.randint(0, 320, (1, 6), generator=torch.Generator().manual_seed(1))
-    base = logits(model, ids)
-    handle = attach(model, CATALOG, home=compiled_home)
-    assert handle.notes["refused"] == [] and len(handle.records) == SEATS
+    handle = attach_within(model, ids, CATALOG, compiled_home, seats=SEATS, bound=3e-2)
     assert {r.parity.bound for r in handle.records} == {2e-2}
-    assert rel(logits(model, ids), base) < 3e-2
-    handle.detach()
-    assert torch.equal(logits(model, ids), base)
 
 
 @pytest.mark.parametrize("dtype, bound", [(torch.float32, 1e-6), (torch.bfloat16, 1e-2), (torch.float16, 2e-3)])

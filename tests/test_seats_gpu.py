@@ -32,11 +32,12 @@ from tests.support.seat_fixtures import (  # noqa: E402
     TRITON,
     TRITON_SM80,
     WRONG,
+    Baseline,
+    attach_within,
     generate,
     liger_problem,
     logits,
     rel,
-    staged_home,
     tiny_qwen3,
     tiny_qwen3_moe,
 )
@@ -69,11 +70,6 @@ needs_liger = pytest.mark.skipif(
 )
 
 
-@pytest.fixture(scope="session")
-def seats_home(tmp_path_factory):
-    return staged_home(tmp_path_factory.mktemp("seats"))
-
-
 def on_gpu(model, dtype=torch.float32):
     return model.to(device="cuda", dtype=dtype)
 
@@ -85,34 +81,25 @@ def ids_on_gpu(rows: int, cols: int, seed: int = 0):
 def test_triton_seats_attach_generate_and_detach_bit_identical(seats_home):
     model = on_gpu(tiny_qwen3())
     ids = ids_on_gpu(2, 7)
-    before = dict(model.named_modules())
-    base, base_tokens = logits(model, ids), generate(model, ids)
+    base = Baseline(model, ids)
 
     handle = attach(model, CATALOG, home=seats_home)
     assert handle.notes["refused"] == [] and handle.line() == "[frt.seats] 26 seats (5 head slabs), 0 refused"
     variants = {r.kernel.split()[0]: r.variant for r in handle.records}
     assert variants == {TRITON: "torch-cuda", LINEAR: "torch-universal"}  # this host's choice, per repo
     assert all(r.parity.error <= r.parity.bound for r in handle.records)
-    assert rel(logits(model, ids), base) < 1e-5
-    assert torch.equal(generate(model, ids), base_tokens)
+    assert rel(logits(model, ids), base.logits) < 1e-5
+    assert torch.equal(generate(model, ids), base.tokens)
     s = handle.summary()
     assert s["fallbacks"] == 0 and s["seats_never_called"] == 0 and s["clean"]
 
     handle.detach()
-    assert all(m is before[n] for n, m in model.named_modules())
-    assert torch.equal(logits(model, ids), base)
-    assert torch.equal(generate(model, ids), base_tokens)
+    base.assert_restored()
 
 
 def test_bfloat16_on_gpu_within_the_dtype_bound(seats_home):
     model = on_gpu(tiny_qwen3(), torch.bfloat16)
-    ids = ids_on_gpu(1, 6, seed=1)
-    base = logits(model, ids)
-    handle = attach(model, CATALOG, home=seats_home)
-    assert handle.notes["refused"] == [] and len(handle.records) == 26
-    assert rel(logits(model, ids), base) < 3e-2
-    handle.detach()
-    assert torch.equal(logits(model, ids), base)
+    attach_within(model, ids_on_gpu(1, 6, seed=1), CATALOG, seats_home, seats=26, bound=3e-2)
 
 
 def test_arch_check_uses_the_modules_device_and_strict_refuses(seats_home):
@@ -212,27 +199,24 @@ def test_liger_kernels_parity_generate_and_detach_bit_identical(seats_home, dtyp
 
     model = on_gpu(tiny_qwen3(), dtype)
     ids = ids_on_gpu(2, 7, seed=5)
-    before = dict(model.named_modules())
-    base, base_tokens = logits(model, ids), generate(model, ids)
+    base = Baseline(model, ids)
     handle = attach(model, LIGER_CATALOG, home=seats_home, strict=True)
     # 2 layers x (input, post-attention, q and k norms) + the final norm; 2 MLP blocks
     assert sorted(r.kind for r in handle.records) == ["mlp"] * 2 + ["norm"] * 9
     assert {r.variant for r in handle.records} == {"torch-cuda"}
     assert all(r.parity.error <= r.parity.bound for r in handle.records)
     assert "liger_kernel" not in sys.modules  # the staged copy ran, not an installed liger-kernel
-    assert rel(logits(model, ids), base) < bound
+    assert rel(logits(model, ids), base.logits) < bound
     tokens = generate(model, ids)
     seated_along = logits(model, tokens)
     s = handle.summary()
     assert s["fallbacks"] == 0 and s["seats_never_called"] == 0 and s["clean"]
     handle.detach()
-    assert all(m is before[n] for n, m in model.named_modules())
-    assert torch.equal(logits(model, ids), base)
-    assert torch.equal(generate(model, ids), base_tokens)
+    base.assert_restored()
     # generate, equal within the bound: in fp32 the very tokens; bf16 rounding may flip a near-tie, so
     # what is bounded there is the logits along the seated run's tokens against the unseated model's.
     if dtype == torch.float32:
-        assert torch.equal(tokens, base_tokens)
+        assert torch.equal(tokens, base.tokens)
     assert rel(seated_along, logits(model, tokens)) < bound
 
 

@@ -23,17 +23,11 @@ from tests.support.seat_fixtures import (  # noqa: E402
     generate,
     logits,
     rel,
-    staged_home,
     tiny_qwen3,
 )
 
 EXAMPLE = load_seat_catalog(EXAMPLES / "seats-qwen3.toml")
 NORM_ONLY = SeatCatalog((SeatSpec("norm", KernelRef(RMSNORM, version=1, layer="RMSNorm"), match=("model.norm",)),))
-
-
-@pytest.fixture(scope="session")
-def seats_home(tmp_path_factory):
-    return staged_home(tmp_path_factory.mktemp("seats"))
 
 
 def test_compiled_seats_count_their_traces_not_their_calls_and_never_recompile(seats_home):

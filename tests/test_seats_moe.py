@@ -21,7 +21,6 @@ from tests.support.seat_fixtures import (  # noqa: E402
     ACTIVATION,
     EXPERTS,
     rel,
-    staged_home,
     tiny_qwen3,
     tiny_qwen3_moe,
 )
@@ -30,11 +29,6 @@ EXAMPLE = load_seat_catalog(EXAMPLES / "seats-qwen3.toml")
 EXPERTS_ONLY = SeatCatalog(
     (SeatSpec("moe_experts", KernelRef(EXPERTS, version=1, layer="ExpertBank"), match=("mlp.experts",)),)
 )  # band: $FRT_MOE_BAND_T at attach
-
-
-@pytest.fixture(scope="session")
-def seats_home(tmp_path_factory):
-    return staged_home(tmp_path_factory.mktemp("seats"))
 
 
 def routed(model, rows: int, seed: int = 0):

@@ -28,6 +28,7 @@ from tests.support.nginx import PREFIX, Front, answer, front_of, nginx_conf, ngi
 from tests.support.serve_helpers import (
     LINE,
     CuttingProxy,
+    children,
     free_port,
     raw_http,
     raw_request,
@@ -320,17 +321,6 @@ def replica_lines_of(front: Front, i: int) -> list[str]:
 
 
 # -- serve --workers -------------------------------------------------------------------------------
-
-
-def children(pid: int) -> list[int]:
-    """The processes whose parent is `pid`: serve's workers."""
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                    out.append(int(entry.name))
-    return sorted(out)
 
 
 def listening_inode(port: int) -> str | None:

@@ -232,22 +232,16 @@ def get_kernel_starts(url: str, tmp: Path, token: str, t0: float, tally: dict) -
 
 def outage(pg: PgServer, t0: float, log: list) -> None:
     """At +2 s PostgreSQL stops for 10 s; then two restarts (pg_ctl restart: connections terminated)."""
-
-    def at(s: float) -> None:
-        time.sleep(max(0.0, t0 + s - time.monotonic()))
-
-    at(2)
-    pg.stop()
-    log.append(("stopped", time.monotonic() - t0))
-    at(12)
-    pg.start()
-    log.append(("started", time.monotonic() - t0))
-    at(15)
-    pg.restart()
-    log.append(("restarted", time.monotonic() - t0))
-    at(18)
-    pg.restart()
-    log.append(("restarted", time.monotonic() - t0))
+    timeline = [
+        (2, pg.stop, "stopped"),
+        (12, pg.start, "started"),
+        (15, pg.restart, "restarted"),
+        (18, pg.restart, "restarted"),
+    ]
+    for at, action, what in timeline:
+        time.sleep(max(0.0, t0 + at - time.monotonic()))
+        action()
+        log.append((what, time.monotonic() - t0))
 
 
 def test_two_replicas_behind_nginx_ride_out_a_postgresql_outage(site, tmp_path):

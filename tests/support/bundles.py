@@ -51,3 +51,18 @@ def rewrite(src: Path, dst: Path, edit) -> None:
         for m in tin:
             for info, data in edit(m, tin.extractfile(m).read()):
                 tout.addfile(info, io.BytesIO(data) if data is not None else None)
+
+
+def edit_manifest(change):
+    """A `rewrite` edit that applies `change(doc)` to frt-bundle.json's document (a forger's edit: the
+    manifest is left unsigned) and copies every other member as it is."""
+
+    def edit(m, data):
+        if m.name == "frt-bundle.json":
+            doc = json.loads(data)
+            change(doc)
+            data = json.dumps(doc).encode()
+            m.size = len(data)
+        return [(m, data)]
+
+    return edit

@@ -35,6 +35,27 @@ def run_cli(
     )
 
 
+def start_cli(*args: str, home: Path, env: dict | None = None, wrap: list[str] | None = None) -> subprocess.Popen:
+    """`run_cli` in the background: the running process, its stdout and stderr piped (text)."""
+    argv = [*(wrap or []), EXE, "--home", str(home), *args]
+    return subprocess.Popen(argv, env=env or cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def run_resolve(
+    repo: str, version: str, target: str, *extra: str, before: tuple[str, ...] = (), home: Path, **kw
+) -> subprocess.CompletedProcess:
+    """`frt-mirror [BEFORE] resolve REPO --version VERSION --target TARGET [EXTRA]`."""
+    return run_cli(*before, "resolve", repo, "--version", version, "--target", target, *extra, home=home, **kw)
+
+
+def run_bisect(
+    endpoint: str, repo: str, good: str, bad: str, *options: str, target: str, cmd: list[str], home: Path, **kw
+) -> subprocess.CompletedProcess:
+    """`frt-mirror --endpoint ENDPOINT bisect REPO --good GOOD --bad BAD --target TARGET [OPTIONS] -- CMD`."""
+    args = ["--endpoint", endpoint, "bisect", repo, "--good", good, "--bad", bad, "--target", target, *options]
+    return run_cli(*args, "--", *cmd, home=home, **kw)
+
+
 def write_manifest(path: Path, kernels: dict[str, dict], targets: list[str], trust: list[str] | None = None) -> Path:
     lines = [f'[[targets]]\ntarget = "{t}"\n' for t in targets]
     lines.append("[kernels]")

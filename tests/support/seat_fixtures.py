@@ -45,6 +45,19 @@ STAGED_CUDA = (TRITON, TRITON_SM80)  # only where the host target is a CUDA one:
 
 _HEADER = '"""Fixture kernel {name}, built by frt-mirror\'s seat tests."""\n\nimport torch\n'
 
+# The RMSNorm layer, the same in the pure-torch and the Triton package (each calls its own rms_norm).
+_RMSNORM_LAYER = """
+
+class RMSNorm(torch.nn.Module):
+    can_torch_compile = True
+    has_backward = False
+
+    def forward(self, hidden_states):
+        from . import rms_norm
+
+        return rms_norm(hidden_states, self.weight, self.variance_epsilon)
+"""
+
 # The activation layers, the same in the pure-torch and the Triton package (each calls its own functions).
 _ACTIVATION_LAYERS = '''
 
@@ -91,17 +104,7 @@ def rms_norm(x, weight, eps):
     y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + eps)
     return weight * y.to(x.dtype)
 """,
-        "layers.py": """
-
-class RMSNorm(torch.nn.Module):
-    can_torch_compile = True
-    has_backward = False
-
-    def forward(self, hidden_states):
-        from . import rms_norm
-
-        return rms_norm(hidden_states, self.weight, self.variance_epsilon)
-""",
+        "layers.py": _RMSNORM_LAYER,
     },
     "seat-activation": {
         "__init__.py": """
@@ -263,18 +266,7 @@ def silu_and_mul(x):
                                                               BLOCK=block)
     return out.reshape(*x.shape[:-1], d)
 """,
-        "layers.py": """
-
-class RMSNorm(torch.nn.Module):
-    can_torch_compile = True
-    has_backward = False
-
-    def forward(self, hidden_states):
-        from . import rms_norm
-
-        return rms_norm(hidden_states, self.weight, self.variance_epsilon)
-"""
-        + _ACTIVATION_LAYERS,
+        "layers.py": _RMSNORM_LAYER + _ACTIVATION_LAYERS,
     },
 }
 
@@ -401,41 +393,32 @@ def randomize(model):
     return model.eval()
 
 
+# The tiny shape both Qwen3s share.
+_TINY_QWEN3 = dict(
+    vocab_size=320,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    tie_word_embeddings=False,
+)
+
+
 def tiny_qwen3(**overrides):
     """A dense Qwen3 from a tiny config (attention with a bias, so bias handling is exercised)."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    cfg = dict(
-        vocab_size=320,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        attention_bias=True,
-        tie_word_embeddings=False,
-    )
+    cfg = {**_TINY_QWEN3, "attention_bias": True}
     return randomize(Qwen3ForCausalLM(Qwen3Config(**{**cfg, **overrides})))
 
 
 def tiny_qwen3_moe(**overrides):
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    cfg = dict(
-        vocab_size=320,
-        hidden_size=64,
-        intermediate_size=128,
-        moe_intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        num_experts=8,
-        num_experts_per_tok=2,
-        norm_topk_prob=True,
-        tie_word_embeddings=False,
-    )
+    moe = dict(moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2, norm_topk_prob=True)
+    cfg = {**_TINY_QWEN3, **moe}
     return randomize(Qwen3MoeForCausalLM(Qwen3MoeConfig(**{**cfg, **overrides})))
 
 
@@ -459,3 +442,44 @@ def generate(model, ids, n=5):
 def rel(a, b) -> float:
     """Relative L2 error of ``a`` against ``b``, in float64."""
     return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+class Baseline:
+    """A model before anything is attached: its modules, its logits on `ids` and its greedy tokens (`n`
+    new), taken at construction. Detach must give back exactly this."""
+
+    def __init__(self, model, ids, n: int = 5):
+        self.model, self.ids, self.n = model, ids, n
+        self.modules = dict(model.named_modules())
+        self.logits, self.tokens = logits(model, ids), generate(model, ids, n)
+
+    def assert_restored(self) -> None:
+        """Every module is the original object again; logits and tokens are bit-identical to before."""
+        import torch
+
+        assert all(m is self.modules[n] for n, m in self.model.named_modules())
+        assert torch.equal(logits(self.model, self.ids), self.logits)
+        assert torch.equal(generate(self.model, self.ids, self.n), self.tokens)
+
+
+def seats_in(model) -> list[str]:
+    """The names of the model's modules that are seats now."""
+    from frt.seats import Seat
+
+    return [n for n, m in model.named_modules() if isinstance(m, Seat)]
+
+
+def attach_within(model, ids, catalog, home: Path, *, seats: int, bound: float):
+    """Attach `catalog` from `home`: all `seats` seated, none refused, logits on `ids` within `bound`
+    (relative) of the unseated model's; then detach, and they are bit-identical again. The detached handle."""
+    import torch
+
+    from frt.seats import attach
+
+    base = logits(model, ids)
+    handle = attach(model, catalog, home=home)
+    assert handle.notes["refused"] == [] and len(handle.records) == seats
+    assert rel(logits(model, ids), base) < bound
+    handle.detach()
+    assert torch.equal(logits(model, ids), base)
+    return handle

@@ -35,6 +35,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def children(pid: int) -> list[int]:
+    """serve's workers: the processes whose parent is `pid` (whichever of its threads started them)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    out.append(int(entry.name))
+    return sorted(out)
+
+
 @dataclass
 class Served:
     url: str
@@ -214,6 +225,16 @@ class Tripwire:
         self.sock.close()
 
 
+@contextlib.contextmanager
+def tripwire_at(url: str) -> Iterator[Tripwire]:
+    """A Tripwire on the port of the stopped upstream that answered at `url`, closed afterwards."""
+    tripwire = Tripwire(int(url.rsplit(":", 1)[1]))
+    try:
+        yield tripwire
+    finally:
+        tripwire.close()
+
+
 @dataclass
 class Exchange:
     method: str
@@ -263,7 +284,10 @@ class CuttingProxy:
             for target in (self._client_to_upstream, self._upstream_to_client):
                 threading.Thread(target=target, args=(client, upstream, conn), daemon=True).start()
 
-    def _done(self, client, upstream, conn):
+    def _done(self, client, upstream, conn, written):
+        """One direction is over: a FIN to the side it wrote to (`written`); the last one closes both."""
+        with contextlib.suppress(OSError):
+            written.shutdown(socket.SHUT_WR)
         with self._lock:
             conn["alive"] -= 1
             last = conn["alive"] == 0
@@ -295,9 +319,7 @@ class CuttingProxy:
         except OSError:
             pass
         finally:
-            with contextlib.suppress(OSError):
-                upstream.shutdown(socket.SHUT_WR)
-            self._done(client, upstream, conn)
+            self._done(client, upstream, conn, upstream)
 
     def _upstream_to_client(self, client, upstream, conn):
         try:
@@ -325,9 +347,7 @@ class CuttingProxy:
         except OSError:
             pass
         finally:
-            with contextlib.suppress(OSError):
-                client.shutdown(socket.SHUT_WR)
-            self._done(client, upstream, conn)
+            self._done(client, upstream, conn, client)
 
 
 def read_response_head(s) -> tuple[int, dict[str, str], bytes]:
@@ -339,8 +359,7 @@ def read_response_head(s) -> tuple[int, dict[str, str], bytes]:
         data += chunk
     head, _, body = data.partition(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")
-    headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:])}
-    return int(lines[0].split()[1]), headers, body
+    return int(lines[0].split()[1]), _headers(lines[1:]), body
 
 
 def read_held_stream(port: int, path: str, held: int, release) -> tuple[dict[str, str], bytes, int]:

@@ -1,15 +1,20 @@
 """tinyadd, the repo the fake Hub is checked with (tests/test_fakehub.py, and over the real Hub's redirects
 and rate limits in tests/test_fakehub_transport.py): a universal kernel whose v1 history is more than one
-page, a foreign CUDA variant, a slash branch, a tag and an LFS file; and the real `kernels` loading it."""
+page, a foreign CUDA variant, a slash branch, a tag and an LFS file; the real `kernels` loading it; and a
+stop of the fake Hub while it sends a body."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
 
 from tests.support.fakehub import FakeHub, FakeRepo, git_blob_oid
 
@@ -72,3 +77,17 @@ def run_get_kernel(hub: FakeHub, home: Path) -> subprocess.CompletedProcess:
     for var in ("HF_TOKEN", "HF_HUB_OFFLINE", "LOCAL_KERNELS", "HF_HUB_DISABLE_TELEMETRY"):
         env.pop(var, None)  # each would change what kernels asks the hub
     return subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+
+
+def stop_mid_body(hub: FakeHub, url: str) -> None:
+    """GET `url` (weights.bin, off the Hub or its CDN) throttled to ~5 s of body, and stop the fake Hub
+    while the body is in flight: the client must see the body cut, as a dead host's would be."""
+    hub.faults.throttle("weights.bin", 20_000)  # 100 KiB at 20 kB/s: ~5 s of body
+    u = urlsplit(url)
+    busy = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
+    busy.request("GET", u.path + (f"?{u.query}" if u.query else ""))
+    r = busy.getresponse()
+    assert hub.wait_for_body(timeout=10)
+    hub.stop()
+    with pytest.raises((http.client.IncompleteRead, ConnectionError)):
+        r.read()
