@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -33,7 +34,23 @@ if TYPE_CHECKING:
         max_connections: int
 
 
+F = TypeVar("F", bound=Callable[..., Any])
 LIMIT_ENV = {field: var for field, (var, *_rest) in HttpLimits.ENV.items()}
+
+
+def _limit_option(flag: str, field: str, kind: click.ParamType[Any], help: str) -> Callable[[F], F]:
+    """One of serve's HTTP limits: its HttpLimits field, default and environment variable (which
+    --workers hands on to each worker)."""
+    return click.option(
+        flag,
+        field,
+        envvar=LIMIT_ENV[field],
+        show_envvar=True,
+        default=getattr(HttpLimits, field),
+        show_default=True,
+        type=kind,
+        help=help,
+    )
 
 
 @cli.command("serve")
@@ -142,46 +159,30 @@ LIMIT_ENV = {field: var for field, (var, *_rest) in HttpLimits.ENV.items()}
     "window, waits --upstream-timeout, then gets 503 with Retry-After while the upstream's answer is on "
     "its way.",
 )
-@click.option(
+@_limit_option(
     "--max-header-bytes",
     "max_header_bytes",
-    envvar=LIMIT_ENV["max_header_bytes"],
-    show_envvar=True,
-    default=HttpLimits.max_header_bytes,
-    show_default=True,
-    type=click.IntRange(1024, 16 << 20),
-    help="A request's line and headers larger than this are answered 431 and the connection closed.",
+    click.IntRange(1024, 16 << 20),
+    "A request's line and headers larger than this are answered 431 and the connection closed.",
 )
-@click.option(
+@_limit_option(
     "--header-timeout",
     "header_timeout",
-    envvar=LIMIT_ENV["header_timeout"],
-    show_envvar=True,
-    default=HttpLimits.header_timeout,
-    show_default=True,
-    type=Finite(0.1, 3600),
-    help="Seconds a request's line and headers may take to arrive (from the connection, or from "
+    Finite(0.1, 3600),
+    "Seconds a request's line and headers may take to arrive (from the connection, or from "
     "the request's first byte); past it 408 and the connection closed, or just the close.",
 )
-@click.option(
+@_limit_option(
     "--keep-alive-timeout",
     "keep_alive_timeout",
-    envvar=LIMIT_ENV["keep_alive_timeout"],
-    show_envvar=True,
-    default=HttpLimits.keep_alive_timeout,
-    show_default=True,
-    type=click.IntRange(1, 3600),
-    help="Seconds an idle connection is kept between two requests.",
+    click.IntRange(1, 3600),
+    "Seconds an idle connection is kept between two requests.",
 )
-@click.option(
+@_limit_option(
     "--max-connections",
     "max_connections",
-    envvar=LIMIT_ENV["max_connections"],
-    show_envvar=True,
-    default=HttpLimits.max_connections,
-    show_default=True,
-    type=click.IntRange(1, 1 << 20),
-    help="Open connections per process (per worker); a request past them is answered 503. serve "
+    click.IntRange(1, 1 << 20),
+    "Open connections per process (per worker); a request past them is answered 503. serve "
     "raises its own open-file limit to fit them, up to the hard limit (ulimit -Hn).",
 )
 @click.pass_obj

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import delete, select, tuple_
 from sqlalchemy.orm import Session
@@ -24,6 +24,7 @@ from .blobs import Digest
 # A staged model selection is target-less: its row carries this in place of a target (never a target
 # string, which always starts with "torch"), and its files are the Variant row MODEL_SELECTION (see
 # frt.mirror.stage.models).
+K = TypeVar("K", bound=Hashable)  # a key of an IN list: a sha, or a (repo, requested, target) row
 MODEL_TARGET = "model"
 MODEL_SELECTION = "files"
 # A kernel variant a client pulled through `serve --upstream` (frt.mirror.serve.pull_through) was asked for by no
@@ -99,12 +100,18 @@ def record_blobs(ledger: Ledger, digests: Iterable[Digest]) -> None:
 @retried
 def sha256_by_git_oid(ledger: Ledger, oids: Iterable[str]) -> dict[str, str]:
     """Stored blobs known by git oid: small files advertise only that, not their sha256."""
-    oids = list(set(oids))
     out: dict[str, str] = {}
     with ledger.session(write=False) as s:
-        for i in range(0, len(oids), 500):
-            out.update(s.execute(select(Blob.git_oid, Blob.sha256).where(Blob.git_oid.in_(oids[i : i + 500]))).all())
+        for batch in _in_batches(list(set(oids))):
+            out.update(s.execute(select(Blob.git_oid, Blob.sha256).where(Blob.git_oid.in_(batch))).all())
     return out
+
+
+def _in_batches(keys: Sequence[K], n: int = 500) -> Iterator[Sequence[K]]:
+    """`keys`, `n` at a time, in their order: an IN list of each stays under every database's bound on
+    parameters (SQLite's was 999); deletes take their rows' locks in one order (sorted by the caller)."""
+    for i in range(0, len(keys), n):
+        yield keys[i : i + n]
 
 
 def blob_for(ledger: Ledger, entries: Iterable[FileEntry]) -> dict[FileEntry, str | None]:
@@ -119,16 +126,11 @@ def blob_for(ledger: Ledger, entries: Iterable[FileEntry]) -> dict[FileEntry, st
 @retried
 def recorded_blobs(ledger: Ledger, shas: Iterable[str]) -> dict[str, Digest]:
     """The ledger's record of these stored blobs (sha256, content git oid, size), where it has one."""
-    shas = list(set(shas))
     out: dict[str, Digest] = {}
     with ledger.session(write=False) as s:
-        for i in range(0, len(shas), 500):
-            out.update(
-                (sha, Digest(sha, oid, size))
-                for sha, oid, size in s.execute(
-                    select(Blob.sha256, Blob.git_oid, Blob.size).where(Blob.sha256.in_(shas[i : i + 500]))
-                )
-            )
+        for batch in _in_batches(list(set(shas))):
+            rows = s.execute(select(Blob.sha256, Blob.git_oid, Blob.size).where(Blob.sha256.in_(batch)))
+            out.update((sha, Digest(sha, oid, size)) for sha, oid, size in rows)
     return out
 
 
@@ -250,12 +252,9 @@ def staged_rows(ledger: Ledger, target: str | None = None) -> list[StagedRow]:
 
 
 def _delete_wheel_links(s: Session, keys: list[tuple[str, str, str]]) -> None:
-    for i in range(0, len(keys), 300):
-        s.execute(
-            delete(StagedWheel).where(
-                tuple_(StagedWheel.repo_id, StagedWheel.requested, StagedWheel.target).in_(keys[i : i + 300])
-            )
-        )
+    row = tuple_(StagedWheel.repo_id, StagedWheel.requested, StagedWheel.target)
+    for batch in _in_batches(keys, 300):
+        s.execute(delete(StagedWheel).where(row.in_(batch)))
 
 
 @retried
@@ -336,8 +335,8 @@ def delete_blob_records(ledger: Ledger, shas: Iterable[str]) -> None:
     shas = sorted(set(shas))
     if shas:
         with ledger.session() as s:
-            for i in range(0, len(shas), 500):
-                s.execute(delete(Blob).where(Blob.sha256.in_(shas[i : i + 500])))
+            for batch in _in_batches(shas):
+                s.execute(delete(Blob).where(Blob.sha256.in_(batch)))
 
 
 @retried
@@ -349,10 +348,8 @@ def delete_staged(ledger: Ledger, rows: Iterable[StagedRow], *, at: datetime | N
     keys = sorted({r.key for r in rows})
     if keys:
         with ledger.session() as s:
-            for i in range(0, len(keys), 300):
-                s.execute(
-                    delete(Staged).where(tuple_(Staged.repo_id, Staged.requested, Staged.target).in_(keys[i : i + 300]))
-                )
+            for batch in _in_batches(keys, 300):
+                s.execute(delete(Staged).where(tuple_(Staged.repo_id, Staged.requested, Staged.target).in_(batch)))
             _delete_wheel_links(s, keys)
             record_withdrawn(s, keys, at or utcnow())
             bump_serial(s)

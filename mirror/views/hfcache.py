@@ -152,16 +152,8 @@ def _check_wheels(home: Home, rows: Iterable[StagedRow], fetched: Path | None = 
         check_path(name, where="ledger's wheel record")
         sha = recorded.get(name, (None, None, None, None))[2]
         src = _blob_file(home, sha, fetched) if sha else None
-        if src is None or not src.is_file():
-            raise BadInput(
-                f"wheel {name} is recorded as staged but missing from the store: run 'frt-mirror verify', "
-                "then 'frt-mirror stage' again"
-            )
-        if (got := digest_file(src).sha256) != sha:
-            raise VerificationFailed(
-                f"wheel {name}: {src} hashes to {got}, not to its recorded blob {sha}: nothing "
-                "was written: run 'frt-mirror verify'"
-            )
+        _check_source(f"wheel {name}", src, sha, "store")
+        assert src is not None and sha is not None  # _check_source refused either missing
         out.append((name, src, sha))
     return out
 
@@ -201,18 +193,22 @@ def _check_sources(home: Home, plan: Plan, sources: Sources) -> dict[FileEntry, 
         for entry in files:
             src, sha = sources[(row.repo, row.commit, entry.path)], blobs[entry]
             where = f"{row.repo}@{row.commit[:12]}: {entry.path}"
-            if src is None or not src.is_file() or sha is None:
-                raise BadInput(
-                    f"{where} is recorded as staged but missing from the "
-                    f"{'store' if row.is_model else 'view'}: run 'frt-mirror verify', then "
-                    "'frt-mirror stage' again"
-                )
-            if (got := digest_file(src).sha256) != sha:
-                raise VerificationFailed(
-                    f"{where}: {src} hashes to {got}, not to its recorded blob {sha}: its "
-                    "bytes changed on disk; nothing was written: run 'frt-mirror verify'"
-                )
+            _check_source(where, src, sha, "store" if row.is_model else "view")
     return cast("dict[FileEntry, str]", blobs)  # none is None: refused above
+
+
+def _check_source(what: str, src: Path | None, sha: str | None, held_in: str) -> None:
+    """A file export-cache is about to copy or link is there and still hashes to its recorded blob."""
+    if src is None or not src.is_file() or sha is None:
+        raise BadInput(
+            f"{what} is recorded as staged but missing from the {held_in}: run 'frt-mirror verify', then "
+            "'frt-mirror stage' again"
+        )
+    if (got := digest_file(src).sha256) != sha:
+        raise VerificationFailed(
+            f"{what}: {src} hashes to {got}, not to its recorded blob {sha}: its bytes changed on disk; "
+            "nothing was written: run 'frt-mirror verify'"
+        )
 
 
 def _holds(blob: Path, src: Path, sha256: str) -> bool:
