@@ -211,3 +211,32 @@ def test_waiting_requests_go_in_the_order_their_work_began():
     for t in threads:
         t.join(5)
     assert order == ["early", "middle", "late"]
+
+
+def test_a_windows_last_requests_are_kept_for_the_listing_under_way():
+    """Work (a scan's listings): once a finished listing has said how many pages one takes, a new listing's
+    first page does not take the window's last request while a listing begun before it still needs it,
+    so a scan cut short keeps whole listings. The arithmetic, on a fake clock: with real threads (the CLI
+    test) how many listings a first window begins depends on how fast each thread asks its next page."""
+    clock = Clock()
+    limiter = RateLimiter(RateLimits(api=8, resolvers=1000, window=10), clock=clock)
+    pacer = Pacer(max_wait=1e9, clock=clock, sleep=clock.sleep)
+
+    def page(item) -> None:  # as HubClient asks a listing's page: counted on its item, in its place in line
+        item.request()
+        with pacer.slot(API, item.since) as slot:
+            slot.answered(200, limiter.take("api"))
+
+    with pacer.work("api", "listings", 3) as work:
+        with work.item() as first:
+            for _ in range(4):
+                page(first)  # 4 of the window's 8: a listing is 4 pages
+        with work.item() as under_way:
+            for _ in range(3):
+                page(under_way)  # 7 of 8: one request left, and it needs one more page
+            clock.t += 0.5  # the next listing is begun after this one
+            opened = clock()
+            with work.item() as later:
+                page(later)  # waits for the next window rather than take the one under way needs
+                assert clock() >= opened + 10 - 1 + MARGIN
+            page(under_way)

@@ -114,10 +114,11 @@ def test_a_scan_cut_by_its_wait_bound_keeps_its_listings_and_lists_only_the_rest
         second = hub.request_log[len(first) :]
     assert not kept & set(tree_shas(second)), "a listing recorded is never asked again"
     assert listed(home, DRIFT) == kept | set(tree_shas(second))
-    # Begun before the cut and not finished: asked again, whole. The window's last requests went to the
-    # listings under way, not to new ones (a page of each of eight listings, kept by none).
-    cut = set(tree_shas(first)) - kept
-    assert len(cut) <= 2, (len(kept), tree_shas(first))
+    # Begun before the cut and not finished: asked again, whole (every page, not from where the cut left
+    # it). How many were under way at the cut depends on how fast the threads asked their next pages;
+    # that the window's last requests go to the listings under way is test_pacing's, on a fake clock.
+    pages = max(tree_shas(second).values())
+    assert all(tree_shas(second)[sha] == pages for sha in set(tree_shas(first)) - kept), tree_shas(second)
 
 
 def test_a_scan_killed_mid_way_keeps_its_listings_and_lists_only_the_rest(tmp_path):

@@ -7,13 +7,12 @@ import asyncio
 import functools
 import hashlib
 import os
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import anyio
 from starlette.responses import Response
 
-from .catalog import ServedFile
+from .catalog import RawHeaders, ServedFile
 from .cut import cut
 from .integrity import Integrity, file_key
 from .protocol import HubError
@@ -56,7 +55,7 @@ class BlobResponse(Response):
         start: int,
         end: int,
         status: int,
-        headers: Sequence[tuple[bytes, bytes]],
+        headers: RawHeaders,
         head: bool = False,
         integrity: Integrity | None = None,
     ) -> None:
@@ -188,13 +187,7 @@ class FileIntegrity(Integrity):
     is an object store's)."""
 
     def response(
-        self,
-        f: ServedFile,
-        start: int,
-        end: int,
-        status: int,
-        headers: Sequence[tuple[bytes, bytes]],
-        head: bool = False,
+        self, f: ServedFile, start: int, end: int, status: int, headers: RawHeaders, head: bool = False
     ) -> BlobResponse:
         """The answer that sends `f`'s bytes [start, end) under `headers`."""
         return BlobResponse(f, start, end, status, headers, head=head, integrity=self)

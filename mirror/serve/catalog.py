@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -32,6 +33,9 @@ VERSION_BRANCH = re.compile(r"v\d+")
 def lfs_pointer(sha256: str, size: int) -> bytes:
     """The git-lfs pointer file the Hub stores in git for a large file; its oid is the tree `oid`."""
     return f"version https://git-lfs.github.com/spec/v1\noid sha256:{sha256}\nsize {size}\n".encode()
+
+
+RawHeaders = Sequence[tuple[bytes, bytes]]  # an answer's headers as Starlette sends them: (name, value) bytes
 
 
 @dataclass(frozen=True)

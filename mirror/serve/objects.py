@@ -27,14 +27,13 @@ import hashlib
 import logging
 import threading
 import time
-from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from frt.resolver.settings import env_number
 
-from .catalog import ServedFile
+from .catalog import RawHeaders, ServedFile
 from .cut import cut
 from .integrity import MAX_ENTRIES, TTL_ENV, quarantine_counter, record_quarantine
 from .protocol import HubError
@@ -105,13 +104,7 @@ class ObjectIntegrity:
         )
 
     def response(
-        self,
-        f: ServedFile,
-        start: int,
-        end: int,
-        status: int,
-        headers: Sequence[tuple[bytes, bytes]],
-        head: bool = False,
+        self, f: ServedFile, start: int, end: int, status: int, headers: RawHeaders, head: bool = False
     ) -> ObjectResponse:
         return ObjectResponse(self, f, start, end, status, headers, head)
 
@@ -247,7 +240,7 @@ class ObjectResponse:
         start: int,
         end: int,
         status: int,
-        headers: Sequence[tuple[bytes, bytes]],
+        headers: RawHeaders,
         head: bool,
     ) -> None:
         self.integrity, self.file, self.start, self.end = integrity, f, start, end
