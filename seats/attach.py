@@ -126,23 +126,24 @@ def _commit(model: torch.nn.Module, plans: list[_Plan]) -> list[SeatRecord]:
     try:
         for p in plans:
             parent = model.get_submodule(p.site.parent_path)
-            setattr(parent, p.site.attr, p.seat)
             res, spec = p.kernel.resolution, p.site.spec
-            done.append(
-                SeatRecord(
-                    p.site.path,
-                    spec.kind,
-                    spec.kernel.label,
-                    res.commit,
-                    res.variant,
-                    parent,
-                    p.site.attr,
-                    p.site.module,
-                    p.seat,
-                    p.parity,
-                    p.slabs,
-                )
+            record = SeatRecord(
+                p.site.path,
+                spec.kind,
+                spec.kernel.label,
+                res.commit,
+                res.variant,
+                parent,
+                p.site.attr,
+                p.site.module,
+                p.seat,
+                p.parity,
+                p.slabs,
             )
+            # Recorded before it is swapped in: nothing can come between the swap and `done`, which is
+            # what restore (and detach) undo.
+            setattr(parent, p.site.attr, p.seat)
+            done.append(record)
             if isinstance(p.seat, MoeSeat):
                 p.seat.register()
     except BaseException:

@@ -6,6 +6,7 @@ The kernels are the fixture repos of tests/support/seat_fixtures.py, staged once
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import subprocess
@@ -19,7 +20,7 @@ pytest.importorskip("transformers")
 
 from frt.manifests import EXAMPLES, Guards, KernelRef, SeatCatalog, SeatSpec, load_seat_catalog  # noqa: E402
 from frt.resolver.resolution import KernelUnavailable
-from frt.seats import Seat, SeatsRefused, arch_problem, attach, rocm_arch_problem  # noqa: E402
+from frt.seats import Seat, SeatRecord, SeatsRefused, arch_problem, attach, rocm_arch_problem  # noqa: E402
 from tests.support.seat_fixtures import (  # noqa: E402
     LINEAR,
     RMSNORM,
@@ -132,6 +133,27 @@ def test_an_error_midway_rolls_everything_back(seats_home):
 
     mlp.__class__ = type("StubbornMLP", (type(mlp),), {"__setattr__": stubborn})
     with pytest.raises(RuntimeError, match="refuses a new child"):
+        attach(model, EXAMPLE, home=seats_home)
+    assert seats_in(model) == [] and all(m is before[n] for n, m in model.named_modules())
+
+
+def test_an_error_after_a_swap_leaves_no_seat_unrecorded(seats_home, monkeypatch):
+    """A seat is recorded before its module is swapped in: an error between the two (here the record of the
+    third seat) leaves nothing seated that detach would not undo (issue 50: the swap came first)."""
+    attaching = importlib.import_module("frt.seats.attach")  # the module: frt.seats.attach names the function
+
+    model = tiny_qwen3()
+    before = dict(model.named_modules())
+    made = []
+
+    def record(*args, **kwargs):
+        if len(made) == 2:
+            raise MemoryError("no room for one more record")
+        made.append(SeatRecord(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(attaching, "SeatRecord", record)  # the one fault a real attach cannot be made to meet
+    with pytest.raises(MemoryError):
         attach(model, EXAMPLE, home=seats_home)
     assert seats_in(model) == [] and all(m is before[n] for n, m in model.named_modules())
 
