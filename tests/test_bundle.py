@@ -373,3 +373,31 @@ def test_a_failed_member_copy_stops_those_not_begun_and_waits_for_those_under_wa
             _all_or_none(copying)
         assert ran[0] == "slow"  # waited for, not abandoned
     assert len(ran) <= 3  # "slow" and the one each worker may have begun: the other 18 never began
+
+
+def test_a_full_disk_on_import_is_a_local_error_not_a_rejected_bundle(home_a, tmp_path):
+    """The home on a one-page tmpfs (its ledger elsewhere): the first blobs written fill it. That is the
+    home's disk, not the bundle: a local disk error (exit 2), not "nothing was imported" for a bundle
+    that is fine (exit 1), and no part is left (issue 50)."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.support.cli import cli_env
+
+    if os.geteuid() != 0:
+        pytest.fail("needs root for a tmpfs mount namespace (CI runs as root)")
+    exe = str(Path(sys.executable).with_name("frt-mirror"))
+    home, ledger = tmp_path / "home", f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    home.mkdir()
+    left = tmp_path / "left"
+    script = (
+        f"mount -t tmpfs -o size=4k tmpfs {home} && {exe} --home {home} --ledger {ledger} import {home_a.full}; "
+        f"rc=$?; find {home} -name '*.part' > {left}; exit $rc"
+    )
+    args = ["unshare", "-m", "sh", "-c", script]
+    p = subprocess.run(args, capture_output=True, text=True, env=cli_env(), timeout=120)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2, p.stderr
+    assert len(lines) == 1 and "No space left on device" in lines[0] and "a local disk error" in lines[0], p.stderr
+    assert "nothing was imported" not in lines[0] and left.read_text() == ""

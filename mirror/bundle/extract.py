@@ -14,6 +14,9 @@ import hashlib
 import os
 import threading
 from collections.abc import Callable
+from pathlib import Path
+
+from frt.resolver.errors import LocalDiskError
 
 from ..store.blobs import Digest
 from .format import BundleRejected
@@ -29,10 +32,16 @@ def copiers() -> int:
 
 
 def copy_member(
-    src: int, offset: int, size: int, out: int | None, on_bytes: Callable[[int], None] | None = None
+    src: int,
+    offset: int,
+    size: int,
+    out: int | None,
+    on_bytes: Callable[[int], None] | None = None,
+    written: Path | None = None,
 ) -> Digest:
     """The digest of the `size` bytes at `offset` of `src`, written to the descriptor `out` (None: only
-    hashed)."""
+    hashed). A failed write (a full disk) is the home's LocalDiskError, naming `written`; a failed read
+    stays an OSError of the archive's."""
     buf = getattr(_BUFFER, "chunk", None)
     if buf is None:
         buf = _BUFFER.chunk = bytearray(CHUNK)
@@ -47,7 +56,11 @@ def copy_member(
         h256.update(view)
         hgit.update(view)
         if out is not None:
-            _write_all(out, view)
+            try:
+                _write_all(out, view)
+            except OSError as e:
+                where = written or "a blob into the home"
+                raise LocalDiskError(f"cannot write {where}: {e.strerror or e} (a local disk error)") from None
         if on_bytes is not None:
             on_bytes(n)
         at, left = at + n, left - n

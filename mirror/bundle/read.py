@@ -20,7 +20,7 @@ from typing import cast
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from frt.resolver.errors import BadInput
+from frt.resolver.errors import BadInput, LocalDiskError
 from frt.resolver.ledger import Ledger
 from frt.resolver.ledger.io import merge_repo_record
 from frt.resolver.ledger.retry import retried
@@ -324,11 +324,18 @@ def _listings(ledger: Ledger, rows: list[StagedRow]) -> dict[StagedRow, tuple[Fi
         return {row: v.variant(row.repo, row.commit, row.variant)[0] for row in rows}
 
 
-def _sync_close(fd: int) -> None:
+def _sync_close(fd: int, part: Path) -> None:
     try:
         os.fsync(fd)
+    except OSError as e:
+        raise _disk_error(part, e) from None
     finally:
         os.close(fd)
+
+
+def _disk_error(part: Path, e: OSError) -> LocalDiskError:
+    """A write into this home's tmp/ failed (a full disk, EIO): the home's problem, not the bundle's."""
+    return LocalDiskError(f"cannot write {part}: {e.strerror or e} (a local disk error)")
 
 
 def _verify_member(
@@ -347,11 +354,16 @@ def _verify_member(
     sha = want.sha256
     part = parts[sha] = None if store.has(sha) else store.part_path(f"{sha}.import-{uuid.uuid4().hex}")
     add, done = meter.file(sha[:16], m.size) if meter is not None else (None, None)
-    out = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644) if part else None
+    out: int | None = None
+    if part is not None:
+        try:
+            out = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except OSError as e:
+            raise _disk_error(part, e) from None
     try:
-        got = copy_member(src, m.offset_data, m.size, out, add)
-        if out is not None:
-            synced.append(syncer.submit(_sync_close, out))
+        got = copy_member(src, m.offset_data, m.size, out, add, written=part)
+        if part is not None and out is not None:
+            synced.append(syncer.submit(_sync_close, out, part))
             out = None
     finally:
         if out is not None:
