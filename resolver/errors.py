@@ -74,6 +74,11 @@ class VerificationFailed(FrtError):
 class LocalDiskError(FrtError):
     """A write to the local disk failed (full, read-only): the home's problem, not the upstream's."""
 
+    @classmethod
+    def writing(cls, where: object, e: OSError) -> LocalDiskError:
+        """The one line for a failed write of `where` (a path, or what was being written)."""
+        return cls(f"cannot write {where}: {e.strerror or e} (a local disk error)")
+
 
 class LedgerUnavailable(FrtError):
     """The ledger's database could not be had in time (locked past the busy timeout, or down)."""

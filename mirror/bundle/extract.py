@@ -59,8 +59,7 @@ def copy_member(
             try:
                 _write_all(out, view)
             except OSError as e:
-                where = written or "a blob into the home"
-                raise LocalDiskError(f"cannot write {where}: {e.strerror or e} (a local disk error)") from None
+                raise LocalDiskError.writing(written or "a blob into the home", e) from None
         if on_bytes is not None:
             on_bytes(n)
         at, left = at + n, left - n

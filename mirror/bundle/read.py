@@ -328,14 +328,9 @@ def _sync_close(fd: int, part: Path) -> None:
     try:
         os.fsync(fd)
     except OSError as e:
-        raise _disk_error(part, e) from None
+        raise LocalDiskError.writing(part, e) from None
     finally:
         os.close(fd)
-
-
-def _disk_error(part: Path, e: OSError) -> LocalDiskError:
-    """A write into this home's tmp/ failed (a full disk, EIO): the home's problem, not the bundle's."""
-    return LocalDiskError(f"cannot write {part}: {e.strerror or e} (a local disk error)")
 
 
 def _verify_member(
@@ -359,7 +354,7 @@ def _verify_member(
         try:
             out = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except OSError as e:
-            raise _disk_error(part, e) from None
+            raise LocalDiskError.writing(part, e) from None
     try:
         got = copy_member(src, m.offset_data, m.size, out, add, written=part)
         if part is not None and out is not None:

@@ -186,21 +186,21 @@ def local_file(dest: Path, mode: Literal["wb", "ab"]) -> Iterator[BinaryIO]:
     try:
         f = open(dest, mode)
     except OSError as e:
-        raise LocalDiskError(f"cannot write {dest}: {e.strerror or e} (a local disk error)") from None
+        raise LocalDiskError.writing(dest, e) from None
     try:
         yield f
     finally:
         try:
             f.close()
         except OSError as e:
-            raise LocalDiskError(f"cannot write {dest}: {e.strerror or e} (a local disk error)") from None
+            raise LocalDiskError.writing(dest, e) from None
 
 
 def _write(f: BinaryIO, chunk: bytes, dest: Path) -> None:
     try:
         f.write(chunk)
     except OSError as e:
-        raise LocalDiskError(f"cannot write {dest}: {e.strerror or e} (a local disk error)") from None
+        raise LocalDiskError.writing(dest, e) from None
 
 
 def _size(p: Path) -> int:

@@ -23,7 +23,6 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
 
 from frt.resolver.errors import BadInput, VerificationFailed
 from frt.resolver.fs import atomic_write
@@ -152,9 +151,7 @@ def _check_wheels(home: Home, rows: Iterable[StagedRow], fetched: Path | None = 
         check_path(name, where="ledger's wheel record")
         sha = recorded.get(name, (None, None, None, None))[2]
         src = _blob_file(home, sha, fetched) if sha else None
-        _check_source(f"wheel {name}", src, sha, "store")
-        assert src is not None and sha is not None  # _check_source refused either missing
-        out.append((name, src, sha))
+        out.append((name, *_checked_source(f"wheel {name}", src, sha, "store")))
     return out
 
 
@@ -189,16 +186,17 @@ def _check_sources(home: Home, plan: Plan, sources: Sources) -> dict[FileEntry, 
     clients (and `kernels` offline) check no hash, so a changed byte would be loaded on the cluster.
     Each file's blob (sha256), for _place."""
     blobs = blob_for(home.ledger, (f for _, (files, _) in plan for f in files))
+    checked: dict[FileEntry, str] = {}
     for row, (files, _) in plan:
         for entry in files:
             src, sha = sources[(row.repo, row.commit, entry.path)], blobs[entry]
             where = f"{row.repo}@{row.commit[:12]}: {entry.path}"
-            _check_source(where, src, sha, "store" if row.is_model else "view")
-    return cast("dict[FileEntry, str]", blobs)  # none is None: refused above
+            checked[entry] = _checked_source(where, src, sha, "store" if row.is_model else "view")[1]
+    return checked
 
 
-def _check_source(what: str, src: Path | None, sha: str | None, held_in: str) -> None:
-    """A file export-cache is about to copy or link is there and still hashes to its recorded blob."""
+def _checked_source(what: str, src: Path | None, sha: str | None, held_in: str) -> tuple[Path, str]:
+    """A file export-cache is about to copy or link, and its blob: there, and still hashing to it."""
     if src is None or not src.is_file() or sha is None:
         raise BadInput(
             f"{what} is recorded as staged but missing from the {held_in}: run 'frt-mirror verify', then "
@@ -209,6 +207,7 @@ def _check_source(what: str, src: Path | None, sha: str | None, held_in: str) ->
             f"{what}: {src} hashes to {got}, not to its recorded blob {sha}: its bytes changed on disk; "
             "nothing was written: run 'frt-mirror verify'"
         )
+    return src, sha
 
 
 def _holds(blob: Path, src: Path, sha256: str) -> bool:
