@@ -5,31 +5,35 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-main test-engines lint bench docs clean
+.PHONY: demo test test-main test-engines lint bench docs clean constraints
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
+# Every install takes the versions CI tested (constraints.txt; `make constraints` writes it from these venvs).
+PIP_C := -c constraints.txt
+
 # The resolver and mirror need no torch: the demo runs without it.
-$(VENV)/.base: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[test,postgres,lint]'
+$(VENV)/.base: pyproject.toml constraints.txt | $(BIN)/python
+	$(BIN)/pip install -q $(PIP_C) -e '.[test,postgres,lint]'
 	touch $@
 
 # Tests also compare our variant choice with kernels' own for this host, which needs torch. transformers
 # 5.23 and later ask for a newer kernels than the one we wrap (pip would replace it): held at 5.22, and
 # kernels named again so that nothing here moves it.
 $(VENV)/.torch: $(VENV)/.base
-	$(BIN)/pip install -q torch==2.13.0 numpy 'transformers<=5.22' 'kernels>=0.17.2,<0.18'
+	$(BIN)/pip install -q $(PIP_C) torch==2.13.0 numpy 'transformers<=5.22' 'kernels>=0.17.2,<0.18'
 	touch $@
 
 # The protocol-facing tests (marked hub1: pytest -m hub1) again under huggingface_hub 1.x (httpx) — 2.x
-# (httpx2) is the main venv's.
+# (httpx2) is the main venv's. Its constraints are the main venv's but for huggingface_hub.
 VENV1 := .venv-hub1
-$(VENV1)/.base: pyproject.toml
+$(VENV1)/.base: pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV1)
 	$(VENV1)/bin/python -m pip install -q --upgrade pip
-	$(VENV1)/bin/pip install -q -e '.[test,postgres]' 'huggingface_hub==1.33.0' torch==2.13.0 numpy
+	grep -v '^huggingface-hub==' constraints.txt >$(VENV1)/constraints.txt
+	$(VENV1)/bin/pip install -q -c $(VENV1)/constraints.txt -e '.[test,postgres]' 'huggingface_hub==1.33.0' torch==2.13.0 numpy
 	touch $@
 
 demo: $(VENV)/.base
@@ -80,3 +84,7 @@ docs: $(VENV)/.base
 
 clean:
 	rm -rf $(VENV) $(VENV1) demo-home $(ENV_LOG)
+
+# After a deliberate upgrade in the test venvs: record what they now hold (then make test, and commit both).
+constraints: $(VENV)/.torch $(VENV1)/.base
+	$(BIN)/python -m tests.support.constraints >constraints.txt.new && mv constraints.txt.new constraints.txt

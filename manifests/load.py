@@ -3,15 +3,10 @@
 from __future__ import annotations
 
 import re
-import sys
+import tomllib
 from functools import partial
 from pathlib import Path
 from typing import Any
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # Python 3.10: the same parser, as a package
-    import tomli as tomllib
 
 from .lockfmt import parse_lock
 from .model import Manifest, ManifestError

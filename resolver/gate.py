@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 import unicodedata
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, cast
 from urllib.parse import urlsplit
 
@@ -207,7 +207,8 @@ _ABSENT = object()
 
 def hub_date(value: object) -> datetime | None:
     """A Hub timestamp (2026-01-01T00:00:00.000Z, any number of fraction digits) as naive UTC; None if
-    it is not one. By hand: Python 3.10's fromisoformat takes neither the Z nor nine digits."""
+    it is not one. By hand, not fromisoformat: the Hub's one shape and a bound on its length, where
+    fromisoformat takes dates alone, week dates and any length."""
     if not isinstance(value, str) or len(value) > 64:
         return None
     m = re.fullmatch(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,12}))?(Z|[+-]\d\d:\d\d)?", value)
@@ -215,7 +216,7 @@ def hub_date(value: object) -> datetime | None:
         return None
     text = m[1] + (f".{m[2][:6].ljust(6, '0')}" if m[2] else "") + ("+00:00" if m[3] in (None, "Z") else m[3])
     try:
-        return datetime.fromisoformat(text).astimezone(timezone.utc).replace(tzinfo=None)
+        return datetime.fromisoformat(text).astimezone(UTC).replace(tzinfo=None)
     except ValueError:  # 2026-02-30
         return None
 

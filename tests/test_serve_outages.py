@@ -111,7 +111,7 @@ class RawClient:
                 self.tally["examples"].append((method, url, problem))
             if headers.get("connection") == "close":
                 self.close()
-        except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError, ValueError, IndexError) as e:
+        except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError, IndexError) as e:
             self.tally["requests"] += 1
             self.tally["failed"] += 1
             self.tally["examples"].append((method, url, repr(e)))

@@ -26,7 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 from frt.resolver.gate import check_commit, check_org, check_repo_id, check_sha256
 from frt.resolver.ledger import Ledger
@@ -55,16 +55,13 @@ class State(TypedDict):
     publishers: dict[str, str]  # org -> its answer's fingerprint
 
 
-class _BaseKeys(TypedDict):
-    id: str  # the base bundle's id
-    state: State
-
-
-class Base(_BaseKeys, total=False):  # not NotRequired: that is 3.11's, and 3.10 runs this
+class Base(TypedDict):
     """An incremental bundle's base, as its manifest names it (older bundles may lack `name`, `created`)."""
 
-    name: str | None
-    created: str | None
+    id: str  # the base bundle's id
+    state: State
+    name: NotRequired[str | None]
+    created: NotRequired[str | None]
 
 
 def empty_state() -> State:

@@ -24,7 +24,7 @@ import logging
 import re
 import threading
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
@@ -140,7 +140,7 @@ class DemandRecorder:
     def _count(self, scope: Scope, ask: Ask, variant: str = "") -> None:
         if self.clients and scope.get("client"):
             ask = Ask(ask.repo, ask.asked, ask.target, ask.outcome, str(scope["client"][0]))
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         with self._lock:
             if (day := now.date().isoformat()) != self._day:
                 self._day, self._today = day, set()

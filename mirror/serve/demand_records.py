@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import select
 
@@ -95,7 +95,7 @@ def record_demand(ledger: Ledger, tallies: Mapping[Ask, Tally]) -> None:
         return
     rows = [
         {
-            "day": t.last.astimezone(timezone.utc).date().isoformat(),
+            "day": t.last.astimezone(UTC).date().isoformat(),
             "repo_id": a.repo,
             "asked": a.asked,
             "target": a.target,
@@ -129,7 +129,7 @@ def demand_lines(ledger: Ledger, staged: Iterable[StagedRow], since: timedelta |
     counts are kept per day), every day without it."""
     q = select(Demand)
     if since is not None:
-        q = q.where(Demand.day >= (datetime.now(timezone.utc) - since).date().isoformat())
+        q = q.where(Demand.day >= (datetime.now(UTC) - since).date().isoformat())
     with ledger.session(write=False) as s:
         rows = list(s.scalars(q))
     have = {(r.repo, r.requested, r.target) for r in staged}
@@ -193,4 +193,4 @@ def misses_manifest(lines: Iterable[DemandLine]) -> tuple[str, int]:
 
 def _naive(dt: datetime) -> datetime:
     """UTC without tzinfo, as the ledger keeps its times."""
-    return dt.astimezone(timezone.utc).replace(tzinfo=None) if dt.tzinfo is not None else dt
+    return dt.astimezone(UTC).replace(tzinfo=None) if dt.tzinfo is not None else dt

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from frt.resolver.errors import FrtError
 from frt.resolver.settings import env_number
 
 if TYPE_CHECKING:
@@ -131,6 +132,35 @@ class _Sending:
         self.message_event = _Answered.message_event
 
 
+# What GuardedHttpTools takes of uvicorn's httptools protocol past asyncio's Protocol: uvicorn's private
+# internals, which any release may rename. The versions CI tested are in constraints.txt.
+_PROTOCOL_METHODS = ("on_headers_complete", "on_message_complete", "on_response_complete", "on_message_begin")
+_PROTOCOL_STATE = ("cycle", "parser", "tasks", "root_path", "server_state", "loop", "transport", "url", "scope")
+_CYCLE_STATE = ("response_complete", "keep_alive")
+_PARSER_METHODS = ("get_method", "get_http_version", "should_keep_alive")
+_STATUS_LINES = (200, 408, 431)
+
+
+def uvicorn_gaps() -> list[str]:
+    """What `guarded` needs of this uvicorn's httptools protocol and does not find (empty: all of it). The
+    state it reads is what __init__ or on_message_begin assigns (their code's names), not just a hasattr."""
+    import httptools
+    from uvicorn.protocols.http import httptools_impl as impl
+    from uvicorn.server import ServerState
+
+    proto, cycle = impl.HttpToolsProtocol, getattr(impl, "RequestResponseCycle", None)
+    assigned = {n for f in (proto.__init__, getattr(proto, "on_message_begin", None)) if f for n in f.__code__.co_names}
+    gaps = [f"HttpToolsProtocol.{m}" for m in _PROTOCOL_METHODS if not callable(getattr(proto, m, None))]
+    gaps += [f"HttpToolsProtocol.{a}" for a in _PROTOCOL_STATE if a not in assigned]
+    cycle_names = set(cycle.__init__.__code__.co_names) if cycle else set()
+    gaps += [f"RequestResponseCycle.{a}" for a in _CYCLE_STATE if a not in cycle_names]
+    gaps += [f"HttpRequestParser.{m}" for m in _PARSER_METHODS if not hasattr(httptools.HttpRequestParser, m)]
+    gaps += [f"STATUS_LINE[{c}]" for c in _STATUS_LINES if c not in getattr(impl, "STATUS_LINE", {})]
+    if not hasattr(ServerState(), "default_headers"):
+        gaps.append("ServerState.default_headers")
+    return gaps
+
+
 def guarded(
     limits: HttpLimits,
     fast: Callable[[Scope, float], bytes | None] | None = None,
@@ -141,9 +171,16 @@ def guarded(
     `fast_get` (sendfile.hot_get): a whole-file GET's sendfile.FileSend, or None.
     uvicorn is imported here, not above: the CLI reads this module's defaults for serve's --help."""
     import httptools
+    import uvicorn
     from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
     from .sendfile import send
+
+    if gaps := uvicorn_gaps():  # at start, in one line: not a 500 on the first request that meets the gap
+        raise FrtError(
+            f"uvicorn {uvicorn.__version__}: its httptools protocol has no {', '.join(gaps)}, which serve's HTTP "
+            "limits build on (mirror/serve/limits.py); install the versions CI tested: pip install -c constraints.txt"
+        )
 
     ok = STATUS_LINE[200]
 

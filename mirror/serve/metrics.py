@@ -39,6 +39,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Iterator
+from datetime import UTC
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -255,6 +256,5 @@ class HomeCollector:
 
 
 def _epoch(dt: datetime) -> float:
-    from datetime import timezone
 
-    return (dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)).timestamp()
+    return (dt if dt.tzinfo else dt.replace(tzinfo=UTC)).timestamp()

@@ -19,7 +19,7 @@ import dataclasses
 import functools
 import shutil
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Protocol
 from urllib.parse import quote
 
@@ -170,7 +170,7 @@ def operator_view(
     asked = [d for d in demand_lines(ledger, staged, DEMAND_WINDOW) if d.misses and (repo is None or d.repo == repo)]
     return OperatorView(
         str(home),
-        datetime.now(timezone.utc),
+        datetime.now(UTC),
         tuple(repos),
         store_usage(home),
         last_events(ledger),
@@ -361,7 +361,7 @@ class OperatorRoutes:
         w = self.watcher
         if w is None:
             return ""
-        checked = datetime.fromtimestamp(w.checked_at, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+        checked = datetime.fromtimestamp(w.checked_at, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
         return (
             f"\nThis serve process still serves the {len(w.current.repos)} repos of its catalog, as the "
             f"ledger last gave it ({checked}), unchanged until the ledger answers again."

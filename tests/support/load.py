@@ -73,7 +73,7 @@ class Client:
                 self.failures.append((method, f.url, "wrong bytes"))
             if headers.get("connection") == "close":
                 self.close()
-        except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError, ValueError, IndexError) as e:
+        except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError, IndexError) as e:
             self.failures.append((method, f.url, repr(e)))
             self.close()
         self.done += 1

@@ -12,12 +12,12 @@ import hashlib
 import heapq
 import re
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 _SHA_RE = re.compile(r"^[0-9a-f]{40}$")
 # Fake clock: every commit of a repo is one minute after the previous one, so dates (and the
 # newest-first order derived from them) are stable from run to run.
-_EPOCH = datetime(2026, 1, 1, tzinfo=timezone.utc)
+_EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def git_blob_oid(data: bytes) -> str:

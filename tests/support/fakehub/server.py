@@ -21,7 +21,7 @@ import json
 import socket
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from http.server import ThreadingHTTPServer
 from urllib.parse import parse_qs, parse_qsl, quote, urlencode, urlsplit
 
@@ -37,7 +37,7 @@ RESOLVE_PREFIXES = {"kernels": "kernel", "datasets": "dataset", "spaces": "space
 
 def iso(dt: datetime) -> str:
     """The Hub's timestamp format: 2026-01-01T00:00:00.000Z."""
-    dt = dt.astimezone(timezone.utc)
+    dt = dt.astimezone(UTC)
     return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond // 1000:03d}Z"
 
 
