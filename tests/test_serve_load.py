@@ -493,3 +493,27 @@ def test_fuzz_paths_and_headers_in_process(staged, apps, data):
             assert m and int(m[3]) == len(blob) and int(m[1]) <= int(m[2]) < len(blob)
             want = blob[int(m[1]) : int(m[2]) + 1]
         assert int(hdrs["content-length"]) == len(want) and (method == "HEAD" or out == want)
+
+
+def test_a_file_listed_but_not_stored_without_pull_through_is_a_404_not_a_crash():
+    """The GET path once asserted that only pull-through lists a file it does not store: an assert that
+    python -O strips, and a 500 (AssertionError) with it. A catalog that lists such a file (its blob gone
+    from the store's index) with no upstream to pull from answers 404 EntryNotFound, in one line."""
+    from frt.mirror.serve.app import MirrorApp
+    from frt.mirror.serve.catalog import Catalog, ServedCommit, ServedFile, ServedRepo
+
+    sha = "a" * 40
+    repo = ServedRepo("acme/model", "model", branches={"main": sha})
+    repo.commits[sha] = ServedCommit(sha, None, "", {"w.bin": ServedFile("w.bin", 3, "b" * 40, "c" * 64, True, None)})
+    catalog = Catalog({("model", "acme/model"): repo}, {})
+    app = MirrorApp(lambda: catalog, lambda _token: True)
+
+    loop = asyncio.new_event_loop()
+    try:
+        status, headers, _ = loop.run_until_complete(call(app, "GET", b"/acme/model/resolve/main/w.bin", [], b""))
+        head, _, _ = loop.run_until_complete(call(app, "HEAD", b"/acme/model/resolve/main/w.bin", [], b""))
+    finally:
+        loop.close()
+    assert (status, headers.get("x-error-code")) == (404, "EntryNotFound")
+    assert headers["x-error-message"] == "w.bin at main is not stored on this mirror"
+    assert head == 200  # what the mirror lists, its HEAD still answers (size, etag) as before

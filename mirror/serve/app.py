@@ -352,7 +352,8 @@ class MirrorApp:
                 raise self.integrity.error(f)
             f = dataclasses.replace(f, blob=None)
         if f.blob is None and request.method != "HEAD":  # listed upstream, not stored: pull it now
-            assert self.pull is not None  # only pull-through lists a file not stored (or sets one aside above)
+            if self.pull is None:  # only pull-through lists a file it does not store: no bytes to answer with
+                raise HubError(404, "EntryNotFound", f"{path} at {rev} is not stored on this mirror")
             if self.pull.streams(f):  # sent as it comes, whole (a Range too): serve/stream.py
                 headers = [*file_headers(c.sha, etag_of(f), f.sha256, f.size), (b"content-length", b"%d" % f.size)]
                 objects = self.integrity if isinstance(self.integrity, ObjectIntegrity) else None

@@ -50,7 +50,8 @@ class ServedFile:
     @property
     def stored_blob(self) -> Path:
         """`blob`, where the file is known to be stored: what reads its bytes (never a listed-only file's)."""
-        assert self.blob is not None, f"{self.path}: not stored"
+        if self.blob is None:  # a caller's bug, said as one (an assert is gone under python -O)
+            raise LookupError(f"{self.path}: listed, not stored")
         return self.blob
 
     def tree_entry(self) -> dict[str, Any]:
