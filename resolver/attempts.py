@@ -64,16 +64,16 @@ def attempts(
     retry: RetryPolicy,
     where: str,
     host: str,
-    classify: Callable[[Exception], Exception | object | None] | None = None,
+    classify: Callable[[Exception], Exception | None] | None = None,
     prefix: str = "",
 ) -> T:
     """The one loop every upstream request runs in (API calls and pages here, file bodies in
     mirror.transport): `fn` is one request (its hops paced by the run's pacer, in wire.stream); a 429 is
     sent again once its window has reset (not an attempt: the pacer holds it), a transient failure
     retried with backoff up to the policy's attempts, a redirect loop or a hop off http(s) refused at
-    once, and every failure one of our errors. `classify(e)` sees each failure first: an exception to
-    raise, AGAIN to try again without counting an attempt, or None for the rules above. Our own errors
-    pass through (the pacer's "waited too long" among them)."""
+    once, and every failure one of our errors. `classify(e)` sees each failure first: the exception to
+    raise instead, or None for the rules above. Our own errors pass through (the pacer's "waited too
+    long" among them)."""
     attempt = 0
     while True:
         attempt += 1
@@ -82,12 +82,8 @@ def attempts(
         except FrtError:
             raise  # already one of ours: a local disk error, a body past its cap, a malformed answer
         except Exception as e:
-            word = classify(e) if classify is not None else None
-            if word is AGAIN:
-                attempt -= 1
-                continue
-            if isinstance(word, BaseException):
-                raise word from None
+            if classify is not None and (ours := classify(e)) is not None:
+                raise ours from None
             if isinstance(e, OfflineModeIsEnabled):
                 raise UpstreamUnavailable(
                     "HF_HUB_OFFLINE is set, so upstream cannot be asked; use --offline to answer from the ledger"
@@ -110,9 +106,6 @@ def attempts(
                     f"{prefix}upstream {host} unreachable after {attempt} attempts: {first_line(e)}"
                 ) from None
             retry.sleep(attempt)
-
-
-AGAIN = object()  # attempts' classify hook: try again, not counting it as an attempt
 
 
 def redirect_refusal(e: BaseException) -> str | None:

@@ -304,7 +304,7 @@ class HubClient:
         *,
         where: str,
         host: str | None = None,
-        classify: Callable[[Exception], Exception | object | None] | None = None,
+        classify: Callable[[Exception], Exception | None] | None = None,
         prefix: str = "",
     ) -> T:
         """`fn` in the one retry loop (resolver/attempts.py), under this client's policy."""

@@ -176,6 +176,19 @@ def test_a_repo_outside_the_allow_list_is_not_found_and_never_asked_for(upstream
     assert not [e for e in upstream.request_log if TINY_MODEL in e.path]
 
 
+def test_a_file_the_upstream_lists_but_answers_404_for_is_a_502_and_nothing_is_stored(upstream, tmp_path):
+    """The upstream's listing and its answer disagree (ListedFileRefused): the client is told the mirror
+    stored nothing (502, which it may retry), not that the file does not exist (a 404 it would believe)."""
+    upstream.faults.fail_next(100, status=404, match="config.json")
+    with pulled(tmp_path / "home", upstream) as m:
+        status, headers, _ = raw_http(m.port, raw_request("GET", f"/{TINY_MODEL}/resolve/main/config.json"), 60)
+        assert status == 502, (status, headers)
+        assert "nothing was stored" in headers["x-error-message"] and "answers 404" in headers["x-error-message"]
+        upstream.faults.clear()
+        status, _, body = raw_http(m.port, raw_request("GET", f"/{TINY_MODEL}/resolve/main/config.json"), 60)
+        assert status == 200 and body, "the next request asks again"
+
+
 def test_upstream_and_allow_go_together(upstream, tmp_path):
     for args in (["--upstream", upstream.url], ["--allow", ORG]):
         p = run_cli("serve", *args, home=tmp_path / "home")

@@ -10,11 +10,12 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from tests.support.cli import X86, cli_env, run_cli, stage_json, write_manifest
+from tests.support.cli import X86, cli_env, one_line, run_cli, stage_json, write_manifest
 from tests.support.fakehub import FakeHub, FakeRepo
 from tests.support.fakehub.ratelimit import RateLimits
 from tests.support.kernel_fixtures import LAYERNORM, ORG, RELU, X86_CPU, blob, build, demo_repos
@@ -121,6 +122,34 @@ def test_a_stale_revision_main_after_a_force_push_does_not_derail_the_stage(real
     p, doc = stage_json(home, m, real_hub)
     assert p.returncode == 0, p.stderr
     assert [r["commit"] for r in doc["rows"]] == [new_head]
+
+
+def test_a_cdn_that_refuses_every_signed_url_is_unavailable_after_a_bound(real_hub, home, manifest):
+    """Every URL the Hub signs has expired: signed again MAX_RESIGNS times, then one line, exit 3."""
+    from frt.mirror.stage.transport import MAX_RESIGNS
+
+    real_hub.cdn_url_ttl = -10.0
+    p = run_cli("--endpoint", real_hub.url, "stage", str(manifest), home=home)
+    assert p.returncode == 3, p.stderr
+    assert one_line(p).endswith(f": the CDN refused {MAX_RESIGNS + 1} freshly signed URLs"), p.stderr
+    per_file = Counter(r.path.split("?")[0] for r in real_hub.request_log if r.server == "cdn" and r.status == 403)
+    assert max(per_file.values()) == MAX_RESIGNS + 1, per_file  # each file: its bound, not forever
+
+
+def test_a_file_its_own_listing_names_that_answers_404_is_refused_and_recorded(real_hub, home, manifest):
+    """The upstream lists _big_1 at an immutable commit, then answers 404 for it: a refusal (exit 1,
+    recorded as ListedFileMissing), not "try again later", and not retried. The other repos stage."""
+    from frt.mirror.store.home import Home
+
+    real_hub.faults.fail_next(100, status=404, match="_big_1")
+    p, doc = stage_json(home, manifest, real_hub)
+    assert p.returncode == 1, p.stderr
+    refused = [r for r in doc["rows"] if r["status"] == "refused"]
+    assert [r["repo"] for r in refused] == [BIG] and "the upstream lists this file" in refused[0]["detail"]
+    assert "answers 404 for it" in refused[0]["detail"]
+    assert [r.error for r in Home(home).ledger.refusals() if r.repo_id == BIG] == ["ListedFileMissing"]
+    asked = [r for r in real_hub.request_log if "_big_1" in r.path and r.status == 404]
+    assert len(asked) == 1, "a 404 for a listed file is an answer, not a transient failure"
 
 
 def test_a_full_disk_is_a_local_error_not_an_upstream_refusal(real_hub, home, manifest, tmp_path):

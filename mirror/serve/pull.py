@@ -26,6 +26,7 @@ import anyio
 
 from frt.resolver.errors import BadInput, FrtError, LedgerUnavailable, UpstreamUnavailable, VerificationFailed
 
+from ..stage.fetch import ListedFileRefused
 from .catalog import ServedFile, ServedRepo
 from .metrics import observe_pull
 from .protocol import HubError
@@ -312,7 +313,7 @@ def _is_sha(rev: str) -> bool:
 
 def upstream_error(e: FrtError, where: str) -> HubError:
     """A pull that failed, as the client sees it: nothing was stored, and the next request tries again."""
-    if getattr(e, "error", None) == "ListedFileMissing":  # no bytes came: the upstream contradicts its listing
+    if isinstance(e, ListedFileRefused):  # no bytes came: the upstream contradicts its listing
         return HubError(502, None, f"{where}: nothing was stored: {e}")
     if isinstance(e, VerificationFailed):
         return HubError(502, None, f"{where}: the upstream's bytes failed verification and were not stored: {e}")

@@ -34,7 +34,7 @@ from frt.resolver.scan import heads_without_history, scan
 from frt.resolver.targets import parse_target
 
 from ..events import events_with_ref, record_event
-from ..stage.fetch import IntegrityError, expected_key, fetch_file
+from ..stage.fetch import PublisherDigestMismatch, expected_key, fetch_file
 from ..stage.publisher import digest_mismatch, publisher_expectations, variant_metadata, view_check
 from ..stage.transport import Transport
 from ..store.home import Home
@@ -232,7 +232,7 @@ class PullThrough:
             )
             problem = "; ".join(problems) or None
         if problem is not None:
-            raise IntegrityError(problem, repo=r.repo, path="", commit=r.commit, error="PublisherDigestMismatch")
+            raise PublisherDigestMismatch(problem, repo=r.repo, path="", commit=r.commit)
         req = r.request
         record_staged_rows(
             ledger, [StagedRow(r.repo, req.label, req.version, req.revision, PULLED + r.variant, r.commit, r.variant)]

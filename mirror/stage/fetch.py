@@ -22,9 +22,23 @@ from .transport import ContentTooLarge, ListedFileMissing, Transport
 class IntegrityError(VerificationFailed):
     """Upstream served bytes that do not match what it advertised for the file."""
 
-    def __init__(self, message: str, *, repo: str, path: str, commit: str, error: str = "IntegrityMismatch"):
+    code = "IntegrityMismatch"  # the refusal's kind, as the ledger records it
+
+    def __init__(self, message: str, *, repo: str, path: str, commit: str):
         super().__init__(message)
-        self.repo, self.path, self.commit, self.error = repo, path, commit, error
+        self.repo, self.path, self.commit = repo, path, commit
+
+
+class PublisherDigestMismatch(IntegrityError):
+    """The bytes, or the upstream's word on them, are not what the publisher's digest (metadata.json) says."""
+
+    code = "PublisherDigestMismatch"
+
+
+class ListedFileRefused(IntegrityError):
+    """The upstream answers 404 (or 410) for a file its own listing names: no bytes came at all."""
+
+    code = "ListedFileMissing"
 
 
 @dataclass(frozen=True)
@@ -70,13 +84,12 @@ def fetch_file(
     where = f"{repo_id}/{entry.path}@{commit[:12]}"
     sha = entry.sha256 or known_sha256
     if sha and publisher and sha not in publisher:
-        raise IntegrityError(
+        raise PublisherDigestMismatch(
             f"{where}: the upstream advertises sha256 {sha}; the publisher's digest (metadata.json) "
             f"says {' or '.join(sorted(publisher))}",
             repo=repo_id,
             path=entry.path,
             commit=commit,
-            error="PublisherDigestMismatch",
         )
     if sha and store.has(sha):
         return Fetched(entry, _stored_digest(store, entry, sha, recorded), 0)
@@ -140,20 +153,17 @@ def _download_verified(
             part.unlink(missing_ok=True)
             raise IntegrityError(str(e), repo=repo_id, path=entry.path, commit=commit) from None
         except ListedFileMissing as e:  # the upstream's listing and its answer disagree: refused, as a bad hash is
-            raise IntegrityError(
-                str(e), repo=repo_id, path=entry.path, commit=commit, error="ListedFileMissing"
-            ) from None
+            raise ListedFileRefused(str(e), repo=repo_id, path=entry.path, commit=commit) from None
         digest = running.digest(part) or digest_file(part)
         if matches(entry, digest) and publisher and digest.sha256 not in publisher:
             part.unlink()
-            raise IntegrityError(
+            raise PublisherDigestMismatch(
                 f"{where}: served bytes match the upstream's git oid {entry.git_oid} but hash to "
                 f"sha256 {digest.sha256}; the publisher's digest (metadata.json) says "
                 f"{' or '.join(sorted(publisher))}",
                 repo=repo_id,
                 path=entry.path,
                 commit=commit,
-                error="PublisherDigestMismatch",
             )
         if matches(entry, digest):
             store.commit(part, digest)

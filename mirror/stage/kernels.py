@@ -26,7 +26,7 @@ from ..store.blobs import BlobStore, Digest
 from ..store.home import Home
 from ..store.records import record_blobs, record_staged, record_wheels, recorded_blobs, sha256_by_git_oid
 from ..store.view_trees import Views, link_wheels
-from .fetch import Fetched, IntegrityError, expected_key, fetch_file
+from .fetch import Fetched, IntegrityError, PublisherDigestMismatch, expected_key, fetch_file
 from .progress import Progress
 from .publisher import (
     digest_mismatch,
@@ -129,7 +129,7 @@ def stage(
         except (IntegrityError, UpstreamUnavailable, NoWheel, UnsupportedDependency) as failed:
             status = "failed" if isinstance(failed, UpstreamUnavailable) else "refused"
             if status == "refused":
-                error = getattr(failed, "error", type(failed).__name__)
+                error = failed.code if isinstance(failed, IntegrityError) else type(failed).__name__
                 ledger.record_refusal(
                     Refusal(r.request, r.target, error, str(failed), detail=str(failed), commit=r.commit)
                 )
@@ -183,7 +183,7 @@ def _link_checked(
         raise failed
     mismatch = digest_mismatch(r, meta, lambda f: fetched[expected_key(f)].digest.sha256)
     if mismatch:
-        raise IntegrityError(mismatch, repo=r.repo, path="", commit=r.commit, error="PublisherDigestMismatch")
+        raise PublisherDigestMismatch(mismatch, repo=r.repo, path="", commit=r.commit)
     pairs = [(f, fetched[expected_key(f)].digest.sha256) for f in r.files]
     if views is not None:
         problems = views.link(r.repo, r.commit, r.variant, pairs, check=view_check(meta, pairs, r.variant))
@@ -193,12 +193,11 @@ def _link_checked(
         problems = [ON_FILES.format(meta.digest_algorithm)]
     if problems:
         text = "; ".join(problems)
-        raise IntegrityError(
+        raise PublisherDigestMismatch(
             f"{r.repo}@{r.commit[:12]} {r.variant}: the publisher's digest does not hold: {text}",
             repo=r.repo,
             path="",
             commit=r.commit,
-            error="PublisherDigestMismatch",
         )
 
 

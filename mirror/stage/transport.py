@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 from huggingface_hub.utils._headers import build_hf_headers
 
 from frt.resolver import wire
-from frt.resolver.attempts import AGAIN, redirect_refusal
+from frt.resolver.attempts import redirect_refusal
 from frt.resolver.errors import FrtError, LocalDiskError, UpstreamUnavailable, first_line
 from frt.resolver.hub import HubClient
 
@@ -82,7 +82,6 @@ class Transport:
         `git_oid`: where this run's scan already read the file (HubClient.small), its bytes are taken
         from there; they are verified after, as any download is."""
         where = f"{repo_id}/{path}@{commit[:12]}"
-        resigns = 0
         held = self.hub.small.get(git_oid) if git_oid else None
         if held is not None and len(held) == size and _size(part) == 0:
             with local_file(part, "wb") as f:
@@ -93,31 +92,30 @@ class Transport:
             return
 
         def one() -> None:
-            have = _size(part)
-            if have > size:
-                part.unlink()
-                have = 0
-            if have == size and part.exists():
-                return
-            self._get(
-                repo_id,
-                path,
-                commit,
-                part,
-                offset=have,
-                limit=size,
-                on_bytes=on_bytes,
-                repo_type=repo_type,
-                running=running,
-            )
+            for _signing in range(MAX_RESIGNS + 1):  # an expired signature: the Hub signs a new URL next time
+                have = _size(part)
+                if have > size:
+                    part.unlink()
+                    have = 0
+                if have == size and part.exists():
+                    return
+                try:
+                    return self._get(
+                        repo_id,
+                        path,
+                        commit,
+                        part,
+                        offset=have,
+                        limit=size,
+                        on_bytes=on_bytes,
+                        repo_type=repo_type,
+                        running=running,
+                    )
+                except _SignatureExpired:
+                    continue
+            raise UpstreamUnavailable(f"{where}: the CDN refused {MAX_RESIGNS + 1} freshly signed URLs")
 
-        def transport_errors(e: Exception) -> Exception | object | None:
-            nonlocal resigns
-            if isinstance(e, _SignatureExpired):
-                resigns += 1
-                if resigns > MAX_RESIGNS:
-                    return UpstreamUnavailable(f"{where}: the CDN refused {resigns} freshly signed URLs")
-                return AGAIN  # the Hub signs a new URL on the next request
+        def transport_errors(e: Exception) -> Exception | None:
             status = getattr(getattr(e, "response", None), "status_code", None)
             if redirect_refusal(e) is None and status in (404, 410):
                 return ListedFileMissing(
