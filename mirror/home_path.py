@@ -73,6 +73,24 @@ def check_home(root: Path) -> None:
             _unusable(root, f"{folder} is not a directory")
 
 
+def check_existing_home(root: Path, ledger_url: str | None) -> None:
+    """A command that only reads a home refuses one that is not there, rather than create it, empty, and
+    answer "nothing staged" or "0 blobs … ok" (a mistyped --home in a cron job's verify would pass forever).
+    With the ledger on a database server, the home is this host's scratch folders: the server is the record."""
+    check_home(root)
+    if ledger_url:
+        return
+    create = "stage or import creates a home; --home DIR or FRT_MIRROR_HOME names another"
+    if not root.is_dir():
+        raise BadInput(f"no frt-mirror home at {root}: nothing was staged or imported there ({create})")
+    layout = HomeLayout(root)
+    if not layout.ledger.exists() and not layout.store.exists():  # a store without its ledger: check_not_forgotten
+        raise BadInput(
+            f"home {root} has no ledger ({layout.ledger.name}) and no store: nothing was staged or imported there "
+            f"({create})"
+        )
+
+
 def _unusable(root: Path, why: str) -> None:
     raise BadInput(f"home {root} is not usable: {why}")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 
 def pin_variable(repo_id: str) -> str:
@@ -16,3 +16,11 @@ def pinned_revision(repo_id: str, environ: Mapping[str, str] | None = None) -> s
     """The revision a user pinned for `repo_id` in the environment, if any."""
     value = (os.environ if environ is None else environ).get(pin_variable(repo_id), "").strip()
     return value or None
+
+
+def closest(repo_id: str, known: Iterable[str]) -> str | None:
+    """The known repo id `repo_id` is most likely a typo of (one or two characters off), or None: what
+    advice names instead of the mistyped id."""
+    from difflib import get_close_matches
+
+    return next(iter(get_close_matches(repo_id, [k for k in known if k != repo_id], n=1, cutoff=0.85)), None)

@@ -93,7 +93,7 @@ def test_pin_from_the_environment(hub, home):
         (["resolve", ACTIVATION, "--target", "host"], "exactly one of a version or a revision"),
         (["resolve", ACTIVATION, "--version", "1", "--revision", "v1", "--target", "host"], "not both"),
         (["scan", "../../etc"], "malformed repo id"),
-        (["matrix", ACTIVATION], "not in the ledger"),
+        (["matrix", ACTIVATION], "no frt-mirror home at"),  # a reading command, and this home is new
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(home, args, needle):

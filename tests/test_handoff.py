@@ -189,17 +189,33 @@ def test_an_org_never_seen_upstream_is_not_vouched_for(hub, home, tmp_path):
 # -- 4. LOCAL_KERNELS with several versions staged ---------------------------------------------------
 
 
-def test_env_says_which_version_it_chose_and_how_to_choose(hub, home, tmp_path):
+def test_env_never_chooses_a_version_for_the_caller(hub, home, tmp_path):
+    """LOCAL_KERNELS holds one path per repo and kernels loads it whatever version it asks for. Before,
+    env chose the highest staged version with a warning on stderr, and get_kernel(version=1) loaded v2."""
     # layernorm v1 depends on activation v2; the manifest asks for activation v1 too: both are staged.
     m = write_manifest(tmp_path / "m.toml", {LAYERNORM: {"version": 1}, ACTIVATION: {"version": 1}}, [X86])
     assert run_cli("--endpoint", hub.url, "stage", str(m), home=home).returncode == 0
     p = run_cli("env", "--target", X86, home=home)
-    assert p.returncode == 0, p.stderr
-    warn = [ln for ln in p.stderr.splitlines() if ACTIVATION in ln]
-    assert len(warn) == 1 and "chose v2" in warn[0] and f"--version {ACTIVATION}=N" in warn[0], p.stderr
+    assert p.returncode == 1, p.stderr
+    refused = [ln for ln in p.stderr.splitlines() if ACTIVATION in ln]
+    assert len(refused) == 1 and refused[0].startswith(f"frt-mirror: refused: {ACTIVATION}: left out"), p.stderr
+    assert all(w in refused[0] for w in (f"--version {ACTIVATION}=N", "export-cache", "serve", "v1, v2")), p.stderr
     assert LAYERNORM not in p.stderr  # one version staged: nothing to say
+    assert f"{LAYERNORM}=" in p.stdout and f"{ACTIVATION}=" not in p.stdout  # the rest still exported
     doc = json.loads(run_cli("env", "--target", X86, "--format", "json", home=home).stdout)
-    assert any(ACTIVATION in w and "chose v2" in w for w in doc["warnings"])
+    assert [r.split(":")[0] for r in doc["refused"]] == [ACTIVATION]
+    assert [k["repo"] for k in doc["kernels"]] == [LAYERNORM]
+    out = load_offline(  # inside unshare -n: with no path for it, kernels can only fail, never load v2
+        f"""
+        import kernels
+        try:
+            print(kernels.get_kernel({ACTIVATION!r}, version=1).REVISION_NOTE)
+        except Exception as e:
+            print("not loaded:", type(e).__name__)
+    """,
+        doc["env"],
+    )
+    assert out.stdout.startswith("not loaded:"), (out.stdout, out.stderr[-2000:])
 
     p = run_cli("env", "--target", X86, "--version", f"{ACTIVATION}=1", "--format", "json", home=home)
     assert p.returncode == 0, p.stderr

@@ -28,8 +28,9 @@ def test_one_manifest_stages_two_versions_of_one_repo(hub, home, tmp_path):
         (ACTIVATION, "v1", "staged"),
         (ACTIVATION, "v2", "staged"),
     ]
-    p = run_cli("env", "--target", X86, "--format", "json", home=home)
-    assert p.returncode == 0, p.stderr
+    p = run_cli("env", "--target", X86, "--version", f"{ACTIVATION}=2", "--format", "json", home=home)
+    assert p.returncode == 0, p.stderr  # two versions staged: LOCAL_KERNELS takes the one chosen
+    assert [k["requested"] for k in json.loads(p.stdout)["kernels"]] == ["v2"]
 
 
 def test_a_rate_limited_stage_says_it_is_waiting(home, tmp_path):

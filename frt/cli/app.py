@@ -17,7 +17,13 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import click
 
 from frt.manifests.fields import MAX_INT
-from frt.mirror.home_path import check_ledger_text, check_store_url, default_home
+from frt.mirror.home_path import (
+    check_existing_home,
+    check_ledger_text,
+    check_store_url,
+    default_home,
+    default_ledger_url,
+)
 from frt.resolver.errors import BadInput, FrtError, error_line, exit_code
 from frt.resolver.gate import check_endpoint, check_repo_id
 from frt.resolver.targets import parse_target
@@ -48,6 +54,13 @@ class App:
 
             self._home = Home(self.root.absolute(), ledger_url=self.ledger_url, store_url=self.store_url)
         return self._home
+
+    @property
+    def existing_home(self) -> Home:
+        """The home of a command that only reads it: one that does not exist, or has no ledger, is refused
+        in one line (home_path.check_existing_home), and nothing is created."""
+        check_existing_home(self.root.absolute(), self.ledger_url or default_ledger_url())
+        return self.home
 
     @property
     def ledger(self) -> Ledger:

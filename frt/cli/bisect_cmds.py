@@ -131,7 +131,7 @@ def bisect_cmd(
         "bad": bad,
         "target": target,
         "cmd": list(cmd),
-        "home": app.home,
+        "home": app.existing_home if offline else app.home,  # --offline only reads it
         "hub": None if offline else app.hub(endpoint),
         "timeout": timeout,
         "refresh": refresh,

@@ -46,7 +46,8 @@ since_option = click.option(
 def demand_lines(app: App, since: timedelta | None) -> list[DemandLine]:
     from frt.mirror.serve.demand_records import demand_lines as lines
 
-    return lines(app.home.ledger, app.home.staged(), since)
+    home = app.existing_home
+    return lines(home.ledger, home.staged(), since)
 
 
 def report_demand(app: App, since: timedelta | None, as_json: bool) -> None:

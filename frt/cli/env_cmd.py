@@ -3,13 +3,14 @@ that composes the mirror and the adapters)."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
 
 from frt.mirror.home_path import HomeLayout
-from frt.resolver.errors import BadInput
+from frt.resolver.errors import EXIT_REFUSED, BadInput
 
 from .app import App, cli, emit_json, parse_repo_versions, parse_targets
 from .say import say
@@ -70,8 +71,9 @@ def env_cmd(
     into: Path | None,
     fmt: str,
 ) -> None:
-    """What a cluster sets: LOCAL_KERNELS for a target's staged set (one commit per repo: the resolved
-    one, or the pin), or with --serve, HF_ENDPOINT for a running mirror. With --engine, also what a
+    """What a cluster sets: LOCAL_KERNELS for a target's staged set (one path per repo: a repo staged at
+    several versions is left out, exit 1, unless --version REPO=N or a pin chooses; export-cache and
+    serve carry every version), or with --serve, HF_ENDPOINT for a running mirror. With --engine, also what a
     vLLM or SGLang job sets to attach seats in its workers without installing anything: PYTHONPATH
     (the frt package and the plugin's dist-info, written to --python-dir), FRT_MIRROR_HOME, FRT_SEATS
     and the engine's plugin allow-list."""
@@ -83,6 +85,7 @@ def env_cmd(
     values: dict[str, str] = {}
     entries: list[EnvEntry] = []
     warnings: list[str] = []
+    refused: list[str] = []
     if into is not None and target is None:
         raise BadInput("--into DIR goes with --target (it is where that target's files are written)")
     if versions and (serve_url or target is None):
@@ -90,8 +93,8 @@ def env_cmd(
     if serve_url:
         values = endpoint_vars(serve_url)
     elif target is not None:
-        chosen = local_kernels(app.home, target, versions=versions, into=into)
-        entries, warnings = chosen.entries, chosen.warnings
+        chosen = local_kernels(app.existing_home, target, versions=versions, into=into)
+        entries, warnings, refused = chosen.entries, chosen.warnings, chosen.refused
         values = env_vars(entries)
     elif not engine:
         raise BadInput("give --target T (LOCAL_KERNELS), --serve URL (HF_ENDPOINT) or --engine vllm|sglang")
@@ -107,6 +110,7 @@ def env_cmd(
             {
                 "env": values,
                 "warnings": [*warnings, TELEMETRY_WARNING],
+                "refused": refused,
                 "kernels": [
                     {
                         "repo": e.repo,
@@ -122,9 +126,11 @@ def env_cmd(
                 **({"engine": engine, "python_dir": values["PYTHONPATH"]} if engine else {}),
             }
         )
-        return
+        sys.exit(EXIT_REFUSED if refused else 0)
     for w in warnings:
         say(f"warning: {w}")
+    for line in refused:
+        say(f"refused: {line}")
     for e in entries:
         click.echo(f"# {e.repo} {e.requested} → {e.commit[:12]} {e.variant}")
     click.echo(f"# warning: {TELEMETRY_WARNING}")
@@ -145,3 +151,4 @@ def env_cmd(
                 "writes a sitecustomize; put DIR first on PYTHONPATH and set FRT_SGLANG_ATTACH=1"
             )
     click.echo(render_sh(values))
+    sys.exit(EXIT_REFUSED if refused else 0)  # the rest are exported all the same, above

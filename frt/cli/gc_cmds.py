@@ -5,7 +5,6 @@ from __future__ import annotations
 import click
 
 from frt.mirror.home_path import check_writable
-from frt.resolver.errors import BadInput
 from frt.resolver.targets import parse_target
 
 from .app import App, cli, emit_json, json_option
@@ -15,14 +14,6 @@ from .say import say
 
 def _note(what: str) -> None:
     say(what)
-
-
-def _existing(app: App) -> None:
-    from frt.mirror.home_path import check_home
-
-    check_home(app.root)  # a home that cannot be one says why, as for every command
-    if not app.root.is_dir():  # rather than create an empty home only to find nothing in it
-        raise BadInput(f"home {app.root} does not exist")
 
 
 @cli.command("gc")
@@ -35,10 +26,10 @@ def gc_cmd(app: App, dry_run: bool, as_json: bool) -> None:
     Waits for a stage or import running in this home (and they wait for it)."""
     from frt.mirror.store.gc import collect
 
-    _existing(app)
+    home = app.existing_home  # rather than create an empty home only to find nothing in it
     check_writable(app.root, "gc removes blobs and their ledger rows (--dry-run as well: it takes the store's lock)")
     app.ride_out()
-    report = collect(app.home, dry_run=dry_run, on_wait=_note)
+    report = collect(home, dry_run=dry_run, on_wait=_note)
     if as_json:
         emit_json(report.to_json())
     else:
@@ -58,10 +49,10 @@ def unstage_cmd(app: App, spec: str, target: str | None, as_json: bool) -> None:
 
     repo, rev = parse_spec(spec)
     target = str(parse_target(target)) if target is not None else None
-    _existing(app)
+    home = app.existing_home
     check_writable(app.root, "unstage writes the ledger and the views")
     app.ride_out()
-    report = unstage(app.home, repo, rev, target, on_wait=_note)
+    report = unstage(home, repo, rev, target, on_wait=_note)
     if as_json:
         emit_json(report.to_json())
     else:

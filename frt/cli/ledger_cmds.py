@@ -94,7 +94,7 @@ def resolve_cmd(
         res = resolve(
             repo,
             target=target,
-            ledger=app.ledger,
+            ledger=(app.existing_home if offline else app.home).ledger,
             version=version,
             revision=revision,
             hub=None if offline else app.hub(endpoint),
@@ -150,7 +150,7 @@ def matrix_cmd(app: App, repo: str, targets: tuple[Target, ...], html: str | Non
     from frt.resolver.matrix import build_matrix
     from frt.resolver.targets import parse_target
 
-    models = [r for r in app.home.staged(MODEL_TARGET) if r.repo == repo]
+    models = [r for r in app.existing_home.staged(MODEL_TARGET) if r.repo == repo]
     if html is not None:
         _write_html(app, repo, list(targets) or None, html, known=bool(models))
         if not as_json:
@@ -173,13 +173,22 @@ def matrix_cmd(app: App, repo: str, targets: tuple[Target, ...], html: str | Non
         return
     with app.ledger.view() as view:
         if not view.known(repo):
-            raise BadInput(f"{repo} is not in the ledger: run 'frt-mirror scan {repo}' first")
+            raise _not_in_ledger(app, repo)
         staged_for = {r.target for r in app.home.staged() if r.repo == repo and not (r.is_model or r.is_pulled)}
         m = build_matrix(view, repo, list(targets) or None, also=[parse_target(t) for t in sorted(staged_for)])
     if as_json:
         emit_json(m.to_json())
         return
     click.echo(_render_matrix(m))
+
+
+def _not_in_ledger(app: App, repo: str) -> BadInput:
+    """A repo matrix cannot show: the scanned one it is a typo of, if any, else how to scan it."""
+    from frt.resolver.repo_ids import closest
+
+    if (near := closest(repo, app.ledger.repos())) is not None:
+        return BadInput(f"{repo} is not in the ledger: did you mean {near}?")
+    return BadInput(f"{repo} is not in the ledger: run 'frt-mirror scan {repo}' first, if that is its name")
 
 
 def _write_html(app: App, repo: str, targets: list[Target] | None, path: str, known: bool) -> None:
@@ -191,7 +200,7 @@ def _write_html(app: App, repo: str, targets: list[Target] | None, path: str, kn
     if not known:
         with app.ledger.view() as view:
             if not view.known(repo):
-                raise BadInput(f"{repo} is not in the ledger: run 'frt-mirror scan {repo}' first")
+                raise _not_in_ledger(app, repo)
     page = render(operator_view(app.home, repo, targets), title=f"{repo} · frt-mirror matrix", standalone=True)
     try:
         atomic_write(Path(path), page)
@@ -247,7 +256,7 @@ def report_cmd(app: App, demand: bool, since: timedelta | None, as_json: bool) -
         return report_demand(app, since, as_json)
     if since is not None:
         raise BadInput("--since goes with --demand: the refusals on record are listed whole")
-    rows = app.ledger.refusals()
+    rows = app.existing_home.ledger.refusals()
     if as_json:
         emit_json(
             [

@@ -207,6 +207,7 @@ def serve_cmd(
     """Serve the staged set as a read-only Hub endpoint: point HF_ENDPOINT at it.
 
     Exits 2 without serving when it cannot listen (the port is in use) or open the access log."""
+    from frt.mirror.home_path import check_existing_home
     from frt.mirror.serve.listen import listen
     from frt.mirror.serve.run import serve
     from frt.mirror.serve.watch import CatalogWatcher
@@ -222,6 +223,8 @@ def serve_cmd(
 
         why = "--head-map needs the blobs as files"
         raise BadInput(f"--store {app.home.store_url}: {why}")
+    if upstream is None:  # serve alone only reads the home: a mistyped --home is refused, not created
+        check_existing_home(app.root.absolute(), app.home.ledger_url)
     pull = _upstream(app, upstream, allow, refs_ttl, upstream_timeout, upstream_hold)
     sockets = listen(host, port)  # first: a busy port is one line and exit 2, before anything is said
     if workers > 1:  # before any app is built: the workers' metrics are summed from files (metrics.py)
@@ -366,7 +369,7 @@ def token_add(app: App, name: str) -> None:
 def token_list(app: App, as_json: bool) -> None:
     from frt.mirror.serve.tokens import list_tokens
 
-    rows = list_tokens(app.ledger)
+    rows = list_tokens(app.existing_home.ledger)
     if as_json:
         emit_json([{"name": n, "created_at": c} for n, c in rows])
     else:
@@ -380,5 +383,5 @@ def token_revoke(app: App, name: str) -> None:
     from frt.mirror.serve.tokens import revoke_token
 
     check_writable(app.root, "token revoke writes the ledger")
-    revoke_token(app.ledger, name)
+    revoke_token(app.existing_home.ledger, name)
     click.echo(f"revoked {name} (a running serve stops accepting it within 2 s)")

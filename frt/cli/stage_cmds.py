@@ -154,7 +154,7 @@ def verify_cmd(app: App, as_json: bool) -> None:
     """Re-hash every blob and check every view link; exit 1 with a list on any mismatch."""
     from frt.mirror.store.verify import verify
 
-    report = verify(app.home)
+    report = verify(app.existing_home)
     if as_json:
         emit_json(report.to_json())
     else:
@@ -202,7 +202,7 @@ def export_cache_cmd(app: App, out: Path, target: Target, wheels_to: Path | None
     from frt.mirror.views.env import pip_line
     from frt.mirror.views.hfcache import export_cache, wheels_needed
 
-    wheels = wheels_needed(app.home, target)
+    wheels = wheels_needed(app.existing_home, target)
     wheels_to = (wheels_to or out.with_name(f"{out.name}-wheels")) if wheels else None
     done = export_cache(out, app.home, target, wheels_to, keep=keep)
     refs = done.refs
@@ -265,7 +265,12 @@ def bundle_cmd(
     from frt.mirror.bundle import bundle
 
     report = bundle(
-        out, app.home, [str(t) for t in targets] or None, since=since, sign=sign, progress=not (quiet or as_json)
+        out,
+        app.existing_home,
+        [str(t) for t in targets] or None,
+        since=since,
+        sign=sign,
+        progress=not (quiet or as_json),
     )
     if as_json:
         emit_json(report.to_json())

@@ -28,22 +28,34 @@ class EnvEntry:
 
 @dataclass(frozen=True)
 class EnvSet:
-    """What `env --target` hands a cluster: one entry per repo, and what it had to choose silently."""
+    """What `env --target` hands a cluster: one entry per repo, what it had to choose silently, and the
+    repos it left out because only the caller can choose their version (one line each)."""
 
     entries: list[EnvEntry]
     warnings: list[str]
+    refused: list[str]
+
+
+@dataclass(frozen=True)
+class Chosen:
+    """Per repo, the staged row LOCAL_KERNELS names; warnings; and the repos left out (see choose_staged)."""
+
+    rows: dict[str, StagedRow]
+    warnings: list[str]
+    refused: list[str]
 
 
 def choose_staged(
     rows: list[StagedRow], environ: Mapping[str, str] | None = None, versions: Mapping[str, int] | None = None
-) -> tuple[dict[str, StagedRow], list[str]]:
-    """Per repo, the staged row a cluster should load, and a warning for every repo where that was a
-    guess. LOCAL_KERNELS carries one path per repo and `kernels` does no version check on it, so
-    with v1 and v2 staged, `get_kernel(version=1)` would load whichever path is given.
+) -> Chosen:
+    """Per repo, the staged row a cluster should load. LOCAL_KERNELS carries one path per repo and
+    `kernels` does no version check on it: with v1 and v2 staged, `get_kernel(version=1)` would load
+    whichever path is given. So a version is never chosen for the caller.
 
     Order: a pin (FRT_KERNEL_REV_<ID>), then `versions` (env --version REPO=N), then the one staged
-    commit; with several, the highest staged version (else the most recently listed revision) and a
-    warning that names it and how to choose."""
+    request. A repo staged under several requests (v1 and v2) with neither is refused, in one line that
+    says how to choose; one request staged at several commits (its branch moved) takes the latest, with
+    a warning."""
     versions = dict(versions or {})
     by_repo: dict[str, list[StagedRow]] = {}
     for r in rows:
@@ -51,7 +63,8 @@ def choose_staged(
     unknown = sorted(set(versions) - set(by_repo))
     if unknown:
         raise BadInput(f"--version {unknown[0]}=…: that repo is not staged for this target")
-    chosen, warnings = {}, []
+    chosen: dict[str, StagedRow] = {}
+    warnings, refused = [], []
     for repo, candidates in by_repo.items():
         pin = pinned_revision(repo, environ)
         if pin:
@@ -61,26 +74,26 @@ def choose_staged(
                     f"{pin_variable(repo)}={pin} is not staged for this target: run 'frt-mirror stage' with the pin set"
                 )
             chosen[repo] = match[0]
-            continue
-        if repo in versions:
+        elif repo in versions:
             match = [r for r in candidates if r.version == versions[repo]]
             if not match:
                 have = ", ".join(sorted(r.requested for r in candidates))
                 raise BadInput(f"--version {repo}={versions[repo]}: not staged for this target (staged: {have})")
             chosen[repo] = match[0]
-            continue
-        staged_versions = [r for r in candidates if r.version is not None]
-        # `or 0` only for the type checker: each of these has a version (an int), so the order is the same
-        chosen[repo] = max(staged_versions, key=lambda r: r.version or 0) if staged_versions else candidates[-1]
-        if len({r.commit for r in candidates}) > 1:
-            others = ", ".join(sorted(r.requested for r in candidates if r is not chosen[repo]))
-            warnings.append(
-                f"{repo}: {len(candidates)} staged requests ({chosen[repo].requested}, {others}) and LOCAL_KERNELS "
-                f"carries one: chose {chosen[repo].requested} ({chosen[repo].commit[:12]}), which get_kernel loads "
-                f"whatever version it asks for; choose with --version {repo}=N or {pin_variable(repo)}=<commit>, "
-                "or hand off with export-cache or serve, which keep every version"
+        elif len(requests := sorted({r.requested for r in candidates})) > 1:
+            refused.append(
+                f"{repo}: left out of LOCAL_KERNELS, which carries one path per repo and get_kernel loads it "
+                f"whatever version it asks for; staged: {', '.join(requests)}. Choose with --version {repo}=N "
+                f"(or {pin_variable(repo)}=<commit>), or hand off every version with export-cache or serve"
             )
-    return chosen, warnings
+        else:
+            chosen[repo] = candidates[-1]
+            if len({r.commit for r in candidates}) > 1:  # staged, and pulled through at another commit
+                warnings.append(
+                    f"{repo}: {requests[0]} is staged at {len(candidates)} commits; chose "
+                    f"{candidates[-1].commit[:12]} (choose another with {pin_variable(repo)}=<commit>)"
+                )
+    return Chosen(chosen, warnings, refused)
 
 
 def local_kernels(
@@ -101,13 +114,13 @@ def local_kernels(
     rows = home.staged(str(target))
     if not rows:
         raise BadInput(f"nothing is staged for {target}: run 'frt-mirror stage --target {target}' first")
-    chosen, warnings = choose_staged(rows, environ, versions)
+    chosen = choose_staged(rows, environ, versions)
     if into is not None:
         from .materialise import materialise
 
-        written = materialise(home, list(chosen.values()), into.absolute())
+        written = materialise(home, list(chosen.rows.values()), into.absolute())
     out = []
-    for repo, row in sorted(chosen.items()):
+    for repo, row in sorted(chosen.rows.items()):
         if into is not None:
             path = written[(repo, row.commit, row.variant)]
         else:
@@ -125,7 +138,7 @@ def local_kernels(
                 (into.absolute() / "wheels" if into is not None else wheels_dir(home.root)) if row.wheels else None,
             )
         )
-    return EnvSet(out, warnings)
+    return EnvSet(out, chosen.warnings, chosen.refused)
 
 
 def env_vars(entries: list[EnvEntry]) -> dict[str, str]:

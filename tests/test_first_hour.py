@@ -1,0 +1,100 @@
+"""A newcomer's first hour (issue "A newcomer's first hour"): the traps a careful user fell into, each
+tried as they tried it, with the installed CLI."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from tests.support.cli import EXE, X86, cli_env, one_line, run_cli
+from tests.support.fakehub import FakeHub
+from tests.support.kernel_fixtures import ACTIVATION, ORG, demo_repos
+from tests.support.serve_helpers import free_port
+
+# Every command that only reads a home, with what else it needs to run.
+READERS = {
+    "verify": ["verify"],
+    "report": ["report"],
+    "report --demand": ["report", "--demand"],
+    "matrix": ["matrix", ACTIVATION],
+    "env": ["env", "--target", X86],
+    "export-cache": ["export-cache", "{tmp}/hf-cache", "--target", X86],
+    "serve": ["serve", "--port", "{port}"],
+    "bundle": ["bundle", "{tmp}/kernels.tar"],
+    "gc": ["gc"],
+    "unstage": ["unstage", ACTIVATION],
+    "bisect --offline": [
+        "bisect",
+        ACTIVATION,
+        "--good",
+        "v1",
+        "--bad",
+        "v2",
+        "--target",
+        X86,
+        "--offline",
+        "--",
+        "true",
+    ],
+    "resolve --offline": ["resolve", ACTIVATION, "--version", "1", "--target", X86, "--offline"],
+    "demand manifest": ["demand", "manifest"],
+    "token list": ["token", "list"],
+}
+
+
+def _argv(name: str, tmp_path) -> list[str]:
+    return [a.format(tmp=tmp_path, port=free_port()) for a in READERS[name]]
+
+
+@pytest.mark.parametrize("name", sorted(READERS))
+def test_a_command_that_reads_a_home_refuses_one_that_is_not_there_and_creates_nothing(name, tmp_path):
+    """Before: `verify` on a mistyped --home created it and said `0 blobs (0 B) re-hashed … ok`, exit 0."""
+    nope = tmp_path / "nope"
+    p = run_cli(*_argv(name, tmp_path), home=nope)
+    assert p.returncode == 2, (name, p.returncode, p.stdout, p.stderr)
+    line = one_line(p)
+    assert f"no frt-mirror home at {nope}" in line and "stage or import creates a home" in line, line
+    assert not nope.exists() and sorted(x.name for x in tmp_path.iterdir()) == [], "nothing is created"
+    assert p.stdout == ""
+
+    nope.mkdir()  # a folder, but no ledger in it: the same refusal, and still nothing written
+    p = run_cli(*_argv(name, tmp_path), home=nope)
+    assert p.returncode == 2 and "has no ledger (ledger.sqlite)" in one_line(p), (name, p.stderr)
+    assert list(nope.iterdir()) == []
+
+
+@pytest.mark.parametrize("name", ["verify", "report", "env"])
+def test_with_no_home_set_a_reading_command_does_not_create_the_default_one(name, tmp_path):
+    """No --home, no FRT_MIRROR_HOME: the default (XDG_DATA_HOME/frt-mirror) is named, and not created."""
+    env = cli_env(XDG_DATA_HOME=str(tmp_path / "xdg"))
+    p = subprocess.run([EXE, *_argv(name, tmp_path)], capture_output=True, text=True, env=env, timeout=60)
+    assert p.returncode == 2, p.stderr
+    assert f"no frt-mirror home at {tmp_path / 'xdg' / 'frt-mirror'}" in one_line(p)
+    assert not (tmp_path / "xdg").exists()
+
+
+def test_commands_that_write_a_home_still_create_it(tmp_path):
+    with FakeHub(demo_repos(), trusted_orgs=[ORG]) as hub:
+        for name, argv in {
+            "scan": ["--endpoint", hub.url, "scan", ACTIVATION],
+            "resolve": ["--endpoint", hub.url, "resolve", ACTIVATION, "--version", "1", "--target", X86],
+            "token add": ["token", "add", "ci"],
+        }.items():
+            home = tmp_path / name.replace(" ", "-")
+            p = run_cli(*argv, home=home)
+            assert p.returncode == 0, (name, p.stderr)
+            assert (home / "ledger.sqlite").is_file(), name
+            assert run_cli("report", home=home).returncode == 0, name  # and it reads as a home after
+
+
+def test_matrix_of_a_typo_suggests_the_scanned_name_not_a_scan_of_the_typo(tmp_path):
+    """Before: `matrix kernels-test/activaton` said to run `frt-mirror scan kernels-test/activaton`."""
+    home, typo = tmp_path / "home", ACTIVATION.replace("activation", "activaton")
+    with FakeHub(demo_repos(), trusted_orgs=[ORG]) as hub:
+        assert run_cli("--endpoint", hub.url, "scan", ACTIVATION, home=home).returncode == 0
+    p = run_cli("matrix", typo, home=home)
+    assert p.returncode == 2
+    assert one_line(p).endswith(f"{typo} is not in the ledger: did you mean {ACTIVATION}?"), p.stderr
+    p = run_cli("matrix", "acme/other", home=home)
+    assert p.returncode == 2 and "run 'frt-mirror scan acme/other' first, if that is its name" in one_line(p)
