@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol, cast
 
 from .archs import NOARCH, Declared
+from .repo_ids import did_you_mean
 from .resolution import FileEntry, Refusal, Request, Resolution
 from .targets import Target
 from .variants import VariantDecision, by_name_best, decide
@@ -18,6 +19,7 @@ from .variants import VariantDecision, by_name_best, decide
 
 class Availability(Protocol):
     def known(self, repo_id: str) -> bool: ...
+    def repos(self) -> list[str]: ...
     def versions(self, repo_id: str) -> dict[int, str]: ...
     def commit_for(self, repo_id: str, revision: str) -> str | None: ...
     def variant_names(self, repo_id: str, sha: str) -> tuple[str, ...] | None: ...
@@ -38,7 +40,8 @@ def judge(
 def resolve_request(avail: Availability, request: Request, target: Target) -> Resolution | Refusal:
     repo = request.repo
     if not avail.known(repo):
-        return Refusal(request, target, "RepoNotFound", f"{repo}: repository not found", detail="")
+        text = f"{repo}: repository not found{did_you_mean(repo, avail.repos())}"
+        return Refusal(request, target, "RepoNotFound", text, detail="", bad_input=True)
     versions = avail.versions(repo)
     if request.version is not None:
         commit = versions.get(request.version)

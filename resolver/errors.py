@@ -102,7 +102,10 @@ EXIT_OK, EXIT_REFUSED, EXIT_BAD_INPUT, EXIT_UNAVAILABLE, EXIT_INTERRUPTED = 0, 1
 
 
 def exit_code(exc: BaseException) -> int:
-    """The CLI's exit code for an error: the one map. Unknown errors are bugs, not refusals: re-raised."""
+    """The CLI's exit code for an error: the one map. Unknown errors are bugs, not refusals: re-raised.
+    Bad input first: a refusal that is also the user's mistake (resolution.UnknownRepo) is a 2."""
+    if isinstance(exc, BadInput):
+        return EXIT_BAD_INPUT
     if isinstance(exc, (Refused, VerificationFailed)):
         return EXIT_REFUSED
     if isinstance(exc, (UpstreamUnavailable, LedgerUnavailable, StoreUnavailable)):

@@ -24,3 +24,9 @@ def closest(repo_id: str, known: Iterable[str]) -> str | None:
     from difflib import get_close_matches
 
     return next(iter(get_close_matches(repo_id, [k for k in known if k != repo_id], n=1, cutoff=0.85)), None)
+
+
+def did_you_mean(repo_id: str, known: Iterable[str]) -> str:
+    """`: did you mean X?` for a message about `repo_id` that is not there, where a known id is close."""
+    near = closest(repo_id, known)
+    return f": did you mean {near}?" if near else ""

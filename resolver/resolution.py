@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from .archs import declared_archs
-from .errors import Refused
+from .errors import BadInput, Refused
 from .targets import Target
 
 
@@ -124,6 +124,9 @@ class Refusal:
     newest_with_target: str | None = None  # newest commit on the same version line that has it
     versions_with_target: tuple[int, ...] = ()
     declared: dict[str, list[str]] = field(default_factory=dict, compare=False)  # arch target: variant -> its archs
+    # The request named a repository that is not there (RepoNotFound): the user's input, exit 2 as for any
+    # bad input, though recorded as a refusal like the rest.
+    bad_input: bool = False
 
     @property
     def repo(self) -> str:
@@ -154,3 +157,12 @@ class KernelUnavailable(Refused, ValueError):
     def __init__(self, refusal: Refusal):
         super().__init__(refusal.message)
         self.refusal = refusal
+
+    @staticmethod
+    def of(refusal: Refusal) -> KernelUnavailable:
+        """The error for `refusal`: a repository that is not there is bad input (exit 2) as well."""
+        return UnknownRepo(refusal) if refusal.bad_input else KernelUnavailable(refusal)
+
+
+class UnknownRepo(KernelUnavailable, BadInput):
+    """The request named a repository the upstream (or, offline, the ledger) does not have."""

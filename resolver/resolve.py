@@ -11,7 +11,7 @@ from .gate import check_ref, check_repo_id
 from .hub import HubClient, RepoNotFound
 from .ledger import Ledger
 from .ledger.retry import retried
-from .repo_ids import pin_variable, pinned_revision
+from .repo_ids import did_you_mean, pin_variable, pinned_revision
 from .resolution import KernelUnavailable, Refusal, Request, Resolution
 from .scan import scan, unknown_revisions
 from .targets import Target
@@ -57,7 +57,7 @@ def resolve_requests(
     outcomes = refresh_and_decide(requests, targets=[target], ledger=ledger, hub=hub, offline=offline)
     for outcome in outcomes:
         if isinstance(outcome, Refusal):
-            raise KernelUnavailable(outcome)
+            raise KernelUnavailable.of(outcome)
     return outcomes  # type: ignore[return-value]
 
 
@@ -76,7 +76,7 @@ def refresh_and_decide(
     kernel-depends per target, a bisect resolving and staging each probe), unless a request names a
     revision the ledger cannot place. `jobs`: the listings in flight at once, all repos together.
     """
-    upstream_refusals: dict[str, tuple[str, str]] = {}
+    upstream_refusals: dict[str, str] = {}  # repo -> the upstream's "repository not found"
     if not offline:
         hub = hub or HubClient()
 
@@ -85,7 +85,7 @@ def refresh_and_decide(
             try:
                 scan(repo, hub=hub, ledger=ledger, reach=reach, pool=listings)
             except RepoNotFound as e:
-                upstream_refusals[repo] = ("RepoNotFound", str(e))
+                upstream_refusals[repo] = f"{e}{did_you_mean(repo, ledger.repos())}"
 
         # Repos are independent: their scans overlap their round-trips (the ledger serializes writes), and
         # share one pool of listing threads, so `jobs` bounds the listings of the whole run.
@@ -110,15 +110,15 @@ def _to_scan(repo: str, requests: list[Request], hub: HubClient, ledger: Ledger)
 
 @retried
 def _decide(
-    ledger: Ledger, requests: list[Request], targets: list[Target], upstream_refusals: dict[str, tuple[str, str]]
+    ledger: Ledger, requests: list[Request], targets: list[Target], upstream_refusals: dict[str, str]
 ) -> list[Resolution | Refusal]:
     outcomes: list[Resolution | Refusal] = []
     with ledger.view() as view:
         for request in requests:
             for target in targets:
                 if request.repo in upstream_refusals:
-                    error, text = upstream_refusals[request.repo]
-                    outcomes.append(Refusal(request, target, error, text, detail=text))
+                    text = upstream_refusals[request.repo]
+                    outcomes.append(Refusal(request, target, "RepoNotFound", text, detail=text, bad_input=True))
                 else:
                     outcomes.append(resolve_request(view, request, target))
     return outcomes

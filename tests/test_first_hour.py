@@ -98,3 +98,64 @@ def test_matrix_of_a_typo_suggests_the_scanned_name_not_a_scan_of_the_typo(tmp_p
     assert one_line(p).endswith(f"{typo} is not in the ledger: did you mean {ACTIVATION}?"), p.stderr
     p = run_cli("matrix", "acme/other", home=home)
     assert p.returncode == 2 and "run 'frt-mirror scan acme/other' first, if that is its name" in one_line(p)
+
+
+TYPO = ACTIVATION.replace("activation", "activaton")
+BAD_TARGET = "torch9.9-bogus"
+
+
+@pytest.fixture(scope="module")
+def scanned(tmp_path_factory):
+    """A home where ACTIVATION is staged (so scanned), and the upstream that has it."""
+    tmp = tmp_path_factory.mktemp("scanned")
+    home = tmp / "home"
+    (tmp / "ok.toml").write_text(f'[kernels]\n"{ACTIVATION}" = {{ version = 1 }}\n')
+    (tmp / "typo.toml").write_text(f'[kernels]\n"{TYPO}" = {{ version = 1 }}\n')
+    (tmp / "bad.toml").write_text("[kernels\n")
+    with FakeHub(demo_repos(), trusted_orgs=[ORG]) as hub:
+        assert run_cli("--endpoint", hub.url, "stage", str(tmp / "ok.toml"), "--target", X86, home=home).returncode == 0
+        yield home, hub, tmp
+
+
+MISTAKES = {
+    # a repository that is not there (a typo of one that is): every command that takes a repo
+    "scan typo": ["scan", TYPO],
+    "resolve typo": ["resolve", TYPO, "--version", "1", "--target", X86],
+    "resolve --offline typo": ["resolve", TYPO, "--version", "1", "--target", X86, "--offline"],
+    "stage typo": ["stage", "{tmp}/typo.toml", "--target", X86],
+    "pin typo": ["pin", TYPO, "v1", "--target", X86],
+    "bisect typo": ["bisect", TYPO, "--good", "v1", "--bad", "v2", "--target", X86, "--offline", "--", "ls"],
+    "matrix typo": ["matrix", TYPO],
+    "unstage typo": ["unstage", TYPO],
+    "env --version typo": ["env", "--target", X86, "--version", f"{TYPO}=1"],
+    # an unknown target: every command that takes one
+    "resolve target": ["resolve", ACTIVATION, "--version", "1", "--target", BAD_TARGET],
+    "stage target": ["stage", "{tmp}/ok.toml", "--target", BAD_TARGET],
+    "env target": ["env", "--target", BAD_TARGET],
+    "export-cache target": ["export-cache", "{tmp}/cache", "--target", BAD_TARGET],
+    "matrix target": ["matrix", ACTIVATION, "--target", BAD_TARGET],
+    "pin target": ["pin", ACTIVATION, "v1", "--target", BAD_TARGET],
+    "bisect target": ["bisect", ACTIVATION, "--good", "v1", "--bad", "v2", "--target", BAD_TARGET, "--", "ls"],
+    "bundle target": ["bundle", "{tmp}/b.tar", "--target", BAD_TARGET],
+    "unstage target": ["unstage", ACTIVATION, "--target", BAD_TARGET],
+    # a malformed manifest
+    "stage manifest": ["stage", "{tmp}/bad.toml"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(MISTAKES))
+def test_one_mistake_is_one_exit_code_from_every_command(name, scanned):
+    """Before: the same "repository not found" exited 2 from scan, 1 from stage, resolve and pin; and
+    matrix advised scanning the typo. Bad input is 2 from every command (docs/targets.md's table), in one
+    line, and a typo of a known repo is named as what was meant."""
+    home, hub, tmp = scanned
+    p = run_cli("--endpoint", hub.url, *(a.format(tmp=tmp) for a in MISTAKES[name]), home=home)
+    assert p.returncode == 2, (name, p.returncode, p.stderr)
+    line = [ln for ln in p.stderr.splitlines() if ln.startswith("frt-mirror: ")][-1]
+    if name.endswith("typo"):
+        assert line.endswith(f"did you mean {ACTIVATION}?"), line
+        assert f"scan {TYPO}" not in line
+    elif name.endswith("target"):
+        assert f"unknown target '{BAD_TARGET}'" in line, line
+    else:
+        assert "bad.toml:1: syntax" in line, line

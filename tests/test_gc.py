@@ -183,7 +183,7 @@ def test_bad_input_is_one_line_and_exit_2(hub, home, tmp_path):
         p = run_cli("unstage", *args, home=home)
         assert p.returncode == 2 and text in one_line(p), (args, p.stderr)
     p = run_cli("gc", home=tmp_path / "nowhere")
-    assert p.returncode == 2 and "does not exist" in one_line(p)
+    assert p.returncode == 2 and "no frt-mirror home at" in one_line(p)
     assert not (tmp_path / "nowhere").exists()
     assert len(cli_json("verify", home=home)["problems"]) == 0  # nothing was dropped on the way
 

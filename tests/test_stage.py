@@ -85,7 +85,9 @@ def test_human_output_is_a_table_with_a_total(hub, home, manifest):
 def test_local_kernels_env_loads_with_real_kernels_and_no_network(hub, home, manifest):
     stage_json(home, manifest, hub)
     p = run_cli("env", "--target", X86, "--format", "json", home=home)
-    assert p.returncode == 0, p.stderr
+    assert p.returncode == 1 and [r.split(":")[0] for r in json.loads(p.stdout)["refused"]] == [ACTIVATION]
+    p = run_cli("env", "--target", X86, "--version", f"{ACTIVATION}=2", "--format", "json", home=home)
+    assert p.returncode == 0, p.stderr  # v1 and v2 staged: LOCAL_KERNELS takes the one chosen
     env = json.loads(p.stdout)["env"]
     assert env["HF_HUB_DISABLE_XET"] == "1"
     repo = hub.repos[("kernel", ACTIVATION)]
@@ -100,7 +102,7 @@ def test_local_kernels_env_loads_with_real_kernels_and_no_network(hub, home, man
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [X86_CPU, X86_CPU, "v2.1", "5"]
-    # The highest staged version wins in LOCAL_KERNELS (one commit per repo) ...
+    # The chosen version in LOCAL_KERNELS (one commit per repo) ...
     assert f"{ACTIVATION}=" in env["LOCAL_KERNELS"] and repo.branches["v2"] in env["LOCAL_KERNELS"]
     # ... unless pinned: then exactly the pinned, staged commit.
     pin = {"FRT_KERNEL_REV_KERNELS_TEST_ACTIVATION": repo.branches["v1"]}

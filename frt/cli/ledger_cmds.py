@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 @click.pass_obj
 def scan_cmd(app: App, repos: tuple[str, ...], endpoint: str | None, jobs: int, as_json: bool) -> None:
     """Record refs, commit history and per-commit build variants of REPOS in the ledger."""
+    from frt.resolver.hub import RepoNotFound
+    from frt.resolver.repo_ids import did_you_mean
     from frt.resolver.scan import scan
 
     for repo in repos:
@@ -41,12 +43,13 @@ def scan_cmd(app: App, repos: tuple[str, ...], endpoint: str | None, jobs: int, 
     check_writable(app.root, "scan records what upstream has in the ledger")
     app.ride_out()
     hub = app.hub(endpoint)
-    reports = [
-        scan(
-            repo, hub=hub, ledger=app.ledger, jobs=jobs, progress=None if as_json else lambda m: click.echo(m, err=True)
-        )
-        for repo in repos
-    ]
+    progress = None if as_json else lambda m: click.echo(m, err=True)
+    reports = []
+    for repo in repos:
+        try:
+            reports.append(scan(repo, hub=hub, ledger=app.ledger, jobs=jobs, progress=progress))
+        except RepoNotFound as e:  # a typo of a repo scanned before is named, not left to be guessed
+            raise RepoNotFound(f"{e}{did_you_mean(repo, app.ledger.repos())}") from None
     if as_json:
         emit_json([r.__dict__ for r in reports])
         return

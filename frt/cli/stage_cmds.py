@@ -134,7 +134,7 @@ def stage_cmd(
             f"note: the upstream does not call {org} a trusted kernel publisher: kernels on the cluster will "
             f"refuse its kernels unless trust_remote_code=True (or serve --trust {org})"
         )
-    sys.exit(0 if report.ok else 1)
+    sys.exit(report.exit_code)
 
 
 def _untrusted_orgs(app: App, report: StageReport) -> list[str]:

@@ -23,6 +23,7 @@ from frt.resolver.errors import BadInput
 from frt.resolver.hub import HubClient
 from frt.resolver.ledger import Ledger
 from frt.resolver.ledger.view import CommitRow
+from frt.resolver.repo_ids import did_you_mean
 from frt.resolver.scan import scan
 from frt.resolver.targets import Target
 
@@ -89,6 +90,8 @@ def commit_range(ledger: Ledger, repo: str, good: str, bad: str) -> tuple[str, s
         g, b = v.commit_for(repo, good), v.commit_for(repo, bad)
         if g is None or b is None:
             missing = good if g is None else bad
+            if not v.known(repo) and (near := did_you_mean(repo, v.repos())):
+                raise BadInput(f"{repo} is not in the ledger{near}")
             raise BadInput(f"{repo}: revision {missing!r} is not in the ledger (scan it, or pass --refresh)")
         history, before = v.history(repo, b), v.history(repo, g)
     if history is None or before is None:

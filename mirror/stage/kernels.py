@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any
 
-from frt.resolver.errors import FrtError, UpstreamUnavailable
+from frt.resolver.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_REFUSED, FrtError, UpstreamUnavailable
 from frt.resolver.hub import HubClient
 from frt.resolver.kernel_metadata import ON_FILES, KernelMetadata, MetadataInvalid, dependency_request, listing_verdict
 from frt.resolver.ledger import Ledger
@@ -52,6 +52,7 @@ class StageRow:
     detail: str = ""
     publisher_digest: bool | None = None  # staged: whether metadata.json carried the publisher's digest
     wheels: tuple[str, ...] = ()  # staged: the wheels its python-depends need (frt.mirror.stage.wheels)
+    bad_input: bool = False  # refused: the request named a repository that is not there (Refusal.bad_input)
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__, wheels=list(self.wheels))
@@ -66,6 +67,14 @@ class StageReport:
     @property
     def ok(self) -> bool:
         return all(r.status == "staged" for r in self.rows)
+
+    @property
+    def exit_code(self) -> int:
+        """0 when every row is staged; 2 where a row names a repository that is not there (the manifest's
+        mistake, as scan and resolve say it); else 1 (refused or failed)."""
+        if self.ok:
+            return EXIT_OK
+        return EXIT_BAD_INPUT if any(r.bad_input for r in self.rows) else EXIT_REFUSED
 
 
 class Interrupted(FrtError):
@@ -94,7 +103,18 @@ def stage(
     for o in outcomes:
         if isinstance(o, Refusal):
             report.rows.append(
-                StageRow(o.repo, o.request.label, str(o.target), o.commit, None, 0, 0, "refused", o.message)
+                StageRow(
+                    o.repo,
+                    o.request.label,
+                    str(o.target),
+                    o.commit,
+                    None,
+                    0,
+                    0,
+                    "refused",
+                    o.message,
+                    bad_input=o.bad_input,
+                )
             )
 
     # One download per distinct content, whichever repos, commits and targets share it.

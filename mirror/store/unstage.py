@@ -18,6 +18,7 @@ from typing import Any
 
 from frt.resolver.errors import BadInput
 from frt.resolver.gate import check_repo_id, ref_problem
+from frt.resolver.repo_ids import did_you_mean
 
 from .blobs import Digest
 from .gc import plan
@@ -68,10 +69,11 @@ def unstage(
     """Drop every staged row of `repo` that `rev` and `target` (None: any) match; BadInput if none."""
     with store_collector(home, on_wait):  # no stager is linking the views this removes
         ledger = home.ledger
-        rows = [r for r in staged_rows(ledger) if r.repo == repo]
+        every = staged_rows(ledger)
+        rows = [r for r in every if r.repo == repo]
         chosen = [r for r in rows if (target is None or r.target == target) and (rev is None or _matches(r, rev))]
         if not chosen:
-            raise BadInput(_nothing_matches(repo, rev, target, rows))
+            raise BadInput(_nothing_matches(repo, rev, target, rows) + did_you_mean(repo, {r.repo for r in every}))
         delete_staged(ledger, chosen)
         report = UnstageReport(chosen)
         for view, files in drop_views(home, chosen):

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from frt.resolver.errors import BadInput
-from frt.resolver.repo_ids import pin_variable, pinned_revision
+from frt.resolver.repo_ids import did_you_mean, pin_variable, pinned_revision
 from frt.resolver.targets import Target
 
 from ..store.home import Home
@@ -62,7 +62,8 @@ def choose_staged(
         by_repo.setdefault(r.repo, []).append(r)
     unknown = sorted(set(versions) - set(by_repo))
     if unknown:
-        raise BadInput(f"--version {unknown[0]}=…: that repo is not staged for this target")
+        near = did_you_mean(unknown[0], by_repo)
+        raise BadInput(f"--version {unknown[0]}=…: that repo is not staged for this target{near}")
     chosen: dict[str, StagedRow] = {}
     warnings, refused = [], []
     for repo, candidates in by_repo.items():

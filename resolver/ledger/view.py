@@ -106,6 +106,10 @@ class LedgerView:
     def known(self, repo_id: str) -> bool:
         return self.repo_pk(repo_id) is not None
 
+    def repos(self) -> list[str]:
+        """Every repo id the ledger records: what a mistyped one is compared with (repo_ids.closest)."""
+        return list(self._conn.scalars(select(Repo.repo_id)))
+
     def refs(self, repo_id: str) -> list[tuple[str, str, str]]:
         """Live refs as (kind, name, commit sha), branches then tags, by name."""
         return self._repo_row(repo_id)[1]
