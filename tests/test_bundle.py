@@ -17,6 +17,7 @@ import pytest
 
 from tests.support.bundles import edit_manifest, import_offline, rewrite, snapshot
 from tests.support.cli import ARM_CU, X86, run_cli
+from tests.support.homes import empty_home
 from tests.support.kernel_fixtures import ACTIVATION, LAYERNORM, RELU, X86_CPU
 from tests.support.offline import NO_NET, load_offline
 
@@ -34,7 +35,8 @@ def test_bundle_imports_offline_and_everything_works_there(home_a, tmp_path):
     assert json.loads(p.stdout)["new_blobs"] == doc["blobs"]
     assert run_cli("verify", home=b, wrap=NO_NET).returncode == 0
 
-    p = run_cli("env", "--target", X86, "--format", "json", home=b, wrap=NO_NET)
+    # activation v1 and v2 are staged (layernorm needs v2): LOCAL_KERNELS holds the one chosen
+    p = run_cli("env", "--target", X86, "--version", f"{ACTIVATION}=2", "--format", "json", home=b, wrap=NO_NET)
     assert p.returncode == 0, p.stderr
     env = json.loads(p.stdout)["env"]
     assert str(b) in env["LOCAL_KERNELS"]
@@ -79,7 +81,7 @@ def test_target_subset_carries_only_that_target(home_a, tmp_path):
     p = import_offline(b, home_a.x86)
     assert p.returncode == 0, p.stderr
     assert run_cli("verify", home=b).returncode == 0
-    assert run_cli("env", "--target", X86, home=b).returncode == 0
+    assert run_cli("env", "--target", X86, "--version", f"{ACTIVATION}=2", home=b).returncode == 0
     p = run_cli("env", "--target", ARM_CU, home=b)
     assert p.returncode == 2 and "nothing is staged" in p.stderr
     # The rest arrives later, on top: B then holds the full set.
@@ -275,7 +277,7 @@ def test_truncated_bundle_is_a_clean_refusal(home_a, tmp_path, keep):
 
 
 def test_bundle_of_nothing_is_bad_input(home, tmp_path):
-    p = run_cli("bundle", str(tmp_path / "x.tar"), home=home)
+    p = run_cli("bundle", str(tmp_path / "x.tar"), home=empty_home(home))
     assert p.returncode == 2 and "nothing is staged" in p.stderr
     assert not (tmp_path / "x.tar").exists()
 

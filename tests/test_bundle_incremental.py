@@ -25,6 +25,7 @@ from frt.resolver.ledger.io import repo_record
 from tests.support.bundles import edit_manifest, import_offline, rewrite, snapshot_data
 from tests.support.cli import ARM_CU, X86, run_cli, write_manifest
 from tests.support.fakehub import FakeHub, FakeRepo
+from tests.support.homes import empty_home
 from tests.support.kernel_fixtures import (
     ACTIVATION,
     ARM_CPU,
@@ -173,7 +174,7 @@ def test_imported_in_order_equals_a_full_import(box, tmp_path, chain):
 
 def test_incremental_alone_is_refused_and_nothing_is_written(box, tmp_path):
     fresh = tmp_path / "fresh"
-    assert run_cli("verify", home=fresh).returncode == 0  # an empty home, its ledger created
+    empty_home(fresh)
     before = snapshot_data(fresh)
     p = import_offline(fresh, box.tar["b"])
     assert p.returncode == 1, p.stderr

@@ -16,6 +16,7 @@ import pytest
 from tests.support.bundles import import_offline, snapshot_data
 from tests.support.cli import X86, run_cli, write_manifest
 from tests.support.fakehub import FakeHub
+from tests.support.homes import empty_home
 from tests.support.kernel_fixtures import ORG, RELU, demo_repos
 from tests.support.offline import NO_NET
 
@@ -52,9 +53,7 @@ def signed(tmp_path_factory) -> SimpleNamespace:
 @pytest.fixture
 def cluster(tmp_path) -> Path:
     """A cluster home that exists (its ledger created) and holds nothing yet."""
-    home = tmp_path / "cluster"
-    assert run_cli("verify", home=home).returncode == 0
-    return home
+    return empty_home(tmp_path / "cluster")
 
 
 def test_key_new_writes_a_private_and_a_public_key_and_never_overwrites(signed, tmp_path):

@@ -159,3 +159,51 @@ def test_one_mistake_is_one_exit_code_from_every_command(name, scanned):
         assert f"unknown target '{BAD_TARGET}'" in line, line
     else:
         assert "bad.toml:1: syntax" in line, line
+
+
+def test_bundle_and_matrix_html_do_not_replace_a_file_unless_forced(scanned, tmp_path):
+    """Before: `bundle kernels.tar` silently replaced a kernels.tar that a later incremental bundle named
+    as its --since base, and that chain could no longer be imported."""
+    import hashlib
+
+    home, hub, _ = scanned
+    base, later = tmp_path / "kernels.tar", tmp_path / "later.tar"
+    assert run_cli("bundle", str(base), "-q", home=home).returncode == 0
+    assert run_cli("bundle", str(later), "--since", str(base), "-q", home=home).returncode == 0
+    before = hashlib.sha256(base.read_bytes()).hexdigest()
+    p = run_cli("bundle", str(base), "-q", home=home)
+    assert p.returncode == 2, p.stderr
+    assert one_line(p).endswith(
+        f"{base} exists: bundle does not replace it (it may be a later bundle's --since base); --force does"
+    )
+    assert hashlib.sha256(base.read_bytes()).hexdigest() == before
+    assert not [x.name for x in tmp_path.iterdir() if x.name.startswith(".")], "no temp file left"
+    cluster = tmp_path / "cluster"
+    for tar in (base, later):  # the chain still imports
+        assert run_cli("import", str(tar), home=cluster).returncode == 0
+    assert run_cli("bundle", str(base), "-q", "--force", home=home).returncode == 0
+
+    page = tmp_path / "m.html"
+    page.write_text("the operator's own notes")
+    p = run_cli("matrix", ACTIVATION, "--html", str(page), home=home)
+    assert p.returncode == 2 and one_line(p).endswith("m.html exists: matrix --html does not replace it; --force does")
+    assert page.read_text() == "the operator's own notes"
+    assert run_cli("matrix", ACTIVATION, "--html", str(page), "--force", home=home).returncode == 0
+    assert "<html" in page.read_text()
+
+
+def test_a_repo_asked_for_under_the_wrong_type_is_the_hubs_answer_and_says_where_it_is(scanned):
+    """Before: HEAD /kernels-test/activation/resolve/… (a kernel asked for as a model, without the
+    /kernels/ prefix) said only `… is not staged on this mirror`, though it is, as a kernel."""
+    from tests.support.serve_helpers import raw_http, raw_request, serving
+
+    home, _, _ = scanned
+    with serving(home) as m:
+        for method in ("HEAD", "GET"):
+            status, headers, _ = raw_http(m.port, raw_request(method, f"/{ACTIVATION}/resolve/v1/metadata.json"))
+            assert (status, headers.get("x-error-code")) == (404, "RepoNotFound"), (method, status, headers)
+            assert headers["x-error-message"].endswith(
+                f"{ACTIVATION} is not staged on this mirror as a model; it is staged as a kernel (kernels/{ACTIVATION})"
+            ), headers
+        status, headers, _ = raw_http(m.port, raw_request("HEAD", "/acme/none/resolve/main/x.json"))
+        assert headers["x-error-message"].endswith("acme/none is not staged on this mirror"), headers

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.cli import cli_env
+from tests.support.homes import empty_home
 from tests.support.kernel_fixtures import ACTIVATION
 from tests.support.serve_helpers import LINE, free_port, raw_http, raw_request, serving
 from tests.support.serve_home import SO
@@ -96,7 +97,7 @@ def test_access_log_that_cannot_be_opened(serve_staged, tmp_path):
 
 
 def test_empty_home_warns_once(serve_staged, tmp_path):
-    with serving(tmp_path / "empty") as m:
+    with serving(empty_home(tmp_path / "empty")) as m:  # a home, nothing staged in it yet
         status, headers, _ = raw_http(m.port, raw_request("GET", f"/api/kernels/{ACTIVATION}/refs"))
         first, second = m.stderr().splitlines()[:2]
     assert (status, headers.get("x-error-code")) == (404, "RepoNotFound")
@@ -131,7 +132,7 @@ def test_busy_port_is_one_line_and_exit_2(serve_staged, tmp_path):
         other.bind(("127.0.0.1", 0))
         other.listen()
         port = other.getsockname()[1]
-        p = run_serve(tmp_path / "empty", port)  # the busy port wins over the empty home's warning
+        p = run_serve(empty_home(tmp_path / "empty"), port)  # the busy port wins over the empty home's warning
     assert p.returncode == 2 and len(p.stderr.splitlines()) == 1 and "is in use" in p.stderr
     p = run_serve(serve_staged.home, free_port(), "--host", "no-such-host.invalid")
     assert p.returncode == 2 and len(p.stderr.splitlines()) == 1 and "cannot listen on no-such-host" in p.stderr

@@ -122,6 +122,9 @@ def _usage_error(ctx: click.Context, e: click.ClickException) -> NoReturn:
     ctx.exit(e.exit_code)
 
 
+force_option = click.option("--force", is_flag=True, help="Replace the file if it exists (default: refuse).")
+
+
 class Finite(click.FloatRange):
     """A float option within [low, high] and finite: click's FloatRange lets nan through (every
     comparison with nan is false), and nan seconds reach a socket timeout or a sleep as a traceback."""

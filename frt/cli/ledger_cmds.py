@@ -14,7 +14,7 @@ from frt.resolver.errors import BadInput, exit_code
 from frt.resolver.gate import check_repo_id
 from frt.resolver.resolution import KernelUnavailable
 
-from .app import App, cli, emit_json, endpoint_option, json_option, parse_targets
+from .app import App, cli, emit_json, endpoint_option, force_option, json_option, parse_targets
 from .demand_cmds import report_demand, since_option
 from .render import table
 from .say import say
@@ -144,9 +144,10 @@ def resolve_cmd(
     help="Write the matrix as one self-contained HTML page (the page serve shows at /-/repos/REPO): "
     "cells coloured served / not staged / refused, each refusal's text in full.",
 )
+@force_option
 @json_option
 @click.pass_obj
-def matrix_cmd(app: App, repo: str, targets: tuple[Target, ...], html: str | None, as_json: bool) -> None:
+def matrix_cmd(app: App, repo: str, targets: tuple[Target, ...], html: str | None, force: bool, as_json: bool) -> None:
     """Availability from the ledger: revision × variant, and which targets each revision serves."""
     check_repo_id(repo)
     from frt.mirror.store.records import MODEL_TARGET, repo_types
@@ -155,7 +156,7 @@ def matrix_cmd(app: App, repo: str, targets: tuple[Target, ...], html: str | Non
 
     models = [r for r in app.existing_home.staged(MODEL_TARGET) if r.repo == repo]
     if html is not None:
-        _write_html(app, repo, list(targets) or None, html, known=bool(models))
+        _write_html(app, repo, list(targets) or None, html, known=bool(models), replace=force)
         if not as_json:
             return
     if models:  # a model has files, not variants: nothing to tabulate by target
@@ -194,7 +195,7 @@ def _not_in_ledger(app: App, repo: str) -> BadInput:
     return BadInput(f"{repo} is not in the ledger: run 'frt-mirror scan {repo}' first, if that is its name")
 
 
-def _write_html(app: App, repo: str, targets: list[Target] | None, path: str, known: bool) -> None:
+def _write_html(app: App, repo: str, targets: list[Target] | None, path: str, known: bool, replace: bool) -> None:
     from pathlib import Path
 
     from frt.mirror.serve.page import operator_view, render
@@ -204,9 +205,14 @@ def _write_html(app: App, repo: str, targets: list[Target] | None, path: str, kn
         with app.ledger.view() as view:
             if not view.known(repo):
                 raise _not_in_ledger(app, repo)
+    exists = BadInput(f"{path} exists: matrix --html does not replace it; --force does")
+    if not replace and (Path(path).exists() or Path(path).is_symlink()):
+        raise exists
     page = render(operator_view(app.home, repo, targets), title=f"{repo} · frt-mirror matrix", standalone=True)
     try:
-        atomic_write(Path(path), page)
+        atomic_write(Path(path), page, exclusive=not replace)
+    except FileExistsError:  # another writer's landed meanwhile: theirs stays
+        raise exists from None
     except OSError as e:
         raise BadInput(f"cannot write {path}: {e.strerror or e}") from None
     click.echo(f"wrote the matrix of {repo} to {path} ({human_bytes(len(page.encode()))})", err=True)

@@ -13,7 +13,7 @@ from frt.mirror.home_path import check_writable
 from frt.mirror.stage.progress import human_bytes
 from frt.resolver.errors import FrtError
 
-from .app import App, cli, emit_json, endpoint_option, json_option, parse_targets
+from .app import App, cli, emit_json, endpoint_option, force_option, json_option, parse_targets
 from .render import render_bundle, table
 from .say import say
 
@@ -255,11 +255,19 @@ quiet_option = click.option(
     metavar="KEY",
     help="Sign the manifest with this private key ('frt-mirror key new KEY').",
 )
+@force_option
 @quiet_option
 @json_option
 @click.pass_obj
 def bundle_cmd(
-    app: App, out: Path, targets: tuple[Target, ...], since: Path | None, sign: Path | None, quiet: bool, as_json: bool
+    app: App,
+    out: Path,
+    targets: tuple[Target, ...],
+    since: Path | None,
+    sign: Path | None,
+    force: bool,
+    quiet: bool,
+    as_json: bool,
 ) -> None:
     """Write OUT.tar: the staged set (blobs and ledger rows) for 'frt-mirror import' across an air gap."""
     from frt.mirror.bundle import bundle
@@ -271,6 +279,7 @@ def bundle_cmd(
         since=since,
         sign=sign,
         progress=not (quiet or as_json),
+        replace=force,
     )
     if as_json:
         emit_json(report.to_json())

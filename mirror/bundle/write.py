@@ -46,10 +46,14 @@ def bundle(
     since: Path | None = None,
     sign: Path | None = None,
     progress: bool = False,
+    replace: bool = False,
 ) -> BundleReport:
     """Write OUT: a full bundle of what is staged (for `targets`, default all), or with `since` an
     incremental one that carries only the blobs and records PREV (and its bases) do not, naming
-    PREV as its base. With `sign`, a private key's signature over the manifest travels with it."""
+    PREV as its base. With `sign`, a private key's signature over the manifest travels with it.
+    An existing OUT is replaced only with `replace`: it may be the --since base of a later bundle."""
+    if not replace and (out.exists() or out.is_symlink()):
+        raise _exists(out)
     key = load_private(sign) if sign else None  # a bad key is refused before any work
     base = _read_base(since) if since else None
     rows = _rows(home, targets)
@@ -75,7 +79,9 @@ def bundle(
     signature = sign_manifest(manifest, key) if key else None
     meter = Progress(sum(d.size for d in blobs), len(blobs), label="bundle") if progress else None
     try:
-        _write_tar(out, manifest, signature, blobs, home.store, meter)
+        _write_tar(out, manifest, signature, blobs, home.store, meter, exclusive=not replace)
+    except FileExistsError:  # another writer's OUT landed while this one was written: theirs stays
+        raise _exists(out) from None
     finally:
         if meter:
             meter.close()
@@ -174,8 +180,19 @@ def _full_doc(home: Home, rows: list[StagedRow]) -> tuple[dict[str, Any], list[D
     return doc, listed
 
 
+def _exists(out: Path) -> BadInput:
+    return BadInput(f"{out} exists: bundle does not replace it (it may be a later bundle's --since base); --force does")
+
+
 def _write_tar(
-    out: Path, manifest: bytes, signature: bytes | None, blobs: list[Digest], store: BlobStore, meter: Progress | None
+    out: Path,
+    manifest: bytes,
+    signature: bytes | None,
+    blobs: list[Digest],
+    store: BlobStore,
+    meter: Progress | None,
+    *,
+    exclusive: bool,
 ) -> None:
     mtime = int(time.time())
 
@@ -186,7 +203,7 @@ def _write_tar(
 
     # Plain tar, no compression: kernels are mostly compiled .so files that barely compress,
     # and an uncompressed tar streams at disk speed on both sides of the gap.
-    with atomic_file(out) as f, tarfile.open(fileobj=f, mode="w", format=tarfile.PAX_FORMAT) as tf:
+    with atomic_file(out, exclusive=exclusive) as f, tarfile.open(fileobj=f, mode="w", format=tarfile.PAX_FORMAT) as tf:
         tf.addfile(info(MANIFEST, len(manifest)), io.BytesIO(manifest))  # first: read before any blob
         if signature is not None:  # second: checked before any blob is read
             tf.addfile(info(SIGNATURE, len(signature)), io.BytesIO(signature))

@@ -131,10 +131,8 @@ class MirrorApp:
         except HubError as e:
             response = e.response(head=request.method == "HEAD")
         if (stale := scope.get("frt.stale")) is not None:
-            response.raw_headers = [
-                *response.raw_headers,
-                (STALE_HEADER.lower().encode(), stale.encode("ascii", "replace")),
-            ]
+            said = (STALE_HEADER.lower().encode(), stale.encode("ascii", "replace"))
+            response.raw_headers = [*response.raw_headers, said]
         await response(scope, receive, send)
 
     def _note_token(self, auth: str | None) -> None:
@@ -255,7 +253,8 @@ class MirrorApp:
             raise HubError(502, None, f"{repo_id} is not on this mirror, and its upstream cannot be asked ({stale})")
         if repo is None:
             self.demand.missed_repo(request.scope, repo_id)
-            raise HubError(404, "RepoNotFound", f"Repository not found: {repo_id} is not staged on this mirror")
+            where = self.catalog().staged_as(repo_type, repo_id)  # the Hub's answer, and where it is staged
+            raise HubError(404, "RepoNotFound", f"Repository not found: {repo_id} is not staged on this mirror{where}")
         return repo
 
     def commit(self, repo: ServedRepo, rev: str) -> ServedCommit:

@@ -137,6 +137,15 @@ class Catalog:
     def repo(self, repo_type: str, repo_id: str) -> ServedRepo | None:
         return self.repos.get((repo_type, repo_id))
 
+    def staged_as(self, repo_type: str, repo_id: str) -> str:
+        """For a repo asked for under a type it is not staged as: where it is (the URL's prefix), said
+        after "not staged on this mirror"; "" when it is staged under no other type either."""
+        other = sorted(t for t, r in self.repos if r == repo_id and t != repo_type)
+        if not other:
+            return ""
+        where = " and ".join(f"a {t} ({'' if t == 'model' else t + 's/'}{repo_id})" for t in other)
+        return f" as a {repo_type}; it is staged as {where}"
+
 
 def load_catalog(home: Home, trust_override: frozenset[str] = frozenset()) -> Catalog:
     ledger, store = home.ledger, home.store
