@@ -5,7 +5,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-main test-engines lint bench docs clean constraints
+.PHONY: demo try test test-main test-engines lint bench docs clean constraints
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -38,6 +38,10 @@ $(VENV1)/.base: pyproject.toml constraints.txt
 
 demo: $(VENV)/.base
 	$(BIN)/python -m tests.demo
+
+# The demo upstream, kept running (Ctrl-C stops it): the README's quickstarts on a box with no internet.
+try: $(VENV)/.base
+	$(BIN)/python -m tests.demo try
 
 # The engine venvs (vLLM, SGLang; cached under $${FRT_ENV_CACHE:-~/.cache/frt-mirror/envs}) are built in
 # the background while the main suite runs: most of their build is unpacking wheels, not CPU. The

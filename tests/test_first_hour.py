@@ -207,3 +207,40 @@ def test_a_repo_asked_for_under_the_wrong_type_is_the_hubs_answer_and_says_where
             ), headers
         status, headers, _ = raw_http(m.port, raw_request("HEAD", "/acme/none/resolve/main/x.json"))
         assert headers["x-error-message"].endswith("acme/none is not staged on this mirror"), headers
+
+
+def test_make_try_keeps_the_demo_upstream_up_for_the_readme_and_ctrl_c_stops_it(tmp_path):
+    """Before: after `make demo` the demo upstream was gone and the example manifest named
+    kernels-community/*, so the quickstart could not be followed past `make demo` on a box with no Hub."""
+    import signal
+    import sys
+    import time
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    readme = (root / "README.md").read_text()
+    assert "make try" in readme and ".venv/bin" in readme, "the README says what make try is and where frt-mirror is"
+    proc = subprocess.Popen(  # as make runs it, but in a folder of its own (it writes its manifest there)
+        [sys.executable, "-m", "tests.demo", "try"],
+        cwd=tmp_path,
+        env={**cli_env(), "PYTHONPATH": str(root)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        first = proc.stdout.readline()
+        url = first.split()[2]
+        assert first.startswith("demo upstream: http://127.0.0.1:"), first
+        manifest = Path(proc.stdout.readline().split(": ", 1)[1].strip())
+        assert manifest == tmp_path / "demo-manifest.toml"
+        home = tmp_path / "home"
+        p = run_cli("stage", str(manifest), home=home, env=cli_env(HF_ENDPOINT=url))
+        assert p.returncode == 0, p.stderr
+        assert run_cli("verify", home=home).returncode == 0
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=10) == 0 and time.monotonic() - t0 < 5
+        assert proc.stdout.read().rstrip().endswith("demo upstream stopped")
+    finally:
+        proc.kill()
