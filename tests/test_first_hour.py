@@ -244,3 +244,43 @@ def test_make_try_keeps_the_demo_upstream_up_for_the_readme_and_ctrl_c_stops_it(
         assert proc.stdout.read().rstrip().endswith("demo upstream stopped")
     finally:
         proc.kill()
+
+
+def test_a_refusal_for_several_targets_is_one_line_and_matrix_says_what_its_marks_mean(scanned):
+    """Before: a refusal that held for three targets was printed three times; matrix never said what
+    `.` and `-` mean."""
+    home, hub, tmp = scanned
+    targets = [X86, "torch2.11-cu130-x86_64-linux", "torch2.11-cu130-aarch64-linux"]
+    m = tmp / "three.toml"
+    m.write_text(
+        "".join(f'[[targets]]\ntarget = "{t}"\n' for t in targets) + f'[kernels]\n"{TYPO}" = {{ version = 1 }}\n'
+    )
+    p = run_cli("--endpoint", hub.url, "stage", str(m), home=home)
+    assert p.returncode == 2
+    said = [ln for ln in p.stderr.splitlines() if TYPO in ln]
+    assert len(said) == 1 and said[0].endswith(f"(for 3 targets: {', '.join(sorted(targets))})"), p.stderr
+    assert TYPO in p.stdout  # the result (the rows) on stdout, the diagnostics on stderr
+
+    p = run_cli("matrix", ACTIVATION, home=home)
+    assert p.returncode == 0
+    assert ". = not built" in p.stdout and "- = not served" in p.stdout, p.stdout
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_serve_on_sigterm_says_it_stopped_and_exits_within_a_second(scanned, workers):
+    """Before: about 2 s to exit, and nothing said (one process: killed by the re-raised signal, -15)."""
+    import signal
+    import time
+
+    from tests.support.serve_helpers import raw_http, raw_request, serving
+
+    home, _, _ = scanned
+    with serving(home, "--workers", workers) as m:
+        assert raw_http(m.port, raw_request("GET", f"/api/kernels/{ACTIVATION}/refs"))[0] == 200
+        t0 = time.monotonic()
+        m.proc.send_signal(signal.SIGTERM)
+        assert m.proc.wait(timeout=10) == 0
+        took = time.monotonic() - t0
+        last = m.stderr().splitlines()[-1]
+    assert took < 1.0, took
+    assert last.startswith("frt-mirror: serve stopped on SIGTERM: ") and "in flight" in last, last

@@ -235,7 +235,10 @@ def _render_matrix(m: Matrix) -> str:
         rows.append([r.commit[:10], r.date.date() if r.date else "", title, ",".join(r.refs), *cells, *serves])
     legend = [f"  {i + 1:>2}  {v}{_declared_archs(m, v)}" for i, v in enumerate(m.variants)]
     legend += [f"  T{i + 1}  {t}" for i, t in enumerate(m.targets)]
-    key = "variants (x = built at that revision, n = built, with no publisher digest), targets (ok = served"
+    key = (
+        "variants (x = built at that revision, n = built, with no publisher digest, . = not built), "
+        "targets (ok = served, - = not served: resolve --target says why"
+    )
     if any(r.by_name for r in m.rows):
         key += (
             ", fb = served by a build that loads on every arch of the target, not by the one kernels picks "

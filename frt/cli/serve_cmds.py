@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
@@ -16,6 +17,7 @@ from frt.resolver.settings import MAX_SETTING
 
 from .app import App, Finite, cli, emit_json, json_option
 from .render import table
+from .say import say
 
 if TYPE_CHECKING:
     import tempfile
@@ -269,8 +271,7 @@ def serve_cmd(
     how += f", file bodies by nginx through {accel}" if accel else ""
     click.echo(f"frt-mirror: serving {app.home} on {url}{how} (HF_ENDPOINT={url})", err=True)
     if workers == 1:
-        serve(mirror, sockets, http_limits)
-        return
+        _stopped(serve(mirror, sockets, http_limits).line(), 0)
     os.environ.update(http_limits.environ())  # what each forked worker's serve() reads (limits.py)
     assert mirror.log is not None  # AppSpec.build gives every app its access log
     mirror.log.sink.close()  # each worker builds its own app: its own sink, its own ledger connection
@@ -278,11 +279,20 @@ def serve_cmd(
     try:
         watcher = mirror.catalog
         assert isinstance(watcher, CatalogWatcher)  # make_app's (run.py)
-        code = serve_workers(spec, sockets, workers, watcher.current)
+        code, by = serve_workers(spec, sockets, workers, watcher.current)
     finally:
         metrics_dir.cleanup()
-    if code:
-        click.get_current_context().exit(code)
+    on = f" on {by}" if by else ""
+    _stopped(f"stopped{on}: each of the {workers} workers finished its requests in flight, accepted none after", code)
+
+
+def _stopped(line: str, code: int) -> NoReturn:
+    """serve's last line, then the end at once: everything was closed, and tearing the interpreter down
+    took a second or more of a stop (a supervisor's restart, a rolling deploy) for nothing."""
+    say(f"serve {line}")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _warn_unheld(app: App, mirror: MirrorApp) -> None:

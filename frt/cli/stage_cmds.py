@@ -18,7 +18,7 @@ from .render import render_bundle, table
 from .say import say
 
 if TYPE_CHECKING:
-    from frt.mirror.stage.kernels import StageReport
+    from frt.mirror.stage.kernels import StageReport, StageRow
     from frt.resolver.targets import Target
 
 
@@ -126,15 +126,25 @@ def stage_cmd(
                 f"note: {len(bare)} staged variant(s) carry no publisher digest in metadata.json (checked "
                 f"against the upstream's hashes only): {', '.join(bare)}"
             )
-        for r in report.rows:
-            if r.status != "staged":
-                say(f"{r.status}: {r.detail}")
+        for (status, detail), held in _grouped(report.rows).items():
+            said = f" (for {len(held)} targets: {', '.join(held)})" if len(held) > 1 else ""
+            say(f"{status}: {detail}{said}")
     for org in untrusted:
         say(
             f"note: the upstream does not call {org} a trusted kernel publisher: kernels on the cluster will "
             f"refuse its kernels unless trust_remote_code=True (or serve --trust {org})"
         )
     sys.exit(report.exit_code)
+
+
+def _grouped(rows: list[StageRow]) -> dict[tuple[str, str], list[str]]:
+    """The rows not staged, one entry per (status, detail) with the targets it holds for: a refusal that
+    holds for six targets is one line, not six."""
+    out: dict[tuple[str, str], list[str]] = {}
+    for r in rows:
+        if r.status != "staged":
+            out.setdefault((r.status, r.detail), []).append(r.target)
+    return out
 
 
 def _untrusted_orgs(app: App, report: StageReport) -> list[str]:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import functools
 import logging
+import signal
 import socket
+from dataclasses import dataclass
 
 from ..store.home import Home
 from .accesslog import AccessLog
@@ -50,10 +52,33 @@ def make_app(
     return app
 
 
-def serve(app: MirrorApp, sockets: list[socket.socket], limits: HttpLimits | None = None) -> None:
-    """Run uvicorn on sockets already bound (see listen.py); then write out the access log's last lines.
-    `limits`: the HTTP limits (limits.py); by default those FRT_SERVE_* name (how --workers hands them on)."""
+@dataclass(frozen=True)
+class Stopped:
+    """How a serve ended: on `signal` (SIGTERM, SIGINT; None: uvicorn stopped on its own), with `in_flight`
+    requests being answered when it came, each of them finished before the end."""
+
+    signal: str | None
+    in_flight: int
+
+    def line(self) -> str:
+        on = f" on {self.signal}" if self.signal else ""
+        return f"stopped{on}: finished the {self.in_flight} request(s) in flight, accepted none after"
+
+
+def serve(app: MirrorApp, sockets: list[socket.socket], limits: HttpLimits | None = None) -> Stopped:
+    """Run uvicorn on sockets already bound (see listen.py) until SIGTERM or SIGINT; then write out the
+    access log's last lines. `limits`: the HTTP limits (limits.py); by default those FRT_SERVE_* name (how
+    --workers hands them on)."""
     import uvicorn
+
+    class Server(uvicorn.Server):
+        stopped_by: str | None = None
+        in_flight = 0
+
+        def handle_exit(self, sig: int, frame: object) -> None:  # uvicorn's handler for both signals
+            if self.stopped_by is None:
+                self.stopped_by, self.in_flight = signal.Signals(sig).name, len(self.server_state.tasks)
+            super().handle_exit(sig, frame)  # type: ignore[arg-type]
 
     from .cut import CutSaid
 
@@ -70,8 +95,15 @@ def serve(app: MirrorApp, sockets: list[socket.socket], limits: HttpLimits | Non
     )
     logging.getLogger("uvicorn.error").addFilter(CutSaid())  # after Config, which configures uvicorn's loggers
     raise_open_files(limits)  # after Config too: a warning it says goes through uvicorn's handler
+    # uvicorn sends the signal it stopped on to the handler it found; this one lets the caller say so,
+    # where the default would end the process at once, silently.
+    said = {s: signal.signal(s, lambda *_: None) for s in (signal.SIGTERM, signal.SIGINT)}
+    server = Server(config)
     try:
-        uvicorn.Server(config).run(sockets=sockets)
+        server.run(sockets=sockets)
     finally:
+        for s, handler in said.items():
+            signal.signal(s, handler)
         if app.log:
             app.log.sink.close()
+    return Stopped(server.stopped_by, server.in_flight)

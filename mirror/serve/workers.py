@@ -89,10 +89,13 @@ def watch_head_map(app: MirrorApp, run_dir: Path) -> None:
     watcher.listeners.append(lambda catalog: heads.update(catalog, app.integrity.bad))
 
 
-def serve_workers(spec: AppSpec, sockets: list[socket.socket], workers: int, catalog: Catalog | None = None) -> int:
+def serve_workers(
+    spec: AppSpec, sockets: list[socket.socket], workers: int, catalog: Catalog | None = None
+) -> tuple[int, str | None]:
     """Run `workers` workers until SIGINT or SIGTERM; the exit code: 0, or EXIT_UNAVAILABLE when a
-    worker could not build its app (the home went away: restarting it would not help). `catalog`: what
-    a worker starts from when the ledger does not answer (a worker restarted during an outage)."""
+    worker could not build its app (the home went away: restarting it would not help), and the signal
+    that stopped them (None: none did). `catalog`: what a worker starts from when the ledger does not
+    answer (a worker restarted during an outage)."""
     pids: set[int] = set()
     stopping: list[int | None] = []  # None: stopped for a worker's EXIT_UNAVAILABLE, not a signal
     code = 0
@@ -131,7 +134,8 @@ def serve_workers(spec: AppSpec, sockets: list[socket.socket], workers: int, cat
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-    return code
+    by = next((signal.Signals(s).name for s in stopping if s is not None), None)
+    return code, by
 
 
 def _fork(spec: AppSpec, sockets: list[socket.socket], catalog: Catalog | None) -> int:
