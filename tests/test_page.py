@@ -192,7 +192,8 @@ def test_matrix_html_file(staged, tmp_path):
     home, rows, matrix = staged
     out = tmp_path / "activation.html"
     p = run_cli("matrix", ACTIVATION, "--html", str(out), home=home)
-    assert p.returncode == 0 and p.stdout == "" and f"to {out}" in p.stderr, p.stderr
+    # its result on stdout, as every command's (issue 46: this one said it on stderr)
+    assert p.returncode == 0 and p.stderr == "" and f"to {out}" in p.stdout, p.stderr
     html = out.read_text()
     assert not re.search(r"<(link|img|script|iframe|object)\b", html, re.I)
     assert 'href="/' not in html  # a file: no links to a server's pages

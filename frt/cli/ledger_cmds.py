@@ -156,7 +156,7 @@ def matrix_cmd(app: App, repo: str, targets: tuple[Target, ...], html: str | Non
 
     models = [r for r in app.existing_home.staged(MODEL_TARGET) if r.repo == repo]
     if html is not None:
-        _write_html(app, repo, list(targets) or None, html, known=bool(models), replace=force)
+        _write_html(app, repo, list(targets) or None, html, known=bool(models), replace=force, as_json=as_json)
         if not as_json:
             return
     if models:  # a model has files, not variants: nothing to tabulate by target
@@ -195,7 +195,9 @@ def _not_in_ledger(app: App, repo: str) -> BadInput:
     return BadInput(f"{repo} is not in the ledger: run 'frt-mirror scan {repo}' first, if that is its name")
 
 
-def _write_html(app: App, repo: str, targets: list[Target] | None, path: str, known: bool, replace: bool) -> None:
+def _write_html(
+    app: App, repo: str, targets: list[Target] | None, path: str, known: bool, replace: bool, as_json: bool
+) -> None:
     from pathlib import Path
 
     from frt.mirror.serve.page import operator_view, render
@@ -215,7 +217,8 @@ def _write_html(app: App, repo: str, targets: list[Target] | None, path: str, kn
         raise exists from None
     except OSError as e:
         raise BadInput(f"cannot write {path}: {e.strerror or e}") from None
-    click.echo(f"wrote the matrix of {repo} to {path} ({human_bytes(len(page.encode()))})", err=True)
+    # The result, on stdout, unless stdout is --json's: then this is a note beside it, on stderr.
+    click.echo(f"wrote the matrix of {repo} to {path} ({human_bytes(len(page.encode()))})", err=as_json)
 
 
 def _render_matrix(m: Matrix) -> str:
