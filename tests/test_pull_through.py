@@ -136,7 +136,7 @@ def test_get_kernel_v1_and_v2_on_first_use_then_an_ordinary_staged_set(upstream,
         assert status == 200 and files >= 6 and pulled_bytes > 96 * 1024, sorted(k for k in samples if "pull" in k[0])
     # What was pulled is staged: verify, env, export-cache (loaded offline), bundle + import elsewhere.
     assert run_cli("verify", home=home).returncode == 0
-    p = run_cli("env", "--target", X86, home=home)
+    p = run_cli("env", "--target", X86, "--version", f"{ACTIVATION}=2", home=home)  # v1 and v2 were pulled
     assert p.returncode == 0 and "activation" in p.stdout, p.stderr
     cache = tmp_path / "cache"
     p = run_cli("export-cache", str(cache), "--target", X86, home=home)

@@ -72,7 +72,8 @@ def test_what_one_replica_pulls_every_replica_serves_from_the_bucket(upstream, t
     env = cli_env(**site)
     p = run_cli("verify", home=tmp_path / "c", env=env)
     assert p.returncode == 0, p.stderr
-    p = run_cli("env", "--target", X86, "--into", str(tmp_path / "kernels"), home=tmp_path / "c", env=env)
+    into = ["--into", str(tmp_path / "kernels")]  # v1 and v2 were pulled: LOCAL_KERNELS takes the one chosen
+    p = run_cli("env", "--target", X86, "--version", f"{ACTIVATION}=2", *into, home=tmp_path / "c", env=env)
     assert p.returncode == 0 and ACTIVATION.split("/")[1] in p.stdout, p.stderr
 
 

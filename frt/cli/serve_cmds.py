@@ -225,9 +225,9 @@ def serve_cmd(
 
         why = "--head-map needs the blobs as files"
         raise BadInput(f"--store {app.home.store_url}: {why}")
-    if upstream is None:  # serve alone only reads the home: a mistyped --home is refused, not created
-        check_existing_home(app.root.absolute(), app.home.ledger_url)
     pull = _upstream(app, upstream, allow, refs_ttl, upstream_timeout, upstream_hold)
+    if pull is None:  # serve alone only reads the home: a mistyped --home is refused, not created
+        check_existing_home(app.root.absolute(), app.home.ledger_url)
     sockets = listen(host, port)  # first: a busy port is one line and exit 2, before anything is said
     if workers > 1:  # before any app is built: the workers' metrics are summed from files (metrics.py)
         metrics_dir = multiprocess_metrics()
