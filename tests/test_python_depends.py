@@ -256,12 +256,12 @@ def test_a_hostile_index_page_offers_only_files_it_vouches_for_under_plain_names
 
 def test_a_wheel_url_off_http_is_refused_in_one_line(tmp_path):
     from frt.mirror.stage.wheels import _get_to
-    from frt.mirror.store.blobs import BlobStore
+    from frt.mirror.store.scratch import Scratch
     from frt.resolver import wire
     from frt.resolver.errors import UpstreamMalformed
     from frt.resolver.pacing import Pacer
 
-    part = BlobStore(tmp_path).part_path("x")
+    part = Scratch(tmp_path).part_path("x")
     with pytest.raises(UpstreamMalformed, match="not an http"):
         _get_to("file:///etc/shadow", part, 100, wire.Limits(), Pacer())
     assert not part.exists()

@@ -29,7 +29,8 @@ from frt.resolver.settings import env_number
 from frt.resolver.wheel_index import PYPI_SIMPLE, IndexFile, read_project
 from frt.resolver.wheel_pick import pick, requires
 
-from ..store.blobs import BlobStore, Digest, digest_file
+from ..store.blobs import Digest, digest_file
+from ..store.protocol import BlobStore
 from ..store.records import WheelRecord
 from .transport import local_file
 
@@ -104,8 +105,11 @@ class WheelStager:
         with self._lock:
             if f.filename in self._stored:
                 return self._stored[f.filename]
-        with self.store.lock(f.sha256):
-            path = self.store.path(f.sha256)
+        with self.store.scratch.lock(f.sha256):
+            if (files := self.store.files) is None:
+                why = f"the store is {self.store.where}, which holds objects"
+                raise BadInput(f"this needs blob {f.sha256[:12]} as a file, and {why}")
+            path = files.path(f.sha256)
             digest = digest_file(path) if self.store.has(f.sha256) else None
             if digest is not None and digest.sha256 != f.sha256:  # stored, then changed on disk
                 raise UpstreamMalformed(f"stored wheel {f.filename} ({f.sha256}) is corrupt: run 'frt-mirror verify'")
@@ -119,7 +123,7 @@ class WheelStager:
 
     def _download(self, f: IndexFile) -> Digest:
         cap = f.size if f.size is not None else env_number(MAX_WHEEL_ENV, MAX_WHEEL, int)
-        part = self.store.part_path(f.sha256)
+        part = self.store.scratch.part_path(f.sha256)
         self.hub.ask(
             lambda: _get_to(f.url, part, cap, self.hub.limits, self.hub.pacer),
             host=self.index,
