@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
@@ -89,6 +90,10 @@ class FileBlobStore:
 
     def digest(self, sha256: str) -> Digest:
         return digest_file(self.path(sha256))
+
+    @contextmanager
+    def as_file(self, sha256: str) -> Iterator[Path]:
+        yield self.path(sha256)
 
     def blob_shas(self) -> list[str]:
         return [p.name for p in self._blob_files()]

@@ -12,6 +12,7 @@ of the two is set.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Protocol
 
@@ -75,6 +76,11 @@ class BlobStore(Protocol):
 
     def digest(self, sha256: str) -> Digest:
         """Both hashes of a stored blob, read again (verify, and a blob stored but never recorded)."""
+        ...
+
+    def as_file(self, sha256: str) -> AbstractContextManager[Path]:
+        """A stored blob as a file on this host while the `with` lasts: its own, or a copy fetched into
+        tmp/ and removed after. Not verified on the way: a caller that reads it hashes it."""
         ...
 
     def blob_shas(self) -> list[str]:

@@ -19,7 +19,9 @@ import hashlib
 import io
 import os
 import re
+import uuid
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, cast
@@ -175,6 +177,19 @@ class S3BlobStore:
             raise
         except Exception as e:  # noqa: BLE001
             raise self._unavailable("GET", sha256, e) from None
+
+    @contextmanager
+    def as_file(self, sha256: str) -> Iterator[Path]:
+        """The object fetched into tmp/ (under the name of a part of its sha256: gc removes it only under
+        that blob's lock, once old), and removed after."""
+        part = self.scratch.part_path(f"{sha256}.read-{uuid.uuid4().hex}")
+        try:
+            with open(part, "wb") as out:
+                for chunk in self.stream(sha256):
+                    out.write(chunk)
+            yield part
+        finally:
+            part.unlink(missing_ok=True)
 
     def remove(self, sha256: str, *keys: str) -> None:
         import obstore
