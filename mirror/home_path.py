@@ -23,7 +23,7 @@ class HomeLayout:
         return self.root / "ledger.sqlite"
 
     @property
-    def store(self) -> Path:  # blobs by sha256 (store.BlobStore), `<sha[:2]>/<sha>`
+    def store(self) -> Path:  # blobs by sha256 as files (store/files.py), `<sha[:2]>/<sha>`
         return self.root / "store" / "sha256"
 
     @property

@@ -61,7 +61,8 @@ class KernelSource:
     def __init__(self, home: Path, ledger: Ledger | None, environ: Mapping[str, str]):
         self.home, self.ledger, self.environ = home, ledger, environ
         self.target: Target = host_target()
-        self.views = Home(home, ledger=ledger, readonly=True).views
+        staged = Home(home, ledger=ledger, readonly=True)
+        self.views, self.store_where = staged.views, staged.store.where
         self._done: dict[tuple[str, int | None, str | None], LoadedKernel | SiteRefused] = {}
 
     def get(self, ref: KernelRef) -> LoadedKernel:
@@ -77,7 +78,7 @@ class KernelSource:
         return found
 
     def _load(self, ref: KernelRef) -> LoadedKernel:
-        res = self._staged(ref.repo, version=ref.version, revision=ref.revision)
+        res, path = self._staged(ref.repo, version=ref.version, revision=ref.revision)
         # kernel-depends are loaded from their staged views too, never fetched.
         deps: dict[str, Path] = {}
         todo = list(_depends(ref, res))
@@ -86,12 +87,10 @@ class KernelSource:
             if dep.repo in deps:
                 continue
             try:
-                dep_res = self._staged(dep.repo, version=dep.version, revision=dep.revision)
+                dep_res, deps[dep.repo] = self._staged(dep.repo, version=dep.version, revision=dep.revision)
             except SiteRefused as e:
                 raise SiteRefused(f"{ref.label}: its kernel-depends {e}") from None
-            deps[dep.repo] = self._view(dep_res)
             todo += _depends(ref, dep_res)
-        path = self._view(res)
         try:
             module = _import_staged(ref.repo, path, deps)
             metadata = json.loads((path / "metadata.json").read_text())
@@ -99,7 +98,8 @@ class KernelSource:
             raise SiteRefused(f"{ref.label}: loading {path.name} failed: {type(e).__name__}: {e}") from None
         return LoadedKernel(ref, res, path, module, metadata)
 
-    def _staged(self, repo: str, *, version: int | None, revision: str | None) -> Resolution:
+    def _staged(self, repo: str, *, version: int | None, revision: str | None) -> tuple[Resolution, Path]:
+        """The resolution for this host and its complete view (what the loader imports)."""
         if self.ledger is None:
             raise SiteRefused(f"{repo}: nothing is staged under {self.home} (no ledger): run 'frt-mirror stage'")
         label = f"v{version}" if version is not None else f"revision {revision}"
@@ -118,6 +118,11 @@ class KernelSource:
             raise SiteRefused(f"{repo} {label} is not staged for this host ({self.target}): {e}") from None
         except ValueError as e:  # BadInput: a malformed version/revision in kernel-depends
             raise SiteRefused(f"{repo} {label}: {e}") from None
+        if self.views is None:
+            raise SiteRefused(
+                f"{repo} {res.request.label}: the store of {self.home} is {self.store_where}, which holds "
+                "objects: a seat loads a kernel from a home's views, and such a home has none"
+            )
         pairs = list(blob_for(self.ledger, res.files).items())
         # is_complete sees the pairs only once none of their blobs is None.
         complete = cast(list[tuple[FileEntry, str]], pairs)
@@ -127,10 +132,7 @@ class KernelSource:
                 f"{self.target}, which is not staged under {self.home}: "
                 "run 'frt-mirror stage' for it"
             )
-        return res
-
-    def _view(self, res: Resolution) -> Path:
-        return self.views.variant_dir(res.repo, res.commit, res.variant)
+        return res, self.views.variant_dir(res.repo, res.commit, res.variant)
 
 
 def _depends(ref: KernelRef, res: Resolution) -> tuple[Dependency, ...]:

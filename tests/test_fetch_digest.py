@@ -11,7 +11,7 @@ import pytest
 from frt.mirror.stage import fetch as fetch_module
 from frt.mirror.stage.fetch import IntegrityError, fetch_file
 from frt.mirror.stage.transport import Transport
-from frt.mirror.store.blobs import BlobStore
+from frt.mirror.store.files import FileBlobStore
 from frt.resolver.hub import HubClient
 from tests.support.fakehub import FakeHub, FakeRepo
 from tests.support.kernel_fixtures import ORG, variant_files
@@ -52,7 +52,7 @@ def fetch(hub, tmp_path, monkeypatch):
     client = HubClient(hub.url)
     commit = client.revision_sha(REPO, "v1")
     entry = next(f for f in client.repo_listing(REPO, commit, "kernel") if f.path == PATH)
-    store = BlobStore(tmp_path / "home")
+    store = FileBlobStore(tmp_path / "home")
     return store, lambda: fetch_file(Transport(client), store, REPO, commit, entry)
 
 
@@ -77,7 +77,7 @@ def test_a_stale_part_from_an_earlier_run_is_resumed_then_dropped_and_fetched_cl
     hub, tmp_path, monkeypatch, read_backs
 ):
     store, run = fetch(hub, tmp_path, monkeypatch)
-    part = store.part_path(hashlib.sha256(DATA).hexdigest())
+    part = store.scratch.part_path(hashlib.sha256(DATA).hexdigest())
     part.write_bytes(b"\0" * (1 << 20))  # a prefix that is not the file's: resumed from, caught, dropped
     got = run()
     assert store.path(got.digest.sha256).read_bytes() == DATA and not part.exists()
@@ -90,7 +90,7 @@ def test_tampered_bytes_are_refused_and_not_stored(hub, tmp_path, monkeypatch, r
     with pytest.raises(IntegrityError, match="upstream advertised sha256"):
         run()
     assert not store.has(hashlib.sha256(DATA).hexdigest())
-    assert not [p for p in store.tmp.iterdir() if p.name.endswith(".part")]
+    assert not [p for p in store.scratch.tmp.iterdir() if p.name.endswith(".part")]
 
 
 def test_a_resume_the_upstream_answers_whole_starts_the_part_over(hub, tmp_path, monkeypatch, read_backs):

@@ -256,12 +256,12 @@ def test_a_hostile_index_page_offers_only_files_it_vouches_for_under_plain_names
 
 def test_a_wheel_url_off_http_is_refused_in_one_line(tmp_path):
     from frt.mirror.stage.wheels import _get_to
-    from frt.mirror.store.blobs import BlobStore
+    from frt.mirror.store.scratch import Scratch
     from frt.resolver import wire
     from frt.resolver.errors import UpstreamMalformed
     from frt.resolver.pacing import Pacer
 
-    part = BlobStore(tmp_path).part_path("x")
+    part = Scratch(tmp_path).part_path("x")
     with pytest.raises(UpstreamMalformed, match="not an http"):
         _get_to("file:///etc/shadow", part, 100, wire.Limits(), Pacer())
     assert not part.exists()
@@ -302,3 +302,27 @@ def test_the_choice_of_wheel_follows_pip():
     )
     assert [r.name for r in requires(meta, cpu)] == ["a", "c"]  # Python unknown: c holds for some 3.9..3.14
     assert [r.name for r in requires(meta, py312)] == ["a"]
+
+
+def test_on_an_object_store_the_wheels_are_objects_and_env_into_writes_them(
+    hub, tmp_path, wheels, pg_url, s3_server, s3_store
+):
+    """`--store s3://…`: the wheel is stored as an object beside the kernels' (no find-links folder: the home
+    has no views), a rerun finds it there and downloads nothing, verify checks it, and env --into writes it
+    where PIP_FIND_LINKS points."""
+    m = write_manifest(tmp_path / "m.toml", {EINSUM: {"version": 1}}, [X86])
+    env, home = cli_env(**s3_server.env()), tmp_path / "home"
+    common = ["--ledger", pg_url, "--store", s3_store]
+    with LocalIndex(wheels, yanked={YANKED}) as index:
+        for downloaded in (True, False):
+            args = [*common, "--endpoint", hub.url, "stage", str(m), "--wheel-index", index.url, "--json"]
+            p = run_cli(*args, home=home, env=env)
+            assert p.returncode == 0, p.stdout + p.stderr
+            assert (json.loads(p.stdout)["downloaded_bytes"] > 0) == downloaded, p.stdout
+    assert not (home / "views").exists()
+    v = run_cli(*common, "verify", "--json", home=home, env=env)
+    assert v.returncode == 0 and json.loads(v.stdout)["wheels"] == 1, v.stdout
+    into = tmp_path / "node"
+    p = run_cli(*common, "env", "--target", X86, "--into", str(into), home=home, env=env)
+    assert p.returncode == 0, p.stderr
+    assert (into / "wheels" / EINOPS).read_bytes() == (wheels / EINOPS).read_bytes()

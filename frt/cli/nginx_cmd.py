@@ -16,7 +16,7 @@ from frt.mirror.serve.nginx import (
     parse_address,
 )
 from frt.mirror.serve.nginx_s3 import S3Endpoint, store_endpoint
-from frt.mirror.store.blobs import store_root
+from frt.mirror.store.files import store_root
 from frt.resolver.errors import BadInput
 
 from .app import App, cli
@@ -100,13 +100,19 @@ def nginx_conf(
     With the blobs on an object store (--store s3://BUCKET/PREFIX), nginx fetches each body from the
     store by the presigned URL the replica gives it, never through the replica."""
     home = app.root.absolute()
-    if app.home.store_url:
+    files, objects = app.home.store.files, app.home.store.objects
+    store: Path | S3Endpoint
+    if objects is not None:  # nginx fetches each body from the store itself
         if head_map:
-            why = f"nginx answers HEADs from the blobs as files; the store is {app.home.store_url}"
+            why = f"nginx answers HEADs from the blobs as files; the store is {objects.url}"
             raise BadInput(f"--head-map: {why}")
-        store: Path | S3Endpoint = store_endpoint(app.home.store)
-    elif not (store := store_root(home)).is_dir():
-        raise BadInput(f"no blob store at {store}: --home must be the replicas' home, as this host mounts it")
+        store = store_endpoint(objects)
+    elif files is not None and files.root.is_dir():  # nginx sends each body from its file
+        store = files.root
+    else:
+        raise BadInput(
+            f"no blob store at {store_root(home)}: --home must be the replicas' home, as this host mounts it"
+        )
     if user is not None and not user.replace("-", "").replace("_", "").isalnum():
         raise BadInput(f"--user {user!r}: expected a user name")
     replicas = tuple(parse_address(u, "--upstream") for u in upstreams or ("127.0.0.1:8470",))

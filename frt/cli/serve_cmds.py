@@ -216,15 +216,16 @@ def serve_cmd(
     from frt.mirror.serve.workers import AppSpec, serve_workers
 
     accel = check_accel_prefix(accel_redirect) if accel_redirect is not None else None
-    if s3_redirect and not app.home.store_url:
+    objects = app.home.store.objects  # the blobs as objects, which clients may be redirected to
+    if s3_redirect and objects is None:
         from frt.resolver.errors import BadInput
 
         raise BadInput("--s3-redirect only means something with --store s3://BUCKET/PREFIX")
-    if app.home.store_url and head_map:
+    if objects is not None and head_map:
         from frt.resolver.errors import BadInput
 
         why = "--head-map needs the blobs as files"
-        raise BadInput(f"--store {app.home.store_url}: {why}")
+        raise BadInput(f"--store {objects.url}: {why}")
     pull = _upstream(app, upstream, allow, refs_ttl, upstream_timeout, upstream_hold)
     if pull is None:  # serve alone only reads the home: a mistyped --home is refused, not created
         check_existing_home(app.root.absolute(), app.home.ledger_url)
@@ -304,10 +305,10 @@ def _warn_unheld(app: App, mirror: MirrorApp) -> None:
     missing, needed = catalog.unheld
     if not missing:
         return
-    where = app.home.store_url or f"{app.home.root}/store"
-    hint = " (is --store the stagers' bucket and prefix?)" if missing == needed and app.home.store_url else ""
+    store = app.home.store
+    hint = " (is --store the stagers' bucket and prefix?)" if missing == needed and store.objects is not None else ""
     click.echo(
-        f"frt-mirror: warning: the store {where} holds {needed - missing} of the {needed} blobs the staged "
+        f"frt-mirror: warning: the store {store.where} holds {needed - missing} of the {needed} blobs the staged "
         f"rows need: their files are not served{hint}; 'frt-mirror verify' names them",
         err=True,
     )

@@ -28,8 +28,9 @@ from frt.resolver.resolution import FileEntry
 
 from ..events import events_with_ref, record_event
 from ..stage.progress import Progress
-from ..store.blobs import BlobStore, Digest
+from ..store.blobs import Digest
 from ..store.home import Home
+from ..store.protocol import BlobStore
 from ..store.records import (
     StagedRow,
     blob_for,
@@ -40,7 +41,6 @@ from ..store.records import (
     staged_rows,
 )
 from ..store.unstage import drop_views
-from ..store.view_trees import link_wheels
 from ..store.withdrawn import forget_withdrawn, withdrawn_after
 from .check import Manifest, check_manifest
 from .extract import copiers, copy_member
@@ -90,14 +90,13 @@ def import_bundle(
     # ledger row in one transaction, so a failure there leaves the ledger as it was and a rerun
     # completes the import (blobs and views already in place are kept, not redone).
     store.commit_synced([(part, m.listed[sha]) for sha, part in parts.items() if part is not None])
-    if not home.store_url:  # an object store's blobs have no views (store/s3.py)
-        views = home.views
+    if (views := home.views) is not None:  # an object store's home has none
         # Every row's pairs are whole by now (check_manifest's, or for an incremental bundle _pair_from_home's).
         paired = cast("list[tuple[StagedRow, list[tuple[FileEntry, str]]]]", m.staged)
         for row, pairs in paired:
             if not row.is_model and row.key not in skip:  # models have no view (frt.mirror.stage.models)
                 views.link(row.repo, row.commit, row.variant, pairs)
-        link_wheels(home.root, store, m.wheels)
+        views.link_wheels(m.wheels)
     report, gone = ledger.retrying(_record_import, ledger, src, m, ident, signer, parts, skip)
     if gone:  # after the commit: a view that no row names any more is only files
         drop_views(home, gone)
@@ -200,7 +199,7 @@ def _read_and_verify(
             if lost := [w.filename for w in m.wheels if w.sha256 not in m.listed and not home.store.has(w.sha256)]:
                 raise BundleRejected(f"wheels {', '.join(lost)} are neither in the bundle nor in this home")
         blobs = _blob_members(tf, [first_blob] if first_blob else [], members, m.listed)
-        home.store.sweep_parts("*.import-*.part")  # left by a killed import; a running one's are recent
+        home.store.scratch.sweep_parts("*.import-*.part")  # left by a killed import; a running one's are recent
         meter = Progress(sum(d.size for d in m.listed.values()), len(m.listed), label="import") if progress else None
         # Members are copied on one thread per core, biggest first (so the last to finish is a small one);
         # each part is fsynced on a helper thread while other members are read and hashed: by the time
@@ -347,7 +346,7 @@ def _verify_member(
     tmp/ (or nowhere, if the store has it), hashing it; its part is then fsynced and closed by `syncer`.
     Runs on several threads at once, each member on one."""
     sha = want.sha256
-    part = parts[sha] = None if store.has(sha) else store.part_path(f"{sha}.import-{uuid.uuid4().hex}")
+    part = parts[sha] = None if store.has(sha) else store.scratch.part_path(f"{sha}.import-{uuid.uuid4().hex}")
     add, done = meter.file(sha[:16], m.size) if meter is not None else (None, None)
     out: int | None = None
     if part is not None:

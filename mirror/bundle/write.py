@@ -17,8 +17,9 @@ from frt.resolver.ledger.migrations import utcnow
 
 from ..events import record_event
 from ..stage.progress import Progress
-from ..store.blobs import BlobStore, Digest
+from ..store.blobs import Digest
 from ..store.home import Home
+from ..store.protocol import BlobStore
 from ..store.records import StagedRow, all_blobs, blob_for, staged_rows, wheel_rows
 from .format import (
     FORMAT,

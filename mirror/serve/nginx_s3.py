@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 from frt.resolver.errors import BadInput
 
 if TYPE_CHECKING:
-    from ..store.blobs import BlobStore
+    from ..store.s3 import S3BlobStore
 
 # A path nginx passes on as it got it: it decodes and re-escapes what it proxies, and a signature is over
 # the path as signed.
@@ -107,15 +107,12 @@ class S3Endpoint:
         return urlsplit(f"//{self.netloc}").port or (443 if self.scheme == "https" else 80)
 
 
-def store_endpoint(store: BlobStore) -> S3Endpoint:
-    """The endpoint of `store` (an S3BlobStore), read off a presigned URL signed here, once the store
+def store_endpoint(store: S3BlobStore) -> S3Endpoint:
+    """The endpoint of `store` (a home's store's `objects`), read off a presigned URL signed here, once the store
     answered a listing with these credentials (nginx fetches by the URLs the replicas sign: a store that
     refuses them would only show in nginx's error log); raises BadInput, or StoreUnavailable."""
     import obstore
 
-    from ..store.s3 import S3BlobStore
-
-    assert isinstance(store, S3BlobStore)  # Home.store, wherever its store_url is set (nginx-conf's --store)
     store.check()
     probe = store.key("0" * 64)
     try:

@@ -181,11 +181,16 @@ def operator_view(
 
 
 def store_usage(home: Home) -> StoreUsage:
-    """Blobs recorded as stored and their bytes (the ledger's index of the store), and the disk under it."""
+    """Blobs recorded as stored and their bytes (the ledger's index of the store), and the disk under it
+    where its blobs are files."""
     with home.ledger.session(write=False) as s:
         blobs, nbytes = s.execute(select(func.count(), func.coalesce(func.sum(Blob.size), 0)).select_from(Blob)).one()
+    files = home.store.files
+    if files is None:  # objects: a bucket has no disk to ask about (this host's is not the store's)
+        return StoreUsage(blobs, int(nbytes), None, None)
     try:
-        disk = shutil.disk_usage(home.store.root)
+        # The store's folder is made by its first blob: before that, the disk it will be made on.
+        disk = shutil.disk_usage(next(p for p in (files.root, *files.root.parents) if p.exists()))
     except OSError:
         return StoreUsage(blobs, int(nbytes), None, None)
     return StoreUsage(blobs, int(nbytes), disk.free, disk.total)

@@ -226,7 +226,7 @@ class PullService:
         key = _key(f)
         flow = self._flows.get(key)
         if flow is None:
-            flow = self._flows[key] = Flow(self.pull.home.store.part_path(key), f.size, key, f.path)
+            flow = self._flows[key] = Flow(self.pull.home.store.scratch.part_path(key), f.size, key, f.path)
             flow.done = self._start(("file", key), lambda: self._fetch(repo, commit, f, flow))
             flow.done.add_done_callback(lambda _: self._flows.pop(key, None))
         return flow

@@ -54,7 +54,7 @@ from ..store.records import (
 from .catalog import ServedCommit, ServedFile, ServedRepo, add_refs
 
 if TYPE_CHECKING:
-    from ..store.blobs import BlobStore
+    from ..store.protocol import BlobStore
 
 SHA = re.compile(r"[0-9a-f]{40}")
 VERSION = re.compile(r"v(\d+)")
@@ -225,11 +225,9 @@ class PullThrough:
             return
         meta = variant_metadata(r)
         problem = digest_mismatch(r, meta, lambda f: blobs[f])
-        if problem is None and not self.home.store_url:  # an object store's blobs have no views
+        if problem is None and (views := self.home.views) is not None:  # an object store's home has none
             pairs = [(f, sha) for f in r.files if (sha := blobs[f])]  # every one of them (checked above)
-            problems = self.home.views.link(
-                r.repo, r.commit, r.variant, pairs, check=view_check(meta, pairs, r.variant)
-            )
+            problems = views.link(r.repo, r.commit, r.variant, pairs, check=view_check(meta, pairs, r.variant))
             problem = "; ".join(problems) or None
         if problem is not None:
             raise PublisherDigestMismatch(problem, repo=r.repo, path="", commit=r.commit)

@@ -39,12 +39,8 @@ def make_app(
     app = MirrorApp(watcher, TokenCheck(lambda: watcher().tokens), log)
     app.metrics = Metrics(home)
     app.metrics.registry.register(LedgerCollector(watcher))
-    if home.store_url:  # an object store's blobs: streamed from it, verified the same (objects.py)
-        from ..store.s3 import S3BlobStore  # the import Home.store makes for one (obstore only there)
-
-        store = home.store
-        assert isinstance(store, S3BlobStore)  # Home.store, wherever its store_url is set
-        app.integrity = ObjectIntegrity(store, app.metrics, home=home)
+    if (objects := home.store.objects) is not None:  # streamed from the store, verified the same (objects.py)
+        app.integrity = ObjectIntegrity(objects, app.metrics, home=home)
     else:
         app.integrity = FileIntegrity(home, app.metrics)  # bad blobs: moved out, counted, recorded (integrity.py)
     app.operator = OperatorRoutes(home, app.metrics, watcher)

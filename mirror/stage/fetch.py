@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from frt.resolver.errors import VerificationFailed
 from frt.resolver.resolution import FileEntry
 
-from ..store.blobs import BlobStore, Digest, RunningDigest, digest_file
+from ..store.blobs import Digest, RunningDigest, digest_file
+from ..store.protocol import BlobStore
 from .transport import ContentTooLarge, ListedFileMissing, Transport
 
 
@@ -94,7 +95,7 @@ def fetch_file(
     if sha and store.has(sha):
         return Fetched(entry, _stored_digest(store, entry, sha, recorded), 0)
     key = expected_key(entry)
-    with store.lock(key):
+    with store.scratch.lock(key):
         sha = sha or stored_by_oid(entry.git_oid)
         if sha and store.has(sha):  # another stager finished it while we waited for the lock
             return Fetched(entry, _stored_digest(store, entry, sha, recorded), 0)
@@ -125,7 +126,7 @@ def _download_verified(
     repo_type: str,
     publisher: set[str] | None,
 ) -> Fetched:
-    part = store.part_path(key)
+    part = store.scratch.part_path(key)
     downloaded = 0
     where = f"{repo_id}/{entry.path}@{commit[:12]}"
 

@@ -22,10 +22,11 @@ from frt.resolver.resolve import refresh_and_decide
 from frt.resolver.targets import Target
 
 from ..events import record_event
-from ..store.blobs import BlobStore, Digest
+from ..store.blobs import Digest
 from ..store.home import Home
+from ..store.protocol import BlobStore
 from ..store.records import record_blobs, record_staged, record_wheels, recorded_blobs, sha256_by_git_oid
-from ..store.view_trees import Views, link_wheels
+from ..store.view_trees import Views
 from .fetch import Fetched, IntegrityError, PublisherDigestMismatch, expected_key, fetch_file
 from .progress import Progress
 from .publisher import (
@@ -93,7 +94,7 @@ def stage(
     wheel_index: str | None = None,
 ) -> StageReport:
     ledger, store = home.ledger, home.store
-    views = None if home.store_url else home.views  # an object store's blobs have no views: env --into makes them
+    views = home.views  # None on an object store: env --into writes a target's files
     if views is not None:
         views.sweep_tmp()
     outcomes = _resolve_closure(requests, targets, ledger=ledger, hub=hub, publishers=publishers, jobs=jobs)
@@ -242,7 +243,8 @@ class _Wheels:
         got = self._stager.for_variant(r, python_depends)
         record_blobs(self.home.ledger, (self._stager.digests[w.sha256] for w in got))
         record_wheels(self.home.ledger, got)
-        link_wheels(self.home.root, self.home.store, got)
+        if (views := self.home.views) is not None:  # else env --into writes them beside the variants
+            views.link_wheels(got)
         self.of[(r.repo, r.commit, r.variant, str(r.target))] = tuple(w.filename for w in got)
 
 

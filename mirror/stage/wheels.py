@@ -3,9 +3,9 @@
 For each staged variant whose metadata.json names python-depends: kernels' list says which packages
 (frt.resolver.python_depends), wheel_pick which wheel of each fits the target, and each wheel's own
 Requires-Dist are followed the same way. Every wheel is checked against the sha256 the index gives
-for it before it enters the store (content-addressed, beside the kernels' blobs), and it is linked
-under `views/wheels/<filename>`: a flat folder that is pip's `--find-links` (env, export-cache) and
-what `serve` lists at `/simple/`.
+for it before it enters the store (content-addressed, beside the kernels' blobs), and, where the home has
+views, it is linked under `views/wheels/<filename>`: a flat folder that is pip's `--find-links` (env,
+export-cache; on an object store env --into writes it). `serve` lists the stored wheels at `/simple/`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ from frt.resolver.settings import env_number
 from frt.resolver.wheel_index import PYPI_SIMPLE, IndexFile, read_project
 from frt.resolver.wheel_pick import pick, requires
 
-from ..store.blobs import BlobStore, Digest, digest_file
+from ..store.blobs import Digest, digest_file
+from ..store.protocol import BlobStore
 from ..store.records import WheelRecord
 from .transport import local_file
 
@@ -104,22 +105,27 @@ class WheelStager:
         with self._lock:
             if f.filename in self._stored:
                 return self._stored[f.filename]
-        with self.store.lock(f.sha256):
-            path = self.store.path(f.sha256)
-            digest = digest_file(path) if self.store.has(f.sha256) else None
-            if digest is not None and digest.sha256 != f.sha256:  # stored, then changed on disk
-                raise UpstreamMalformed(f"stored wheel {f.filename} ({f.sha256}) is corrupt: run 'frt-mirror verify'")
-            digest = digest or self._download(f)
-            metadata = wheel_metadata(path, f.filename)
+        with self.store.scratch.lock(f.sha256):
+            digest, metadata = self._read_stored(f) if self.store.has(f.sha256) else self._download(f)
         record = WheelRecord(f.filename, project, version, f.sha256, digest.size)
         with self._lock:
             self._stored[f.filename] = (record, metadata)
             self.digests[f.sha256] = digest
         return record, metadata
 
-    def _download(self, f: IndexFile) -> Digest:
+    def _read_stored(self, f: IndexFile) -> tuple[Digest, bytes]:
+        """A wheel already stored: its bytes hashed again (they may have changed since) and its METADATA."""
+        with self.store.as_file(f.sha256) as path:
+            digest = digest_file(path)
+            if digest.sha256 != f.sha256:
+                raise UpstreamMalformed(f"stored wheel {f.filename} ({f.sha256}) is corrupt: run 'frt-mirror verify'")
+            return digest, wheel_metadata(path, f.filename)
+
+    def _download(self, f: IndexFile) -> tuple[Digest, bytes]:
+        """The wheel fetched, checked against the index's sha256 and stored; read before it is stored,
+        since the store may take the file away (an object store uploads it)."""
         cap = f.size if f.size is not None else env_number(MAX_WHEEL_ENV, MAX_WHEEL, int)
-        part = self.store.part_path(f.sha256)
+        part = self.store.scratch.part_path(f.sha256)
         self.hub.ask(
             lambda: _get_to(f.url, part, cap, self.hub.limits, self.hub.pacer),
             host=self.index,
@@ -131,9 +137,14 @@ class WheelStager:
             raise UpstreamMalformed(
                 f"wheel {f.filename}: its sha256 is {got.sha256}, the index says {f.sha256}; not stored"
             )
+        try:
+            metadata = wheel_metadata(part, f.filename)
+        except UpstreamMalformed:
+            part.unlink(missing_ok=True)
+            raise
         self.store.commit(part, got)
         self.downloaded += got.size
-        return got
+        return got, metadata
 
 
 def _get_to(url: str, part: Path, cap: int, limits: wire.Limits, pacer: Pacer) -> None:

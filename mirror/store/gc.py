@@ -32,7 +32,7 @@ from .lock import store_collector
 from .records import all_blobs, blob_for, delete_blob_records, staged_rows, wheel_rows
 from .view_trees import Views, wheels_dir
 
-# As BlobStore.sweep_parts and Views.sweep_tmp: older than any live writer's (a download in flight
+# As Scratch.sweep_parts and Views.sweep_tmp: older than any live writer's (a download in flight
 # touches its .part with every chunk; a view being assembled is renamed into place within seconds).
 SWEEP_AGE_S = 600.0
 
@@ -87,8 +87,8 @@ class GcReport:
 def collect(home: Home, *, dry_run: bool = False, on_wait: Callable[[str], None] = lambda what: None) -> GcReport:
     """Remove (or, dry, only list) what `plan` finds, holding the store's lock for the whole run."""
     with store_collector(home, on_wait):
-        if not dry_run and not home.store_url:
-            home.views.sweep_tmp(SWEEP_AGE_S)  # dead stagers' scratch: plan ignores it already
+        if not dry_run and (views := home.views) is not None:
+            views.sweep_tmp(SWEEP_AGE_S)  # dead stagers' scratch: plan ignores it already
         p = plan(home)
         report = GcReport(
             dry_run,
@@ -125,7 +125,7 @@ def plan(home: Home) -> Plan:
     referenced |= {sha for _, _, sha, _ in wheel_rows(ledger, needed_wheels).values()}
     folder = wheels_dir(home.root)
     wheel_links = sorted(p for p in folder.glob("*.whl") if p.name not in needed_wheels) if folder.is_dir() else []
-    linked = set() if home.store_url else _linked_inodes(home.views, cutoff)  # an object store has no views
+    linked = _linked_inodes(views, cutoff) if (views := home.views) is not None else set()
     recorded = {d.sha256: d for d in all_blobs(ledger)}
     garbage, kept, on_disk = [], [], set()
     for sha, size, inode in store.blob_stats():
@@ -139,7 +139,8 @@ def plan(home: Home) -> Plan:
         else:
             garbage.append(digest)
     stale = sorted(sha for sha in recorded if sha not in on_disk and sha not in referenced)
-    parts = sorted(p for p in store.tmp.glob("*.part") if _mtime(p) < cutoff) if store.tmp.is_dir() else []
+    tmp = store.scratch.tmp
+    parts = sorted(p for p in tmp.glob("*.part") if _mtime(p) < cutoff) if tmp.is_dir() else []
     return Plan(garbage, stale, kept, parts, wheel_links)
 
 
@@ -193,6 +194,6 @@ def _part(path: Path) -> Part:
 def _remove_part(home: Home, path: Path) -> None:
     """Under the lock its download takes (named by the key before the first dot), and only if still
     untouched for the sweep age: a resumed download would have written to it."""
-    with home.store.lock(path.name.split(".", 1)[0]):
+    with home.store.scratch.lock(path.name.split(".", 1)[0]):
         if _mtime(path) < time.time() - SWEEP_AGE_S:
             path.unlink(missing_ok=True)

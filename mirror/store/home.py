@@ -13,7 +13,8 @@ from frt.resolver.resolution import FileEntry
 
 from ..home_path import check_home, check_not_forgotten, default_ledger_url, default_store_url, ledger_path
 from ..schema import MIRROR_TRACK
-from .blobs import BlobStore, store_root
+from .files import FileBlobStore, store_root
+from .protocol import BlobStore
 from .records import StagedRow, blob_for, staged_for, staged_rows
 from .view_trees import Views
 
@@ -44,7 +45,10 @@ class Home:
         check_home(self.root)
         self._ledger, self._readonly = ledger, readonly
         self.ledger_url = ledger_url or default_ledger_url()
-        self.store_url = store_url or default_store_url()  # None: the blobs are files under the home
+        # The store as configured (None: files under the home): what this object chooses its store by,
+        # and what a process that builds its own Home is handed (serve's replicas). Anything else asks
+        # the store what it can do (protocol.py).
+        self.store_url = store_url or default_store_url()
 
     @property
     def ledger(self) -> Ledger:
@@ -61,7 +65,7 @@ class Home:
         # (its catalog's blob paths) while a ledger server is down.
         shared = (lambda name, **kw: self.ledger.named_lock(name, **kw)) if on_server else None
         if self.store_url is None:
-            return BlobStore(self.root, shared_lock=shared)
+            return FileBlobStore(self.root, shared_lock=shared)
         if not on_server or _is_sqlite(self.ledger_url):
             raise BadInput(
                 f"--store {self.store_url}: the ledger must be on a database server that every host shares "
@@ -72,8 +76,11 @@ class Home:
         return S3BlobStore(self.store_url, self.root, shared_lock=shared)
 
     @cached_property
-    def views(self) -> Views:
-        return Views(self.root, self.store)
+    def views(self) -> Views | None:
+        """The build/<variant> trees of hard links into the store, or None where its blobs are not files
+        on this host (an object store: `env --into` writes a target's files instead)."""
+        files = self.store.files
+        return Views(self.root, files) if files is not None else None
 
     def blob_for(self, entries: Iterable[FileEntry]) -> dict[FileEntry, str | None]:
         return blob_for(self.ledger, entries)

@@ -1,7 +1,7 @@
 """The home's store lock: writers of the store (stage, pull-through) hold it shared; gc, unstage and
 import (which may take views away: an incremental bundle's removals) hold it exclusive.
 
-Why a home-wide lock, beside the per-blob one a download holds (BlobStore.lock): a stager stores a
+Why a home-wide lock, beside the per-blob one a download holds (Scratch.lock): a stager stores a
 blob minutes before the staged row that makes it referenced, and it reuses a blob already in the
 store without taking any lock at all. A gc that looked only at staged rows, views and per-blob locks
 would remove such a blob from under the stager, whose view then cannot be linked. So gc waits for
@@ -55,7 +55,7 @@ def _store_lock(home: Home, *, exclusive: bool, on_wait: Callable[[str], None]) 
             on_wait("waiting for the stage or import running in this home to finish")
 
     with ExitStack() as held:
-        held.enter_context(_flock(home.store.locks / "store.lock", exclusive, wait_note))
+        held.enter_context(_flock(home.store.scratch.lock_file("store"), exclusive, wait_note))
         held.enter_context(home.ledger.named_lock(_NAME, shared=not exclusive, on_wait=wait_note))
         yield
 

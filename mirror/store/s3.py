@@ -6,7 +6,8 @@ this host first (into the home's local tmp/, as for the filesystem store), then 
 S3 makes visible only whole. The PUT carries the bytes' sha256 (x-amz-checksum-sha256: the server refuses
 bytes that arrive otherwise) and is conditional (If-None-Match: *): a key once written is never replaced,
 so two stagers racing on one blob store it once, and the second finds it there. Locks and parts stay local
-per host; the lock across hosts is the ledger server's (BlobStore.shared_lock), as on a shared filesystem.
+per host (scratch.py); the lock across hosts is the ledger server's (Scratch.shared_lock), as on a shared
+filesystem.
 
 The client is obstore (Rust's object_store; pyproject's s3 extra says why). Endpoint, region and
 credentials are read the way AWS's tools read them: AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID, ….
@@ -18,14 +19,17 @@ import hashlib
 import io
 import os
 import re
+import uuid
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
 from frt.resolver.errors import BadInput, StoreUnavailable, first_line
 
-from .blobs import BlobStore, Digest, SharedLock, blob_relpath
+from .blobs import Digest, blob_relpath
+from .scratch import Scratch, SharedLock
 
 if TYPE_CHECKING:
     from _typeshed import WriteableBuffer
@@ -55,21 +59,31 @@ def _client(url: str) -> Any:
     )
 
 
-class S3BlobStore(BlobStore):
-    """A BlobStore whose blobs are objects; `path()` is what it cannot give (there is no file)."""
+class S3BlobStore:
+    """A BlobStore (protocol.py) whose blobs are objects: its `objects`, for what serve and nginx fetch
+    by presigned URLs (the client, each blob's key)."""
 
     def __init__(self, url: str, home: Path, shared_lock: SharedLock | None = None):
-        super().__init__(home, shared_lock=shared_lock)  # tmp/ and locks/ stay local per host
         self.url = url
+        self.scratch = Scratch(home, shared_lock)  # tmp/ and locks/ stay local per host
         self.client = _client(url)
         self._seen: set[str] = set()  # keys known to exist: an object, once written, never changes
         self.uploaded = 0  # blobs this process put (the rest were there already)
 
+    @property
+    def where(self) -> str:
+        return self.url
+
+    @property
+    def files(self) -> None:
+        return None
+
+    @property
+    def objects(self) -> S3BlobStore:
+        return self
+
     def key(self, sha256: str) -> str:
         return f"sha256/{blob_relpath(sha256)}"
-
-    def path(self, sha256: str) -> Path:
-        raise BadInput(f"this needs blob {sha256[:12]} as a file, and the store is {self.url}, which holds objects")
 
     def locator(self, sha256: str) -> Path:
         return Path(self.key(sha256))  # relative: a key in the bucket, never opened as a file (serve/objects.py)
@@ -105,12 +119,11 @@ class S3BlobStore(BlobStore):
         except Exception as e:  # noqa: BLE001
             raise self._unavailable("HEAD", sha256, e) from None
 
-    def commit(self, part: Path, digest: Digest) -> Path:
+    def commit(self, part: Path, digest: Digest) -> None:
         """Upload a verified `.part` under its sha256 (once: a key already there is another stager's same
-        bytes), then drop the part. Returns the part's path, now gone: there is no local file."""
+        bytes), then drop the part: there is no local file."""
         self._upload(part, digest)
         part.unlink(missing_ok=True)
-        return part
 
     def commit_synced(self, parts: list[tuple[Path, Digest]]) -> None:
         for part, digest in parts:
@@ -165,10 +178,23 @@ class S3BlobStore(BlobStore):
         except Exception as e:  # noqa: BLE001
             raise self._unavailable("GET", sha256, e) from None
 
+    @contextmanager
+    def as_file(self, sha256: str) -> Iterator[Path]:
+        """The object fetched into tmp/ (under the name of a part of its sha256: gc removes it only under
+        that blob's lock, once old), and removed after."""
+        part = self.scratch.part_path(f"{sha256}.read-{uuid.uuid4().hex}")
+        try:
+            with open(part, "wb") as out:
+                for chunk in self.stream(sha256):
+                    out.write(chunk)
+            yield part
+        finally:
+            part.unlink(missing_ok=True)
+
     def remove(self, sha256: str, *keys: str) -> None:
         import obstore
 
-        with self._locked(sha256, keys):
+        with self.scratch.lock(sha256, *keys):
             try:
                 obstore.delete(self.client, self.key(sha256))
             except FileNotFoundError:
@@ -190,9 +216,6 @@ class S3BlobStore(BlobStore):
             raise self._unavailable("LIST", "", e) from None
         for o in listed:
             yield str(o["path"]).rsplit("/", 1)[-1], int(o["size"]), None
-
-    def blobs(self) -> list[Path]:
-        raise BadInput(f"this needs the blobs as files, and the store is {self.url}, which holds objects")
 
     def _unavailable(self, op: str, sha256: str, e: Exception) -> StoreUnavailable:
         what = f" {self.key(sha256)}" if sha256 else ""

@@ -86,12 +86,15 @@ def unstage(
 def drop_views(home: Home, rows: list[StagedRow]) -> list[tuple[Path, int]]:
     """Remove the views of `rows`, just unstaged, that no staged row names any more: (its dir, the files
     it held) per view removed. The caller holds the store's lock exclusively (no stager is linking them)."""
+    views = home.views
+    if views is None:  # an object store's home: no views to drop
+        return []
     still = {(r.repo, r.commit, r.variant) for r in staged_rows(home.ledger) if not r.is_model}
     out = []
     for key in sorted({(r.repo, r.commit, r.variant) for r in rows if not r.is_model} - still):
-        files = home.views.remove(*key)
+        files = views.remove(*key)
         if files is not None:
-            out.append((home.views.variant_dir(*key), files))
+            out.append((views.variant_dir(*key), files))
     return out
 
 

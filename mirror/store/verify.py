@@ -3,7 +3,6 @@ that every staged model file (models have no view) has its blob recorded and sto
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,8 +10,8 @@ from frt.resolver.kernel_metadata import ON_FILES, MetadataInvalid, listing_verd
 from frt.resolver.ledger import Ledger
 
 from ..events import QUARANTINE, EventRow, events_of
-from .blobs import BlobStore
 from .home import Home
+from .protocol import BlobStore
 from .records import MODEL_TARGET, all_blobs, blob_for, record_blobs, staged_rows, wheel_rows
 from .view_trees import Views, wheels_dir
 
@@ -73,11 +72,11 @@ def verify(home: Home) -> VerifyReport:
     else:
         record_blobs(ledger, adopt)
         report.adopted = len(adopt)
-    views = None if home.store_url else home.views
+    views = home.views
     if views is not None:
-        _check_views(ledger, store, views, report)
+        _check_views(ledger, views, report)
     _check_models(ledger, store, report)
-    _check_wheels(home, report, linked=views is not None)
+    _check_wheels(home, report, views)
     if not any("view " in p for p in report.problems):
         _check_publisher_digests(ledger, views, report)
     return report
@@ -131,9 +130,10 @@ def _check_models(ledger: Ledger, store: BlobStore, report: VerifyReport) -> Non
             report.problems.append(f"model {repo}@{commit[:12]} {f.path}: no verified blob is stored for it")
 
 
-def _check_wheels(home: Home, report: VerifyReport, *, linked: bool = True) -> None:
+def _check_wheels(home: Home, report: VerifyReport, views: Views | None) -> None:
     """Each wheel a staged row needs: recorded, its blob stored (re-hashed above, so its sha256 is the
-    one its index vouched for) and linked under its name in the find-links folder pip is pointed at."""
+    one its index vouched for) and linked under its name in the find-links folder pip is pointed at
+    (where the home has views: an object store's wheels are written out by env --into)."""
     needed = sorted({w for r in staged_rows(home.ledger) for w in r.wheels})
     rows = wheel_rows(home.ledger, needed)
     folder = wheels_dir(home.root)
@@ -146,11 +146,11 @@ def _check_wheels(home: Home, report: VerifyReport, *, linked: bool = True) -> N
         link = folder / name
         if not home.store.has(sha):
             report.problems.append(f"wheel {name}: its blob {sha} is not in the store")
-        elif linked and (not link.is_file() or not os.path.samefile(link, home.store.path(sha))):
+        elif views is not None and not views.is_link_to(link, sha):
             report.problems.append(f"wheel {link}: missing or not a link to blob {sha}")
 
 
-def _check_views(ledger: Ledger, store: BlobStore, views: Views, report: VerifyReport) -> None:
+def _check_views(ledger: Ledger, views: Views, report: VerifyReport) -> None:
     rows = {(r.repo, r.commit, r.variant) for r in staged_rows(ledger) if not r.is_model}
     entries = []
     with ledger.view() as v:
@@ -166,5 +166,5 @@ def _check_views(ledger: Ledger, store: BlobStore, views: Views, report: VerifyR
             report.problems.append(f"view {path}: no verified blob is recorded for it")
         elif not path.is_file():
             report.problems.append(f"view {path}: missing")
-        elif not store.has(sha) or not os.path.samefile(path, store.path(sha)):
+        elif not views.is_link_to(path, sha):
             report.problems.append(f"view {path}: not a link to blob {sha}")

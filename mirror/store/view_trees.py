@@ -1,4 +1,5 @@
-"""The LOCAL_KERNELS view: build/<variant> trees of hard links into the blob store.
+"""The LOCAL_KERNELS view: build/<variant> trees of hard links into the blob store's files (a home whose
+blobs are objects has none), and the find-links folder of python-depends' wheels, hard links too.
 
 A view directory appears complete or not at all: it is assembled under views/.tmp
 and renamed into place. Commits are immutable, so two stagers building the same
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING
 from frt.resolver.resolution import FileEntry
 
 from ..home_path import HomeLayout
-from .blobs import BlobStore
+from .files import FileBlobStore
 
 if TYPE_CHECKING:
     from .records import WheelRecord
@@ -35,9 +36,10 @@ def wheels_dir(home_root: Path) -> Path:
 
 
 class Views:
-    def __init__(self, home: Path, store: BlobStore):
+    def __init__(self, home: Path, store: FileBlobStore):
         self.root = HomeLayout(home).views
         self.tmp = HomeLayout(home).views_tmp
+        self.wheels = wheels_dir(home)
         self.store = store
 
     repo_folder = staticmethod(repo_folder)
@@ -47,9 +49,10 @@ class Views:
         return self.root / repo_folder(repo_id) / commit / "build" / variant
 
     def is_complete(self, repo_id: str, commit: str, files: list[tuple[FileEntry, str]]) -> bool:
-        return all(self._linked(self.root / repo_folder(repo_id) / commit / f.path, sha) for f, sha in files)
+        return all(self.is_link_to(self.root / repo_folder(repo_id) / commit / f.path, sha) for f, sha in files)
 
-    def _linked(self, path: Path, sha256: str) -> bool:
+    def is_link_to(self, path: Path, sha256: str) -> bool:
+        """Is `path` blob `sha256`'s file (a hard link to it)? False where either is missing."""
         try:
             return os.path.samefile(path, self.store.path(sha256))
         except OSError:
@@ -124,22 +127,17 @@ class Views:
                 if p.stat().st_mtime < cutoff:
                     shutil.rmtree(p, ignore_errors=True)
 
-
-def link_wheels(home_root: Path, store: BlobStore, wheels: Sequence[WheelRecord]) -> None:
-    """Hard-link each stored wheel (a WheelRecord: filename, sha256) into the home's find-links folder
-    under its name, atomically: a link made beside it and renamed over, so pip never sees half an entry."""
-    folder = wheels_dir(home_root)
-    if not wheels:
-        return
-    folder.mkdir(parents=True, exist_ok=True)
-    for w in wheels:
-        dest = folder / w.filename
-        try:
-            if os.path.samefile(dest, store.path(w.sha256)):
+    def link_wheels(self, wheels: Sequence[WheelRecord]) -> None:
+        """Hard-link each stored wheel (a WheelRecord: filename, sha256) into the home's find-links folder
+        under its name, atomically: a link made beside it and renamed over, so pip never sees half an entry."""
+        if not wheels:
+            return
+        self.wheels.mkdir(parents=True, exist_ok=True)
+        for w in wheels:
+            dest = self.wheels / w.filename
+            if self.is_link_to(dest, w.sha256):
                 continue
-        except OSError:
-            pass
-        tmp = folder / f".{w.filename}.{uuid.uuid4().hex}.tmp"
-        tmp.unlink(missing_ok=True)
-        os.link(store.path(w.sha256), tmp)
-        os.replace(tmp, dest)
+            tmp = self.wheels / f".{w.filename}.{uuid.uuid4().hex}.tmp"
+            tmp.unlink(missing_ok=True)
+            os.link(self.store.path(w.sha256), tmp)
+            os.replace(tmp, dest)

@@ -106,9 +106,10 @@ def local_kernels(
 ) -> EnvSet:
     """`into`: on an object store (where it is needed), the folder the chosen variants are written to
     (materialise.py); LOCAL_KERNELS then names them there."""
-    if (into is not None) != bool(home.store_url):
+    views = home.views
+    if (into is None) == (views is None):
         raise BadInput(
-            f"the store is {home.store_url}: env --target needs --into DIR, where the target's files are written"
+            f"the store is {home.store.where}: env --target needs --into DIR, where the target's files are written"
             if into is None
             else "--into DIR goes with an object store (--store s3://…); here the home's views are the files"
         )
@@ -116,16 +117,17 @@ def local_kernels(
     if not rows:
         raise BadInput(f"nothing is staged for {target}: run 'frt-mirror stage --target {target}' first")
     chosen = choose_staged(rows, environ, versions)
+    written = {}
     if into is not None:
         from .materialise import materialise
 
         written = materialise(home, list(chosen.rows.values()), into.absolute())
     out = []
     for repo, row in sorted(chosen.rows.items()):
-        if into is not None:
-            path = written[(repo, row.commit, row.variant)]
+        if views is not None:
+            path = views.variant_dir(repo, row.commit, row.variant)
         else:
-            path = home.views.variant_dir(repo, row.commit, row.variant)
+            path = written[(repo, row.commit, row.variant)]
         if ":" in str(path) or "=" in str(path):
             raise BadInput(f"home path {home.root} contains ':' or '=', which LOCAL_KERNELS cannot carry")
         out.append(

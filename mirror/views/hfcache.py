@@ -16,11 +16,12 @@ naming it, with `out` untouched. A blob already in `out` is kept only if it is t
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +40,8 @@ from .hfcache_prune import Wanted, prune, read_record, write_record
 Plan = list[tuple[StagedRow, tuple[tuple[FileEntry, ...], list[str]]]]
 # (repo, commit, path) -> where a file's bytes lie (None: nowhere; _check_sources refuses it).
 Sources = dict[tuple[str, str, str], Path | None]
+# A stored blob (by sha256) as a file to read and link: the store's own, or an object's fetched beside `out`.
+BlobFile = Callable[[str], Path]
 
 CACHEDIR_TAG = "Signature: 8a477f597d28d172789f06886806bc55\n"
 
@@ -81,12 +84,15 @@ def export_cache(
             )
         plan.append((row, _checked(row, files, at)))
     with contextlib.ExitStack() as scratch:
-        fetched = None
-        if home.store_url:  # an object store: each blob fetched beside `out` first (hard-linked in after)
+        blob_file: BlobFile
+        if (blob_files := home.store.files) is not None:
+            blob_file = blob_files.path
+        else:  # objects: each blob fetched beside `out` first (hard-linked in after)
             out.mkdir(parents=True, exist_ok=True)
             fetched = Path(tempfile.mkdtemp(prefix=".frt-export-", dir=out))
             scratch.callback(shutil.rmtree, fetched, True)
-        return _export(out, home, (targets, folders), plan, rows, mine + models, wheels_to, keep, fetched)
+            blob_file = functools.partial(_fetched_blob, home, fetched)
+        return _export(out, home, (targets, folders), plan, rows, mine + models, wheels_to, keep, blob_file)
 
 
 def _export(
@@ -98,13 +104,13 @@ def _export(
     with_wheels: list[StagedRow],
     wheels_to: Path | None,
     keep: bool,
-    fetched: Path | None,
+    blob_file: BlobFile,
 ) -> Exported:
-    """export_cache's writing, once `plan` is made: from the views (or `fetched`: an object store's blobs)."""
+    """export_cache's writing, once `plan` is made: from the views, or (a home without) the blobs' files."""
     targets, folders = record
-    sources = _sources(home, plan, fetched)
+    sources = _sources(home, plan, blob_file)
     blobs = _check_sources(home, plan, sources)
-    wheels = _check_wheels(home, with_wheels, fetched) if wheels_to is not None else []
+    wheels = _check_wheels(home, with_wheels, blob_file) if wheels_to is not None else []
     out.mkdir(parents=True, exist_ok=True)
     if not (out / "CACHEDIR.TAG").exists():
         (out / "CACHEDIR.TAG").write_text(CACHEDIR_TAG)
@@ -139,7 +145,7 @@ def wheels_needed(home: Home, target: Target) -> list[str]:
     return sorted({w for r in home.staged(str(target)) for w in r.wheels})
 
 
-def _check_wheels(home: Home, rows: Iterable[StagedRow], fetched: Path | None = None) -> list[tuple[str, Path, str]]:
+def _check_wheels(home: Home, rows: Iterable[StagedRow], blob_file: BlobFile) -> list[tuple[str, Path, str]]:
     """(filename, stored blob, sha256) of every wheel the rows need, each re-hashed before the first write:
     a find-links folder is another thing pip on the cluster trusts without a hash."""
     from ..store.records import wheel_rows
@@ -150,15 +156,13 @@ def _check_wheels(home: Home, rows: Iterable[StagedRow], fetched: Path | None = 
     for name in needed:
         check_path(name, where="ledger's wheel record")
         sha = recorded.get(name, (None, None, None, None))[2]
-        src = _blob_file(home, sha, fetched) if sha else None
+        src = blob_file(sha) if sha else None
         out.append((name, *_checked_source(f"wheel {name}", src, sha, "store")))
     return out
 
 
-def _blob_file(home: Home, sha: str, fetched: Path | None) -> Path:
-    """A stored blob as a file: the store's own, or (an object store) fetched into `fetched`, verified."""
-    if fetched is None:
-        return home.store.path(sha)
+def _fetched_blob(home: Home, fetched: Path, sha: str) -> Path:
+    """A stored object fetched into `fetched` (once), verified."""
     if not (dest := fetched / sha).exists():
         from .materialise import fetch_blob
 
@@ -166,17 +170,17 @@ def _blob_file(home: Home, sha: str, fetched: Path | None) -> Path:
     return dest
 
 
-def _sources(home: Home, plan: Plan, fetched: Path | None = None) -> Sources:
+def _sources(home: Home, plan: Plan, blob_file: BlobFile) -> Sources:
     """Where each file's bytes lie: a kernel's in its view (what `kernels` loads), a model's in the
-    store (models have no view; see frt.mirror.stage.models); on an object store, every one fetched."""
+    store (models have no view; see frt.mirror.stage.models); in a home without views, every one a blob's."""
     out: Sources = {}
-    blobs = blob_for(home.ledger, (f for row, (files, _) in plan if row.is_model or fetched for f in files))
+    views = home.views
+    blobs = blob_for(home.ledger, (f for row, (files, _) in plan if row.is_model or views is None for f in files))
     for row, (files, _) in plan:
         for f in files:
-            if row.is_model or fetched is not None:
-                out[(row.repo, row.commit, f.path)] = _blob_file(home, sha, fetched) if (sha := blobs[f]) else None
+            if row.is_model or views is None:
+                out[(row.repo, row.commit, f.path)] = blob_file(sha) if (sha := blobs[f]) else None
             else:
-                views = home.views
                 out[(row.repo, row.commit, f.path)] = views.root / views.repo_folder(row.repo) / row.commit / f.path
     return out
 
