@@ -5,6 +5,7 @@ defines no other fixture of these names."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -12,6 +13,12 @@ import pytest
 
 # Before anything imports them: the helpers' asserts explain themselves as a test's do.
 pytest.register_assert_rewrite("tests.support")
+
+# Before anything imports huggingface_hub, which reads HF_* once, at import: this process starts as the CLI
+# runs it gets do (tests/support/cli.py cli_env), without the shell's HF_* (a token, HF_HOME, offline mode),
+# so a command run in this process answers as it does in a process of its own.
+for _name in [k for k in os.environ if k.startswith("HF_")]:
+    del os.environ[_name]
 
 from tests.support import big_kernel, serve_home  # noqa: E402
 from tests.support.bundles import import_offline, make_bundle  # noqa: E402

@@ -1,4 +1,5 @@
-"""The frt-mirror CLI as a user runs it: a subprocess, exit codes, one-line errors, --json."""
+"""The frt-mirror CLI as a user runs it: exit codes, one-line errors, --json (in this process, or a subprocess
+where a process is the point: a network namespace, an environment read at start-up)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.cli import cli_env, run_cli, run_resolve
+from tests.support.cli import cli_env, run_cli, run_cli_process, run_resolve
 from tests.support.kernel_fixtures import ACTIVATION, RELU
 
 pytestmark = pytest.mark.hub1
@@ -182,7 +183,8 @@ def test_a_bad_environment_is_one_line(home, tmp_path, setup, args, env, code, n
         exe = str(Path(sys.executable).with_name("frt-mirror"))
         p = subprocess.run([exe, *args], capture_output=True, text=True, env=cli_env(FRT_MIRROR_HOME=str(home)))
     else:
-        p = run_cli(*args, home=home, env=cli_env(HF_ENDPOINT="http://127.0.0.1:9", **env))
+        # A process: huggingface_hub reads HF_ENDPOINT as it is imported (a dead one: nothing real is asked)
+        p = run_cli_process(*args, home=home, env=cli_env(HF_ENDPOINT="http://127.0.0.1:9", **env))
     assert p.returncode == code, (p.stdout, p.stderr)
     assert needle in one_line_error(p)
     assert time.monotonic() - t < 20, "refused at once, not after retries"
@@ -200,6 +202,19 @@ def test_an_unwritable_bundle_target_is_one_line(hub, home, tmp_path):
 def test_exit_codes_are_in_the_help(home):
     p = run_cli("--help", home=home)
     assert "3 the upstream" in " ".join(p.stdout.split())
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["--help"], ["stage", "--help"], ["--version"], ["nosuch"], ["matrix", ACTIVATION], ["scan", "../../etc"]],
+    ids=["help", "stage-help", "version", "unknown-command", "not-in-the-ledger", "bad-repo-id"],
+)
+def test_in_this_process_a_command_answers_as_the_console_script_does(home, args):
+    """run_cli (this process) stands in for run_cli_process (the installed script) only while both give the
+    same exit code, stdout and stderr: the help at a pipe's width, click's usage errors, FrtError's line."""
+    inside = run_cli("--endpoint", "http://127.0.0.1:9", *args, home=home)
+    outside = run_cli_process("--endpoint", "http://127.0.0.1:9", *args, home=home)
+    assert (inside.returncode, inside.stdout, inside.stderr) == (outside.returncode, outside.stdout, outside.stderr)
 
 
 # -- hostile numbers, URLs and ledgers: one line, never a traceback (issue 27, item 8) --------------

@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from frt.resolver.targets import parse_target
-from tests.support.cli import X86, cli_env, run_cli, write_manifest
+from tests.support.cli import X86, cli_env, run_cli, run_cli_process, write_manifest
 from tests.support.fakehub import FakeHub
 from tests.support.kernel_fixtures import ACTIVATION, LAYERNORM, ORG, RELU, demo_repos
 from tests.support.offline import NO_NET, load_offline
@@ -41,6 +41,8 @@ importlib.util.find_spec = lambda name, *a, **k: None if name == "torch" else _f
 
 
 def no_torch_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """The environment of a box without torch: a process's (run_cli_process), which reads PYTHONPATH and
+    its sitecustomize as it starts."""
     site = tmp_path / "no-torch-site"
     site.mkdir(exist_ok=True)
     (site / "sitecustomize.py").write_text(NO_TORCH)
@@ -58,7 +60,8 @@ def test_the_no_torch_shim_hides_torch(tmp_path):
 
 def test_target_host_without_torch_is_refused_with_one_line(hub, home, tmp_path):
     m = write_manifest(tmp_path / "m.toml", {RELU: {"version": 1}}, [X86])
-    p = run_cli("--endpoint", hub.url, "stage", str(m), "--target", "host", home=home, env=no_torch_env(tmp_path))
+    env = no_torch_env(tmp_path)
+    p = run_cli_process("--endpoint", hub.url, "stage", str(m), "--target", "host", home=home, env=env)
     assert p.returncode == 2, p.stdout
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and "needs torch" in lines[0] and "name the cluster's target" in lines[0], p.stderr
@@ -95,10 +98,10 @@ def test_every_target_the_grammar_accepts_round_trips(major, minor, backend, cpu
 def test_a_box_without_torch_stages_a_named_target_and_its_bundle_imports(hub, home, tmp_path):
     m = write_manifest(tmp_path / "m.toml", {ACTIVATION: {"version": 1}, RELU: {"version": 1}}, [X86])
     env = no_torch_env(tmp_path)
-    p = run_cli("--endpoint", hub.url, "stage", str(m), home=home, env=env)
+    p = run_cli_process("--endpoint", hub.url, "stage", str(m), home=home, env=env)
     assert p.returncode == 0, p.stderr
     tar = tmp_path / "k.tar"
-    assert run_cli("bundle", str(tar), home=home, env=env).returncode == 0
+    assert run_cli_process("bundle", str(tar), home=home, env=env).returncode == 0
     cluster = tmp_path / "cluster"
     p = run_cli("import", str(tar), "--json", home=cluster, wrap=NO_NET, env=env)
     assert p.returncode == 0, p.stderr
@@ -243,10 +246,10 @@ def test_readme_handoffs_from_a_box_without_torch(hub, home, tmp_path):
     the README's options 1-3 as written, each inside a network namespace with no route."""
     m = write_manifest(tmp_path / "cluster.toml", {ACTIVATION: {"version": 1}, RELU: {"version": 1}}, [X86])
     env = no_torch_env(tmp_path)
-    assert run_cli("--endpoint", hub.url, "stage", str(m), home=home, env=env).returncode == 0
-    assert run_cli("verify", home=home, env=env).returncode == 0
+    assert run_cli_process("--endpoint", hub.url, "stage", str(m), home=home, env=env).returncode == 0
+    assert run_cli_process("verify", home=home, env=env).returncode == 0
     tar = tmp_path / "kernels.tar"
-    assert run_cli("bundle", str(tar), home=home, env=env).returncode == 0
+    assert run_cli_process("bundle", str(tar), home=home, env=env).returncode == 0
     hub.stop()
     cluster = tmp_path / "srv-frt"
     script = tmp_path / "cluster.sh"

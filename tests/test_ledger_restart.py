@@ -21,6 +21,7 @@ from frt.mirror.store.home import open_ledger
 from frt.mirror.store.records import staged_rows
 from frt.resolver.errors import LedgerUnavailable
 from frt.resolver.ledger import Ledger
+from frt.resolver.ledger.retry import retry_budget
 from tests.support.cli import cli_env, run_cli, start_cli
 from tests.support.kernel_fixtures import RELU
 
@@ -123,3 +124,18 @@ def test_without_a_budget_in_force_the_ledger_fails_at_once(pg_server, pg_url):
     finally:
         pg_server.start()
         ledger.close()
+
+
+def test_a_writer_command_rides_out_restarts_until_it_ends_not_after(tmp_path):
+    """The budget is the command's: a writer command run in a process that goes on (click's CliRunner, a
+    caller of the CLI's group) leaves the ledgers opened after it failing at once, not riding out a
+    restart for FRT_LEDGER_RETRY_S. Before, `gc` left it set for the rest of the process (the ContextVar
+    was set, never reset)."""
+    from click.testing import CliRunner
+
+    from frt.cli import cli
+
+    home = tmp_path / "h"
+    home.mkdir()
+    assert CliRunner().invoke(cli, ["--home", str(home), "gc"]).exit_code == 0
+    assert retry_budget() == 0.0

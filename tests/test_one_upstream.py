@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.cli import X86, cli_env, stage_json, write_manifest
+from tests.support.cli import X86, cli_env, run_cli_process, stage_json, write_manifest
 from tests.support.fakehub import FakeHub
 from tests.support.kernel_fixtures import ORG, RELU, demo_repos
 from tests.support.serve_helpers import raw_http, raw_request, serving
@@ -19,7 +19,9 @@ pytestmark = pytest.mark.hub1
 def test_stage_asks_only_its_endpoint(tmp_path):
     with FakeHub(demo_repos(), trusted_orgs=[ORG]) as hub, FakeHub([]) as canary:
         manifest = write_manifest(tmp_path / "m.toml", {RELU: {"version": 1}}, [X86])
-        p, doc = stage_json(tmp_path / "home", manifest, hub, env=cli_env(HF_ENDPOINT=canary.url))
+        # A process: huggingface_hub reads HF_ENDPOINT as it is imported, the endpoint this proves unasked.
+        env = cli_env(HF_ENDPOINT=canary.url)
+        p, doc = stage_json(tmp_path / "home", manifest, hub, env=env, run=run_cli_process)
         assert p.returncode == 0 and doc["downloaded_bytes"] > 0, p.stderr
         assert [e.path for e in canary.request_log] == []
 

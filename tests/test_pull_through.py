@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.cli import X86, run_cli
+from tests.support.cli import X86, run_cli, run_cli_process
 from tests.support.fakehub import FakeHub, FakeRepo
 from tests.support.kernel_fixtures import ACTIVATION, ORG, X86_CPU, build, demo_repos
 from tests.support.model_fixtures import TINY_MODEL, tiny_model_repo, write_tiny_model
@@ -190,10 +190,11 @@ def test_a_file_the_upstream_lists_but_answers_404_for_is_a_502_and_nothing_is_s
 
 
 def test_upstream_and_allow_go_together(upstream, tmp_path):
+    # In a process: a serve that did start would not return, and a process times out.
     for args in (["--upstream", upstream.url], ["--allow", ORG]):
-        p = run_cli("serve", *args, home=tmp_path / "home")
+        p = run_cli_process("serve", *args, home=tmp_path / "home")
         assert p.returncode == 2 and "--allow" in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
-    p = run_cli("serve", "--upstream", "ftp://mirror", "--allow", ORG, home=tmp_path / "home")
+    p = run_cli_process("serve", "--upstream", "ftp://mirror", "--allow", ORG, home=tmp_path / "home")
     assert p.returncode == 2 and p.stderr.startswith("frt-mirror: --upstream 'ftp://mirror' is not an upstream URL")
 
 

@@ -17,7 +17,7 @@ from collections import Counter
 from pathlib import Path
 
 from frt.mirror.store.home import Home
-from tests.support.cli import EXE, X86, cli_env, run_cli
+from tests.support.cli import EXE, X86, cli_env, run_cli, run_cli_process
 from tests.support.fakehub.wire import LoggedRequest
 from tests.support.quota import DRIFT, STEADY, TIGHT, quota_hub
 
@@ -57,7 +57,7 @@ def tree_shas(log: list[LoggedRequest]) -> Counter:
 def test_scan_then_matrix_under_a_tight_quota(tmp_path):
     hub, _ = quota_hub()
     with hub:
-        p = run_cli("--endpoint", hub.url, "scan", DRIFT, STEADY, "--json", home=tmp_path / "home", timeout=300)
+        p = run_cli("--endpoint", hub.url, "scan", DRIFT, STEADY, "--json", home=tmp_path / "home")
         assert p.returncode == 0, p.stderr
         assert_paced(hub.request_log)
         assert [r["commits_scanned"] for r in json.loads(p.stdout)] == [8, 2]  # the stray commit: no ref reaches it
@@ -71,7 +71,9 @@ def paced_once(hub, home: Path, command: str, *args: str) -> dict:
     """Run a command that scans `drift` under the quota: each answer once, the refs once (one scan in the
     run, however many resolves and stages it makes); its --json answer."""
     with hub:
-        p = run_cli("--endpoint", hub.url, command, "--json", *args, home=home, timeout=300)
+        argv = ["--endpoint", hub.url, command, "--json", *args]
+        # bisect in a process: it hands the command it bisects its stderr's file descriptor (run_bisect)
+        p = run_cli_process(*argv, home=home, timeout=300) if command == "bisect" else run_cli(*argv, home=home)
         assert p.returncode == 0, p.stderr
         assert_paced(hub.request_log)
         assert sum(r.path.endswith("/refs") for r in hub.request_log) == 1, "the refs once: one scan"
@@ -103,13 +105,13 @@ def test_a_scan_cut_by_its_wait_bound_keeps_its_listings_and_lists_only_the_rest
     hub, _ = quota_hub()
     with hub:
         env = cli_env(FRT_RATE_LIMIT_MAX_WAIT="25")  # two windows' waits, not three
-        p = run_cli("--endpoint", hub.url, "scan", DRIFT, home=home, env=env, timeout=300)
+        p = run_cli("--endpoint", hub.url, "scan", DRIFT, home=home, env=env)
         assert p.returncode == 3, p.stderr
         assert "FRT_RATE_LIMIT_MAX_WAIT" in p.stderr.strip().splitlines()[-1]
         first = list(hub.request_log)
         kept = listed(home, DRIFT)
         assert kept, "whole listings were recorded before the cut"
-        p = run_cli("--endpoint", hub.url, "scan", DRIFT, home=home, timeout=300)
+        p = run_cli("--endpoint", hub.url, "scan", DRIFT, home=home)
         assert p.returncode == 0, p.stderr
         second = hub.request_log[len(first) :]
     assert not kept & set(tree_shas(second)), "a listing recorded is never asked again"
@@ -137,7 +139,7 @@ def test_a_scan_killed_mid_way_keeps_its_listings_and_lists_only_the_rest(tmp_pa
             proc.wait()
         kept = listed(home, DRIFT)
         before = len(hub.request_log)
-        p = run_cli("--endpoint", hub.url, "scan", DRIFT, home=home, timeout=300)
+        p = run_cli("--endpoint", hub.url, "scan", DRIFT, home=home)
         assert p.returncode == 0, p.stderr
         second = hub.request_log[before:]
     assert len(kept) >= 2 and not kept & set(tree_shas(second))

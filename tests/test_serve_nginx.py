@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.cli import cli_env, run_cli
+from tests.support.cli import cli_env, run_cli, run_cli_process
 from tests.support.kernel_fixtures import ACTIVATION, LAYERNORM, X86_CPU
 from tests.support.load import File, files_of, load
 from tests.support.nginx import PREFIX, Front, answer, front_of, nginx_conf, nginx_t, wait_for_lines
@@ -73,7 +73,8 @@ def test_nginx_conf_refuses_bad_input_in_one_line(serve_staged, tmp_path):
         f"frt-mirror: no blob store at {tmp_path}/elsewhere/store/sha256: --home must be the replicas' home, "
         "as this host mounts it"
     ]
-    p = run_cli("serve", "--port", str(free_port()), "--accel-redirect", "/a b", home=serve_staged.home)
+    # In a process: a serve that did start would not return, and a process times out.
+    p = run_cli_process("serve", "--port", str(free_port()), "--accel-redirect", "/a b", home=serve_staged.home)
     assert p.returncode == 2 and len(p.stderr.splitlines()) == 1 and "--accel-redirect" in p.stderr
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.cli import cli_env, run_cli, write_manifest
+from tests.support.cli import cli_env, run_cli, run_cli_process, write_manifest
 from tests.support.fakehub import FakeHub
 from tests.support.kernel_fixtures import ACTIVATION, ORG, RELU, demo_repos
 from tests.support.load import File, hub_files
@@ -352,7 +352,8 @@ def test_a_worker_restarted_during_an_outage_serves_and_the_ledger_is_shown_down
 def test_serve_started_while_the_ledger_is_down_refuses_in_one_line(site, tmp_path):
     site.pg.stop()
     try:
-        p = run_cli("serve", "--port", str(free_port()), home=site.home, env=site.env(), timeout=60)
+        # A process: a serve that did start would not return, and a process can be timed out.
+        p = run_cli_process("serve", "--port", str(free_port()), home=site.home, env=site.env(), timeout=60)
     finally:
         site.pg.start()
     lines = p.stderr.strip().splitlines()

@@ -68,10 +68,11 @@ class App:
 
     def ride_out(self) -> None:
         """This command writes the ledger: it retries each ledger unit that a restarting server cut, for
-        up to FRT_LEDGER_RETRY_S (resolver/ledger_retry.py). Called before the home is opened."""
-        from frt.resolver.ledger.retry import ride_out
+        up to FRT_LEDGER_RETRY_S (resolver/ledger/retry.py), until the command ends. Called before the
+        home is opened."""
+        from frt.resolver.ledger.retry import riding_out
 
-        ride_out()
+        click.get_current_context().with_resource(riding_out())
 
     def hub(self, endpoint: str | None, *, quiet: bool = False) -> HubClient:
         """The upstream's client for this command, one per upstream: every part of the command (a stage's

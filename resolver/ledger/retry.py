@@ -8,7 +8,7 @@ fresh connection (SQLAlchemy empties the pool on a disconnect), never the rest o
 Inside a `Ledger.transaction`, or inside another retried unit, a unit runs once and its failure goes
 up: the outermost unit is the one re-run.
 
-Only the writer commands ride it out (stage, import, gc, unstage, scan: `ride_out`), for at most
+Only the writer commands ride it out (stage, import, gc, unstage, scan: `riding_out`), for at most
 FRT_LEDGER_RETRY_S. Everything else fails at once, as before: serve answers 503 and keeps what it has,
 and a resolve says "try again later" rather than hang a minute. SQLite's "database is locked" is not
 this: it already waits out the busy timeout.
@@ -16,10 +16,11 @@ this: it already waits out the busy timeout.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from typing import Concatenate, ParamSpec, Protocol, TypeVar
 
@@ -53,9 +54,16 @@ _DROPPED_TEXT = (
 _RIDING_OUT: ContextVar[bool] = ContextVar("frt_ledger_riding_out", default=False)
 
 
-def ride_out() -> None:
-    """Ledgers this command opens from now on retry what a dropped connection cut (see the module)."""
-    _RIDING_OUT.set(True)
+@contextlib.contextmanager
+def riding_out() -> Iterator[None]:
+    """Ledgers opened inside retry what a dropped connection cut (see the module). Scoped, not set for good:
+    a writer command run in a process that goes on (click's CliRunner, a caller of the CLI's group) must
+    not leave the readers that follow it riding out a restart for a minute."""
+    token = _RIDING_OUT.set(True)
+    try:
+        yield
+    finally:
+        _RIDING_OUT.reset(token)
 
 
 def retry_budget() -> float:

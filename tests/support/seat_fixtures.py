@@ -364,7 +364,7 @@ def staged_home(root: Path) -> Path:
     from a fake Hub that is stopped afterwards: attach then has nothing to reach but the home."""
     if "home" not in _STAGED:
         from frt.resolver.targets import host_target
-        from tests.support.cli import run_cli
+        from tests.support.cli import run_cli_process
         from tests.support.fakehub import FakeHub
 
         home = root / "home"
@@ -373,7 +373,9 @@ def staged_home(root: Path) -> Path:
             cuda = target.backend.startswith("cu")
             repos = STAGED + (STAGED_CUDA if cuda else ()) + ((LIGER,) if cuda and not liger_problem() else ())
             manifest = write_stage_manifest(root / "seats-manifest.toml", str(target), repos)
-            p = run_cli("--endpoint", hub.url, "stage", str(manifest), home=home)
+            # A process: bench/seats.py stages here too, outside pytest (whose conftest gives this
+            # process the environment a command run in it needs: tests/support/cli.py).
+            p = run_cli_process("--endpoint", hub.url, "stage", str(manifest), home=home)
         if p.returncode != 0:
             raise RuntimeError(f"staging the seat fixtures failed:\n{p.stdout}\n{p.stderr}")
         _STAGED["home"] = home
