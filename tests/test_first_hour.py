@@ -235,7 +235,7 @@ def test_make_try_keeps_the_demo_upstream_up_for_the_readme_and_ctrl_c_stops_it(
         manifest = Path(proc.stdout.readline().split(": ", 1)[1].strip())
         assert manifest == tmp_path / "demo-manifest.toml"
         home = tmp_path / "home"
-        p = run_cli("stage", str(manifest), home=home, env=cli_env(HF_ENDPOINT=url))
+        p = run_cli("--endpoint", url, "stage", str(manifest), home=home)
         assert p.returncode == 0, p.stderr
         assert run_cli("verify", home=home).returncode == 0
         t0 = time.monotonic()
