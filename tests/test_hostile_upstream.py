@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import resource
 import subprocess
 import sys
 import tempfile
@@ -140,30 +139,41 @@ def proxy(upstream):
         yield p
 
 
+# A fresh, small interpreter that runs the CLI under the address-space guard and reports its max RSS. The
+# CLI is not forked from this test process itself: a child's max RSS counts what it held before exec, and
+# the pytest worker (which runs the other CLI tests in-process) can be past MAX_RSS on its own.
+LAUNCHER = """
+import os, resource, sys, time
+guard, deadline, report, argv = int(sys.argv[1]), time.monotonic() + float(sys.argv[2]), sys.argv[3], sys.argv[4:]
+pid = os.fork()
+if pid == 0:
+    resource.setrlimit(resource.RLIMIT_AS, (guard, guard))
+    os.execv(argv[0], argv)
+while True:
+    done, status, usage = os.wait4(pid, os.WNOHANG)
+    if done:
+        break
+    if time.monotonic() > deadline:
+        os.kill(pid, 9)
+        done, status, usage = os.wait4(pid, 0)
+        break
+    time.sleep(0.02)
+open(report, "w").write(f"{os.waitstatus_to_exitcode(status)} {usage.ru_maxrss * 1024}")
+"""
+
+
 def run_measured(args: list[str], env: dict, timeout: float = 2 * MAX_SECONDS) -> tuple[int, str, float, int]:
-    """Run the CLI; (exit code, stderr, seconds, the child's own max RSS in bytes, from wait4)."""
+    """Run the CLI; (exit code, stderr, seconds, the CLI process's own max RSS in bytes, from wait4)."""
     exe = str(Path(sys.executable).with_name("frt-mirror"))
-
-    def guard():  # pragma: no cover - runs in the child
-        resource.setrlimit(resource.RLIMIT_AS, (GUARD_AS, GUARD_AS))
-
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+    with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        report = Path(tmp) / "report"
+        launcher = [sys.executable, "-c", LAUNCHER, str(GUARD_AS), str(timeout), str(report)]
         t0 = time.monotonic()
-        p = subprocess.Popen([exe, *args], stdout=out, stderr=err, env=env, preexec_fn=guard)
-        deadline = t0 + timeout
-        while True:
-            pid, status, usage = os.wait4(p.pid, os.WNOHANG)
-            if pid:
-                break
-            if time.monotonic() > deadline:
-                p.kill()
-                pid, status, usage = os.wait4(p.pid, 0)
-                break
-            time.sleep(0.02)
-        p.returncode = os.waitstatus_to_exitcode(status)  # so Popen does not wait for it again
+        subprocess.run([*launcher, exe, *args], stdout=out, stderr=err, env=env, timeout=timeout + 30, check=True)
         took = time.monotonic() - t0
+        code, rss = map(int, report.read_text().split())
         err.seek(0)
-        return p.returncode, err.read().decode(errors="replace"), took, usage.ru_maxrss * 1024
+        return code, err.read().decode(errors="replace"), took, rss
 
 
 @pytest.mark.parametrize("case", sorted(STAGE_CASES))

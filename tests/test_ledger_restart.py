@@ -23,6 +23,7 @@ from frt.resolver.errors import LedgerUnavailable
 from frt.resolver.ledger import Ledger
 from frt.resolver.ledger.retry import retry_budget
 from tests.support.cli import cli_env, run_cli, start_cli
+from tests.support.homes import empty_home
 from tests.support.kernel_fixtures import RELU
 
 
@@ -135,7 +136,6 @@ def test_a_writer_command_rides_out_restarts_until_it_ends_not_after(tmp_path):
 
     from frt.cli import cli
 
-    home = tmp_path / "h"
-    home.mkdir()
+    home = empty_home(tmp_path / "h")  # gc reads a home: it no longer creates one
     assert CliRunner().invoke(cli, ["--home", str(home), "gc"]).exit_code == 0
     assert retry_budget() == 0.0
