@@ -91,10 +91,12 @@ def serve(app: MirrorApp, sockets: list[socket.socket], limits: HttpLimits | Non
     )
     logging.getLogger("uvicorn.error").addFilter(CutSaid())  # after Config, which configures uvicorn's loggers
     raise_open_files(limits)  # after Config too: a warning it says goes through uvicorn's handler
-    # uvicorn sends the signal it stopped on to the handler it found; this one lets the caller say so,
-    # where the default would end the process at once, silently.
-    said = {s: signal.signal(s, lambda *_: None) for s in (signal.SIGTERM, signal.SIGINT)}
+    # uvicorn's own handler from here on, not only while it runs: a signal before uvicorn takes them (a
+    # worker just forked) stops it as soon as it has started, where a no-op would lose it and the worker
+    # serve on; and the signal uvicorn re-sends to the handler it found, once stopped, lands here too,
+    # where the default would end the process at once, silently, before the caller says it stopped.
     server = Server(config)
+    said = {s: signal.signal(s, server.handle_exit) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         server.run(sockets=sockets)
     finally:
