@@ -18,15 +18,10 @@ def pinned_revision(repo_id: str, environ: Mapping[str, str] | None = None) -> s
     return value or None
 
 
-def closest(repo_id: str, known: Iterable[str]) -> str | None:
-    """The known repo id `repo_id` is most likely a typo of (one or two characters off), or None: what
-    advice names instead of the mistyped id."""
+def did_you_mean(repo_id: str, known: Iterable[str]) -> str:
+    """`: did you mean X?` for a message about `repo_id` that is not there, where a known id is one or two
+    characters off (a typo); "" otherwise: advice never names the mistyped id as what to do next."""
     from difflib import get_close_matches
 
-    return next(iter(get_close_matches(repo_id, [k for k in known if k != repo_id], n=1, cutoff=0.85)), None)
-
-
-def did_you_mean(repo_id: str, known: Iterable[str]) -> str:
-    """`: did you mean X?` for a message about `repo_id` that is not there, where a known id is close."""
-    near = closest(repo_id, known)
-    return f": did you mean {near}?" if near else ""
+    near = get_close_matches(repo_id, [k for k in known if k != repo_id], n=1, cutoff=0.85)
+    return f": did you mean {near[0]}?" if near else ""

@@ -188,10 +188,10 @@ def matrix_cmd(app: App, repo: str, targets: tuple[Target, ...], html: str | Non
 
 def _not_in_ledger(app: App, repo: str) -> BadInput:
     """A repo matrix cannot show: the scanned one it is a typo of, if any, else how to scan it."""
-    from frt.resolver.repo_ids import closest
+    from frt.resolver.repo_ids import did_you_mean
 
-    if (near := closest(repo, app.ledger.repos())) is not None:
-        return BadInput(f"{repo} is not in the ledger: did you mean {near}?")
+    if near := did_you_mean(repo, app.ledger.repos()):
+        return BadInput(f"{repo} is not in the ledger{near}")
     return BadInput(f"{repo} is not in the ledger: run 'frt-mirror scan {repo}' first, if that is its name")
 
 
