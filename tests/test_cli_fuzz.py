@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -196,18 +197,33 @@ def work(tmp_path_factory) -> Path:
 def no_serving():
     """serve with valid options returns at once instead of serving until stopped (with --workers too,
     which would fork workers that serve); what serve put in os.environ for its workers is taken back."""
+    import frt.cli.serve_cmds as serve_cmds
     import frt.mirror.serve as served
     import frt.mirror.serve.run as run
     import frt.mirror.serve.workers as workers
 
-    saved, saved_workers, environ = run.serve, workers.serve_workers, dict(os.environ)
-    run.serve = served.__dict__["serve"] = lambda *a, **k: None
-    workers.serve_workers = lambda *a, **k: 0
+    saved, saved_workers, saved_stop = run.serve, workers.serve_workers, serve_cmds._stopped
+    environ = dict(os.environ)
+
+    def serve(app, sockets, *a, **k):
+        for sock in sockets:  # as uvicorn does when it stops: the next case may listen on the same port
+            sock.close()
+        return run.Stopped(signal=None, in_flight=0)
+
+    def serve_workers(spec, sockets, *a, **k):
+        serve(None, sockets)
+        return 0, None
+
+    run.serve = served.__dict__["serve"] = serve
+    workers.serve_workers = serve_workers
+    # serve's real end is os._exit (serve_cmds._stopped), which would end the pytest worker itself
+    serve_cmds._stopped = lambda line, code: sys.exit(code)  # type: ignore[assignment]
     try:
         yield
     finally:
         run.serve = served.__dict__["serve"] = saved
         workers.serve_workers = saved_workers
+        serve_cmds._stopped = saved_stop  # type: ignore[assignment]
         os.environ.clear()
         os.environ.update(environ)
 
@@ -230,6 +246,20 @@ def test_every_option_value_is_a_contract_exit_and_one_line(work, which, values,
     manifest = work / "m.toml"
     manifest.write_text(MANIFEST.format(target=TARGET, repo=REPO, version=version))
     argv = [a.replace("{manifest}", str(manifest)).replace("{out}", str(work / "cache")) for a in argv]
+    if any("\x00" in x for x in [*env.values(), *argv]):  # no process can be given a NUL: execve refuses it
+        return
+    _holds_the_contract(work, argv, env)
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_serve_with_valid_options_ends_on_its_stop_line_in_the_fuzz_harness(work, workers):
+    """Found by the fuzz test in CI: with valid options, the harness's stand-in serve must end the way
+    serve does (a Stopped, then the stop line), not raise inside the CLI."""
+    result = _holds_the_contract(work, ["serve", "--upstream", "", "--allow", "8027", "--workers", workers], {})
+    assert result.exit_code == 0, result.stderr
+
+
+def _holds_the_contract(work: Path, argv: list[str], env: dict[str, str]):
     base = {
         "HF_ENDPOINT": "http://127.0.0.1:9",
         "FRT_RETRY_ATTEMPTS": "1",
@@ -239,8 +269,6 @@ def test_every_option_value_is_a_contract_exit_and_one_line(work, which, values,
         "FRT_LEDGER_URL": None,
         "FRT_MIRROR_HOME": None,
     }
-    if any("\x00" in x for x in [*env.values(), *argv]):  # no process can be given a NUL: execve refuses it
-        return
     cwd = work / "cwd"
     cwd.mkdir(exist_ok=True)
     with no_serving(), contextlib.chdir(cwd) if hasattr(contextlib, "chdir") else _chdir(cwd):
@@ -261,6 +289,7 @@ def test_every_option_value_is_a_contract_exit_and_one_line(work, which, values,
     elif result.exit_code:
         assert _lines(stderr) and _lines(stderr)[-1].startswith("frt-mirror: "), (argv, env, stderr)
     assert not [p for p in cwd.iterdir()], (argv, env, list(cwd.iterdir()))  # nothing named after a bad value
+    return result
 
 
 @contextlib.contextmanager
