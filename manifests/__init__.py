@@ -12,24 +12,47 @@ Also the seat catalog (``seats.py``, ``examples/seats-*.toml``): which module po
 ``frt.seats.attach`` binds to which kernel, under which guards.
 """
 
-from pathlib import Path
+from __future__ import annotations
 
-from .load import DIR_ORDER, load_manifest
-from .model import KernelSpec, Manifest, ManifestError, ModelSpec, TargetSpec, Trust
-from .seats import (
-    DEFAULT_BAND,
-    KINDS,
-    Guards,
-    KernelRef,
-    SeatCatalog,
-    SeatSpec,
-    SeatSpecError,
-    load_seat_catalog,
-    parse_seat_catalog,
-)
+import importlib
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .load import DIR_ORDER, load_manifest
+    from .model import KernelSpec, Manifest, ManifestError, ModelSpec, TargetSpec, Trust
+    from .seats import (
+        DEFAULT_BAND,
+        KINDS,
+        Guards,
+        KernelRef,
+        SeatCatalog,
+        SeatSpec,
+        SeatSpecError,
+        load_seat_catalog,
+        parse_seat_catalog,
+    )
 
 #: The shipped, commented example manifests (cluster.toml, pyproject-example.toml, kernels.lock).
 EXAMPLES = Path(__file__).resolve().parent / "examples"
+
+# Each name from the submodule that defines it, on first use (PEP 562): the CLI checks a repo id with
+# fields.py on every start, and must not load the manifest and seat-catalog parsers to do it.
+_FROM = {
+    **dict.fromkeys(["DIR_ORDER", "load_manifest"], "load"),
+    **dict.fromkeys(["KernelSpec", "Manifest", "ManifestError", "ModelSpec", "TargetSpec", "Trust"], "model"),
+    **dict.fromkeys(
+        ["DEFAULT_BAND", "KINDS", "Guards", "KernelRef", "SeatCatalog", "SeatSpec", "SeatSpecError"], "seats"
+    ),
+    **dict.fromkeys(["load_seat_catalog", "parse_seat_catalog"], "seats"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _FROM:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_FROM[name]}"), name)
+
 
 __all__ = [
     "DEFAULT_BAND",

@@ -11,6 +11,10 @@ from pathlib import Path
 
 from frt.resolver.errors import BadInput, HomeReadOnly, LedgerCorrupt
 
+# The mirror's schema version (schema.py migrates a ledger to it): here, where a quick read of the SQLite
+# ledger (store/staged.py) checks it without importing SQLAlchemy.
+MIRROR_VERSION = 6
+
 
 @dataclass(frozen=True)
 class HomeLayout:

@@ -13,6 +13,8 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from frt.resolver.ledger.migrations import SchemaTrack, utcnow
 
+from .home_path import MIRROR_VERSION
+
 
 class Base(DeclarativeBase):
     pass
@@ -156,7 +158,6 @@ def _v6_demand(conn: Connection) -> None:
 
 # Version 1 is blobs, staged and tokens as the resolver's track created them up to its version 3: a
 # ledger from then keeps its rows (create_all skips tables that exist) and is stamped.
-MIRROR_VERSION = 6
 MIRROR_TRACK = SchemaTrack.of(
     "mirror",
     Base.metadata,

@@ -112,6 +112,21 @@ def with_archs(target: Target, archs: list[str] | tuple[str, ...]) -> Target:
         raise BadTargetField("archs", f"target {target.by_name}: {e}") from None
 
 
+# The backend tokens kernels' parser takes (kernels.backends.parse_backend: the literal names, and
+# <kind><major><minor> with one digit of minor, as its `cu(\d+)(\d+)` reads it), written out so that
+# naming a target needs no import of kernels, which costs a cluster's `frt-mirror env` on every job start
+# about ten times the rest of it. tests/test_targets.py holds it equal to kernels' parser.
+_BACKEND_RE = re.compile(r"cpu|metal|neuron|tpu|(?P<kind>cu|rocm|xpu|cann)(?P<major>[0-9]+)[0-9]")
+
+
+def known_backend(backend: str) -> bool:
+    """Whether `backend` is a build-variant backend kernels parses, and a CUDA one names CUDA 11 or
+    later: kernels reads "cu13" as CUDA 1.3, for which no torch was ever built (a build variant names
+    CUDA by its major, 11+, and minor: cu<MM><m>)."""
+    m = _BACKEND_RE.fullmatch(backend)
+    return m is not None and (m["kind"] != "cu" or int(m["major"]) >= 11)
+
+
 def make_target(
     *,
     torch: str | None,
@@ -122,15 +137,7 @@ def make_target(
     archs: list[str] | tuple[str, ...] | None = None,
 ) -> Target:
     """Build a target from its fields (a manifest's ``[[targets]]`` table), validating each."""
-    from kernels.backends import parse_backend
-
-    try:
-        parsed = parse_backend(backend)
-    except ValueError:
-        parsed = None
-    # kernels reads "cu13" as CUDA 1.3: no torch was ever built for it. A build variant names CUDA
-    # by its major (11+) and minor, cu<MM><m>.
-    if parsed is None or (parsed.name == "cuda" and parsed.version.major < 11):
+    if not known_backend(backend):
         raise BadTargetField(
             "backend",
             f"unknown backend {backend!r} in target: expected cpu, cu<MM><m> (cu126, cu130), rocm<M><m>, "
@@ -158,13 +165,63 @@ def _host_as_named_target() -> Target:
     compare choices), but it is no target a cluster has: recorded, staged and bundled under a
     name like ``notorch-cu130-x86_64-linux`` it would be refused by every parser downstream.
     """
-    target = host_target()
-    if target.torch is None:
+    import importlib.util
+
+    from .host_cache import remembered_host
+
+    if "torch" not in sys.modules and importlib.util.find_spec("torch") is None:  # kernels' own has_torch test
         raise BadInput(
             "--target host needs torch on this box, and it has none (a stager need not be the "
             "target): name the cluster's target instead, e.g. --target torch2.11-cu130-x86_64-linux"
         )
-    return target
+    # With torch already imported (an engine's process), detecting costs nothing: no cache is read.
+    if "torch" in sys.modules:
+        return host_target()
+    try:
+        return _host_from_fields(remembered_host(lambda: _host_fields(host_target())))
+    except (KeyError, TypeError, ValueError):  # kept by another frt-mirror, in another shape
+        return host_target()
+
+
+def _host_fields(t: Target) -> dict[str, object]:
+    """What `host` detected, as JSON (host_cache keeps it)."""
+    return {
+        "torch": str(t.torch) if t.torch is not None else None,
+        "backend": t.backend,
+        "cpu": t.cpu,
+        "os": t.os,
+        "abi": t.abi,
+        "macos": str(t.macos) if t.macos is not None else None,
+        "tvm_ffi": str(t.tvm_ffi) if t.tvm_ffi is not None else None,
+        "python": t.python,
+    }
+
+
+def _host_from_fields(doc: dict[str, object]) -> Target:
+    def version(field: str) -> Version | None:
+        value = doc[field]
+        return Version(str(value)) if value is not None else None
+
+    abi, python = doc["abi"], doc["python"]
+    text = [doc[f] for f in ("backend", "cpu", "os")]
+    if (
+        not isinstance(abi, bool | None)
+        or not isinstance(python, str | None)
+        or not all(isinstance(v, str) for v in text)
+    ):
+        raise TypeError("not a host target's fields")
+    backend, cpu, os = (str(v) for v in text)
+    return Target(
+        torch=version("torch"),
+        backend=backend,
+        cpu=cpu,
+        os=os,
+        name="host",
+        abi=abi,
+        macos=version("macos"),
+        tvm_ffi=version("tvm_ffi"),
+        python=python,
+    )
 
 
 def host_target() -> Target:

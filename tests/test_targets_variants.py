@@ -7,10 +7,12 @@ import sys
 import textwrap
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kernels.variants import parse_variant, resolve_variants
 
 from frt.resolver.errors import BadInput
-from frt.resolver.targets import host_target, parse_target
+from frt.resolver.targets import host_target, known_backend, parse_target
 from frt.resolver.variants import accepted, decide
 
 # ≥ 30 names: arch (torch, cxx11/cxx98), stable-ABI, tvm-ffi, noarch, universal, other CUDA/ROCm/XPU,
@@ -164,3 +166,46 @@ def test_target_fields_and_string_round_trip():
     assert str(t) == "torch2.11-cu130-aarch64-linux"
     assert parse_target("torch2.6-cpu-x86_64-linux").cxx11_abi is False  # pre-2.7 wheels were cxx98
     assert parse_target("torch2.13-metal-aarch64-darwin").cxx11_abi is None
+
+
+def _kernels_takes(backend: str) -> bool:
+    """kernels' own parser, with the one rule frt adds (CUDA 11 or later)."""
+    from kernels.backends import parse_backend
+
+    try:
+        parsed = parse_backend(backend)
+    except ValueError:
+        return False
+    return parsed.name != "cuda" or parsed.version.major >= 11
+
+
+_TOKENS = st.one_of(
+    st.sampled_from(["cpu", "metal", "neuron", "tpu", "cuda", "rocm", "cu", "xpu", "cann", "npu", "mps", "CPU"]),
+    st.builds(
+        "".join,
+        st.lists(
+            st.one_of(
+                st.sampled_from(
+                    ["cu", "rocm", "xpu", "cann", "cpu", "0", "1", "9", "٣", "²", "-", "_", " ", "\n", "a"]
+                ),
+                st.text(alphabet=st.characters(codec="utf-8"), max_size=2),
+            ),
+            max_size=6,
+        ),
+    ),
+)
+
+
+@settings(max_examples=3000, deadline=None)
+@given(_TOKENS)
+def test_a_backend_is_known_exactly_where_kernels_parses_it(backend):
+    """targets.known_backend checks a backend without importing kernels (which a job's `env` would pay
+    on every start): it must take exactly what kernels' parse_backend takes."""
+    assert known_backend(backend) == _kernels_takes(backend), backend
+
+
+@pytest.mark.parametrize(
+    "backend", ["cu118", "cu130", "cu0118", "cu1299", "rocm71", "xpu20253", "cann81", "cu13", "cu9"]
+)
+def test_known_backends_beside_kernels(backend):
+    assert known_backend(backend) == _kernels_takes(backend)

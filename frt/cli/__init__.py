@@ -1,5 +1,6 @@
 """The `frt-mirror` CLI: the top of the house, above every layer it composes (resolver, mirror, seats,
-adapters). Each command parses, calls one API function, and renders its result as a table or JSON.
+adapters). Each command parses, calls one API function, and renders its result as a table or JSON; its
+module is imported only when it runs (app.COMMANDS).
 
 Exit codes: 0 ok, 1 refused or failed verification, 2 bad usage or bad input, 3 the upstream (or the
 ledger's database) unavailable: try again later.
@@ -7,7 +8,6 @@ ledger's database) unavailable: try again later.
 
 from __future__ import annotations
 
-from . import bisect_cmds, demand_cmds, env_cmd, gc_cmds, key_cmd, ledger_cmds, nginx_cmd, serve_cmds, stage_cmds  # noqa: F401  (they register)
 from .app import cli
 
 

@@ -7,7 +7,7 @@ ledger's database) unavailable: try again later.
 
 from __future__ import annotations
 
-import json
+import importlib
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
-from frt.manifests.fields import MAX_INT
 from frt.mirror.home_path import (
     check_existing_home,
     check_ledger_text,
@@ -25,8 +24,6 @@ from frt.mirror.home_path import (
     default_ledger_url,
 )
 from frt.resolver.errors import BadInput, FrtError, error_line, exit_code
-from frt.resolver.gate import check_endpoint, check_repo_id
-from frt.resolver.targets import parse_target
 
 from .say import say
 
@@ -82,6 +79,7 @@ class App:
 
         from .say import say_waiting
 
+        quiet_hub_logging()
         url = resolve_endpoint(endpoint or self.endpoint)
         hub = self._hubs.get(url)
         if hub is None:
@@ -91,9 +89,61 @@ class App:
         return hub
 
 
+def quiet_hub_logging() -> None:
+    """huggingface_hub logs its own retries ("Retrying in 2s") to stderr; ours report the outcome in one
+    line, so its chatter would break the one-line error contract. Called by each command that reaches an
+    upstream, not at start-up: importing huggingface_hub costs more than most commands do."""
+    import logging
+
+    from huggingface_hub.utils import logging as hf_logging
+
+    hf_logging.set_verbosity(logging.ERROR)  # what its set_verbosity_error() does (that one is unannotated)
+
+
+# Every command: the module of frt.cli that defines it, and the line `frt-mirror --help` lists it by.
+# Each command's module is imported when that command runs, not before (click's lazy-loading group:
+# https://click.palletsprojects.com/en/stable/complex/#lazily-loading-subcommands), so start-up is
+# click's own and the listing needs none of them. tests/test_cli_lazy.py holds the table to the modules.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "bisect": ("bisect_cmds", "Find the first bad commit of REPO between two revisions."),
+    "bundle": ("stage_cmds", "Write OUT.tar: the staged set, to carry across an air gap."),
+    "demand": ("demand_cmds", "What the fleet asked serve for (see report --demand)."),
+    "env": ("env_cmd", "What a cluster sets: LOCAL_KERNELS, HF_ENDPOINT, engines."),
+    "export-cache": ("stage_cmds", "Write a Hub cache for a target that works offline."),
+    "gc": ("gc_cmds", "Remove blobs nothing references, and dead partial downloads."),
+    "import": ("stage_cmds", "Verify every file of IN.tar, then add it to the home."),
+    "key": ("key_cmd", "Keys that sign bundles and check them on the cluster."),
+    "matrix": ("ledger_cmds", "Availability: revision × variant, and the targets each serves."),
+    "nginx-conf": ("nginx_cmd", "Print an nginx.conf for nginx in front of serve replicas."),
+    "pin": ("bisect_cmds", "The environment that loads REPO at exactly REVISION."),
+    "report": ("ledger_cmds", "Every refusal on record: repo, version, target, error."),
+    "resolve": ("ledger_cmds", "Resolve REPO for a target: the commit, variant and files."),
+    "scan": ("ledger_cmds", "Record refs, history and build variants of REPOS."),
+    "serve": ("serve_cmds", "Serve the staged set as a read-only Hub endpoint."),
+    "stage": ("stage_cmds", "Fetch exactly the files the targets need, verified."),
+    "token": ("serve_cmds", "Bearer tokens for serve."),
+    "unstage": ("gc_cmds", "Drop a staged set; then gc reclaims its blobs."),
+    "verify": ("stage_cmds", "Re-hash every blob and check every view link."),
+}
+
+
 class _Group(click.Group):
-    """Turns every FrtError, and click's own usage errors, into one line on stderr and the contract's
-    exit code (click prints a usage block, a hint and the error: four lines for one bad value)."""
+    """The commands of COMMANDS, each loaded when asked for. Turns every FrtError, and click's own usage
+    errors, into one line on stderr and the contract's exit code (click prints a usage block, a hint and
+    the error: four lines for one bad value)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in COMMANDS and cmd_name not in self.commands:
+            importlib.import_module(f"{__package__}.{COMMANDS[cmd_name][0]}")  # its commands register on cli
+        return self.commands.get(cmd_name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The listing from COMMANDS' lines: no command's module is imported to print it."""
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, line) for name, (_, line) in sorted(COMMANDS.items())])
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         try:
@@ -143,6 +193,8 @@ class Finite(click.FloatRange):
 def parse_targets(
     _ctx: click.Context, _param: click.Parameter, values: str | Sequence[str] | None
 ) -> Target | tuple[Target, ...] | None:
+    from frt.resolver.targets import parse_target
+
     if values is None:
         return None
     if isinstance(values, str):
@@ -152,7 +204,12 @@ def parse_targets(
 
 def parse_repo_versions(_ctx: click.Context, _param: click.Parameter, values: Sequence[str] | None) -> dict[str, int]:
     out: dict[str, int] = {}
-    for v in values or ():
+    if not values:
+        return out
+    from frt.manifests.fields import MAX_INT
+    from frt.resolver.gate import check_repo_id
+
+    for v in values:
         repo, sep, n = v.rpartition("=")
         if not sep or not repo or not (n.isascii() and n.isdigit() and int(n[:11]) <= MAX_INT):
             raise BadInput(
@@ -164,6 +221,8 @@ def parse_repo_versions(_ctx: click.Context, _param: click.Parameter, values: Se
 
 
 def emit_json(doc: object) -> None:
+    import json
+
     click.echo(json.dumps(doc, indent=2, default=str))
 
 
@@ -208,17 +267,12 @@ def cli(
     # Before huggingface_hub is imported: it parses HF_ENDPOINT at import, and `http://[::1` or a port
     # past 65535 there was its ValueError traceback, whatever the command.
     if os.environ.get("HF_ENDPOINT"):
+        from frt.resolver.gate import check_endpoint
+
         check_endpoint(os.environ["HF_ENDPOINT"], where="HF_ENDPOINT")
     if ledger_url is not None:
         check_ledger_text(ledger_url, where="--ledger")
     if store_url is not None:
         store_url = check_store_url(store_url, where="--store")
-    # huggingface_hub logs its own retries ("Retrying in 2s") to stderr; ours report the outcome in
-    # one line, so its chatter would break the one-line error contract.
-    import logging
-
-    from huggingface_hub.utils import logging as hf_logging
-
-    hf_logging.set_verbosity(logging.ERROR)  # what its set_verbosity_error() does (that one is unannotated)
     ctx.obj = App(root=home or default_home(), endpoint=endpoint, ledger_url=ledger_url, store_url=store_url)
     ctx.call_on_close(lambda: ctx.obj._home and ctx.obj._home.close())

@@ -77,7 +77,6 @@ def env_cmd(
     vLLM or SGLang job sets to attach seats in its workers without installing anything: PYTHONPATH
     (the frt package and the plugin's dist-info, written to --python-dir), FRT_MIRROR_HOME, FRT_SEATS
     and the engine's plugin allow-list."""
-    from frt.adapters.engine_env import check_catalog, engine_vars
     from frt.mirror.views.env import TELEMETRY_WARNING, endpoint_vars, env_vars, local_kernels, pip_line, render_sh
 
     if (seats or python_dir) and not engine:
@@ -100,6 +99,7 @@ def env_cmd(
         raise BadInput("give --target T (LOCAL_KERNELS), --serve URL (HF_ENDPOINT) or --engine vllm|sglang")
     if engine:
         from frt.adapters.distinfo import write_python_dir
+        from frt.adapters.engine_env import check_catalog, engine_vars
 
         catalog = check_catalog(seats) if seats else None
         where = (python_dir or HomeLayout(app.root).python).absolute()

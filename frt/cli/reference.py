@@ -29,7 +29,7 @@ Generated from the click commands by `frt/cli/reference.py`; do not edit: run `m
 
 def render() -> str:
     """The whole reference, as markdown."""
-    from frt.cli import cli  # the package import registers every command on the group
+    from frt.cli import cli
 
     contexts = list(_walk(cli, _root_context(cli)))
     toc = "\n".join(f"- [`{c.command_path}`](#{_slug(c.command_path)})" for c in contexts)
@@ -44,9 +44,9 @@ def _walk(cmd: click.Command, ctx: click.Context) -> Iterator[click.Context]:
     """This command's context, then each subcommand's, depth first, by name."""
     yield ctx
     if isinstance(cmd, click.Group):
-        for name in sorted(cmd.commands):
-            sub = cmd.commands[name]
-            if not sub.hidden:
+        for name in sorted(cmd.list_commands(ctx)):
+            sub = cmd.get_command(ctx, name)  # the top group loads each command's module here (app.COMMANDS)
+            if sub is not None and not sub.hidden:
                 yield from _walk(sub, click.Context(sub, info_name=name, parent=ctx))
 
 

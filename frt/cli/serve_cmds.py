@@ -15,7 +15,7 @@ from frt.mirror.serve.limits import HttpLimits
 from frt.mirror.serve.nginx import DEFAULT_ACCEL, check_accel_prefix
 from frt.resolver.settings import MAX_SETTING
 
-from .app import App, Finite, cli, emit_json, json_option
+from .app import App, Finite, cli, emit_json, json_option, quiet_hub_logging
 from .render import table
 from .say import say
 
@@ -342,6 +342,7 @@ def _upstream(
     check_writable(app.root, "serve --upstream stores what it pulls")
     from frt.resolver.hub import resolve_endpoint
 
+    quiet_hub_logging()
     return Upstream(resolve_endpoint(url, "--upstream"), frozenset(allow), refs_ttl, timeout, hold)
 
 

@@ -7,7 +7,6 @@ git blob sha1 for small ones). Until then it lives in tmp/ as a `.part` file (sc
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +23,8 @@ class Digest:
 def digest_file(path: Path) -> Digest:
     """sha256 and git blob sha1 of a file in one read."""
     size = path.stat().st_size
+    import hashlib  # here: a home that is only read (env on a job start) hashes nothing
+
     h256, hgit = hashlib.sha256(), hashlib.sha1(f"blob {size}\0".encode())
     with open(path, "rb") as f:
         while chunk := f.read(CHUNK):
@@ -44,6 +45,8 @@ class RunningDigest:
         self.reset()
 
     def reset(self) -> None:
+        import hashlib
+
         self.h256, self.hgit, self.n = hashlib.sha256(), hashlib.sha1(f"blob {self.size}\0".encode()), 0
 
     def update(self, chunk: bytes) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
@@ -66,6 +65,8 @@ class FileBlobStore:
         on the disk)."""
         dirs = {self._move_in(part, digest).parent for part, digest in parts}
         if dirs:
+            from concurrent.futures import ThreadPoolExecutor
+
             with ThreadPoolExecutor(max_workers=min(8, len(dirs))) as pool:
                 list(pool.map(fsync_dir, sorted(dirs)))
 

@@ -6,21 +6,27 @@ from __future__ import annotations
 from collections.abc import Iterable
 from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from frt.resolver.errors import BadInput
-from frt.resolver.ledger import Ledger
-from frt.resolver.resolution import FileEntry
 
 from ..home_path import check_home, check_not_forgotten, default_ledger_url, default_store_url, ledger_path
-from ..schema import MIRROR_TRACK
-from .files import FileBlobStore, store_root
-from .protocol import BlobStore
-from .records import StagedRow, blob_for, staged_for, staged_rows
-from .view_trees import Views
+from .staged import StagedRow, quick_staged
+
+if TYPE_CHECKING:  # imported where used: `env` on a job start reads a home without SQLAlchemy (staged.py)
+    from frt.resolver.ledger import Ledger
+    from frt.resolver.resolution import FileEntry
+
+    from .protocol import BlobStore
+    from .view_trees import Views
 
 
 def open_ledger(where: Path | str, readonly: bool | None = None) -> Ledger:
     """A ledger with the mirror's tables beside the resolver's (migrated, or checked when read-only)."""
+    from frt.resolver.ledger import Ledger
+
+    from ..schema import MIRROR_TRACK
+
     return Ledger(where, readonly=readonly, tracks=(MIRROR_TRACK,))
 
 
@@ -53,6 +59,8 @@ class Home:
     @property
     def ledger(self) -> Ledger:
         if self._ledger is None:
+            from .files import store_root
+
             if not self.ledger_url:
                 check_not_forgotten(self.root, store_root(self.root))
             self._ledger = open_ledger(self.ledger_url or ledger_path(self.root), readonly=self._readonly)
@@ -65,6 +73,8 @@ class Home:
         # (its catalog's blob paths) while a ledger server is down.
         shared = (lambda name, **kw: self.ledger.named_lock(name, **kw)) if on_server else None
         if self.store_url is None:
+            from .files import FileBlobStore
+
             return FileBlobStore(self.root, shared_lock=shared)
         if not on_server or _is_sqlite(self.ledger_url):
             raise BadInput(
@@ -79,14 +89,25 @@ class Home:
     def views(self) -> Views | None:
         """The build/<variant> trees of hard links into the store, or None where its blobs are not files
         on this host (an object store: `env --into` writes a target's files instead)."""
+        from .view_trees import Views
+
         files = self.store.files
         return Views(self.root, files) if files is not None else None
 
     def blob_for(self, entries: Iterable[FileEntry]) -> dict[FileEntry, str | None]:
+        from .records import blob_for
+
         return blob_for(self.ledger, entries)
 
     def staged(self, target: str | None = None) -> list[StagedRow]:
-        """Rows staged for `target` (with the pulled-through variants it accepts), or every row."""
+        """Rows staged for `target` (with the pulled-through variants it accepts), or every row. For a
+        target, from a SQLite ledger not yet opened here, the quick read where it can answer (staged.py)."""
+        if target is not None and self._ledger is None and not self.ledger_url:
+            quick = quick_staged(ledger_path(self.root), target)
+            if quick is not None:
+                return quick
+        from .records import staged_for, staged_rows
+
         return staged_for(self.ledger, target) if target is not None else staged_rows(self.ledger)
 
     def close(self) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from sqlalchemy import delete, select, tuple_
 from sqlalchemy.orm import Session
@@ -20,62 +20,12 @@ from frt.resolver.resolution import FileEntry, Resolution
 
 from ..schema import Blob, Change, Staged, StagedWheel, Wheel
 from .blobs import Digest
+from .staged import MODEL_SELECTION as MODEL_SELECTION
+from .staged import MODEL_TARGET as MODEL_TARGET
+from .staged import PULLED as PULLED
+from .staged import StagedRow as StagedRow
 
-# A staged model selection is target-less: its row carries this in place of a target (never a target
-# string, which always starts with "torch"), and its files are the Variant row MODEL_SELECTION (see
-# frt.mirror.stage.models).
 K = TypeVar("K", bound=Hashable)  # a key of an IN list: a sha, or a (repo, requested, target) row
-MODEL_TARGET = "model"
-MODEL_SELECTION = "files"
-# A kernel variant a client pulled through `serve --upstream` (frt.mirror.serve.pull_through) was asked for by no
-# target: its row's target is PULLED + the variant's name, and a target's staged set takes it where that
-# target accepts the variant (see staged_for).
-PULLED = "pulled:"
-
-
-@dataclass(frozen=True)
-class StagedRow:
-    repo: str
-    requested: str
-    version: int | None
-    revision: str | None
-    target: str
-    commit: str
-    variant: str
-    wheels: tuple[str, ...] = ()  # filenames of the wheels its python-depends need on its target
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.wheels, tuple):  # a bundle's JSON gives a list
-            object.__setattr__(self, "wheels", tuple(self.wheels))
-
-    def to_json(self) -> dict[str, Any]:
-        """The row as bundles and --json carry it; `wheels` only where it has some (so a row without
-        any reads, and fingerprints, as it did before wheels were staged)."""
-        out = dict(self.__dict__)
-        if self.wheels:
-            out["wheels"] = list(self.wheels)
-        else:
-            del out["wheels"]
-        return out
-
-    @property
-    def key(self) -> tuple[str, str, str]:
-        """The row's natural key in the ledger: one staged row per repo, request and target."""
-        return self.repo, self.requested, self.target
-
-    @property
-    def is_model(self) -> bool:
-        return self.target == MODEL_TARGET
-
-    @property
-    def is_pulled(self) -> bool:
-        return self.target.startswith(PULLED)
-
-    @property
-    def repo_type(self) -> str:
-        """ "model" for every target-less row, datasets too (bundles record it so): where a dataset must
-        be told apart (serving it, a cache folder), see repo_types."""
-        return "model" if self.is_model else "kernel"
 
 
 @dataclass(frozen=True)

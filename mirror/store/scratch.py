@@ -12,8 +12,6 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from pathlib import Path
 
-from filelock import FileLock
-
 from ..home_path import HomeLayout
 
 # A lock across hosts by name (Ledger.named_lock on a server ledger); what it yields is not used.
@@ -39,6 +37,8 @@ class Scratch:
     def lock(self, *keys: str) -> Iterator[None]:
         """One writer per blob across processes and hosts: two stagers never share a `.part` file. With
         several keys (a blob's sha256 and the git oid a small file is fetched by), each, in one order."""
+        from filelock import FileLock  # here: a home that is only read (env on a job start) takes no lock
+
         with ExitStack() as held:
             for key in sorted(set(keys)):
                 if self.shared_lock is not None:

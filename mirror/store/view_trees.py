@@ -16,12 +16,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from frt.resolver.resolution import FileEntry
-
 from ..home_path import HomeLayout
-from .files import FileBlobStore
 
 if TYPE_CHECKING:
+    from frt.resolver.resolution import FileEntry
+
+    from .files import FileBlobStore
     from .records import WheelRecord
 
 

@@ -11,7 +11,7 @@ from frt.resolver.repo_ids import did_you_mean, pin_variable, pinned_revision
 from frt.resolver.targets import Target
 
 from ..store.home import Home
-from ..store.records import StagedRow
+from ..store.staged import StagedRow
 from ..store.view_trees import wheels_dir
 
 
@@ -161,11 +161,12 @@ def env_vars(entries: list[EnvEntry]) -> dict[str, str]:
 def pip_line(wheels: Iterable[str], find_links: Path | None = None) -> str | None:
     """The install a cluster runs before it loads kernels with python-depends: from PIP_FIND_LINKS, or
     from `find_links` named on the line. `wheels`: their filenames."""
+    names = list(wheels)
+    if not names:
+        return None
     from packaging.utils import parse_wheel_filename
 
-    projects = sorted({str(parse_wheel_filename(w)[0]) for w in wheels})
-    if not projects:
-        return None
+    projects = sorted({str(parse_wheel_filename(w)[0]) for w in names})
     where = f" --find-links {find_links}" if find_links else ""
     return f"pip install --no-index{where} {' '.join(projects)}"
 

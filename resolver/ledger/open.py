@@ -29,13 +29,13 @@ import threading
 from collections.abc import Callable
 from contextvars import ContextVar
 from pathlib import Path
-from urllib.parse import quote
 
 from sqlalchemy import URL, Connection, Engine, create_engine, event, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError
 from sqlalchemy.pool import ConnectionPoolEntry
 
-from ..errors import BadInput, HomeReadOnly, LedgerDropped, LedgerUnavailable, first_line
+from ..errors import BadInput, LedgerDropped, LedgerUnavailable, first_line
+from ..ledger_file import read_only_params, uri
 from ..settings import env_number
 from .retry import dropped
 
@@ -75,8 +75,8 @@ def read_write_engine(path: Path) -> Engine:
 def read_only_engine(path: Path) -> Engine:
     if not path.is_file():
         raise BadInput(f"no ledger at {path}: nothing was staged or scanned in this home")
-    uri = _uri(path)
-    url = URL.create("sqlite", database=f"file:{uri}", query={**_read_only_params(path, uri), "uri": "true"})
+    path_uri = uri(path)
+    url = URL.create("sqlite", database=f"file:{path_uri}", query={**read_only_params(path, path_uri), "uri": "true"})
     timeout = busy_timeout()
     engine = create_engine(url, connect_args={"timeout": timeout})
     event.listen(engine, "connect", functools.partial(_configure_read_only, timeout))
@@ -203,32 +203,6 @@ def _close_quietly(conn: Connection) -> None:
 # The advisory lock key every writer of a server ledger takes (any 64-bit number no other
 # application on that database uses: these are the bytes of "frt-ledg").
 WRITE_LOCK = int.from_bytes(b"frt-ledg", "big", signed=True)
-
-
-def _uri(path: Path) -> str:
-    # An SQLite URI filename: '?', '#' and '%' in the path would otherwise end it or be decoded.
-    return quote(str(path.absolute()))
-
-
-def _read_only_params(path: Path, uri: str) -> dict[str, str]:
-    try:
-        probe = sqlite3.connect(f"file:{uri}?mode=ro", uri=True)
-        try:
-            probe.execute("SELECT count(*) FROM sqlite_master").fetchone()
-        finally:
-            probe.close()
-        return {"mode": "ro"}
-    except sqlite3.OperationalError as e:
-        if getattr(e, "sqlite_errorname", "") != "SQLITE_CANTOPEN":
-            raise
-    wal = path.with_name(f"{path.name}-wal")
-    if not wal.exists() or wal.stat().st_size == 0:
-        return {"immutable": "1"}  # no log to lose: the main file is the whole ledger
-    raise HomeReadOnly(
-        f"ledger {path} has a write-ahead log ({wal.name}) but no {path.name}-shm, and its "
-        "directory is read-only, so SQLite cannot read it here; open it once read-write (any "
-        "frt-mirror command where the home is writable) to fold the log into the ledger"
-    )
 
 
 def _begin(conn: Connection) -> None:

@@ -14,7 +14,6 @@ from sqlalchemy.orm import Session
 
 from ..archs import declared_archs
 from ..resolution import VariantInfo, declared_depends
-from ..variants import parse_fields
 from .dialect import InsertFn, cached
 from .schema import File, RefusalRow, Repo, Variant
 
@@ -50,6 +49,8 @@ def upsert_refusal(insert: InsertFn) -> postgresql.Insert | sqlite.Insert:
 
 
 def variant_row(commit_pk: int, v: VariantInfo) -> Variant:
+    from ..variants import parse_fields  # kernels' parser: only a scan records variants, not a reader
+
     fields = parse_fields(v.name)
     meta = v.metadata or {}
     return Variant(

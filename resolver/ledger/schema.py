@@ -13,6 +13,7 @@ from typing import cast
 from sqlalchemy import Connection, ForeignKey, String, Table, Text, UniqueConstraint, select, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from .. import ledger_file
 from ..resolution import parent_chain
 from .migrations import SchemaTrack, utcnow
 
@@ -148,7 +149,7 @@ class Publisher(Base):
     seen_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = ledger_file.SCHEMA_VERSION  # kept there, where a quick read checks it without SQLAlchemy
 
 
 def _moved_to_mirror(conn: Connection) -> None:

@@ -1,0 +1,105 @@
+"""What is staged, as a row: the StagedRow every room passes around, and the one quick read of it that a
+cluster's job start makes (`env --target`) from a SQLite ledger with the standard library alone, with no
+SQLAlchemy to import (records.py writes and reads these rows through the ledger)."""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from frt.resolver.ledger_file import SCHEMA_VERSION, quick_reader
+
+from ..home_path import MIRROR_VERSION
+
+# A staged model selection is target-less: its row carries this in place of a target (never a target
+# string, which always starts with "torch"), and its files are the Variant row MODEL_SELECTION (see
+# frt.mirror.stage.models).
+MODEL_TARGET = "model"
+MODEL_SELECTION = "files"
+# A kernel variant a client pulled through `serve --upstream` (frt.mirror.serve.pull_through) was asked for by no
+# target: its row's target is PULLED + the variant's name, and a target's staged set takes it where that
+# target accepts the variant (see staged_for).
+PULLED = "pulled:"
+
+
+@dataclass(frozen=True)
+class StagedRow:
+    repo: str
+    requested: str
+    version: int | None
+    revision: str | None
+    target: str
+    commit: str
+    variant: str
+    wheels: tuple[str, ...] = ()  # filenames of the wheels its python-depends need on its target
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.wheels, tuple):  # a bundle's JSON gives a list
+            object.__setattr__(self, "wheels", tuple(self.wheels))
+
+    def to_json(self) -> dict[str, Any]:
+        """The row as bundles and --json carry it; `wheels` only where it has some (so a row without
+        any reads, and fingerprints, as it did before wheels were staged)."""
+        out = dict(self.__dict__)
+        if self.wheels:
+            out["wheels"] = list(self.wheels)
+        else:
+            del out["wheels"]
+        return out
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        """The row's natural key in the ledger: one staged row per repo, request and target."""
+        return self.repo, self.requested, self.target
+
+    @property
+    def is_model(self) -> bool:
+        return self.target == MODEL_TARGET
+
+    @property
+    def is_pulled(self) -> bool:
+        return self.target.startswith(PULLED)
+
+    @property
+    def repo_type(self) -> str:
+        """ "model" for every target-less row, datasets too (bundles record it so): where a dataset must
+        be told apart (serving it, a cache folder), see repo_types."""
+        return "model" if self.is_model else "kernel"
+
+
+def quick_staged(ledger: Path, target: str) -> list[StagedRow] | None:
+    """records.staged_for(target) read with sqlite3 from the SQLite ledger at `ledger`: the same rows in
+    the same order, or None where only the ledger's own path can answer (ledger_file.quick_reader's
+    cases; and pulled-through rows, whose choice needs kernels' variant rules)."""
+    conn = quick_reader(ledger, {"schema_migrations": SCHEMA_VERSION, "mirror_schema_migrations": MIRROR_VERSION})
+    if conn is None:
+        return None
+    try:
+        if (
+            target.startswith("torch")
+            and conn.execute(
+                "SELECT 1 FROM staged WHERE substr(target, 1, ?) = ? LIMIT 1", (len(PULLED), PULLED)
+            ).fetchone()
+        ):
+            return None
+        wheels: dict[tuple[str, str, str], list[str]] = {}
+        for repo, requested, tgt, filename in conn.execute(
+            "SELECT repo_id, requested, target, filename FROM staged_wheels ORDER BY filename"
+        ):
+            wheels.setdefault((repo, requested, tgt), []).append(filename)
+        return [
+            StagedRow(
+                repo, requested, version, revision, tgt, commit, variant, tuple(wheels.get((repo, requested, tgt), ()))
+            )
+            for repo, requested, version, revision, tgt, commit, variant in conn.execute(
+                "SELECT repo_id, requested, version, revision, target, commit_sha, variant FROM staged "
+                "WHERE target = ? ORDER BY repo_id, version, requested, target",
+                (target,),
+            )
+        ]
+    except sqlite3.Error:  # the ledger's own path reads it, or says in one line what is wrong
+        return None
+    finally:
+        conn.close()

@@ -1,0 +1,83 @@
+"""`--target host` on a job's start, remembered: detecting this machine as kernels does imports torch
+(seconds), and a cluster's launcher runs `frt-mirror env --target host` on every job. The detection is
+targets.host_target, unchanged; its answer is kept per interpreter, machine and installed packages, in
+the user's cache folder, and detected again whenever any of them changes.
+
+What the answer depends on, and so the key: the interpreter (its path and version), the machine (name,
+platform, macOS release: Metal is asked of the hardware), TORCH_DEVICE_BACKEND_AUTOLOAD (torch_tpu and
+the Neuron extension announce themselves through that autoload), and what is installed: the modification
+time of every folder on sys.path (installing, upgrading or removing a distribution adds or removes an
+entry there) and of torch's version.py. A cache that cannot be read or written is detection every time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+
+# Bumped when what is kept changes shape.
+_FORMAT = 1
+
+
+def remembered_host(detect: Callable[[], dict[str, object]]) -> dict[str, object]:
+    """`detect()`'s answer for this machine as it is now (a JSON object: targets.py turns a Target into
+    one and back), from the cache where it holds one."""
+    key = _key()
+    # The file is named by a checksum of the key and holds the key itself, compared on read: no hash
+    # library to import on a job's start, and two keys with one checksum only take turns.
+    path = cache_dir() / "host-targets" / f"{zlib.crc32(key.encode()):08x}.json"
+    try:
+        doc = json.loads(path.read_text())
+        if isinstance(doc, dict) and doc.pop("key", None) == key:
+            return doc
+    except (OSError, ValueError):
+        pass
+    target = detect()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        part = path.with_name(f"{path.name}.{os.getpid()}.part")
+        part.write_text(json.dumps({"key": key, **target}))
+        part.replace(path)  # whole or absent: a reader at the same moment detects for itself
+    except OSError:
+        pass  # a read-only home folder (a cluster's): detection every time, as before the cache
+    return target
+
+
+def cache_dir() -> Path:
+    """The user's cache folder for frt-mirror (XDG_CACHE_HOME on Linux)."""
+    if sys.platform == "darwin":
+        return Path.home() / "Library" / "Caches" / "frt-mirror"
+    if sys.platform == "win32":
+        return Path(os.environ.get("LOCALAPPDATA", Path.home() / "AppData" / "Local")) / "frt-mirror" / "Cache"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "frt-mirror"
+
+
+def _key() -> str:
+    import importlib.util
+
+    parts: list[object] = [
+        _FORMAT,
+        sys.executable,
+        sys.version,
+        tuple(platform.uname()),  # not platform.platform(): it reads the interpreter's binary for its libc
+        platform.mac_ver()[0],
+        os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD"),
+    ]
+    for entry in sys.path:
+        try:
+            parts.append((entry, os.stat(entry or ".").st_mtime_ns))
+        except OSError:
+            parts.append((entry, None))
+    spec = importlib.util.find_spec("torch")
+    if spec is not None and spec.submodule_search_locations:
+        version = Path(next(iter(spec.submodule_search_locations))) / "version.py"
+        try:
+            parts.append(version.stat().st_mtime_ns)
+        except OSError:
+            parts.append(None)
+    return repr(parts)

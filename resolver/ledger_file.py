@@ -1,0 +1,70 @@
+"""A SQLite ledger file opened with the standard library alone: how a read-only opener reaches it (the
+rules open.py's docstring gives: ``mode=ro``, else ``immutable=1`` where there is no log to lose), and a
+quick read for the commands a cluster's job start runs, which must not pay for importing SQLAlchemy (it
+costs about five times Python's own start-up with click).
+
+A quick read answers only where the file's schema is exactly this code's, for every track it names; it
+returns None otherwise (no file, an empty one, a schema to migrate or newer than this code, any error),
+and the caller takes the ledger's own path, which migrates, refuses or explains in its one line."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from urllib.parse import quote
+
+from .errors import HomeReadOnly
+
+# The resolver's schema version (schema.py migrates a ledger to it): here, where a quick read checks it.
+SCHEMA_VERSION = 5
+
+
+def uri(path: Path) -> str:
+    # An SQLite URI filename: '?', '#' and '%' in the path would otherwise end it or be decoded.
+    return quote(str(path.absolute()))
+
+
+def read_only_params(path: Path, path_uri: str) -> dict[str, str]:
+    """How this process opens the ledger at `path` read-only: ``mode=ro`` where it can, else
+    ``immutable=1`` where no write-ahead log would be lost; HomeReadOnly otherwise (ledger/open.py says why)."""
+    try:
+        probe = sqlite3.connect(f"file:{path_uri}?mode=ro", uri=True)
+        try:
+            probe.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        finally:
+            probe.close()
+        return {"mode": "ro"}
+    except sqlite3.OperationalError as e:
+        if getattr(e, "sqlite_errorname", "") != "SQLITE_CANTOPEN":
+            raise
+    wal = path.with_name(f"{path.name}-wal")
+    if not wal.exists() or wal.stat().st_size == 0:
+        return {"immutable": "1"}  # no log to lose: the main file is the whole ledger
+    raise HomeReadOnly(
+        f"ledger {path} has a write-ahead log ({wal.name}) but no {path.name}-shm, and its "
+        "directory is read-only, so SQLite cannot read it here; open it once read-write (any "
+        "frt-mirror command where the home is writable) to fold the log into the ledger"
+    )
+
+
+def quick_reader(path: Path, versions: dict[str, int]) -> sqlite3.Connection | None:
+    """A read-only connection to the ledger at `path`, in one read transaction (one snapshot), where each
+    version table named in `versions` holds exactly its version; else None. The caller closes it."""
+    try:
+        if path.stat().st_size == 0:  # empty, or a WAL ledger not yet checkpointed: the ledger's path decides
+            return None
+        path_uri = uri(path)
+        params = "&".join(f"{k}={v}" for k, v in read_only_params(path, path_uri).items())
+        conn = sqlite3.connect(f"file:{path_uri}?{params}", uri=True, isolation_level=None)
+    except (OSError, sqlite3.Error, HomeReadOnly):
+        return None
+    try:
+        conn.execute("BEGIN")
+        for table, version in versions.items():
+            if conn.execute(f"SELECT max(version) FROM {table}").fetchone() != (version,):  # noqa: S608 (our names)
+                conn.close()
+                return None
+    except sqlite3.Error:
+        conn.close()
+        return None
+    return conn

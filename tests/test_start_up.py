@@ -1,0 +1,207 @@
+"""Start-up (issue "Start-up, import and the S3 store at disk speed"): the CLI loads a command's module when
+that command runs (app.COMMANDS), `env --target` on a job start reads a SQLite ledger with sqlite3 alone
+(store/staged.py) and remembers `--target host` (resolver/host_cache.py). The figures are bench/startup.py's;
+here, what each shortcut must give: the same answer as the long way, and none of the heavy imports."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import click
+import pytest
+
+from frt.cli.app import COMMANDS, cli
+from frt.mirror.home_path import MIRROR_VERSION
+from frt.mirror.store.home import Home
+from frt.mirror.store.records import staged_for
+from frt.mirror.store.staged import quick_staged
+from frt.resolver.host_cache import remembered_host
+from frt.resolver.targets import _host_fields, _host_from_fields, host_target
+from tests.support.cli import ARM_CU, EXE, X86, cli_env
+from tests.support.kernel_fixtures import ACTIVATION
+
+# The fixture home has activation at v1 and v2: env leaves it out unless one is chosen.
+ONE_VERSION = ["--version", f"{ACTIVATION}=1"]
+HEAVY = ("sqlalchemy", "huggingface_hub", "kernels", "torch", "starlette", "uvicorn", "jinja2", "httpx", "filelock")
+
+
+def _loaded_after(argv: list[str], env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, dict]:
+    """Run the CLI in a fresh interpreter; the modules it had loaded at exit (ours and the heavy ones)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "modules.json"
+        probe = (
+            "import atexit, json, sys\n"
+            "def _report():\n"
+            f"    mods = [m for m in sys.modules if m.startswith('frt.') or m.split('.')[0] in {HEAVY!r}]\n"
+            f"    open({str(out)!r}, 'w').write(json.dumps(sorted(mods)))\n"
+            "atexit.register(_report)\n"
+            "from frt.cli import main\n"
+            f"sys.argv = ['frt-mirror', *{argv!r}]\n"
+            "main()\n"
+        )
+        p = subprocess.run(
+            [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, env={**cli_env(), **(env or {})}
+        )
+        mods = json.loads(out.read_text()) if out.exists() else []
+    heavy = sorted({m.split(".")[0] for m in mods} & set(HEAVY))
+    return p, {"ours": [m for m in mods if m.startswith("frt.")], "heavy": heavy}
+
+
+def test_every_command_is_where_commands_says_and_nowhere_else():
+    """app.COMMANDS is the listing `--help` prints without loading a command: each name must be a command
+    its module defines, and no module may register a command the table does not name."""
+    ctx = click.Context(cli)
+    for name, (module, line) in COMMANDS.items():
+        cmd = cli.get_command(ctx, name)
+        assert cmd is not None and cmd.name == name, name
+        assert cmd.callback is None or cmd.callback.__module__ == f"frt.cli.{module}", (name, cmd.callback.__module__)
+        assert line.endswith(".") and len(name) + len(line) <= 72, (name, line)  # 80 columns, no click "..."
+    for module in {m for m, _ in COMMANDS.values()}:
+        importlib.import_module(f"frt.cli.{module}")
+    assert set(cli.commands) == set(COMMANDS)
+
+
+def test_help_lists_every_command_and_loads_none():
+    p, loaded = _loaded_after(["--help"])
+    assert p.returncode == 0, p.stderr
+    block = p.stdout.split("Commands:\n")[1].split("\n\n")[0]
+    assert [line.split()[0] for line in block.splitlines()] == sorted(COMMANDS)
+    modules = {m for m, _ in COMMANDS.values()}
+    assert not [m for m in loaded["ours"] if m.startswith("frt.cli.") and m.rpartition(".")[2] in modules]
+    assert loaded["heavy"] == []
+
+
+def test_a_command_loads_its_own_module_only(home_a):
+    p, loaded = _loaded_after(["--home", str(home_a.home), "nginx-conf"])
+    assert p.returncode == 0, p.stderr
+    modules = {m.rpartition(".")[2] for m in loaded["ours"] if m.startswith("frt.cli.")}
+    assert "nginx_cmd" in modules and not modules & {"stage_cmds", "serve_cmds", "bisect_cmds", "ledger_cmds"}
+
+
+@pytest.mark.parametrize(("target", "choose"), [(X86, ONE_VERSION), (ARM_CU, [])])
+def test_env_on_a_job_start_reads_the_ledger_without_sqlalchemy_and_answers_the_same(home_a, target, choose):
+    p, loaded = _loaded_after(["--home", str(home_a.home), "env", "--target", target, *choose, "--format", "json"])
+    assert p.returncode == 0, p.stderr
+    assert loaded["heavy"] == [], loaded["heavy"]
+    slow = Home(home_a.home, readonly=True)
+    try:
+        rows = staged_for(slow.ledger, target)
+    finally:
+        slow.close()
+    assert rows and quick_staged(home_a.home / "ledger.sqlite", target) == rows
+    got = json.loads(p.stdout)["kernels"]
+    chosen = [r for r in rows if r.repo != ACTIVATION or not choose or r.version == 1]
+    assert [(k["repo"], k["commit"], k["variant"]) for k in got] == [(r.repo, r.commit, r.variant) for r in chosen]
+
+
+def _ledger_copy(home_a, tmp_path: Path) -> Path:
+    home = tmp_path / "home"
+    shutil.copytree(home_a.home, home, symlinks=True)
+    return home
+
+
+def test_the_quick_read_carries_wheels_and_gives_way_where_it_cannot_answer(home_a, tmp_path):
+    home = _ledger_copy(home_a, tmp_path)
+    ledger = home / "ledger.sqlite"
+    row = quick_staged(ledger, X86)[0]  # type: ignore[index]
+    with sqlite3.connect(ledger) as con:
+        con.execute(
+            "INSERT INTO staged_wheels (repo_id, requested, target, filename) VALUES (?, ?, ?, ?)",
+            (row.repo, row.requested, row.target, "tinyadd-1.0-py3-none-any.whl"),
+        )
+    slow = Home(home, readonly=True)
+    try:
+        assert quick_staged(ledger, X86) == staged_for(slow.ledger, X86)
+    finally:
+        slow.close()
+    assert quick_staged(ledger, X86)[0].wheels == ("tinyadd-1.0-py3-none-any.whl",)  # type: ignore[index]
+
+    def gives_way(change: str, *args) -> None:
+        copy = tmp_path / f"c{len(list(tmp_path.iterdir()))}.sqlite"
+        shutil.copy(ledger, copy)
+        with sqlite3.connect(copy) as con:
+            con.execute(change, args)
+        assert quick_staged(copy, X86) is None, change
+
+    # a pulled-through variant: which one a target takes is kernels' rule (records.staged_for)
+    gives_way(
+        "INSERT INTO staged (repo_id, requested, version, revision, target, commit_sha, variant, staged_at) "
+        "VALUES ('o/r', 'v1', 1, NULL, 'pulled:torch213-cxx11-cpu-x86_64-linux', ?, 'v', '2026-01-01')",
+        "0" * 40,
+    )
+    gives_way("INSERT INTO mirror_schema_migrations (version, applied_at) VALUES (?, '2030-01-01')", MIRROR_VERSION + 1)
+    gives_way("UPDATE mirror_schema_migrations SET version = ?", MIRROR_VERSION - 1)
+    gives_way("DELETE FROM mirror_schema_migrations WHERE version = ?", MIRROR_VERSION)
+    gives_way("DELETE FROM schema_migrations")
+    gives_way("DROP TABLE staged_wheels")
+    empty = tmp_path / "empty.sqlite"
+    empty.write_bytes(b"")
+    assert quick_staged(empty, X86) is None
+    assert quick_staged(tmp_path / "absent.sqlite", X86) is None
+    garbage = tmp_path / "garbage.sqlite"
+    garbage.write_bytes(b"not a database" * 100)
+    assert quick_staged(garbage, X86) is None
+
+
+def test_env_on_a_ledger_to_migrate_takes_the_ledgers_path_and_says_so(home_a, tmp_path):
+    """A ledger at an older schema on a read-only home: the quick read gives way, and the ledger's own
+    one line (migrate it where the home is writable) is what env says, as before."""
+    home = _ledger_copy(home_a, tmp_path)
+    with sqlite3.connect(home / "ledger.sqlite") as con:
+        con.execute("UPDATE mirror_schema_migrations SET version = ?", (MIRROR_VERSION - 1,))
+    p = subprocess.run(
+        [str(EXE), "--home", str(home), "env", "--target", X86, *ONE_VERSION],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        timeout=120,
+    )
+    assert p.returncode == 0, p.stderr  # writable: the ledger's path migrated it
+    with sqlite3.connect(home / "ledger.sqlite") as con:
+        assert con.execute("SELECT max(version) FROM mirror_schema_migrations").fetchone() == (MIRROR_VERSION,)
+
+
+def test_host_is_detected_once_per_installation_and_again_when_it_changes(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    site = tmp_path / "site"
+    site.mkdir()
+    monkeypatch.syspath_prepend(str(site))
+    calls = []
+
+    def detect():
+        calls.append(1)
+        return _host_fields(host_target())
+
+    first = remembered_host(detect)
+    assert remembered_host(detect) == first and len(calls) == 1
+    assert _host_from_fields(first) == host_target() and _host_from_fields(first).python == host_target().python
+    (site / "torch_tpu-1.0.dist-info").mkdir()  # a distribution installed: the folder on sys.path changed
+    os.utime(site, ns=(os.stat(site).st_atime_ns, os.stat(site).st_mtime_ns + 10**9))
+    assert remembered_host(detect) == first and len(calls) == 2
+    monkeypatch.setenv("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
+    remembered_host(detect)
+    assert len(calls) == 3
+    for kept in (tmp_path / "cache" / "frt-mirror" / "host-targets").iterdir():  # damaged: detected again
+        kept.write_text('{"key": "x"')
+    remembered_host(detect)
+    assert len(calls) == 4
+
+
+def test_env_target_host_imports_no_torch_once_remembered(home_a, tmp_path):
+    pytest.importorskip("torch", reason="--target host needs torch on the box")
+    env = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
+    argv = ["--home", str(home_a.home), "env", "--target", "host", *ONE_VERSION, "--format", "json"]
+    first, loaded_first = _loaded_after(argv, env)
+    assert first.returncode == 0, first.stderr
+    assert "torch" in loaded_first["heavy"]  # detected as kernels does it
+    again, loaded = _loaded_after(argv, env)
+    assert again.returncode == 0 and again.stdout == first.stdout, again.stderr
+    assert loaded["heavy"] == [], loaded["heavy"]
