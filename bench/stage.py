@@ -17,6 +17,9 @@ with the Hub's own quotas for an anonymous IP, which a stage of this size does n
 target is on), and with quotas small enough that it does (`same, quota met`: its 429s waited out, and
 the least wall any pacing could reach under them printed beside it).
 
+Then the peak RSS of `frt-mirror stage` for a 5 GiB model repo beside a 50 MiB one (bench/stage_rss.py:
+the CLI on the filesystem store, its own max RSS from wait4; ~75 s of the run; 512 MiB with --quick).
+
 Last, staging inside a quota the stage needs many windows of (bench/quota.py): the requests needed,
 sent and refused, and the wall against the quota's floor.
 """
@@ -248,7 +251,11 @@ def file_bytes(root: Path, under: str = "") -> int:
 
 def main() -> None:
     ap = argparse.ArgumentParser(prog="python -m bench.stage", description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="fewer repos, 1/8-size files (< 25 s), for tests")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="fewer repos, 1/8-size files, a 512 MiB model for the RSS row (~1 min), for tests",
+    )
     ap.add_argument(
         "--store",
         choices=("files", "s3"),
@@ -417,8 +424,10 @@ def main() -> None:
         f"caches hold {base_disk / MiB:.2f} MiB of blobs)"
     )
     print()
-    from bench import quota
+    from bench import quota, stage_rss
 
+    stage_rss.main(args.quick)
+    print()
     quota.main(args.quick)
 
 

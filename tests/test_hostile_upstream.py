@@ -10,9 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -22,6 +20,7 @@ from tests.support import hostile as h
 from tests.support.cli import X86, cli_env, write_manifest
 from tests.support.fakehub import FakeHub
 from tests.support.kernel_fixtures import ORG, RELU, X86_CPU, demo_repos
+from tests.support.rss import run_measured as launch_measured
 from tests.support.serve_helpers import raw_http, raw_request, serving
 
 pytestmark = pytest.mark.hub1
@@ -139,41 +138,12 @@ def proxy(upstream):
         yield p
 
 
-# A fresh, small interpreter that runs the CLI under the address-space guard and reports its max RSS. The
-# CLI is not forked from this test process itself: a child's max RSS counts what it held before exec, and
-# the pytest worker (which runs the other CLI tests in-process) can be past MAX_RSS on its own.
-LAUNCHER = """
-import os, resource, sys, time
-guard, deadline, report, argv = int(sys.argv[1]), time.monotonic() + float(sys.argv[2]), sys.argv[3], sys.argv[4:]
-pid = os.fork()
-if pid == 0:
-    resource.setrlimit(resource.RLIMIT_AS, (guard, guard))
-    os.execv(argv[0], argv)
-while True:
-    done, status, usage = os.wait4(pid, os.WNOHANG)
-    if done:
-        break
-    if time.monotonic() > deadline:
-        os.kill(pid, 9)
-        done, status, usage = os.wait4(pid, 0)
-        break
-    time.sleep(0.02)
-open(report, "w").write(f"{os.waitstatus_to_exitcode(status)} {usage.ru_maxrss * 1024}")
-"""
-
-
 def run_measured(args: list[str], env: dict, timeout: float = 2 * MAX_SECONDS) -> tuple[int, str, float, int]:
-    """Run the CLI; (exit code, stderr, seconds, the CLI process's own max RSS in bytes, from wait4)."""
+    """Run the CLI under the address-space guard; (exit code, stderr, seconds, the CLI process's own max RSS
+    in bytes, from wait4: tests/support/rss.py, where a small launcher forks it, not this pytest worker)."""
     exe = str(Path(sys.executable).with_name("frt-mirror"))
-    with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        report = Path(tmp) / "report"
-        launcher = [sys.executable, "-c", LAUNCHER, str(GUARD_AS), str(timeout), str(report)]
-        t0 = time.monotonic()
-        subprocess.run([*launcher, exe, *args], stdout=out, stderr=err, env=env, timeout=timeout + 30, check=True)
-        took = time.monotonic() - t0
-        code, rss = map(int, report.read_text().split())
-        err.seek(0)
-        return code, err.read().decode(errors="replace"), took, rss
+    run = launch_measured([exe, *args], env, timeout=timeout, guard_as=GUARD_AS)
+    return run.returncode, run.stderr, run.seconds, run.max_rss
 
 
 @pytest.mark.parametrize("case", sorted(STAGE_CASES))

@@ -4,12 +4,16 @@ Each commit holds a full snapshot of its tree. Advertised metadata (git blob oid
 computed once at commit time and kept apart from the bytes that are served, so a test can tamper
 with served bytes afterwards (`set_file_bytes`) while the tree keeps advertising the originals —
 exactly the situation a verifying mirror must catch.
+
+A file's content is bytes, or a read-only `mmap` of a file on disk (tests/support/big_model.py): hashed
+and served from the page cache, never copied into the heap, so a repo of many GiB costs no memory here.
 """
 
 from __future__ import annotations
 
 import hashlib
 import heapq
+import mmap
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -20,14 +24,14 @@ _SHA_RE = re.compile(r"^[0-9a-f]{40}$")
 _EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 
 
-def git_blob_oid(data: bytes) -> str:
+def git_blob_oid(data: bytes | mmap.mmap) -> str:
     """git's object id of a blob: sha1(b"blob <len>\\0" + data). The Hub's `oid` for files."""
     h = hashlib.sha1(b"blob %d\0" % len(data))
     h.update(data)
     return h.hexdigest()
 
 
-def sha256(data: bytes) -> str:
+def sha256(data: bytes | mmap.mmap) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
@@ -40,7 +44,7 @@ class FileMeta:
     size: int
 
     @classmethod
-    def of(cls, data: bytes) -> FileMeta:
+    def of(cls, data: bytes | mmap.mmap) -> FileMeta:
         return cls(git_blob_oid(data), sha256(data), len(data))
 
 
@@ -52,7 +56,7 @@ class Commit:
     message: str
     date: datetime
     authors: list[str] = field(default_factory=lambda: ["fixture-bot"])
-    files: dict[str, bytes] = field(default_factory=dict)  # served bytes, full snapshot
+    files: dict[str, bytes | mmap.mmap] = field(default_factory=dict)  # served bytes, full snapshot
     meta: dict[str, FileMeta] = field(default_factory=dict)  # advertised, fixed at commit time
 
     def dirs(self) -> set[str]:
@@ -90,7 +94,7 @@ class FakeRepo:
 
     def commit(
         self,
-        changes: dict[str, bytes | None],
+        changes: dict[str, bytes | mmap.mmap | None],
         *,
         title: str,
         branch: str = "main",
@@ -118,7 +122,7 @@ class FakeRepo:
                 meta.pop(path, None)
             else:
                 path = path.strip("/")
-                files[path] = bytes(data)
+                files[path] = data if isinstance(data, mmap.mmap) else bytes(data)
                 meta[path] = FileMeta.of(files[path])
         h = hashlib.sha1(f"parent {' '.join(parents)}\ntitle {title}\n".encode())
         for p in sorted(meta):
