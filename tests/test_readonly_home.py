@@ -209,20 +209,26 @@ def _copy_ledger(staged, tmp_path: Path, edit: str) -> Path:
     return other
 
 
-def test_a_newer_schema_on_a_read_only_mount_is_one_line(staged, tmp_path):
+# env on a job start reads the ledger with sqlite3 alone (store/staged.py): it must say what report says.
+READERS = [["report"], ["env", "--target", X86]]
+
+
+@pytest.mark.parametrize("reader", READERS, ids=lambda r: r[0])
+def test_a_newer_schema_on_a_read_only_mount_is_one_line(staged, tmp_path, reader):
     other = _copy_ledger(
         staged,
         tmp_path,
         "INSERT INTO schema_migrations (version, applied_at) "
         "SELECT max(version) + 1, '2030-01-01' FROM schema_migrations;",
     )
-    p = ro_cli(staged, "report", src=other)
+    p = ro_cli(staged, *reader, src=other)
     assert p.returncode == 2 and "newer than this frt-mirror understands" in one_line(p)
 
 
-def test_an_older_schema_on_a_read_only_mount_is_one_line(staged, tmp_path):
+@pytest.mark.parametrize("reader", READERS, ids=lambda r: r[0])
+def test_an_older_schema_on_a_read_only_mount_is_one_line(staged, tmp_path, reader):
     other = _copy_ledger(staged, tmp_path, "UPDATE schema_migrations SET version = version - 1;")
-    p = ro_cli(staged, "report", src=other)
+    p = ro_cli(staged, *reader, src=other)
     line = one_line(p)
     assert p.returncode == 2 and f"schema v{SCHEMA_VERSION - 1} needs migrating" in line
     assert "open it once read-write" in line
@@ -238,6 +244,8 @@ def test_a_write_ahead_log_left_on_a_read_only_mount(staged, tmp_path):
         db.execute("PRAGMA wal_autocheckpoint = 0")
         db.execute("INSERT INTO tokens (name, sha256, created_at) "
                    "VALUES ('late', '{"0" * 64}', '2026-01-01')")
+        db.execute("INSERT INTO staged (repo_id, requested, version, target, commit_sha, variant, staged_at) "
+                   "VALUES ('late/kernel', 'v1', 1, '{X86}', '{"1" * 40}', 'v', '2026-01-01')")
         db.commit()
         os._exit(0)  # no close: the row stays in the -wal
     """)
@@ -246,9 +254,12 @@ def test_a_write_ahead_log_left_on_a_read_only_mount(staged, tmp_path):
     p = ro_cli(staged, "token", "list", "--json", src=other)
     assert p.returncode == 0, p.stderr
     assert [t["name"] for t in json.loads(p.stdout)] == ["late"]
+    p = ro_cli(staged, "env", "--target", X86, "--format", "json", src=other)  # env's quick read, through the -shm
+    assert "late/kernel" in [k["repo"] for k in json.loads(p.stdout)["kernels"]], p.stderr
     os.unlink(other / "ledger.sqlite-shm")
-    p = ro_cli(staged, "token", "list", src=other)
-    assert p.returncode == 2 and "write-ahead log" in one_line(p)
+    for reader in (["token", "list"], ["env", "--target", X86]):
+        p = ro_cli(staged, *reader, src=other)
+        assert p.returncode == 2 and "write-ahead log" in one_line(p), reader
 
 
 KERNELS_AGENT = "kernels/0.17.2; python/3.11; backend/cpu; platform/x86_64-linux; file_type/kernel; torch/2.13.0"
