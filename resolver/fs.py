@@ -5,12 +5,13 @@ writes are atomic). Every layer writes through it, so it lives in the lowest one
 
 from __future__ import annotations
 
+import functools
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, cast
 
 
 def fsync_dir(path: Path) -> None:
@@ -51,3 +52,30 @@ def atomic_write(path: Path, data: bytes | str, *, mode: int | None = None, excl
     with atomic_file(path, mode=mode, exclusive=exclusive) as f:
         f.write(data.encode() if isinstance(data, str) else data)
     return Path(path)
+
+
+@functools.cache
+def _sync_file_range() -> Callable[[int, int, int, int], int] | None:
+    """libc's sync_file_range(2), where there is one (Linux): the os module has none. Looked up on first
+    use (ctypes is not worth loading for every command)."""
+    import ctypes
+
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
+    fn.restype = ctypes.c_int
+    return cast("Callable[[int, int, int, int], int]", fn)
+
+
+_WRITE = 2  # SYNC_FILE_RANGE_WRITE: start writing the dirty pages of the range out, without waiting for them
+
+
+def start_writeback(fd: int, offset: int, nbytes: int) -> None:
+    """Start writing `nbytes` at `offset` of `fd` to disk now, and return: a writer of a big file that will
+    be fsynced keeps the disk busy while it produces the rest, so its fsync at the end waits for little
+    (where the dirty pages would otherwise sit until the fsync, or the kernel's 30 s). Only a hint: the
+    fsync is what makes the bytes durable, and nothing happens where the call does not exist."""
+    if (sync_file_range := _sync_file_range()) is not None:
+        sync_file_range(fd, offset, nbytes, _WRITE)

@@ -317,7 +317,7 @@ def test_a_member_is_written_and_hashed_exactly_across_chunk_edges(tmp_path, siz
     src, out = tmp_path / "archive", tmp_path / "out"
     src.write_bytes(b"h" * 512 + data + b"t" * 1024)
     (tmp_path / "alone").write_bytes(data)
-    fd, o = os.open(src, os.O_RDONLY), os.open(out, os.O_WRONLY | os.O_CREAT)
+    fd, o = os.open(src, os.O_RDONLY), os.open(out, os.O_RDWR | os.O_CREAT)
     try:
         got = copy_member(fd, 512, size, o)
     finally:
@@ -327,8 +327,44 @@ def test_a_member_is_written_and_hashed_exactly_across_chunk_edges(tmp_path, siz
     assert got == digest_file(tmp_path / "alone")
 
 
-def test_an_archive_that_ends_inside_a_member_is_refused(tmp_path):
-    """The archive shrank under the import (its headers were read whole): a clean refusal, not a short blob."""
+@pytest.mark.parametrize("refusal", ["EXDEV", "EOPNOTSUPP", "ENOSPC"])
+def test_a_member_is_copied_where_the_kernel_copy_refuses(tmp_path, monkeypatch, refusal):
+    """copy_file_range(2) refuses some pairs of files (across filesystems on an older kernel, some
+    network filesystems): the member is read and written through the buffer instead, the same bytes and
+    digest. A full home is no such refusal: the home's LocalDiskError, naming the part."""
+    import errno
+    import os
+
+    from frt.mirror.bundle import extract
+    from frt.mirror.store.blobs import digest_file
+    from frt.resolver.errors import LocalDiskError
+
+    def refuse(*args, **kwargs):
+        raise OSError(getattr(errno, refusal), os.strerror(getattr(errno, refusal)))
+
+    monkeypatch.setattr(extract.os, "copy_file_range", refuse)
+    data = os.urandom((4 << 20) + 3)
+    src, out = tmp_path / "archive", tmp_path / "out"
+    src.write_bytes(b"h" * 512 + data)
+    (tmp_path / "alone").write_bytes(data)
+    fd, o = os.open(src, os.O_RDONLY), os.open(out, os.O_RDWR | os.O_CREAT)
+    try:
+        if refusal == "ENOSPC":
+            with pytest.raises(LocalDiskError, match="out"):
+                extract.copy_member(fd, 512, len(data), o, written=out)
+            return
+        got = extract.copy_member(fd, 512, len(data), o)
+    finally:
+        os.close(fd)
+        os.close(o)
+    assert out.read_bytes() == data
+    assert got == digest_file(tmp_path / "alone")
+
+
+@pytest.mark.parametrize("written", [False, True])
+def test_an_archive_that_ends_inside_a_member_is_refused(tmp_path, written):
+    """The archive shrank under the import (its headers were read whole): a clean refusal, not a short blob,
+    whether the member is only hashed (the store has it) or copied in the kernel into a part."""
     import os
 
     from frt.mirror.bundle.extract import copy_member
@@ -337,11 +373,14 @@ def test_an_archive_that_ends_inside_a_member_is_refused(tmp_path):
     src = tmp_path / "archive"
     src.write_bytes(b"x" * 5000)
     fd = os.open(src, os.O_RDONLY)
+    out = os.open(tmp_path / "part", os.O_RDWR | os.O_CREAT) if written else None
     try:
-        with pytest.raises(BundleRejected, match="ends inside a blob member"):
-            copy_member(fd, 1000, 10_000, None)
+        with pytest.raises(BundleRejected, match=r"ends inside a blob member \(6000 bytes short\)"):
+            copy_member(fd, 1000, 10_000, out)
     finally:
         os.close(fd)
+        if out is not None:
+            os.close(out)
 
 
 def test_a_failed_member_copy_stops_those_not_begun_and_waits_for_those_under_way():

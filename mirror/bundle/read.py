@@ -351,7 +351,7 @@ def _verify_member(
     out: int | None = None
     if part is not None:
         try:
-            out = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            out = os.open(part, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)  # read back (extract.py)
         except OSError as e:
             raise LocalDiskError.writing(part, e) from None
     try:
