@@ -10,10 +10,16 @@ and the caller takes the ledger's own path, which migrates, refuses or explains 
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from datetime import datetime
 from pathlib import Path
+from typing import TypeVar
 from urllib.parse import quote
 
 from .errors import HomeReadOnly
+
+T = TypeVar("T")
 
 # The resolver's schema version (schema.py migrates a ledger to it): here, where a quick read checks it.
 SCHEMA_VERSION = 5
@@ -47,9 +53,10 @@ def read_only_params(path: Path, path_uri: str) -> dict[str, str]:
     )
 
 
-def quick_reader(path: Path, versions: dict[str, int]) -> sqlite3.Connection | None:
-    """A read-only connection to the ledger at `path`, in one read transaction (one snapshot), where each
-    version table named in `versions` holds exactly its version; else None. The caller closes it."""
+def quick_read(path: Path, versions: dict[str, int], read: Callable[[sqlite3.Connection], T | None]) -> T | None:
+    """`read(conn)` on a read-only connection to the ledger at `path`, in one read transaction (one
+    snapshot), where each version table named in `versions` holds exactly its version; else None, as where
+    `read` returns None (it cannot answer exactly) or raises any sqlite3 error."""
     try:
         if path.stat().st_size == 0:  # empty, or a WAL ledger not yet checkpointed: the ledger's path decides
             return None
@@ -62,9 +69,57 @@ def quick_reader(path: Path, versions: dict[str, int]) -> sqlite3.Connection | N
         conn.execute("BEGIN")
         for table, version in versions.items():
             if conn.execute(f"SELECT max(version) FROM {table}").fetchone() != (version,):  # noqa: S608 (our names)
-                conn.close()
                 return None
-    except sqlite3.Error:
-        conn.close()
+        return read(conn)
+    except sqlite3.Error:  # the ledger's own path reads it, or says in one line what is wrong
         return None
-    return conn
+    finally:
+        conn.close()
+
+
+@dataclass(frozen=True)
+class RefusalRecord:
+    """A refusal on record (schema.RefusalRow's columns), as `report` and serve's page read it."""
+
+    id: int
+    repo_id: str
+    requested: str
+    version: int | None
+    revision: str | None
+    target: str
+    commit_sha: str | None
+    error: str
+    message: str
+    detail: str
+    count: int
+    first_seen: datetime
+    last_seen: datetime
+
+
+REFUSAL_COLUMNS = [f.name for f in fields(RefusalRecord)]
+
+
+def read_refusals(conn: sqlite3.Connection) -> list[RefusalRecord]:
+    """Every refusal, newest first, as Ledger.refusals orders them."""
+    rows = conn.execute(
+        f"SELECT {', '.join(REFUSAL_COLUMNS)} FROM refusals ORDER BY last_seen DESC, id DESC"  # noqa: S608
+    ).fetchall()
+    # The dates are ISO text in SQLite, which SQLAlchemy parses as fromisoformat does.
+    return [
+        RefusalRecord(
+            pk,
+            repo,
+            requested,
+            version,
+            revision,
+            target,
+            commit,
+            error,
+            message,
+            detail,
+            count,
+            datetime.fromisoformat(first),
+            datetime.fromisoformat(last),
+        )  # fmt: skip
+        for pk, repo, requested, version, revision, target, commit, error, message, detail, count, first, last in rows
+    ]

@@ -205,3 +205,21 @@ def test_env_target_host_imports_no_torch_once_remembered(home_a, tmp_path):
     again, loaded = _loaded_after(argv, env)
     assert again.returncode == 0 and again.stdout == first.stdout, again.stderr
     assert loaded["heavy"] == [], loaded["heavy"]
+
+
+def test_report_reads_the_refusals_without_sqlalchemy_and_answers_the_same(home_a):
+    """report is the other reader a cluster's cron runs often: the refusals, by the quick read."""
+    p, loaded = _loaded_after(["--home", str(home_a.home), "report", "--json"])
+    assert p.returncode == 0, p.stderr
+    assert loaded["heavy"] == [], loaded["heavy"]
+    slow = Home(home_a.home, readonly=True)
+    try:
+        rows = slow.ledger.refusals()
+    finally:
+        slow.close()
+    quick = Home(home_a.home, readonly=True).refusals()
+    assert rows and quick == rows
+    got = json.loads(p.stdout)
+    assert [(r["repo"], r["target"], r["error"], r["last_seen"]) for r in got] == [
+        (r.repo_id, r.target, r.error, r.last_seen.isoformat()) for r in rows
+    ]

@@ -271,7 +271,7 @@ def report_cmd(app: App, demand: bool, since: timedelta | None, as_json: bool) -
         return report_demand(app, since, as_json)
     if since is not None:
         raise BadInput("--since goes with --demand: the refusals on record are listed whole")
-    rows = app.existing_home.ledger.refusals()
+    rows = app.existing_home.refusals()
     if as_json:
         emit_json(
             [

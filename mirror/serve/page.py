@@ -26,7 +26,7 @@ from urllib.parse import quote
 from sqlalchemy import func, select
 
 from frt.resolver.errors import FrtError
-from frt.resolver.ledger.schema import RefusalRow
+from frt.resolver.ledger_file import RefusalRecord
 from frt.resolver.matrix import Matrix, MatrixRow, build_matrix, targets_named_by
 from frt.resolver.targets import Target, parse_target
 from frt.resolver.variants import decide, parse_fields
@@ -94,7 +94,7 @@ class RepoView:
     matrix: Matrix | None  # None: a model, or a repo never scanned (only refusals on record)
     cells: dict[tuple[str, str], Cell] = field(default_factory=dict)  # (commit, target) -> Cell
     staged: tuple[StagedSet, ...] = ()
-    refusals: tuple[RefusalRow, ...] = ()  # every refusal on record for the repo, newest first
+    refusals: tuple[RefusalRecord, ...] = ()  # every refusal on record for the repo, newest first
     rows: tuple[MatrixRow, ...] = ()  # the matrix rows shown
     hidden_rows: int = 0  # rows left to the repo's own page
     pulled: tuple[int, int, datetime] | None = None  # serve --upstream fetched of it: files, bytes, when last
@@ -206,7 +206,7 @@ def _repo_view(
     name: str,
     staged: list[StagedRow],
     sets: dict[StagedRow, StagedSet],
-    refusals: list[RefusalRow],
+    refusals: list[RefusalRecord],
     columns: list[Target],
     explicit: bool,
     index: bool,
@@ -237,7 +237,7 @@ def _cell(
     row: MatrixRow,
     t: Target,
     served: dict[tuple[str, str], str],
-    recorded: dict[tuple[str, str], RefusalRow],
+    recorded: dict[tuple[str, str], RefusalRecord],
     declared: dict[str, Declared] | None,
 ) -> Cell:
     key = (row.commit, str(t))

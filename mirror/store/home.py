@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from frt.resolver.errors import BadInput
+from frt.resolver.ledger_file import RefusalRecord, quick_read, read_refusals
 
 from ..home_path import check_home, check_not_forgotten, default_ledger_url, default_store_url, ledger_path
-from .staged import StagedRow, quick_staged
+from .staged import QUICK_VERSIONS, StagedRow, quick_staged
 
 if TYPE_CHECKING:  # imported where used: `env` on a job start reads a home without SQLAlchemy (staged.py)
     from frt.resolver.ledger import Ledger
@@ -109,6 +110,15 @@ class Home:
         from .records import staged_for, staged_rows
 
         return staged_for(self.ledger, target) if target is not None else staged_rows(self.ledger)
+
+    def refusals(self) -> list[RefusalRecord]:
+        """Every refusal on record, newest first: from a SQLite ledger not yet opened here, read with
+        sqlite3 alone where it can answer (ledger_file.quick_read), as env's staged rows are."""
+        if self._ledger is None and not self.ledger_url:
+            quick = quick_read(ledger_path(self.root), QUICK_VERSIONS, read_refusals)
+            if quick is not None:
+                return quick
+        return self.ledger.refusals()
 
     def close(self) -> None:
         if self._ledger is not None:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from frt.resolver.ledger_file import SCHEMA_VERSION, quick_reader
+from frt.resolver.ledger_file import SCHEMA_VERSION, quick_read
 
 from ..home_path import MIRROR_VERSION
 
@@ -69,37 +69,34 @@ class StagedRow:
         return "model" if self.is_model else "kernel"
 
 
+# The schema versions a quick read of the ledger answers at (both tracks: the ledger's own path checks both).
+QUICK_VERSIONS = {"schema_migrations": SCHEMA_VERSION, "mirror_schema_migrations": MIRROR_VERSION}
+
+
 def quick_staged(ledger: Path, target: str) -> list[StagedRow] | None:
     """records.staged_for(target) read with sqlite3 from the SQLite ledger at `ledger`: the same rows in
-    the same order, or None where only the ledger's own path can answer (ledger_file.quick_reader's
-    cases; and pulled-through rows, whose choice needs kernels' variant rules)."""
-    conn = quick_reader(ledger, {"schema_migrations": SCHEMA_VERSION, "mirror_schema_migrations": MIRROR_VERSION})
-    if conn is None:
+    the same order, or None where only the ledger's own path can answer (ledger_file.quick_read's cases;
+    and pulled-through rows, whose choice needs kernels' variant rules)."""
+    return quick_read(ledger, QUICK_VERSIONS, lambda conn: _staged(conn, target))
+
+
+def _staged(conn: sqlite3.Connection, target: str) -> list[StagedRow] | None:
+    pulled = "SELECT 1 FROM staged WHERE substr(target, 1, ?) = ? LIMIT 1"
+    if target.startswith("torch") and conn.execute(pulled, (len(PULLED), PULLED)).fetchone():
         return None
-    try:
-        if (
-            target.startswith("torch")
-            and conn.execute(
-                "SELECT 1 FROM staged WHERE substr(target, 1, ?) = ? LIMIT 1", (len(PULLED), PULLED)
-            ).fetchone()
-        ):
-            return None
-        wheels: dict[tuple[str, str, str], list[str]] = {}
-        for repo, requested, tgt, filename in conn.execute(
-            "SELECT repo_id, requested, target, filename FROM staged_wheels ORDER BY filename"
-        ):
-            wheels.setdefault((repo, requested, tgt), []).append(filename)
-        return [
-            StagedRow(
-                repo, requested, version, revision, tgt, commit, variant, tuple(wheels.get((repo, requested, tgt), ()))
-            )
-            for repo, requested, version, revision, tgt, commit, variant in conn.execute(
-                "SELECT repo_id, requested, version, revision, target, commit_sha, variant FROM staged "
-                "WHERE target = ? ORDER BY repo_id, version, requested, target",
-                (target,),
-            )
-        ]
-    except sqlite3.Error:  # the ledger's own path reads it, or says in one line what is wrong
-        return None
-    finally:
-        conn.close()
+    wheels: dict[tuple[str, str, str], list[str]] = {}
+    for repo, requested, tgt, filename in conn.execute(
+        "SELECT repo_id, requested, target, filename FROM staged_wheels ORDER BY filename"
+    ):
+        wheels.setdefault((repo, requested, tgt), []).append(filename)
+    rows = conn.execute(
+        "SELECT repo_id, requested, version, revision, target, commit_sha, variant FROM staged "
+        "WHERE target = ? ORDER BY repo_id, version, requested, target",
+        (target,),
+    )
+    return [
+        StagedRow(
+            repo, requested, version, revision, tgt, commit, variant, tuple(wheels.get((repo, requested, tgt), ()))
+        )
+        for repo, requested, version, revision, tgt, commit, variant in rows
+    ]

@@ -23,6 +23,7 @@ from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..errors import FrtError, HomeReadOnly, LedgerCorrupt, LedgerDropped, LedgerUnavailable, LocalDiskError, first_line
+from ..ledger_file import REFUSAL_COLUMNS, RefusalRecord
 from ..resolution import CommitInfo, Refusal, VariantInfo
 from .migrations import SchemaTrack, check_read_only, migrate, utcnow
 from .open import (
@@ -381,9 +382,10 @@ class Ledger:
             )
 
     @retried
-    def refusals(self) -> list[RefusalRow]:
+    def refusals(self) -> list[RefusalRecord]:
         with self.session(write=False) as s:
-            return list(s.scalars(select(RefusalRow).order_by(RefusalRow.last_seen.desc(), RefusalRow.id.desc())))
+            rows = s.scalars(select(RefusalRow).order_by(RefusalRow.last_seen.desc(), RefusalRow.id.desc()))
+            return [RefusalRecord(*(getattr(r, c) for c in REFUSAL_COLUMNS)) for r in rows]
 
     @retried
     def repos(self) -> list[str]:
