@@ -62,6 +62,15 @@ ROWS = {
         "throughput ratio import/tar -x =",
         "floors, of the",
     ),
+    "s3": (
+        "\nfilesystem store, SQLite ",
+        "\nfilesystem store ",
+        "\nS3 store ",
+        "\nS3 server's ingest alone ",
+        "stage wall, S3 store / filesystem store =",
+        "stage bytes, S3 store / filesystem store = 1.00 stored, 1.00 fetched",
+        "serve at 64 clients, S3 store / filesystem store =",
+    ),
     "pull_through": (
         "straight to the upstream",
         "through serve --upstream (cold)",

@@ -145,3 +145,24 @@ def test_serve_on_a_store_that_holds_none_of_the_staged_blobs_says_so_at_start(s
     assert "warning: the store" in err and "holds 0 of the" in err and "is --store the stagers'" in err, err
     with replica(tmp_path, s3_staged, "right") as served:
         assert "holds 0 of the" not in served.stderr()
+
+
+def test_an_object_put_back_under_a_new_etag_after_it_was_verified_is_still_served(s3_staged, tmp_path, s3_server):
+    """The same bytes under a new ETag (gc'd and staged again, or re-uploaded in parts): a replica that
+    verified the object under its old ETag verifies it afresh, and answers a Range and a whole GET, rather
+    than a 503 from the store's 412 for the rest of FRT_SERVE_VERIFY_TTL."""
+    path, data = max(_staged_files(s3_staged), key=lambda x: len(x[1]))
+    sha = hashlib.sha256(data).hexdigest()
+    raw, key = s3_server.store(s3_staged["store"]), f"sha256/{sha[:2]}/{sha}"
+    target = f"/kernels/{RELU}/resolve/v1/{path}"
+    with replica(tmp_path, s3_staged) as served:
+        assert raw_http(served.port, raw_request("GET", target, "Range: bytes=0-9"))[0] == 206  # verified whole
+        before = raw.head(key)["e_tag"]
+        raw.put(key, data, use_multipart=True)  # one part: the same bytes, an ETag of another form
+        assert raw.head(key)["e_tag"] != before
+        for _ in range(2):
+            status, _, body = raw_http(served.port, raw_request("GET", target, "Range: bytes=5-104"))
+            assert (status, body) == (206, data[5:105]), (status, served.stderr())
+            status, _, body = raw_http(served.port, raw_request("GET", target))
+            assert (status, body) == (200, data), status
+            raw.put(key, data, use_multipart=True)

@@ -96,6 +96,46 @@ def test_an_object_once_written_is_never_replaced(tmp_path, pg_url, s3_server, s
     assert store.digest(d.sha256) == d and store.uploaded == 1
 
 
+UPLOAD_RSS = """
+import hashlib, resource, sys
+from pathlib import Path
+from frt.mirror.store.blobs import Digest
+from frt.mirror.store.s3 import S3BlobStore
+
+store, part, size = S3BlobStore(sys.argv[1], Path(sys.argv[2])), Path(sys.argv[3]), int(sys.argv[4])
+h = hashlib.sha256()
+with open(part, "wb") as f:
+    for i in range(size >> 20):
+        chunk = hashlib.shake_128(b"%d" % i).digest(1 << 20)
+        h.update(chunk)
+        f.write(chunk)
+store.has("0" * 64)  # the client, its runtime and its connection made before the high-water mark is read
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+store.commit(part, Digest(h.hexdigest(), "", size))
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before, store.uploaded, store.digest(h.hexdigest()).size)
+"""
+
+
+def test_a_big_blob_is_uploaded_in_parts_not_held_in_memory_whole(tmp_path, s3_server, s3_store):
+    """A blob far bigger than a part goes up in parts read from its file as they go: the uploader's memory
+    grows by a few parts, not by the blob (one PUT of a 4 GiB model shard was 4 GiB of RSS, per stage job)."""
+    import subprocess
+    import sys
+
+    size = 96 << 20
+    p = subprocess.run(
+        [sys.executable, "-c", UPLOAD_RSS, s3_store, str(tmp_path / "home"), str(tmp_path / "big.part"), str(size)],
+        capture_output=True,
+        text=True,
+        env=s3_env(s3_server),
+        timeout=120,
+    )
+    assert p.returncode == 0, p.stderr
+    grew_kib, uploaded, stored = (int(x) for x in p.stdout.split())
+    assert (uploaded, stored) == (1, size)
+    assert grew_kib < (size >> 10) // 3, f"RSS grew {grew_kib >> 10} MiB uploading a {size >> 20} MiB blob"
+
+
 @pytest.mark.parametrize("ledger", ["the home's", "sqlite:///", "sqlite+pysqlite:///"])
 def test_a_sqlite_ledger_beside_an_s3_store_is_refused_in_one_line(
     hub, tmp_path, manifest, s3_server, s3_store, ledger

@@ -7,9 +7,11 @@ an answer is never completed with bytes this process has not verified, kept with
   it is still the object found bad, by its ETag), counted and recorded, so that `stage`, or pull-through
   on the next request, fetches it again. Until then a request for it is a 500; every RECHECK_S one looks
   whether it is back (streamed, hashed, and vouched for again if it is).
-- A Range (and nothing else sends unhashed bytes) is sent only once the whole object was verified in this
-  process within FRT_SERVE_VERIFY_TTL, under the ETag it has now; the ranged GET is made conditional on
-  that ETag (If-Match), so an object replaced in between answers 412 rather than other bytes.
+- A Range, and a whole GET of an object this process verified whole within FRT_SERVE_VERIFY_TTL (as blob.py
+  sends a file it verified lately unhashed), go unhashed, and only as the object verified: the GET is made
+  conditional on the ETag it was verified under (If-Match). An object replaced since answers 412, never
+  other bytes, and is judged afresh (a Range: verified whole again; a whole GET: hashed as it is sent),
+  once: the same bytes put back under a new ETag (gc'd and staged again) are served, not refused.
 - HEAD needs no object at all: the catalog has every header.
 - Behind nginx (`serve --accel-redirect PREFIX`, nginx-conf on the same store), a GET nginx forwarded is
   answered with its headers and `X-Accel-Redirect: PREFIX/<presigned URL's path and query>`: nginx fetches
@@ -141,6 +143,12 @@ class ObjectIntegrity:
         self.bad.pop(f.sha256, None)  # put back, whole: no longer refused
         self._looked.pop(f.sha256, None)
 
+    def stale(self, f: ServedFile, etag: str) -> None:
+        """The object is no longer the one verified under `etag` (the store answered 412 to If-Match it)."""
+        hit = self._verified.get(f.sha256)
+        if hit is not None and hit[0] == etag:  # not a verification another request made since
+            del self._verified[f.sha256]
+
     def condemn(self, f: ServedFile, etag: str | None, got: str | None) -> None:
         """The object (`etag`) hashed to `got`, not to its name: refuse it, and quarantine it in a thread
         (a few requests to the store; the ledger written there too)."""
@@ -211,9 +219,15 @@ class ObjectIntegrity:
             self.condemn(f, etag, h.hexdigest() if n == f.size else None)
 
 
+class Changed(Exception):
+    """The object is not the one asked for If-Match its ETag (a 412): replaced since it was verified."""
+
+
 async def open_object(store: S3BlobStore, f: ServedFile, start: int, end: int, etag: str | None) -> Any:
-    """obstore's answer for bytes [start, end) of `f`'s object (If-Match `etag` where given)."""
+    """obstore's answer for bytes [start, end) of `f`'s object (If-Match `etag` where given: Changed if the
+    object is another now)."""
     import obstore
+    from obstore.exceptions import PreconditionError
 
     options: Any = {}
     if start or end != f.size:
@@ -224,6 +238,8 @@ async def open_object(store: S3BlobStore, f: ServedFile, start: int, end: int, e
         return await obstore.get_async(store.client, store.key(f.sha256), options=options or None)
     except FileNotFoundError:
         raise HubError(500, None, f"{f.path}: blob {f.sha256} is no longer in the store ({store.url})") from None
+    except PreconditionError:
+        raise Changed(etag) from None
     except Exception as e:  # noqa: BLE001  (obstore's errors: a refusing or unreachable store)
         said = str(e).split("\n")[0]
         raise HubError(503, None, f"{f.path}: the object store ({store.url}) did not answer: {said}") from None
@@ -256,13 +272,12 @@ class ObjectResponse:
         if integrity.redirect:
             return await self._redirect(scope, receive, send)
         try:
-            etag = None if whole else await integrity.ensure(f)  # a Range: only bytes verified whole
-            got = await open_object(integrity.store, f, self.start, self.end, etag)
+            etag, got = await self._open(whole)
         except HubError as e:
             self.status_code = e.status
             await e.response()(scope, receive, send)
             return 0
-        h = hashlib.sha256() if whole else None
+        h = hashlib.sha256() if etag is None else None  # not verified lately: hashed as it goes
         sent, held, started = 0, b"", False
         async for chunk in got.stream(min_chunk_size=CHUNK):
             if h is not None:
@@ -293,6 +308,20 @@ class ObjectResponse:
             await self._start(send)
         await send({"type": "http.response.body", "body": held, "more_body": False})
         return total
+
+    async def _open(self, whole: bool) -> tuple[str | None, Any]:
+        """The object's answer, and the ETag it was verified under (If-Match'd), or None: a whole GET of an
+        object not verified lately, to hash as it is sent. A Range is only of bytes verified whole (ensure);
+        an object replaced since its verification (a 412) is judged afresh, once."""
+        f, integrity = self.file, self.integrity
+        for _ in range(2):
+            etag = integrity.fresh(f) if whole else await integrity.ensure(f)
+            try:
+                return etag, await open_object(integrity.store, f, self.start, self.end, etag)
+            except Changed:
+                assert etag is not None  # only a conditional GET answers 412
+                integrity.stale(f, etag)
+        raise HubError(503, None, f"{f.path}: blob {f.sha256} was replaced in the store while it was being read")
 
     async def _redirect(self, scope: Scope, receive: Receive, send: Send) -> int:
         try:

@@ -49,6 +49,13 @@ class Fetched:
     downloaded: int  # bytes that crossed the wire for it in this run (0: already stored)
 
 
+def fetch_workers(store: BlobStore, jobs: int) -> int:
+    """Threads for `jobs` downloads at once (Transport's bodies) into `store`: twice as many where a commit
+    is an upload of its own (an object store), so that the next downloads go on while the verified ones
+    are uploaded, rather than each thread's upload waiting on its download and the next download on it."""
+    return max(1, jobs) * (2 if store.objects is not None else 1)
+
+
 def expected_key(entry: FileEntry) -> str:
     """The name of a blob-to-be: its advertised sha256 when known, else its git oid."""
     return entry.sha256 or entry.git_oid

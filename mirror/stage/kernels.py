@@ -27,7 +27,7 @@ from ..store.home import Home
 from ..store.protocol import BlobStore
 from ..store.records import record_blobs, record_staged, record_wheels, recorded_blobs, sha256_by_git_oid
 from ..store.view_trees import Views
-from .fetch import Fetched, IntegrityError, PublisherDigestMismatch, expected_key, fetch_file
+from .fetch import Fetched, IntegrityError, PublisherDigestMismatch, expected_key, fetch_file, fetch_workers
 from .progress import Progress
 from .publisher import (
     digest_mismatch,
@@ -133,7 +133,7 @@ def stage(
         expect,
         recorded,
         ledger=ledger,
-        transport=Transport(hub),
+        transport=Transport(hub, bodies=max(1, jobs)),
         store=store,
         jobs=jobs,
         progress=progress,
@@ -369,7 +369,7 @@ def _fetch_all(
 
     fetched: dict[str, Fetched] = {}
     failures: dict[str, Exception] = {}
-    pool = ThreadPoolExecutor(max_workers=max(1, jobs))
+    pool = ThreadPoolExecutor(max_workers=fetch_workers(store, jobs))
     try:
         # Largest first: a big file started last would run on alone after the others are done.
         futures = {pool.submit(one, key): key for key in sorted(unique, key=lambda k: -unique[k][1].size)}

@@ -39,7 +39,7 @@ from ..store.records import (
     recorded_blobs,
     sha256_by_git_oid,
 )
-from .fetch import Fetched, IntegrityError, fetch_file
+from .fetch import Fetched, IntegrityError, fetch_file, fetch_workers
 from .kernels import StageReport, StageRow
 from .transport import Transport
 
@@ -123,7 +123,7 @@ def _stage_one(spec: ModelSpec, *, home: Home, hub: HubClient, jobs: int, report
 def _fetch(repo: str, commit: str, files: list[FileEntry], *, home: Home, hub: HubClient, jobs: int) -> list[Fetched]:
     """Through the kernels' path (fetch_file): resumable, locked per blob, verified against the
     listing's LFS sha256 or git oid before the blob is stored."""
-    ledger, transport = home.ledger, Transport(hub)
+    ledger, transport = home.ledger, Transport(hub, bodies=max(1, jobs))
     known = sha256_by_git_oid(ledger, [f.git_oid for f in files if not f.sha256])
     recorded = recorded_blobs(ledger, [f.sha256 for f in files if f.sha256])
 
@@ -141,5 +141,5 @@ def _fetch(repo: str, commit: str, files: list[FileEntry], *, home: Home, hub: H
             on_stored=lambda d: record_blobs(ledger, [d]),
         )
 
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+    with ThreadPoolExecutor(max_workers=fetch_workers(home.store, jobs)) as pool:
         return list(pool.map(one, files))

@@ -22,8 +22,9 @@ reported as the upstream refusing. The bytes are judged by the caller (`fetch`),
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import BinaryIO, Literal
 from urllib.parse import urlsplit
@@ -60,8 +61,13 @@ class _SignatureExpired(Exception):
 
 
 class Transport:
-    def __init__(self, hub: HubClient):
+    def __init__(self, hub: HubClient, bodies: int | None = None):
+        """`bodies`: at most this many file bodies in flight at once, however many threads fetch (stage's
+        --jobs, where a store's commit is an upload: a thread uploading what it fetched holds no download)."""
         self.hub = hub
+        self._bodies: AbstractContextManager[object] = (
+            threading.BoundedSemaphore(bodies) if bodies is not None else nullcontext()
+        )
 
     def fetch(
         self,
@@ -123,7 +129,8 @@ class Transport:
                 )
             return None
 
-        self.hub.attempts(one, where=where, classify=transport_errors, prefix=f"{where}: ")
+        with self._bodies:
+            self.hub.attempts(one, where=where, classify=transport_errors, prefix=f"{where}: ")
 
     def _get(
         self,

@@ -2,12 +2,16 @@
 
 The same promises as the filesystem store (blobs.py), by what S3 gives: a blob's key is its sha256
 (`PREFIX/sha256/<sha[:2]>/<sha>`, the filesystem store's layout); its bytes are downloaded and verified on
-this host first (into the home's local tmp/, as for the filesystem store), then uploaded in one PUT, which
-S3 makes visible only whole. The PUT carries the bytes' sha256 (x-amz-checksum-sha256: the server refuses
-bytes that arrive otherwise) and is conditional (If-None-Match: *): a key once written is never replaced,
-so two stagers racing on one blob store it once, and the second finds it there. Locks and parts stay local
-per host (scratch.py); the lock across hosts is the ledger server's (Scratch.shared_lock), as on a shared
-filesystem.
+this host first (into the home's local tmp/, as for the filesystem store), then uploaded, which S3 makes
+visible only whole. Every PUT carries the sha256 of what it sends (x-amz-checksum-sha256: the server refuses
+bytes that arrive otherwise). A blob up to SINGLE_PUT_MAX goes in one PUT, conditional (If-None-Match: *):
+a key once written is never replaced, so two stagers racing on one blob store it once, and the second finds
+it there. A bigger one goes in parts, PARTS_AT_ONCE in flight, read from the part file as they go (obstore
+holds a single PUT's body in memory whole: a 4 GiB model shard was 4 GiB of RSS per upload); parts cannot
+be conditional, so the key is looked for first (HEAD), under the blob's lock that every stager takes: the
+race left is with a writer that takes no lock, and what it could replace is the same verified bytes (a new
+ETag, which serve judges afresh: serve/objects.py). Locks and parts stay local per host (scratch.py); the
+lock across hosts is the ledger server's (Scratch.shared_lock), as on a shared filesystem.
 
 The client is obstore (Rust's object_store; pyproject's s3 extra says why). Endpoint, region and
 credentials are read the way AWS's tools read them: AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID, ….
@@ -19,8 +23,10 @@ import hashlib
 import io
 import os
 import re
+import threading
 import uuid
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
@@ -35,7 +41,10 @@ if TYPE_CHECKING:
     from _typeshed import WriteableBuffer
 
 RETRY_S = 20  # a store that keeps failing this long is unavailable (exit 3), not waited on for obstore's 3 min
-SINGLE_PUT_MAX = 5 << 30  # S3's limit for one PUT; a bigger blob goes up in parts (see _upload)
+SINGLE_PUT_MAX = 8 << 20  # one conditional PUT up to this (obstore holds its body in memory); bigger: parts
+PART_SIZE = 8 << 20  # a multipart upload's part (S3: at least 5 MiB, at most 10,000 of them: 78 GiB)
+PARTS_AT_ONCE = 2  # parts of one blob in flight: PART_SIZE x this of memory per upload
+UPLOADS_AT_ONCE = 8  # commit_synced's (an import's) blobs in flight
 
 
 def _client(url: str) -> Any:
@@ -69,6 +78,7 @@ class S3BlobStore:
         self.client = _client(url)
         self._seen: set[str] = set()  # keys known to exist: an object, once written, never changes
         self.uploaded = 0  # blobs this process put (the rest were there already)
+        self._counting = threading.Lock()  # uploads run in several threads (stage's, commit_synced's)
 
     @property
     def where(self) -> str:
@@ -126,8 +136,10 @@ class S3BlobStore:
         part.unlink(missing_ok=True)
 
     def commit_synced(self, parts: list[tuple[Path, Digest]]) -> None:
-        for part, digest in parts:
-            self.commit(part, digest)
+        """commit() of each, UPLOADS_AT_ONCE at a time (an upload waits on the store, not on this host)."""
+        with ThreadPoolExecutor(max_workers=UPLOADS_AT_ONCE, thread_name_prefix="frt-upload") as pool:
+            for done in [pool.submit(self.commit, part, digest) for part, digest in parts]:
+                done.result()
 
     def _upload(self, part: Path, digest: Digest) -> None:
         import obstore
@@ -135,16 +147,25 @@ class S3BlobStore:
 
         key = self.key(digest.sha256)
         try:
-            if digest.size > SINGLE_PUT_MAX:  # parts cannot be conditional here; the bytes are the key's own
-                obstore.put(self.client, key, part)
-            else:
+            if digest.size <= SINGLE_PUT_MAX:
                 obstore.put(self.client, key, part, mode="create", use_multipart=False)
-            self.uploaded += 1
+                self._count()
+            elif not self.has(digest.sha256):  # parts cannot be conditional: looked for first (module doc)
+                obstore.put(
+                    self.client, key, part, use_multipart=True, chunk_size=PART_SIZE, max_concurrency=PARTS_AT_ONCE
+                )
+                self._count()
         except AlreadyExistsError:
             pass
+        except StoreUnavailable:
+            raise
         except Exception as e:  # noqa: BLE001
             raise self._unavailable("PUT", digest.sha256, e) from None
         self._seen.add(digest.sha256)
+
+    def _count(self) -> None:
+        with self._counting:
+            self.uploaded += 1
 
     def digest(self, sha256: str) -> Digest:
         """Both hashes of the object as stored, streamed (never held whole)."""
