@@ -24,13 +24,14 @@ from pathlib import Path
 _FORMAT = 1
 
 
-def remembered_host(detect: Callable[[], dict[str, object]]) -> dict[str, object]:
+def remembered_host(detect: Callable[[], dict[str, object]], torch_dir: Path) -> dict[str, object]:
     """`detect()`'s answer for this machine as it is now (a JSON object: targets.py turns a Target into
-    one and back), from the cache where it holds one."""
-    key = _key()
-    # The file is named by a checksum of the key and holds the key itself, compared on read: no hash
-    # library to import on a job's start, and two keys with one checksum only take turns.
-    path = cache_dir() / "host-targets" / f"{zlib.crc32(key.encode()):08x}.json"
+    one and back), from the cache where it holds one. `torch_dir`: where torch is installed."""
+    key = _key(torch_dir)
+    # One file per interpreter and machine (named by a checksum: no hash library to import on a job's
+    # start), holding the whole key, compared on read: an install that changed rewrites it in place.
+    where = "\0".join([sys.executable, platform.node()])
+    path = cache_dir() / "host-targets" / f"{zlib.crc32(where.encode()):08x}.json"
     try:
         doc = json.loads(path.read_text())
         if isinstance(doc, dict) and doc.pop("key", None) == key:
@@ -57,27 +58,20 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "frt-mirror"
 
 
-def _key() -> str:
-    import importlib.util
-
+def _key(torch_dir: Path) -> str:
     parts: list[object] = [
         _FORMAT,
         sys.executable,
         sys.version,
-        tuple(platform.uname()),  # not platform.platform(): it reads the interpreter's binary for its libc
+        # os.uname, not platform's: platform.uname().processor runs `uname -p`, and platform.platform() reads
+        # the interpreter's binary for its libc
+        tuple(os.uname()) if hasattr(os, "uname") else tuple(platform.uname())[:5],
         platform.mac_ver()[0],
         os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD"),
     ]
-    for entry in sys.path:
+    for entry in [*sys.path, str(torch_dir / "version.py")]:
         try:
             parts.append((entry, os.stat(entry or ".").st_mtime_ns))
         except OSError:
             parts.append((entry, None))
-    spec = importlib.util.find_spec("torch")
-    if spec is not None and spec.submodule_search_locations:
-        version = Path(next(iter(spec.submodule_search_locations))) / "version.py"
-        try:
-            parts.append(version.stat().st_mtime_ns)
-        except OSError:
-            parts.append(None)
     return repr(parts)

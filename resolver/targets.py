@@ -13,10 +13,10 @@ import platform
 import re
 import sys
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from packaging.version import Version
 
-from . import archs as _archs
 from .errors import BadInput, BadTargetField
 
 _TARGET_RE = re.compile(
@@ -63,7 +63,9 @@ class Target:
     @property
     def device(self) -> str | None:
         """'cuda' or 'rocm' where kernels checks a build's archs on this target's devices."""
-        return _archs.device_of(self.backend)
+        from .archs import device_of
+
+        return device_of(self.backend)
 
     @property
     def by_name(self) -> Target:
@@ -107,7 +109,9 @@ def parse_target(text: str, *, name: str | None = None) -> Target:
 def with_archs(target: Target, archs: list[str] | tuple[str, ...]) -> Target:
     """`target` naming these GPU archs (checked; BadInput says what is wrong)."""
     try:
-        return replace(target, archs=_archs.normalize(target.backend, archs))
+        from .archs import normalize
+
+        return replace(target, archs=normalize(target.backend, archs))
     except ValueError as e:
         raise BadTargetField("archs", f"target {target.by_name}: {e}") from None
 
@@ -169,16 +173,17 @@ def _host_as_named_target() -> Target:
 
     from .host_cache import remembered_host
 
-    if "torch" not in sys.modules and importlib.util.find_spec("torch") is None:  # kernels' own has_torch test
+    if "torch" in sys.modules:  # an engine's process: detecting costs nothing there, no cache is read
+        return host_target()
+    torch = importlib.util.find_spec("torch")  # kernels' own has_torch test
+    if torch is None or not torch.submodule_search_locations:
         raise BadInput(
             "--target host needs torch on this box, and it has none (a stager need not be the "
             "target): name the cluster's target instead, e.g. --target torch2.11-cu130-x86_64-linux"
         )
-    # With torch already imported (an engine's process), detecting costs nothing: no cache is read.
-    if "torch" in sys.modules:
-        return host_target()
+    torch_dir = Path(next(iter(torch.submodule_search_locations)))
     try:
-        return _host_from_fields(remembered_host(lambda: _host_fields(host_target())))
+        return _host_from_fields(remembered_host(lambda: _host_fields(host_target()), torch_dir))
     except (KeyError, TypeError, ValueError):  # kept by another frt-mirror, in another shape
         return host_target()
 

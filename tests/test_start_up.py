@@ -169,6 +169,9 @@ def test_env_on_a_ledger_to_migrate_takes_the_ledgers_path_and_says_so(home_a, t
         assert con.execute("SELECT max(version) FROM mirror_schema_migrations").fetchone() == (MIRROR_VERSION,)
 
 
+TORCH_DIR = Path(__file__).parent  # any folder: only its version.py's modification time is read
+
+
 def test_host_is_detected_once_per_installation_and_again_when_it_changes(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     site = tmp_path / "site"
@@ -180,18 +183,20 @@ def test_host_is_detected_once_per_installation_and_again_when_it_changes(tmp_pa
         calls.append(1)
         return _host_fields(host_target())
 
-    first = remembered_host(detect)
-    assert remembered_host(detect) == first and len(calls) == 1
+    first = remembered_host(detect, TORCH_DIR)
+    assert remembered_host(detect, TORCH_DIR) == first and len(calls) == 1
     assert _host_from_fields(first) == host_target() and _host_from_fields(first).python == host_target().python
     (site / "torch_tpu-1.0.dist-info").mkdir()  # a distribution installed: the folder on sys.path changed
     os.utime(site, ns=(os.stat(site).st_atime_ns, os.stat(site).st_mtime_ns + 10**9))
-    assert remembered_host(detect) == first and len(calls) == 2
+    assert remembered_host(detect, TORCH_DIR) == first and len(calls) == 2
     monkeypatch.setenv("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
-    remembered_host(detect)
+    remembered_host(detect, TORCH_DIR)
     assert len(calls) == 3
-    for kept in (tmp_path / "cache" / "frt-mirror" / "host-targets").iterdir():  # damaged: detected again
+    kept_files = list((tmp_path / "cache" / "frt-mirror" / "host-targets").iterdir())
+    assert len(kept_files) == 1  # one per interpreter and machine, rewritten as the installation changes
+    for kept in kept_files:  # damaged: detected again
         kept.write_text('{"key": "x"')
-    remembered_host(detect)
+    remembered_host(detect, TORCH_DIR)
     assert len(calls) == 4
 
 

@@ -26,8 +26,8 @@ from urllib.parse import quote
 from sqlalchemy import func, select
 
 from frt.resolver.errors import FrtError
-from frt.resolver.ledger_file import RefusalRecord
 from frt.resolver.matrix import Matrix, MatrixRow, build_matrix, targets_named_by
+from frt.resolver.refusal_records import RefusalRecord
 from frt.resolver.targets import Target, parse_target
 from frt.resolver.variants import decide, parse_fields
 

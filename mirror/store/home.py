@@ -9,13 +9,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from frt.resolver.errors import BadInput
-from frt.resolver.ledger_file import RefusalRecord, quick_read, read_refusals
+from frt.resolver.ledger_file import quick_read
 
 from ..home_path import check_home, check_not_forgotten, default_ledger_url, default_store_url, ledger_path
 from .staged import QUICK_VERSIONS, StagedRow, quick_staged
 
 if TYPE_CHECKING:  # imported where used: `env` on a job start reads a home without SQLAlchemy (staged.py)
     from frt.resolver.ledger import Ledger
+    from frt.resolver.refusal_records import RefusalRecord
     from frt.resolver.resolution import FileEntry
 
     from .protocol import BlobStore
@@ -114,6 +115,8 @@ class Home:
     def refusals(self) -> list[RefusalRecord]:
         """Every refusal on record, newest first: from a SQLite ledger not yet opened here, read with
         sqlite3 alone where it can answer (ledger_file.quick_read), as env's staged rows are."""
+        from frt.resolver.refusal_records import read_refusals
+
         if self._ledger is None and not self.ledger_url:
             quick = quick_read(ledger_path(self.root), QUICK_VERSIONS, read_refusals)
             if quick is not None:

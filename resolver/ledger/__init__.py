@@ -23,7 +23,7 @@ from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..errors import FrtError, HomeReadOnly, LedgerCorrupt, LedgerDropped, LedgerUnavailable, LocalDiskError, first_line
-from ..ledger_file import REFUSAL_COLUMNS, RefusalRecord
+from ..refusal_records import REFUSAL_COLUMNS, RefusalRecord
 from ..resolution import CommitInfo, Refusal, VariantInfo
 from .migrations import SchemaTrack, check_read_only, migrate, utcnow
 from .open import (
