@@ -131,7 +131,7 @@ def make_set(tmp: Path, name: str, scale: float, model_mib: float) -> Path:
 def import_vs_tar(full: Path, tmp: Path) -> dict[str, float]:
     """Median wall seconds of `tar -xf`, of `tar -xf` then `sync` and of the whole `frt-mirror import`
     command, each of `full` into a fresh place, each a child process; and the blobs the import stored."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("FRT_", "HF_"))}
+    env = installed_env()
     exe = str(Path(sys.executable).with_name("frt-mirror"))
 
     def settle() -> None:
@@ -150,6 +150,9 @@ def import_vs_tar(full: Path, tmp: Path) -> dict[str, float]:
     }
     runs: dict[str, list[float]] = {k: [] for k in commands}
     blobs = 0
+    warm = tmp / "warm-up"  # untimed: the command's modules compiled to bytecode, as an install leaves them
+    timed(commands["import"](warm), env)
+    shutil.rmtree(warm)
     for i in range(RUNS):
         for kind, command in commands.items():
             out = tmp / f"{kind}-{i}"
@@ -164,6 +167,15 @@ def import_vs_tar(full: Path, tmp: Path) -> dict[str, float]:
             # every run writes into the pages the last one freed, whatever its place in the order.
             shutil.rmtree(out)
     return {**{k: statistics.median(v) for k, v in runs.items()}, "blobs": blobs}
+
+
+def installed_env() -> dict[str, str]:
+    """A child's environment: none of ours or huggingface_hub's settings, and bytecode written and read as
+    an installed package has it (a shell with PYTHONDONTWRITEBYTECODE=1 would compile every module on
+    every run of ours, and of no baseline)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FRT_", "HF_"))}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
 
 
 def copiers() -> int:
@@ -190,7 +202,7 @@ def hash_seconds(full: Path) -> dict[str, float]:
 
 def startup_seconds() -> float:
     """Python start-up and the imports the import command needs, alone (median of RUNS)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("FRT_", "HF_"))}
+    env = installed_env()
     code = "import frt.cli, frt.mirror.bundle, frt.resolver.variants"
     return statistics.median(timed([sys.executable, "-c", code], env) for _ in range(RUNS))
 

@@ -390,8 +390,8 @@ def test_a_failed_member_copy_stops_those_not_begun_and_waits_for_those_under_wa
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
+    from frt.mirror.bundle.extract import all_or_none
     from frt.mirror.bundle.format import BundleRejected
-    from frt.mirror.bundle.read import _all_or_none
 
     ran, under_way, release, gate = [], threading.Event(), threading.Event(), threading.Event()
 
@@ -411,7 +411,7 @@ def test_a_failed_member_copy_stops_those_not_begun_and_waits_for_those_under_wa
     with ThreadPoolExecutor(max_workers=2) as pool:
         copying = [pool.submit(refused), pool.submit(slow), *(pool.submit(later, i) for i in range(20))]
         with pytest.raises(BundleRejected):
-            _all_or_none(copying)
+            all_or_none(copying)
         assert ran[0] == "slow"  # waited for, not abandoned
     assert len(ran) <= 3  # "slow" and the one each worker may have begun: the other 18 never began
 

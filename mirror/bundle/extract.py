@@ -6,12 +6,13 @@ bench/bundle.py, half the system time of read(2) and write(2) through one), then
 from the part, still in the page cache, with pread(2) into a buffer its thread keeps, and hashed (sha256
 and the git blob sha1): what is hashed is exactly what the part holds, even if the archive changes under
 the import. Writeback of each chunk starts as it lands (resolver.fs.start_writeback), so the disk writes
-while later chunks are hashed and the part's fsync (read.py) waits for little. Where copy_file_range can't
-copy (across filesystems on an older kernel, some network filesystems), the chunk is read from the archive
-into that buffer, hashed and written from it: what is hashed is what is written there too.
+while later chunks are hashed and the part's fsync (on another thread: verify_member) waits for little.
+Where copy_file_range can't copy (across filesystems on an older kernel, some network filesystems), the
+chunk is read from the archive into that buffer, hashed and written from it: what is hashed is what is
+written there too.
 
 hashlib, copy_file_range, pread and write let go of the GIL, so members copied on N threads use N cores
-(read.py runs one per core, up to COPIERS): both hashes of every byte, the floor of a verified import, are
+(import runs one per core, up to COPIERS: verify_member): both hashes of every byte, the floor of a verified import, are
 spread over the box rather than one core each.
 """
 
@@ -20,15 +21,20 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import tarfile
 import threading
+import uuid
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import NoReturn
 
 from frt.resolver.errors import LocalDiskError
 from frt.resolver.fs import start_writeback
 
+from ..stage.progress import Progress
 from ..store.blobs import Digest
+from ..store.protocol import BlobStore
 from .format import BundleRejected
 
 CHUNK = 4 << 20  # fewer system calls and hash calls per MiB than 1 MiB
@@ -122,3 +128,66 @@ def _write_all(fd: int, view: memoryview) -> None:
     done = 0
     while done < len(view):
         done += os.write(fd, view[done:])
+
+
+def all_or_none(copying: list[Future[None]]) -> None:
+    """Wait for every member's copy; at the first that fails, none not yet begun begins, those under
+    way finish (each part they made is then in `parts`, for the caller to remove), and it is raised."""
+    try:
+        for f in copying:
+            f.result()
+    except BaseException:
+        for f in copying:
+            f.cancel()
+        wait(copying)
+        raise
+
+
+def verify_member(
+    src: int,
+    m: tarfile.TarInfo,
+    want: Digest,
+    parts: dict[str, Path | None],
+    store: BlobStore,
+    meter: Progress | None,
+    syncer: ThreadPoolExecutor,
+    synced: list[Future[None]],
+) -> None:
+    """Copy one `blobs/<sha256>` member of the archive `src` (its header checked: _blob_members) into
+    tmp/ (or nowhere, if the store has it), hashing it; its part is then fsynced and closed by `syncer`.
+    Runs on several threads at once, each member on one."""
+    sha = want.sha256
+    part = parts[sha] = None if store.has(sha) else store.scratch.part_path(f"{sha}.import-{uuid.uuid4().hex}")
+    add, done = meter.file(sha[:16], m.size) if meter is not None else (None, None)
+    out: int | None = None
+    if part is not None:
+        try:
+            out = os.open(part, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)  # read back (extract.py)
+        except OSError as e:
+            raise LocalDiskError.writing(part, e) from None
+    try:
+        got = copy_member(src, m.offset_data, m.size, out, add, written=part)
+        if part is not None and out is not None:
+            synced.append(syncer.submit(_sync_close, out, part))
+            out = None
+    finally:
+        if out is not None:
+            os.close(out)
+        if done:
+            done(False)  # counted below, once verified
+    if got != want:
+        raise BundleRejected(
+            f"blob {sha} is tampered or damaged: expected sha256 {want.sha256}, "
+            f"content hashes to {got.sha256} ({got.size} bytes)"
+        )
+    if meter:
+        meter.file_done()
+
+
+def _sync_close(fd: int, part: Path) -> None:
+    try:
+        os.fsync(fd)
+    except OSError as e:
+        raise LocalDiskError.writing(part, e) from None
+    finally:
+        os.close(fd)

@@ -9,18 +9,18 @@ tmp/ and hashed. Only when all of them match does anything enter the store, the 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
-import os
 import tarfile
-import uuid
+import threading
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import cast
+from typing import NoReturn, cast
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from frt.resolver.errors import BadInput, LocalDiskError
+from frt.resolver.errors import BadInput
 from frt.resolver.ledger import Ledger
 from frt.resolver.ledger.io import merge_repo_record
 from frt.resolver.ledger.retry import retried
@@ -30,7 +30,6 @@ from ..events import events_with_ref, record_event
 from ..stage.progress import Progress
 from ..store.blobs import Digest
 from ..store.home import Home
-from ..store.protocol import BlobStore
 from ..store.records import (
     StagedRow,
     blob_for,
@@ -43,7 +42,7 @@ from ..store.records import (
 from ..store.unstage import drop_views
 from ..store.withdrawn import forget_withdrawn, withdrawn_after
 from .check import Manifest, check_manifest
-from .extract import copiers, copy_member
+from .extract import all_or_none, copiers, verify_member
 from .format import (
     BLOB,
     MANIFEST,
@@ -70,20 +69,14 @@ def import_bundle(
     """`allow_rollback`: also stage again the rows this home withdrew after the bundle was written (store/withdrawn.py);
     without it they are skipped, and the report names them."""
     key = load_public(require_signature) if require_signature else None  # bad input: before any read
+    _load_beside("frt.resolver.variants")  # the ledger's variant rows, last, parse names with kernels' own parser
     ledger, store = home.ledger, home.store
     parts: dict[str, Path | None] = {}  # sha -> its .part in tmp/ (None: already in the store)
     try:
         got = _read_and_verify(src, home, key, parts, progress)
     except BaseException as e:
-        for p in parts.values():
-            if p is not None:
-                p.unlink(missing_ok=True)
-        why: BaseException | str = e
-        if isinstance(e, (tarfile.TarError, EOFError)):
-            why = f"truncated or not a tar archive ({e})"
-        elif not isinstance(e, (BundleRejected, OSError)):
-            raise
-        raise BundleRejected(f"{src}: {why}; nothing was imported") from None
+        _remove_parts(parts)
+        _reject(src, e)
     m, ident, signer = got
     skip = set() if allow_rollback else _withdrawn_since(ledger, m)
     # Everything verified: the store, then the views (files no ledger row points at yet), then every
@@ -101,6 +94,38 @@ def import_bundle(
     if gone:  # after the commit: a view that no row names any more is only files
         drop_views(home, gone)
     return report
+
+
+def _remove_parts(parts: dict[str, Path | None]) -> None:
+    for p in parts.values():
+        if p is not None:
+            p.unlink(missing_ok=True)
+
+
+def _reject(src: Path, e: BaseException) -> NoReturn:
+    """An import that failed before the store took anything: a bad bundle's one line; anything else as is."""
+    why: BaseException | str = e
+    if isinstance(e, (tarfile.TarError, EOFError)):
+        why = f"truncated or not a tar archive ({e})"
+    elif not isinstance(e, (BundleRejected, OSError)):
+        raise e
+    raise BundleRejected(f"{src}: {why}; nothing was imported") from None
+
+
+def _load_beside(module: str) -> None:
+    """Import `module` on a thread of its own while the bundle is read: importing kernels (and the
+    huggingface_hub it brings) holds the interpreter about a third of a second, and the copy and the hashes
+    release it, so on a box with two cores the import costs the command nothing. Its errors are left to the
+    import that needs it (a thread's would be a traceback on stderr)."""
+
+    def load() -> None:
+        with contextlib.suppress(BaseException):
+            importlib.import_module(module)
+
+    # Not a daemon: the interpreter waits for it to end before it exits (a refused bundle's exit comes
+    # sooner). A daemon thread still importing a compiled extension as the interpreter went down aborted
+    # the process ("FATAL: exception not rethrown", SIGABRT) instead of its exit 1.
+    threading.Thread(target=load, name=f"import {module}").start()
 
 
 def _withdrawn_since(ledger: Ledger, m: Manifest) -> set[tuple[str, str, str]]:
@@ -178,7 +203,11 @@ def _record_import(
 
 
 def _read_and_verify(
-    src: Path, home: Home, key: Ed25519PublicKey | None, parts: dict[str, Path | None], progress: bool
+    src: Path,
+    home: Home,
+    key: Ed25519PublicKey | None,
+    parts: dict[str, Path | None],
+    progress: bool,
 ) -> tuple[Manifest, str, str | None]:
     """Returns the checked manifest (every staged row's files paired with blobs), the bundle's id and
     the key id that signed it (None: unsigned)."""
@@ -212,9 +241,9 @@ def _read_and_verify(
         ):
             synced: list[Future[None]] = []
             try:
-                _all_or_none(
+                all_or_none(
                     [
-                        pool.submit(_verify_member, fd, mem, want, parts, store, meter, syncer, synced)
+                        pool.submit(verify_member, fd, mem, want, parts, store, meter, syncer, synced)
                         for mem, want in by_size
                     ]
                 )
@@ -224,19 +253,6 @@ def _read_and_verify(
             for f in synced:
                 f.result()  # an fsync that failed (EIO) fails the import before the store sees it
     return m, bundle_id(manifest), signer
-
-
-def _all_or_none(copying: list[Future[None]]) -> None:
-    """Wait for every member's copy; at the first that fails, none not yet begun begins, those under
-    way finish (each part they made is then in `parts`, for the caller to remove), and it is raised."""
-    try:
-        for f in copying:
-            f.result()
-    except BaseException:
-        for f in copying:
-            f.cancel()
-        wait(copying)
-        raise
 
 
 def _blob_members(
@@ -321,53 +337,3 @@ def _listings(ledger: Ledger, rows: list[StagedRow]) -> dict[StagedRow, tuple[Fi
     """This home's build listing of each row's variant."""
     with ledger.view() as v:
         return {row: v.variant(row.repo, row.commit, row.variant)[0] for row in rows}
-
-
-def _sync_close(fd: int, part: Path) -> None:
-    try:
-        os.fsync(fd)
-    except OSError as e:
-        raise LocalDiskError.writing(part, e) from None
-    finally:
-        os.close(fd)
-
-
-def _verify_member(
-    src: int,
-    m: tarfile.TarInfo,
-    want: Digest,
-    parts: dict[str, Path | None],
-    store: BlobStore,
-    meter: Progress | None,
-    syncer: ThreadPoolExecutor,
-    synced: list[Future[None]],
-) -> None:
-    """Copy one `blobs/<sha256>` member of the archive `src` (its header checked: _blob_members) into
-    tmp/ (or nowhere, if the store has it), hashing it; its part is then fsynced and closed by `syncer`.
-    Runs on several threads at once, each member on one."""
-    sha = want.sha256
-    part = parts[sha] = None if store.has(sha) else store.scratch.part_path(f"{sha}.import-{uuid.uuid4().hex}")
-    add, done = meter.file(sha[:16], m.size) if meter is not None else (None, None)
-    out: int | None = None
-    if part is not None:
-        try:
-            out = os.open(part, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)  # read back (extract.py)
-        except OSError as e:
-            raise LocalDiskError.writing(part, e) from None
-    try:
-        got = copy_member(src, m.offset_data, m.size, out, add, written=part)
-        if part is not None and out is not None:
-            synced.append(syncer.submit(_sync_close, out, part))
-            out = None
-    finally:
-        if out is not None:
-            os.close(out)
-        if done:
-            done(False)  # counted below, once verified
-    if got != want:
-        raise BundleRejected(
-            f"blob {sha} is tampered or damaged: expected sha256 {want.sha256}, "
-            f"content hashes to {got.sha256} ({got.size} bytes)"
-        )
-    if meter:
-        meter.file_done()
