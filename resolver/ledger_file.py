@@ -19,8 +19,12 @@ from .errors import HomeReadOnly
 
 T = TypeVar("T")
 
-# The resolver's schema version (schema.py migrates a ledger to it): here, where a quick read checks it.
+# The resolver's schema version (schema.py migrates a ledger to it) and its tables at that version: here,
+# where a quick read checks them (tests/test_start_up.py holds the tables to schema.py's).
 SCHEMA_VERSION = 5
+TABLES = frozenset(
+    {"commits", "files", "listings", "publishers", "refs", "refusals", "repos", "schema_migrations", "variants"}
+)
 
 
 def uri(path: Path) -> str:
@@ -51,10 +55,13 @@ def read_only_params(path: Path, path_uri: str) -> dict[str, str]:
     )
 
 
-def quick_read(path: Path, versions: dict[str, int], read: Callable[[sqlite3.Connection], T | None]) -> T | None:
+def quick_read(
+    path: Path, versions: dict[str, int], tables: frozenset[str], read: Callable[[sqlite3.Connection], T | None]
+) -> T | None:
     """`read(conn)` on a read-only connection to the ledger at `path`, in one read transaction (one
-    snapshot), where each version table named in `versions` holds exactly its version; else None, as where
-    `read` returns None (it cannot answer exactly) or raises any sqlite3 error."""
+    snapshot), where each version table named in `versions` holds exactly its version and every one of
+    `tables` is there (the ledger's own open refuses a schema missing one: migrations._check_tables); else
+    None, as where `read` returns None (it cannot answer exactly) or raises any sqlite3 error."""
     try:
         if path.stat().st_size == 0:  # empty, or a WAL ledger not yet checkpointed: the ledger's path decides
             return None
@@ -68,6 +75,9 @@ def quick_read(path: Path, versions: dict[str, int], read: Callable[[sqlite3.Con
         for table, version in versions.items():
             if conn.execute(f"SELECT max(version) FROM {table}").fetchone() != (version,):  # noqa: S608 (our names)
                 return None
+        have = {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if not tables <= have:
+            return None
         return read(conn)
     except sqlite3.Error:  # the ledger's own path reads it, or says in one line what is wrong
         return None

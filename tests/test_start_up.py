@@ -228,3 +228,15 @@ def test_report_reads_the_refusals_without_sqlalchemy_and_answers_the_same(home_
     assert [(r["repo"], r["target"], r["error"], r["last_seen"]) for r in got] == [
         (r.repo_id, r.target, r.error, r.last_seen.isoformat()) for r in rows
     ]
+
+
+def test_the_quick_reads_know_every_table_of_this_schema():
+    """A ledger at this version missing a table is refused by the ledger's own open (one line, exit 2): the
+    quick read gives way to it only if it knows the tables, which it keeps without SQLAlchemy."""
+    from frt.mirror.home_path import MIRROR_TABLES
+    from frt.mirror.schema import MIRROR_TRACK
+    from frt.resolver.ledger.schema import RESOLVER_TRACK
+    from frt.resolver.ledger_file import TABLES
+
+    assert set(RESOLVER_TRACK.metadata.tables) == TABLES
+    assert set(MIRROR_TRACK.metadata.tables) == MIRROR_TABLES

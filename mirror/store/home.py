@@ -12,7 +12,7 @@ from frt.resolver.errors import BadInput
 from frt.resolver.ledger_file import quick_read
 
 from ..home_path import check_home, check_not_forgotten, default_ledger_url, default_store_url, ledger_path
-from .staged import QUICK_VERSIONS, StagedRow, quick_staged
+from .staged import QUICK_TABLES, QUICK_VERSIONS, StagedRow, quick_staged
 
 if TYPE_CHECKING:  # imported where used: `env` on a job start reads a home without SQLAlchemy (staged.py)
     from frt.resolver.ledger import Ledger
@@ -118,7 +118,7 @@ class Home:
         from frt.resolver.refusal_records import read_refusals
 
         if self._ledger is None and not self.ledger_url:
-            quick = quick_read(ledger_path(self.root), QUICK_VERSIONS, read_refusals)
+            quick = quick_read(ledger_path(self.root), QUICK_VERSIONS, QUICK_TABLES, read_refusals)
             if quick is not None:
                 return quick
         return self.ledger.refusals()

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from frt.resolver.ledger_file import SCHEMA_VERSION, quick_read
+from frt.resolver.ledger_file import SCHEMA_VERSION, TABLES, quick_read
 
-from ..home_path import MIRROR_VERSION
+from ..home_path import MIRROR_TABLES, MIRROR_VERSION
 
 # A staged model selection is target-less: its row carries this in place of a target (never a target
 # string, which always starts with "torch"), and its files are the Variant row MODEL_SELECTION (see
@@ -71,13 +71,14 @@ class StagedRow:
 
 # The schema versions a quick read of the ledger answers at (both tracks: the ledger's own path checks both).
 QUICK_VERSIONS = {"schema_migrations": SCHEMA_VERSION, "mirror_schema_migrations": MIRROR_VERSION}
+QUICK_TABLES = TABLES | MIRROR_TABLES
 
 
 def quick_staged(ledger: Path, target: str) -> list[StagedRow] | None:
     """records.staged_for(target) read with sqlite3 from the SQLite ledger at `ledger`: the same rows in
     the same order, or None where only the ledger's own path can answer (ledger_file.quick_read's cases;
     and pulled-through rows, whose choice needs kernels' variant rules)."""
-    return quick_read(ledger, QUICK_VERSIONS, lambda conn: _staged(conn, target))
+    return quick_read(ledger, QUICK_VERSIONS, QUICK_TABLES, lambda conn: _staged(conn, target))
 
 
 def _staged(conn: sqlite3.Connection, target: str) -> list[StagedRow] | None:
