@@ -19,6 +19,7 @@ import pytest
 from tests.support.bundles import make_bundle
 from tests.support.cli import EXE, X86, cli_env, run_cli, stage_json, write_manifest
 from tests.support.fakehub import FakeHub, FakeRepo
+from tests.support.homes import part_sizes
 from tests.support.kernel_fixtures import ARM_CU, ORG, X86_CPU, build, variant_files
 
 HUGE = f"{ORG}/huge"
@@ -44,16 +45,6 @@ def huge_bundle(tmp_path_factory) -> Path:
     return out
 
 
-def _parts(home: Path) -> dict[str, int]:
-    sizes = {}
-    for p in (home / "tmp").glob("*.import-*.part"):
-        try:
-            sizes[p.name] = p.stat().st_size
-        except FileNotFoundError:  # verified and moved into the store since the glob
-            pass
-    return sizes
-
-
 def _staged_rows(home: Path) -> int:
     if not (home / "ledger.sqlite").exists():
         return 0
@@ -77,13 +68,13 @@ def test_kill_9_mid_import_leaves_the_home_verify_clean_and_a_rerun_completes(hu
         # machine: a fixed sleep there lands before the first byte), then let a random few chunks more land.
         deadline = time.monotonic() + 60
         while proc.poll() is None and time.monotonic() < deadline:
-            if any(0 < size < MEMBER for size in _parts(home).values()):
+            if any(0 < size < MEMBER for size in part_sizes(home, "*.import-*.part").values()):
                 break
             time.sleep(0.002)
         time.sleep(rng.uniform(0, 0.02) if run else 0)
         proc.send_signal(signal.SIGKILL)
         assert proc.wait(timeout=30) == -signal.SIGKILL, "the import finished before it was killed"
-        partial = any(0 < size < MEMBER for size in _parts(home).values())
+        partial = any(0 < size < MEMBER for size in part_sizes(home, "*.import-*.part").values())
         mid_part += partial
         if partial:  # nothing of the bundle is visible until every member verified
             assert not [p for p in (home / "store").rglob("*") if p.is_file()]

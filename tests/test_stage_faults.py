@@ -14,6 +14,7 @@ from pathlib import Path
 
 from tests.support.big_kernel import BIG
 from tests.support.cli import X86, cli_env, run_cli
+from tests.support.homes import part_sizes
 from tests.support.kernel_fixtures import ORG, X86_CPU
 
 
@@ -112,17 +113,8 @@ def test_kill_9_at_random_moments_then_rerun_completes(big_hub, home, big_manife
     rng = random.Random(7)
     killed_mid_file = 0
 
-    def parts() -> dict[str, int]:
-        sizes = {}
-        for p in (home / "tmp").glob("*.part"):
-            try:
-                sizes[p.name] = p.stat().st_size
-            except FileNotFoundError:  # completed and moved into the store since the glob
-                pass
-        return sizes
-
     for run in range(10):
-        before = parts()
+        before = part_sizes(home)
         proc = subprocess.Popen(cmd, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         if run % 2:
             # Odd runs: kill while a body is arriving, however long imports and the scan took on a
@@ -131,7 +123,7 @@ def test_kill_9_at_random_moments_then_rerun_completes(big_hub, home, big_manife
             while (
                 proc.poll() is None
                 and time.monotonic() < deadline
-                and not any(size > before.get(name, 0) for name, size in parts().items())
+                and not any(size > before.get(name, 0) for name, size in part_sizes(home).items())
             ):
                 time.sleep(0.02)
             time.sleep(rng.uniform(0, 0.3))

@@ -3,16 +3,17 @@ whether this host may write it, is home_path.py (the CLI asks that before it imp
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import sqlite3
+from collections.abc import Callable, Iterable
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from frt.resolver.errors import BadInput
 from frt.resolver.ledger_file import quick_read
 
 from ..home_path import check_home, check_not_forgotten, default_ledger_url, default_store_url, ledger_path
-from .staged import QUICK_TABLES, QUICK_VERSIONS, StagedRow, quick_staged
+from .staged import QUICK_TABLES, QUICK_VERSIONS, StagedRow, read_staged
 
 if TYPE_CHECKING:  # imported where used: `env` on a job start reads a home without SQLAlchemy (staged.py)
     from frt.resolver.ledger import Ledger
@@ -21,6 +22,8 @@ if TYPE_CHECKING:  # imported where used: `env` on a job start reads a home with
 
     from .protocol import BlobStore
     from .view_trees import Views
+
+T = TypeVar("T")
 
 
 def open_ledger(where: Path | str, readonly: bool | None = None) -> Ledger:
@@ -103,25 +106,26 @@ class Home:
 
     def staged(self, target: str | None = None) -> list[StagedRow]:
         """Rows staged for `target` (with the pulled-through variants it accepts), or every row. For a
-        target, from a SQLite ledger not yet opened here, the quick read where it can answer (staged.py)."""
-        if target is not None and self._ledger is None and not self.ledger_url:
-            quick = quick_staged(ledger_path(self.root), target)
-            if quick is not None:
-                return quick
+        target, the quick read where it can answer (staged.py)."""
+        if target is not None and (quick := self._quick(lambda conn: read_staged(conn, target))) is not None:
+            return quick
         from .records import staged_for, staged_rows
 
         return staged_for(self.ledger, target) if target is not None else staged_rows(self.ledger)
 
     def refusals(self) -> list[RefusalRecord]:
-        """Every refusal on record, newest first: from a SQLite ledger not yet opened here, read with
-        sqlite3 alone where it can answer (ledger_file.quick_read), as env's staged rows are."""
+        """Every refusal on record, newest first; the quick read where it can answer, as for staged rows."""
         from frt.resolver.refusal_records import read_refusals
 
-        if self._ledger is None and not self.ledger_url:
-            quick = quick_read(ledger_path(self.root), QUICK_VERSIONS, QUICK_TABLES, read_refusals)
-            if quick is not None:
-                return quick
-        return self.ledger.refusals()
+        quick = self._quick(read_refusals)
+        return quick if quick is not None else self.ledger.refusals()
+
+    def _quick(self, read: Callable[[sqlite3.Connection], T | None]) -> T | None:
+        """`read` of a SQLite ledger not opened here yet, with sqlite3 alone (ledger_file.quick_read); None
+        where only the ledger's own path can answer, a ledger server's always."""
+        if self._ledger is not None or self.ledger_url:
+            return None
+        return quick_read(ledger_path(self.root), QUICK_VERSIONS, QUICK_TABLES, read)
 
     def close(self) -> None:
         if self._ledger is not None:

@@ -78,10 +78,12 @@ def quick_staged(ledger: Path, target: str) -> list[StagedRow] | None:
     """records.staged_for(target) read with sqlite3 from the SQLite ledger at `ledger`: the same rows in
     the same order, or None where only the ledger's own path can answer (ledger_file.quick_read's cases;
     and pulled-through rows, whose choice needs kernels' variant rules)."""
-    return quick_read(ledger, QUICK_VERSIONS, QUICK_TABLES, lambda conn: _staged(conn, target))
+    return quick_read(ledger, QUICK_VERSIONS, QUICK_TABLES, lambda conn: read_staged(conn, target))
 
 
-def _staged(conn: sqlite3.Connection, target: str) -> list[StagedRow] | None:
+def read_staged(conn: sqlite3.Connection, target: str) -> list[StagedRow] | None:
+    """The rows staged for `target`, as records.staged_rows reads them; None where pulled-through rows are
+    there (which of them a target takes is kernels' rule: records.staged_for)."""
     pulled = "SELECT 1 FROM staged WHERE substr(target, 1, ?) = ? LIMIT 1"
     if target.startswith("torch") and conn.execute(pulled, (len(PULLED), PULLED)).fetchone():
         return None

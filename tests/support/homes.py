@@ -13,3 +13,15 @@ def empty_home(root: Path) -> Path:
     home = Home(root)
     home.ledger.close()  # opened, so created and migrated, then closed
     return root
+
+
+def part_sizes(home: Path, pattern: str = "*.part") -> dict[str, int]:
+    """The `.part` files in the home's tmp/ now, by name, with their sizes: what a kill -9 test watches grow
+    (a part verified and moved into the store between the listing and its stat is left out)."""
+    sizes = {}
+    for p in (home / "tmp").glob(pattern):
+        try:
+            sizes[p.name] = p.stat().st_size
+        except FileNotFoundError:
+            pass
+    return sizes
