@@ -240,3 +240,39 @@ def test_the_quick_reads_know_every_table_of_this_schema():
 
     assert set(RESOLVER_TRACK.metadata.tables) == TABLES
     assert set(MIRROR_TRACK.metadata.tables) == MIRROR_TABLES
+
+
+def test_env_under_a_writer_holding_the_ledger_answers_every_job_from_the_last_commit(home_a, tmp_path):
+    """A job start while a stage or import writes: the quick read takes its own read snapshot (WAL), so 16
+    env calls at once, during a write transaction held open, all answer, none waits on the writer, and none
+    sees the row the writer has not committed."""
+    import threading
+
+    home = _ledger_copy(home_a, tmp_path)
+    writer = sqlite3.connect(home / "ledger.sqlite", isolation_level=None)
+    writer.execute("PRAGMA journal_mode = WAL")
+    writer.execute("BEGIN IMMEDIATE")
+    writer.execute(
+        "INSERT INTO staged (repo_id, requested, version, target, commit_sha, variant, staged_at) "
+        "VALUES ('late/kernel', 'v1', 1, ?, ?, 'v', '2026-01-01')",
+        (X86, "1" * 40),
+    )
+    results: list[subprocess.CompletedProcess] = []
+
+    def job() -> None:
+        argv = [str(EXE), "--home", str(home), "env", "--target", X86, *ONE_VERSION, "--format", "json"]
+        results.append(subprocess.run(argv, capture_output=True, text=True, env=cli_env(), timeout=120))
+
+    try:
+        jobs = [threading.Thread(target=job) for _ in range(16)]
+        for j in jobs:
+            j.start()
+        for j in jobs:
+            j.join()
+    finally:
+        writer.execute("ROLLBACK")
+        writer.close()
+    failed = [p.stderr for p in results if p.returncode != 0]
+    assert len(results) == 16 and failed == []
+    seen = {tuple(k["repo"] for k in json.loads(p.stdout)["kernels"]) for p in results}
+    assert len(seen) == 1 and "late/kernel" not in next(iter(seen))
