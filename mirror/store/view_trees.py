@@ -9,7 +9,6 @@ view build the same thing; whoever renames second discards its copy.
 from __future__ import annotations
 
 import os
-import shutil
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -28,6 +27,12 @@ if TYPE_CHECKING:
 def repo_folder(repo_id: str) -> str:
     org, name = repo_id.split("/", 1)
     return f"{org}--{name}"
+
+
+def _remove_tree(path: Path) -> None:
+    import shutil  # here, not at the top: its compression modules cost `env` 3 ms of start-up
+
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def wheels_dir(home_root: Path) -> Path:
@@ -79,20 +84,20 @@ class Views:
             dest.parent.mkdir(parents=True, exist_ok=True)
             os.link(self.store.path(sha), dest)
         if check is not None and (problems := check(scratch)):
-            shutil.rmtree(scratch, ignore_errors=True)
+            _remove_tree(scratch)
             return problems
         final.parent.mkdir(parents=True, exist_ok=True)
         if final.exists():  # incomplete (a user removed files): set it aside, then replace it
             stale = self.tmp / f"stale-{uuid.uuid4().hex}"
             try:
                 os.rename(final, stale)
-                shutil.rmtree(stale, ignore_errors=True)
+                _remove_tree(stale)
             except FileNotFoundError:
                 pass
         try:
             os.rename(scratch, final)
         except OSError:  # another stager put the same view in place first
-            shutil.rmtree(scratch, ignore_errors=True)
+            _remove_tree(scratch)
         return []
 
     def files(self) -> list[Path]:
@@ -108,7 +113,7 @@ class Views:
         aside = self.tmp / f"stale-{uuid.uuid4().hex}"
         os.rename(final, aside)
         files = sum(len(names) for _, _, names in os.walk(aside))
-        shutil.rmtree(aside, ignore_errors=True)
+        _remove_tree(aside)
         parent = final.parent
         while parent != self.root and parent.is_relative_to(self.root):
             try:
@@ -125,7 +130,7 @@ class Views:
             cutoff = time.time() - older_than_s
             for p in self.tmp.iterdir():
                 if p.stat().st_mtime < cutoff:
-                    shutil.rmtree(p, ignore_errors=True)
+                    _remove_tree(p)
 
     def link_wheels(self, wheels: Sequence[WheelRecord]) -> None:
         """Hard-link each stored wheel (a WheelRecord: filename, sha256) into the home's find-links folder

@@ -10,9 +10,9 @@ from frt.resolver.errors import BadInput
 from frt.resolver.repo_ids import did_you_mean, pin_variable, pinned_revision
 from frt.resolver.targets import Target
 
+from ..home_path import HomeLayout
 from ..store.home import Home
 from ..store.staged import StagedRow
-from ..store.view_trees import wheels_dir
 
 
 @dataclass(frozen=True)
@@ -122,6 +122,7 @@ def local_kernels(
         from .materialise import materialise
 
         written = materialise(home, list(chosen.rows.values()), into.absolute())
+    wheels = into.absolute() / "wheels" if into is not None else HomeLayout(home.root).wheels
     out = []
     for repo, row in sorted(chosen.rows.items()):
         if views is not None:
@@ -138,7 +139,7 @@ def local_kernels(
                 row.variant,
                 path,
                 row.wheels,
-                (into.absolute() / "wheels" if into is not None else wheels_dir(home.root)) if row.wheels else None,
+                wheels if row.wheels else None,
             )
         )
     return EnvSet(out, chosen.warnings, chosen.refused)
