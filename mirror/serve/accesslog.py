@@ -19,6 +19,7 @@ import asyncio
 import os
 import re
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -103,18 +104,25 @@ class AccessLog:
 
 
 class Counted:
-    """An ASGI `send` that notes the status and counts body bytes on their way out."""
+    """An ASGI `send` that notes the status and counts body bytes on their way out. `last(status, nbytes)`,
+    where given, is called once, as the answer's last body message is handed on and before it goes: a
+    worker killed just after its last bytes left has counted them (metrics.py). It stays set where no
+    last message went (an answer cut short, an error before any): the caller counts those itself."""
 
-    __slots__ = ("send", "status", "nbytes")
+    __slots__ = ("send", "status", "nbytes", "last")
 
-    def __init__(self, send: Send) -> None:
+    def __init__(self, send: Send, last: Callable[[int, int], None] | None = None) -> None:
         self.send, self.status, self.nbytes = send, 500, 0  # 500 stands if the app fails before answering
+        self.last = last
 
     async def __call__(self, message: Message) -> None:
         if message["type"] == "http.response.start":
             self.status = message["status"]
         else:
             self.nbytes += len(message.get("body", b""))
+            if self.last is not None and not message.get("more_body", False):
+                last, self.last = self.last, None
+                last(self.status, self.nbytes)
         await self.send(message)
 
 

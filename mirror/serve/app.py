@@ -17,6 +17,7 @@ serve never sees, so they are hashed before, not as they go).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -106,17 +107,22 @@ class MirrorApp:
         if scope["type"] != "http":
             return
         t0, log, metrics = time.perf_counter(), self.log, self.metrics
-        if scope["method"] in ("GET", "HEAD") and (hit := await self.hot(scope, receive, send)) is not None:
-            self.record_hot(scope, *hit, t0)  # here, not by wrapping send: that would cost more than the hit
+        # send itself only where neither log nor metrics is set: nothing below then reads .status/.nbytes.
+        # Metrics count an answer as its last body bytes are handed on (Counted.last), not after they went.
+        last = functools.partial(metrics.request, scope) if metrics else None
+        counted: Counted = Counted(send, last) if log or metrics else send  # type: ignore[assignment]
+        if scope["method"] in ("GET", "HEAD") and (hit := await self.hot(scope, receive, counted)) is not None:
+            if log:
+                log.record(scope, *hit, t0)
+            if metrics and counted.last is not None:  # cut short: no last message went
+                metrics.count("resolve", scope["method"], *hit)
             return
-        # send itself only where neither log nor metrics is set: nothing below then reads .status/.nbytes
-        counted: Counted = Counted(send) if log or metrics else send  # type: ignore[assignment]
         try:
             await self.answer(scope, receive, counted)
         finally:
             if log:
                 log.record(scope, counted.status, counted.nbytes, t0)
-            if metrics:
+            if metrics and counted.last is not None:
                 metrics.request(scope, counted.status, counted.nbytes)
 
     async def answer(self, scope: Scope, receive: Receive, send: Send) -> None:

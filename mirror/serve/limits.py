@@ -282,7 +282,7 @@ def guarded(
                 pass
             except Exception:  # never leave the connection waiting on an answer that will not come
                 log.exception("frt-mirror: serve: a sendfile answer failed")
-            fs.done(200, sent or 0)
+            fs.finish(200, sent or 0)  # where no tail went; else counted as it went (FileSend.finish)
             cycle.response_complete = True
             if sent is None or not cycle.keep_alive or self.transport.is_closing():
                 self.transport.close()  # cut short: the client sees fewer bytes than Content-Length

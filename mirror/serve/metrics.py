@@ -17,9 +17,9 @@ counter's for the route) looked up once and cached, so a request costs a dict lo
 written through at once. timeit of a HEAD's `count` on an idle 16-core host: 0.7 µs in one process,
 1.2 µs in multiprocess mode, where the increment also takes prometheus_client's lock and writes the
 worker's memory-mapped file (a GET with body bytes: 1.1 and 2.3 µs), against 0.3 µs for the in-memory
-tally that was flushed once a second before. Nothing is held back in the process: a request is in the
-counters as soon as MirrorApp has handed its response's last bytes to the socket (it calls `count`
-right after).
+tally that was flushed once a second before. Nothing is held back in the process: a request is counted
+as its answer's last body bytes are handed to the server, just before they go (accesslog.Counted.last,
+sendfile.FileSend.finish; a HEAD the protocol answers, before its header lines go).
 
 `serve --workers N`: each worker is its own process and a scrape through the one port lands on any of
 them, so per-worker numbers would jump between workers from one scrape to the next (counters seeming
@@ -30,8 +30,10 @@ when serve exits). One worker reports only its own, in memory. Since every reque
 worker's file as it is counted, a scrape counts every request any worker answered before it, and a
 worker killed with SIGKILL keeps every request it answered (its file outlives it: the mapped pages are
 the kernel's), where a tally flushed once a second lost the last second of the killed worker's
-requests. Only a kill in the microseconds between a response's last bytes going out and `count` loses
-that one request.
+requests. Counting before the last bytes go, not after, is what makes that whole: a worker killed just
+after an answer's last byte left has counted it (tests/test_metrics_kill.py). The other side of that
+choice: a worker killed in the microseconds between counting and its last bytes leaving has counted an
+answer its client got short (that client retries, and its retry is counted too).
 """
 
 from __future__ import annotations

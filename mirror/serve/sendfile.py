@@ -36,13 +36,21 @@ TAIL = 64 << 10  # held back until the file is checked to be the one verified
 @dataclass
 class FileSend:
     """What the protocol sends: `lines` (the answer's header lines, Content-Length included), then the
-    `size` bytes of the open `fd`; `check()` before the tail; `done(status, sent)` once it is over."""
+    `size` bytes of the open `fd`; `check()` before the tail; `done(status, sent)` once, through
+    `finish`: as the tail is handed on (before it goes, as Counted counts the app's answers), or, where
+    no tail went, once the send is over."""
 
     fd: int
     size: int
     lines: bytes
     check: Callable[[], bool]
     done: Callable[[int, int], None]
+    finished: bool = False
+
+    def finish(self, status: int, sent: int) -> None:
+        if not self.finished:
+            self.finished = True
+            self.done(status, sent)
 
     @classmethod
     def open(
@@ -90,6 +98,7 @@ async def send(loop: asyncio.AbstractEventLoop, sock_fd: int, head: bytes, fs: F
         off = await _sendfile(loop, wfd, fs.fd, 0, fs.size - min(TAIL, fs.size))
         if not fs.check():
             return None
+        fs.finish(200, fs.size)
         return await _sendfile(loop, wfd, fs.fd, off, fs.size)
     finally:
         os.close(wfd)
