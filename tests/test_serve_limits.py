@@ -7,6 +7,7 @@ real client is still served with 1,100 idle sockets open against serve started u
 from __future__ import annotations
 
 import contextlib
+import json
 import resource
 import select
 import socket
@@ -214,4 +215,57 @@ def test_an_endless_post_body_is_413_bounded(home):
         ).encode()
         status, headers, _ = raw_http(m.port, head, timeout=30)
         assert status == 413 and "body over" in headers.get("x-error-message", ""), (status, headers)
+        assert timed_refs(m.port) < 2 and m.proc.poll() is None
+
+
+def _endless_body(port: int, head: bytes, limit: int = 64 << 20) -> tuple[bytes, int, bool]:
+    """Send `head`, then a chunked body without end: what serve answered, the bytes sent, and whether serve
+    closed the connection before `limit` of them (else it read on, and dropped, all it was sent)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(head)
+        chunk, sent, answer = b"a" * (1 << 16), 0, b""
+        try:
+            while sent < limit:
+                if select.select([s], [], [], 0)[0]:
+                    got = s.recv(1 << 16)
+                    if not got:
+                        return answer, sent, True
+                    answer += got
+                s.sendall(b"%x\r\n" % len(chunk) + chunk + b"\r\n")
+                sent += len(chunk)
+        except OSError:  # reset under the send: closed with our bytes unread
+            return answer, sent, True
+    return answer, sent, False
+
+
+def _file_of(port: int) -> str:
+    status, _, body = raw_http(port, raw_request("GET", f"/api/kernels/{RELU}/tree/v1/build?recursive=true"))
+    assert status == 200, status
+    return next(e["path"] for e in json.loads(body) if e["type"] == "file")
+
+
+def test_a_body_is_read_no_further_than_its_answer_whatever_the_route(home):
+    """A body serve does not read to its end (past the 4 MiB of paths-info: a 413; a route that takes none;
+    a GET of a file answered before, which the protocol itself would send) gets its answer with
+    `Connection: close`, and the connection is closed: before, the answer came and serve read on, and
+    dropped, an endless body for as long as the client sent it (64 MiB and more, on every route)."""
+    with serving(home) as m:
+        path = _file_of(m.port)
+        raw_http(m.port, raw_request("GET", f"/kernels/{RELU}/resolve/v1/{path}"))  # remembered: the hot path's
+        asks = {
+            ("POST", f"/api/kernels/{RELU}/paths-info/v1"): 413,
+            ("POST", REFS): 404,
+            ("GET", REFS): 200,
+            ("GET", f"/kernels/{RELU}/resolve/v1/{path}"): 200,
+        }
+        for (method, target), want in asks.items():
+            head = f"{method} {target} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n".encode()
+            answer, sent, closed = _endless_body(m.port, head)
+            assert answer.startswith(b"HTTP/1.1 %d " % want), (method, target, answer[:200])
+            assert closed and sent < 16 << 20, (method, target, sent >> 20)
+            assert b"\r\nconnection: close\r\n" in answer.split(b"\r\n\r\n")[0].lower() + b"\r\n", answer[:400]
+        said = f"POST /api/kernels/{RELU}/paths-info/v1 HTTP/1.1\r\nHost: x\r\nContent-Length: {1 << 30}\r\n\r\n"
+        status, headers, body = raw_http(m.port, said.encode())  # answered before a byte of it, then closed
+        assert status == 413 and headers.get("connection") == "close", (status, headers)
+        assert json.loads(body) == {"error": headers["x-error-message"]} and "\n" not in headers["x-error-message"]
         assert timed_refs(m.port) < 2 and m.proc.poll() is None

@@ -41,6 +41,7 @@ from .objects import ObjectIntegrity, ObjectResponse
 from .protocol import (
     TOKEN_HINT,
     TOKEN_MESSAGE,
+    BodyRequest,
     HubError,
     info_body,
     iso_time,
@@ -81,12 +82,10 @@ class MirrorApp:
         accel_redirect: str | None = None,
         pull: PullService | None = None,
     ) -> None:
-        self.catalog = catalog
+        self.catalog, self.authorized = catalog, authorized
         self.pull = pull  # serve --upstream: misses of allowed repos go to the upstream (see pull.py)
-        self.authorized = authorized
         self._token_noted = False
-        self.log = log
-        self.accel_redirect = accel_redirect
+        self.log, self.accel_redirect = log, accel_redirect
         self._hot = HotTable()  # answers given before, by raw path: see hot() and fast_head()
         self.metrics: Metrics | None = None
         self.operator: OperatorRoutes | None = None
@@ -127,7 +126,7 @@ class MirrorApp:
 
     async def answer(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Every request the hot path did not take: routing, then a response or a HubError's."""
-        request = Request(scope, receive)
+        request = BodyRequest(scope, receive)
         try:
             auth = request.headers.get("authorization")
             if not self.authorized(auth) and not public_route(scope):
@@ -139,6 +138,7 @@ class MirrorApp:
         if (stale := scope.get("frt.stale")) is not None:
             said = (STALE_HEADER.lower().encode(), stale.encode("ascii", "replace"))
             response.raw_headers = [*response.raw_headers, said]
+        request.settle(response)
         await response(scope, receive, send)
 
     def _note_token(self, auth: str | None) -> None:
@@ -258,7 +258,8 @@ class MirrorApp:
         if repo is None and stale is not None:  # not "does not exist": nobody could ask
             raise HubError(502, None, f"{repo_id} is not on this mirror, and its upstream cannot be asked ({stale})")
         if repo is None:
-            self.demand.missed_repo(request.scope, repo_id)
+            if self.pull is None or not self.pull.by_wildcard(repo_id):  # '*': the upstream has no such repo
+                self.demand.missed_repo(request.scope, repo_id)
             where = self.catalog().staged_as(repo_type, repo_id)  # the Hub's answer, and where it is staged
             raise HubError(404, "RepoNotFound", f"Repository not found: {repo_id} is not staged on this mirror{where}")
         return repo

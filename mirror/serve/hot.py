@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from starlette.types import Scope
 
 HOT_MAX = 8192  # resolve URLs remembered
+DECLINED = frozenset({b"range", b"transfer-encoding", *CONDITIONAL})  # headers the slow way answers
 
 
 class HotEntry(NamedTuple):
@@ -46,13 +47,15 @@ class HotTable:
         self, scope: Scope, catalog: Catalog, bad: Collection[str], authorized: Callable[[str | None], bool]
     ) -> tuple[HotEntry, bool] | None:
         """This request's entry, and whether nginx forwarded it; None: not remembered, from an older
-        catalog, a blob found bad, a Range or a condition (the slow way parses them), a token that fails."""
+        catalog, a blob found bad, a Range or a condition (the slow way parses them), a token that fails,
+        a body (no client sends one with a GET: the slow way closes the connection after answering, where
+        here the rest of an endless one would be read and dropped for as long as it came)."""
         hit = self._entries.get(scope.get("raw_path"))
         if hit is None or hit.catalog is not catalog or (bad and hit.file.sha256 in bad):
             return None
         auth, nginx = None, False
         for name, value in scope["headers"]:
-            if name == b"range" or name in CONDITIONAL:
+            if name in DECLINED or (name == b"content-length" and value != b"0"):
                 return None
             if name == b"authorization" and auth is None:
                 auth = value.decode("latin-1")

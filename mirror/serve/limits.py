@@ -122,6 +122,21 @@ class _Answered:
             pass
 
 
+class _LingeringClose:
+    """The transport as the answer to a request with a body sees it: its close (uvicorn's, after an answer
+    with `Connection: close`: a body the app did not read to its end) is a lingering one, as for a 431,
+    so that a client still sending its body reads the answer (a 413) before the close."""
+
+    def __init__(self, protocol: Any) -> None:
+        self._protocol = protocol
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._protocol.transport, name)
+
+    def close(self) -> None:
+        self._protocol.linger()
+
+
 class _Sending:
     """The request-response cycle of a GET the protocol sends itself with sendfile (fast_get): uvicorn
     queues a pipelined request behind it, and a shutdown asks it not to keep the connection alive."""
@@ -174,6 +189,7 @@ def guarded(
     import uvicorn
     from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
+    from .protocol import declares_body
     from .sendfile import send
 
     if gaps := uvicorn_gaps():  # at start, in one line: not a 500 on the first request that meets the gap
@@ -229,6 +245,9 @@ def guarded(
             self._disarm()
             if not self._answer_head() and not self._answer_get():
                 super().on_headers_complete()
+                # A body the app may not read to its end: closed lingering (see protocol.BodyRequest).
+                if self.cycle is not None and declares_body(self.scope["headers"]):
+                    self.cycle.transport = _LingeringClose(self)  # type: ignore[assignment]
 
         def _fast_scope(self, method: bytes) -> Scope | None:
             """The scope of a keep-alive HTTP/1.1 `method` request with no query and no %-escape, nothing
@@ -326,6 +345,10 @@ def guarded(
                 body,
             ]
             self.transport.write(b"".join(head))
+            self.linger()
+
+        def linger(self) -> None:
+            """Close after the answer, reading on for LINGER_S and dropping what comes."""
             self._lingering = True
             self._disarm()
             if self.transport.can_write_eof():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 from urllib.parse import parse_qs
 
 from starlette.requests import Request
@@ -14,12 +14,13 @@ from starlette.responses import JSONResponse, Response
 if TYPE_CHECKING:
     from datetime import datetime
 
-    from starlette.types import Scope
+    from starlette.types import Message, Receive, Scope
 
 MAX_PATH = 4096
 # A POST body (paths-info: a list of paths; huggingface_hub sends all it asks for in one): 4 MiB holds
 # ~40k paths, more than a kernel repo has files. Read up to this, never whole whatever its size.
 MAX_BODY = 4 << 20
+CLOSE = (b"connection", b"close")
 _PCT = re.compile(rb"%([0-9A-Fa-f]{2})")
 # A header value is printable ASCII here: the message may quote the request's path, and a decoded
 # control character (%0A, %1F) in a header makes uvicorn refuse the whole response (a 500).
@@ -56,6 +57,43 @@ async def read_body(request: Request, cap: int = MAX_BODY) -> bytes:
         if len(body) > cap:
             raise HubError(413, None, f"request body over {cap} bytes")
     return bytes(body)
+
+
+def declares_body(headers: Iterable[tuple[bytes, bytes]]) -> bool:
+    """Do a request's (raw) headers say a body follows (a Content-Length other than 0, or chunked)?"""
+    return any(
+        (name == b"content-length" and value.strip() != b"0") or name == b"transfer-encoding" for name, value in headers
+    )
+
+
+class HasHeaders(Protocol):
+    """An answer whose raw headers can still be added to (Starlette's responses, objects.ObjectResponse)."""
+
+    raw_headers: list[tuple[bytes, bytes]]
+
+
+class BodyRequest(Request):
+    """A request that notes whether its body, where it declares one, was read to its end. One that was
+    not (a route that takes none, a 413 part-way) is answered with `Connection: close` (`settle`), so
+    uvicorn closes the connection after the answer instead of reading on, and dropping, whatever the
+    client still sends: without it an endless body held a connection as long as its client liked."""
+
+    def __init__(self, scope: Scope, receive: Receive) -> None:
+        self.ended = not declares_body(scope["headers"])
+        super().__init__(scope, self._noted(receive) if not self.ended else receive)
+
+    def _noted(self, receive: Receive) -> Receive:
+        async def noted() -> Message:
+            message = await receive()
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                self.ended = True
+            return message
+
+        return noted
+
+    def settle(self, response: HasHeaders) -> None:
+        if not self.ended:
+            response.raw_headers = [*response.raw_headers, CLOSE]
 
 
 def split_raw_path(raw: bytes) -> list[str]:

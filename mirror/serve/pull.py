@@ -41,6 +41,9 @@ RETRY_FAILED_S = 1.0  # a refresh that failed is tried again this soon: a failur
 # Files this big (LFS ones) are streamed to the first clients while they are fetched; smaller ones are
 # verified before their first byte goes out (they come down well within a client's 10 s read timeout).
 STREAM_MIN = 8 << 20
+# Repos the upstream does not have are remembered for the refs TTL (not asked again at once); past this
+# many entries those are forgotten (asked again on their next request), those it has are kept.
+MAX_UNKNOWN = 4096
 T = TypeVar("T")
 
 
@@ -112,6 +115,11 @@ class PullService:
     def allowed(self, repo_id: str) -> bool:
         return self.pull.allowed(repo_id)
 
+    def by_wildcard(self, repo_id: str) -> bool:
+        """Is the repo allowed by '*' alone (its org not named)? Then a miss is not the fleet's demand:
+        the upstream was asked and has no such repo, and the name is whatever a client sent."""
+        return self.allowed(repo_id) and not self.pull.named(repo_id.split("/", 1)[0])
+
     async def repo(
         self, repo_type: str, repo_id: str, revision: str | None = None, hold: bool = False
     ) -> tuple[ServedRepo | None, str | None]:
@@ -144,8 +152,8 @@ class PullService:
             limit = max(self.hold, self.timeout) if hold and empty else self.timeout
             if await self._wait(("refresh", key, sha), lambda: self._refresh(repo_type, repo_id, sha), limit) is None:
                 return self._pending(repo_id, self._known.get(key))
-        known = self._known[key]
-        return known.repo, known.stale
+        known = self._known.get(key)  # None: forgotten since it landed (MAX_UNKNOWN), so not had upstream
+        return (known.repo, known.stale) if known is not None else (None, None)
 
     def _pending(self, repo_id: str, known: _Known | None) -> tuple[ServedRepo | None, str]:
         """The refresh is still on its way: the last known repo, flagged; with none, a 503 saying when
@@ -202,6 +210,8 @@ class PullService:
         except FrtError as e:  # the ledger down: what was answered before still stands (or the catalog's)
             repo, stale = before.repo if before else None, stale or f"the ledger is unavailable: {e}"
         again = self.refs_ttl if stale is None else min(self.refs_ttl, RETRY_FAILED_S)
+        if repo is None and len(self._known) >= MAX_UNKNOWN:  # under '*': a scanner's names, held in memory
+            self._known = {k: v for k, v in self._known.items() if v.repo is not None}
         self._known[key] = _Known(repo, time.monotonic() + again, stale)
 
     async def file(self, repo: ServedRepo, commit: str, f: ServedFile) -> ServedFile:

@@ -78,6 +78,11 @@ class PullThrough:
     def allowed(self, repo_id: str) -> bool:
         return "*" in self.allow or repo_id.split("/", 1)[0] in self.allow
 
+    def named(self, org: str) -> bool:
+        """Is the org named in the allow-list, not only let in by '*'? Under '*' any string a client
+        sends is an org: nothing is recorded of one before the upstream has answered for a repo of it."""
+        return org in self.allow
+
     # -- upstream -> ledger ----------------------------------------------------------------------
 
     def refresh(self, repo_type: str, repo_id: str, revision: str | None = None) -> None:
@@ -137,10 +142,13 @@ class PullThrough:
         return served if served.commits else None
 
     def publisher_trusted(self, org: str, ask: bool = False) -> bool | None:
-        """What the upstream said of the org's trust, as recorded; `ask`: ask it first (and record it)."""
+        """What the upstream said of the org's trust, as recorded; `ask`: ask it first (and record it,
+        for an org the allow-list names: under '*' scan records it once a repo of the org is pulled, so a
+        scanner that names orgs by the thousand, each of which an upstream may vouch for, adds no row)."""
         if ask and (trusted := self.hub.publisher_trusted(org)) is not None:
             try:
-                self.home.ledger.record_publisher(org, trusted, endpoint=self.hub.endpoint)
+                if self.named(org):
+                    self.home.ledger.record_publisher(org, trusted, endpoint=self.hub.endpoint)
             except LedgerUnavailable:  # the upstream's word answers now; it is recorded on a later ask
                 pass
             return trusted
