@@ -106,22 +106,16 @@ class MirrorApp:
         if scope["type"] != "http":
             return
         t0, log, metrics = time.perf_counter(), self.log, self.metrics
-        # send itself only where neither log nor metrics is set: nothing below then reads .status/.nbytes.
-        # Metrics count an answer as its last body bytes are handed on (Counted.last), not after they went.
+        # Counted.last counts an answer as its last bytes are handed on; without log or metrics, send itself.
         last = functools.partial(metrics.request, scope) if metrics else None
         counted: Counted = Counted(send, last) if log or metrics else send  # type: ignore[assignment]
-        if scope["method"] in ("GET", "HEAD") and (hit := await self.hot(scope, receive, counted)) is not None:
-            if log:
-                log.record(scope, *hit, t0)
-            if metrics and counted.last is not None:  # cut short: no last message went
-                metrics.count("resolve", scope["method"], *hit)
-            return
         try:
-            await self.answer(scope, receive, counted)
+            if scope["method"] not in ("GET", "HEAD") or await self.hot(scope, receive, counted) is None:
+                await self.answer(scope, receive, counted)
         finally:
             if log:
                 log.record(scope, counted.status, counted.nbytes, t0)
-            if metrics and counted.last is not None:
+            if metrics and counted.last is not None:  # no last message went: cut short, or failed
                 metrics.request(scope, counted.status, counted.nbytes)
 
     async def answer(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -31,7 +31,7 @@ worker's file as it is counted, a scrape counts every request any worker answere
 worker killed with SIGKILL keeps every request it answered (its file outlives it: the mapped pages are
 the kernel's), where a tally flushed once a second lost the last second of the killed worker's
 requests. Counting before the last bytes go, not after, is what makes that whole: a worker killed just
-after an answer's last byte left has counted it (tests/test_metrics_kill.py). The other side of that
+after an answer's last byte left has counted it (tests/test_metrics.py). The other side of that
 choice: a worker killed in the microseconds between counting and its last bytes leaving has counted an
 answer its client got short (that client retries, and its retry is counted too).
 """
