@@ -225,6 +225,9 @@ def serve_cmd(
     from frt.mirror.serve.watch import CatalogWatcher
     from frt.mirror.serve.workers import AppSpec, serve_workers
 
+    url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+    told = Readiness(ready_file, url)
+    told.check()  # first: a stale ready file goes even where serve then refuses to start
     accel = check_accel_prefix(accel_redirect) if accel_redirect is not None else None
     objects = app.home.store.objects  # the blobs as objects, which clients may be redirected to
     if s3_redirect and objects is None:
@@ -239,9 +242,6 @@ def serve_cmd(
     pull = _upstream(app, upstream, allow, refs_ttl, upstream_timeout, upstream_hold)
     if pull is None:  # serve alone only reads the home: a mistyped --home is refused, not created
         check_existing_home(app.root.absolute(), app.home.ledger_url)
-    url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
-    told = Readiness(ready_file, url)
-    told.check()
     sockets = bind(host, port)  # first: a busy port is one line and exit 2, before anything is said
     if workers > 1:  # before any app is built: the workers' metrics are summed from files (metrics.py)
         metrics_dir = multiprocess_metrics()
