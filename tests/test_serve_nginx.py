@@ -24,7 +24,7 @@ import pytest
 from tests.support.cli import cli_env, run_cli, run_cli_process
 from tests.support.kernel_fixtures import ACTIVATION, LAYERNORM, X86_CPU
 from tests.support.load import File, files_of, load
-from tests.support.nginx import PREFIX, Front, answer, front_of, nginx_conf, nginx_t, wait_for_lines
+from tests.support.nginx import PREFIX, Front, answer, front_of, nginx, nginx_conf, nginx_t, wait_for_lines
 from tests.support.serve_helpers import (
     LINE,
     CuttingProxy,
@@ -32,6 +32,7 @@ from tests.support.serve_helpers import (
     free_port,
     raw_http,
     raw_request,
+    replica_env,
     run_client,
 )
 from tests.support.serve_home import BIG, BIG_FILE, BIG_SIZE, SO, MiB10
@@ -84,7 +85,9 @@ def test_nginx_conf_defaults_and_nginx_accepts_it(serve_staged, tmp_path):
     p = run_cli("nginx-conf", home=serve_staged.home)
     assert p.returncode == 0, p.stderr
     conf = p.stdout
+    # One replica: nginx always tries a single server, so it needs no backup line (see test_front_recovers…).
     assert "server 127.0.0.1:8470 max_fails=1 fail_timeout=5s;" in conf and "listen *:80;" in conf
+    assert " backup " not in conf and "proxy_next_upstream_tries 2;" in conf
     # On the PostgreSQL ledger (FRT_LEDGER_URL: conftest.ledger_backend) the commands name it too.
     ledger = f" --ledger {os.environ['FRT_LEDGER_URL']}" if os.environ.get("FRT_LEDGER_URL") else ""
     assert (
@@ -327,6 +330,69 @@ def test_a_replica_killed_under_load_fails_no_request(serve_staged, tmp_path, he
 def replica_lines_of(front: Front, i: int) -> list[str]:
     log = front.run / f"replica{i}.log"
     return [ln for ln in log.read_text(errors="replace").splitlines() if LINE.fullmatch(ln)]
+
+
+# -- every replica down, then one back -------------------------------------------------------------
+
+
+def replica_at(home: Path, port: int, err: Path) -> subprocess.Popen:
+    """A replica as nginx-conf's comments say to run it, on a port of the caller's (to be started again
+    on it), answering directly once this returns."""
+    exe = str(Path(sys.executable).with_name("frt-mirror"))
+    with open(err, "ab") as e:
+        proc = subprocess.Popen(
+            [exe, "--home", str(home), "serve", "--port", str(port), "--accel-redirect", PREFIX],
+            stdout=subprocess.DEVNULL,
+            stderr=e,
+            env=replica_env(),
+        )
+    poll(lambda: proc.poll() is not None or _get(port, "/api/agent-harnesses") == 404, "the replica")
+    assert proc.poll() is None, err.read_text()
+    return proc
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def _get(port: int, path: str) -> int:
+    try:
+        return raw_http(port, raw_request("GET", path), timeout=10)[0]
+    except OSError:
+        return 0
+
+
+def test_front_recovers_at_once_when_a_replica_comes_back_after_all_were_down(serve_staged, tmp_path):
+    """Both replicas stopped, nginx marks each failed (its 502s); one started again: the next request through
+    nginx is answered by it, within 1 s. With `max_fails=1 fail_timeout=5s` alone nginx answered 502 until a
+    mark ran out, up to 5 s after the replica was back (a replica starts in less here: the marks are
+    still on when it answers). Before that, one replica down and one up: every request is answered."""
+    run, api = tmp_path / "nginx", f"/api/kernels/{ACTIVATION}/revision/v1"
+    ports = [free_port(), free_port()]
+    procs = [replica_at(serve_staged.home, p, tmp_path / f"replica{i}.err") for i, p in enumerate(ports)]
+    try:
+        conf = nginx_conf(serve_staged.home, ports, free_port(), run)
+        assert conf.count(" backup max_fails=0;") == 2 and "proxy_next_upstream_tries 4;" in conf
+        with nginx(conf, run, []) as front:
+            stop(procs[0])
+            assert [_get(front.port, api) for _ in range(30)] == [200] * 30  # what max_fails=1 is for: kept
+            stop(procs[1])
+            # New connections, so that each of nginx's workers (each keeps its own marks) meets both dead.
+            assert [_get(front.port, api) for _ in range(12)] == [502] * 12
+            down = time.monotonic()
+            procs[0] = replica_at(serve_staged.home, ports[0], tmp_path / "replica0.err")
+            back = time.monotonic()
+            status = _get(front.port, api)
+            took = time.monotonic() - back
+            assert status == 200 and took < 1, (status, took, front.error_log()[-2000:])
+            assert [_get(front.port, api) for _ in range(20)] == [200] * 20
+        assert back - down < 5, "the replica started after nginx's marks ran out: this proved nothing"
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
 
 
 # -- serve --workers -------------------------------------------------------------------------------

@@ -121,7 +121,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "scan": ("ledger_cmds", "Record refs, history and build variants of REPOS."),
     "serve": ("serve_cmds", "Serve the staged set as a read-only Hub endpoint."),
     "stage": ("stage_cmds", "Fetch exactly the files the targets need, verified."),
-    "token": ("serve_cmds", "Bearer tokens for serve."),
+    "token": ("token_cmds", "Bearer tokens for serve."),
     "unstage": ("gc_cmds", "Drop a staged set; then gc reclaims its blobs."),
     "verify": ("stage_cmds", "Re-hash every blob and check every view link."),
 }

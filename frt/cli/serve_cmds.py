@@ -1,4 +1,4 @@
-"""serve and its bearer tokens."""
+"""serve."""
 
 from __future__ import annotations
 
@@ -15,8 +15,7 @@ from frt.mirror.serve.limits import HttpLimits
 from frt.mirror.serve.nginx import DEFAULT_ACCEL, check_accel_prefix
 from frt.resolver.settings import MAX_SETTING
 
-from .app import App, Finite, cli, emit_json, json_option, quiet_hub_logging
-from .render import table
+from .app import App, Finite, cli, quiet_hub_logging
 from .say import say
 
 if TYPE_CHECKING:
@@ -161,6 +160,15 @@ def _limit_option(flag: str, field: str, kind: click.ParamType[Any], help: str) 
     "window, waits --upstream-timeout, then gets 503 with Retry-After while the upstream's answer is on "
     "its way.",
 )
+@click.option(
+    "--ready-file",
+    "ready_file",
+    metavar="PATH",
+    type=click.Path(path_type=Path),
+    help="Written (one line: serve's pid and URL) once serve can answer: its catalog loaded and every worker "
+    "accepting; removed when it stops. serve refuses connections until then. With NOTIFY_SOCKET set "
+    "(systemd's Type=notify) it sends READY=1 as well, and STOPPING=1 when it stops.",
+)
 @_limit_option(
     "--max-header-bytes",
     "max_header_bytes",
@@ -204,17 +212,22 @@ def serve_cmd(
     refs_ttl: float,
     upstream_timeout: float,
     upstream_hold: float,
+    ready_file: Path | None,
     **limits: Unpack[_Limits],
 ) -> None:
     """Serve the staged set as a read-only Hub endpoint: point HF_ENDPOINT at it.
 
     Exits 2 without serving when it cannot listen (the port is in use) or open the access log."""
     from frt.mirror.home_path import check_existing_home
-    from frt.mirror.serve.listen import listen
+    from frt.mirror.serve.listen import bind
+    from frt.mirror.serve.ready import Readiness
     from frt.mirror.serve.run import serve
     from frt.mirror.serve.watch import CatalogWatcher
     from frt.mirror.serve.workers import AppSpec, serve_workers
 
+    url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+    told = Readiness(ready_file, url)
+    told.check()  # first: a stale ready file goes even where serve then refuses to start
     accel = check_accel_prefix(accel_redirect) if accel_redirect is not None else None
     objects = app.home.store.objects  # the blobs as objects, which clients may be redirected to
     if s3_redirect and objects is None:
@@ -229,7 +242,7 @@ def serve_cmd(
     pull = _upstream(app, upstream, allow, refs_ttl, upstream_timeout, upstream_hold)
     if pull is None:  # serve alone only reads the home: a mistyped --home is refused, not created
         check_existing_home(app.root.absolute(), app.home.ledger_url)
-    sockets = listen(host, port)  # first: a busy port is one line and exit 2, before anything is said
+    sockets = bind(host, port)  # first: a busy port is one line and exit 2, before anything is said
     if workers > 1:  # before any app is built: the workers' metrics are summed from files (metrics.py)
         metrics_dir = multiprocess_metrics()
     spec = AppSpec(
@@ -267,21 +280,29 @@ def serve_cmd(
     _warn_name_picks(app)
     _warn_unheld(app, mirror)
     http_limits = HttpLimits(**limits)
-    url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
     how = f", {workers} workers" if workers > 1 else ""
     how += f", file bodies by nginx through {accel}" if accel else ""
     click.echo(f"frt-mirror: serving {app.home} on {url}{how} (HF_ENDPOINT={url})", err=True)
+    watcher = mirror.catalog
+    assert isinstance(watcher, CatalogWatcher)  # make_app's (run.py)
+
+    def ready() -> None:
+        told.ready(f"serving {len(watcher.current.repos)} repos on {url}{how}")
+
     if workers == 1:
-        _stopped(serve(mirror, sockets, http_limits).line(), 0)
+        try:
+            stopped = serve(mirror, sockets, http_limits, ready, told.stopping)
+        finally:  # where no signal did: the ready file goes, STOPPING=1
+            told.stopping()
+        _stopped(stopped.line(), 0)
     os.environ.update(http_limits.environ())  # what each forked worker's serve() reads (limits.py)
     assert mirror.log is not None  # AppSpec.build gives every app its access log
     mirror.log.sink.close()  # each worker builds its own app: its own sink, its own ledger connection
     app.home.close()
     try:
-        watcher = mirror.catalog
-        assert isinstance(watcher, CatalogWatcher)  # make_app's (run.py)
-        code, by = serve_workers(spec, sockets, workers, watcher.current)
+        code, by = serve_workers(spec, sockets, workers, watcher.current, ready, told.stopping)
     finally:
+        told.stopping()
         metrics_dir.cleanup()
     on = f" on {by}" if by else ""
     _stopped(f"stopped{on}: each of the {workers} workers finished its requests in flight, accepted none after", code)
@@ -357,43 +378,3 @@ def multiprocess_metrics() -> tempfile.TemporaryDirectory[str]:
     folder = tempfile.TemporaryDirectory(prefix="frt-metrics-")
     os.environ[MULTIPROC_ENV] = folder.name
     return folder
-
-
-@cli.group("token")
-def token_group() -> None:
-    """Bearer tokens for serve: with any token, requests without a valid one get 401."""
-
-
-@token_group.command("add")
-@click.argument("name")
-@click.pass_obj
-def token_add(app: App, name: str) -> None:
-    """Create a token and print it (the only time it is shown; the ledger keeps its hash)."""
-    from frt.mirror.serve.tokens import add_token
-
-    check_writable(app.root, "token add writes the ledger")
-    click.echo(add_token(app.ledger, name))
-
-
-@token_group.command("list")
-@json_option
-@click.pass_obj
-def token_list(app: App, as_json: bool) -> None:
-    from frt.mirror.serve.tokens import list_tokens
-
-    rows = list_tokens(app.existing_home.ledger)
-    if as_json:
-        emit_json([{"name": n, "created_at": c} for n, c in rows])
-    else:
-        click.echo(table(["name", "created"], rows) if rows else "no tokens: serve is open to every client")
-
-
-@token_group.command("revoke")
-@click.argument("name")
-@click.pass_obj
-def token_revoke(app: App, name: str) -> None:
-    from frt.mirror.serve.tokens import revoke_token
-
-    check_writable(app.root, "token revoke writes the ledger")
-    revoke_token(app.existing_home.ledger, name)
-    click.echo(f"revoked {name} (a running serve stops accepting it within 2 s)")

@@ -197,7 +197,7 @@ class NginxSite:
         run, s3 = self.run_dir, self.store if isinstance(self.store, S3Endpoint) else None
         alias = _quoted(f"{self.store}/", "the store") if s3 is None else ""
         _quoted(run, "--run-dir")
-        servers = "\n".join(f"    server {u} max_fails=1 fail_timeout=5s;" for u in self.upstreams)
+        servers = _servers(self.upstreams)
         user = f"user {self.user};\n" if self.user else ""
         ledger = self.ledger.option() + (f" --store {shlex.quote(self.store_url)}" if self.store_url else "")
         writers = [u for u in self.upstreams if on_this_host(u.host)] if self.head_map else []
@@ -235,12 +235,26 @@ class NginxSite:
             ),
             s3_http=render_upstream(s3, len(self.upstreams)) if s3 else "",
             listen=self.listen,
-            tries=max(2, len(self.upstreams)),
+            tries=2 * len(self.upstreams),
             keepalive=32 * len(self.upstreams),
             heads_http=heads_http(run, self.head_cache, self.head_map),
             map_rewrite=MAP_REWRITE if self.head_map else "",
             heads_locations=heads_locations(alias, self.head_cache, self.head_map),
         )
+
+
+def _servers(upstreams: tuple[Address, ...]) -> str:
+    """The upstream block's servers. A replica that fails is skipped for 5 s (max_fails=1), so a dead one
+    costs one failed connect per nginx worker per 5 s, not one per request. But once every replica is marked
+    failed, nginx (1.22, ngx_http_upstream_round_robin.c) has no live peer and answers 502 at once, and it
+    does so until a mark runs out: 5 s after a replica came back. So each replica is listed a second time as
+    a `backup` with max_fails=0, never marked: nginx goes to the backups only when no primary is left, and
+    tries each of them, so the first replica back answers the next request. With one replica nginx never
+    marks it (a single peer is always tried), and backups would change nothing."""
+    primary = [f"    server {u} max_fails=1 fail_timeout=5s;" for u in upstreams]
+    if len(upstreams) == 1:
+        return primary[0]
+    return "\n".join([*primary, *(f"    server {u} backup max_fails=0;" for u in upstreams)])
 
 
 TEMPLATE = """\
@@ -290,7 +304,7 @@ http {{
     # Asks the replica for X-Accel-Redirect: a client that reaches a replica directly gets the bytes.
     proxy_set_header X-Sendfile-Type X-Accel-Redirect;
     # A dead or restarting replica: the request goes to the next one. The mirror is read-only, so a
-    # POST (paths-info) is as safe to repeat as a GET.
+    # POST (paths-info) is as safe to repeat as a GET. Tries: each replica as a server and as a backup.
     proxy_next_upstream error timeout http_502 http_503 non_idempotent;
     proxy_next_upstream_tries {tries};
     proxy_connect_timeout 5s;

@@ -6,6 +6,7 @@ import functools
 import logging
 import signal
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..store.home import Home
@@ -16,6 +17,7 @@ from .catalog import Catalog
 from .demand import DemandRecorder
 from .demand_records import record_demand
 from .limits import HttpLimits, guarded, raise_open_files
+from .listen import listen
 from .metrics import Metrics
 from .objects import ObjectIntegrity
 from .page import OperatorRoutes
@@ -61,19 +63,33 @@ class Stopped:
         return f"stopped{on}: finished the {self.in_flight} request(s) in flight, accepted none after"
 
 
-def serve(app: MirrorApp, sockets: list[socket.socket], limits: HttpLimits | None = None) -> Stopped:
+def serve(
+    app: MirrorApp,
+    sockets: list[socket.socket],
+    limits: HttpLimits | None = None,
+    ready: Callable[[], object] | None = None,
+    stopping: Callable[[], object] | None = None,
+) -> Stopped:
     """Run uvicorn on sockets already bound (see listen.py) until SIGTERM or SIGINT; then write out the
     access log's last lines. `limits`: the HTTP limits (limits.py); by default those FRT_SERVE_* name (how
-    --workers hands them on)."""
+    --workers hands them on). `ready`: called once uvicorn accepts on them; `stopping`: at the first signal
+    (ready.py's Readiness, or a worker's word to its parent). Raises BadInput where a socket cannot listen."""
     import uvicorn
 
     class Server(uvicorn.Server):
         stopped_by: str | None = None
         in_flight = 0
 
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            if self.started and ready is not None:
+                ready()
+
         def handle_exit(self, sig: int, frame: object) -> None:  # uvicorn's handler for both signals
             if self.stopped_by is None:
                 self.stopped_by, self.in_flight = signal.Signals(sig).name, len(self.server_state.tasks)
+                if stopping is not None:
+                    stopping()
             super().handle_exit(sig, frame)  # type: ignore[arg-type]
 
     from .cut import CutSaid
@@ -98,6 +114,9 @@ def serve(app: MirrorApp, sockets: list[socket.socket], limits: HttpLimits | Non
     server = Server(config)
     said = {s: signal.signal(s, server.handle_exit) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
+        # Only now: the app is built, its catalog loaded (listen.py says why not at bind). uvicorn's own
+        # listen() on them, as it starts, changes nothing; the connections made meanwhile wait for it.
+        listen(sockets)
         server.run(sockets=sockets)
     finally:
         for s, handler in said.items():

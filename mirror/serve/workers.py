@@ -15,16 +15,19 @@ worker starts from the parent's imports, and ignores SIGINT until uvicorn takes 
 
 from __future__ import annotations
 
+import contextlib
 import os
+import select
 import signal
 import socket
 import sys
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from frt.resolver.errors import EXIT_UNAVAILABLE, BadInput, FrtError
+from frt.resolver.errors import EXIT_BAD_INPUT, EXIT_UNAVAILABLE, BadInput, FrtError
 
 from ..store.home import Home
 from .accesslog import AccessLog, open_sink
@@ -90,25 +93,34 @@ def watch_head_map(app: MirrorApp, run_dir: Path) -> None:
 
 
 def serve_workers(
-    spec: AppSpec, sockets: list[socket.socket], workers: int, catalog: Catalog | None = None
+    spec: AppSpec,
+    sockets: list[socket.socket],
+    workers: int,
+    catalog: Catalog | None = None,
+    ready: Callable[[], object] | None = None,
+    stopping: Callable[[], object] | None = None,
 ) -> tuple[int, str | None]:
     """Run `workers` workers until SIGINT or SIGTERM; the exit code: 0, or EXIT_UNAVAILABLE when a
-    worker could not build its app (the home went away: restarting it would not help), and the signal
-    that stopped them (None: none did). `catalog`: what a worker starts from when the ledger does not
-    answer (a worker restarted during an outage)."""
+    worker could not build its app (the home went away: restarting it would not help), EXIT_BAD_INPUT when
+    one could not listen (the port taken meanwhile), and the signal that stopped them (None: none did).
+    `catalog`: what a worker starts from when the ledger does not answer (a worker restarted during an
+    outage). `ready`: called once every worker accepts (see _Ready); `stopping`: at the first signal."""
     pids: set[int] = set()
-    stopping: list[int | None] = []  # None: stopped for a worker's EXIT_UNAVAILABLE, not a signal
+    signals: list[int | None] = []  # None: stopped for a worker's exit code, not a signal
     code = 0
+    told = _Ready(workers, ready)
 
     def stop(signum: int | None, _frame: FrameType | None) -> None:
-        stopping.append(signum)
+        if not signals and stopping is not None:
+            stopping()
+        signals.append(signum)
         for pid in pids:
             _kill(pid)
 
     def start() -> None:
-        pid = _fork(spec, sockets, catalog)
+        pid = _fork(spec, sockets, catalog, told.fd)
         pids.add(pid)
-        if stopping:  # the signal came between the fork and here
+        if signals:  # the signal came between the fork and here
             _kill(pid)
 
     previous = {s: signal.signal(s, stop) for s in STOP}
@@ -116,12 +128,12 @@ def serve_workers(
         for _ in range(workers):
             start()
         while pids:
-            pid, status = os.wait()  # retried after a signal's handler has run (PEP 475)
+            pid, status = told.wait(pids)  # retried after a signal's handler has run (PEP 475)
             pids.discard(pid)
-            if stopping:
+            if signals:
                 continue
-            if os.WIFEXITED(status) and os.WEXITSTATUS(status) == EXIT_UNAVAILABLE:
-                code = EXIT_UNAVAILABLE
+            if os.WIFEXITED(status) and os.WEXITSTATUS(status) in (EXIT_UNAVAILABLE, EXIT_BAD_INPUT):
+                code = os.WEXITSTATUS(status)
                 stop(None, None)
                 continue
             how = (
@@ -132,13 +144,51 @@ def serve_workers(
             print(f"frt-mirror: worker {pid} {how}; starting another", file=sys.stderr, flush=True)
             start()
     finally:
+        told.close()
         for s, handler in previous.items():
             signal.signal(s, handler)
-    by = next((signal.Signals(s).name for s in stopping if s is not None), None)
+    by = next((signal.Signals(s).name for s in signals if s is not None), None)
     return code, by
 
 
-def _fork(spec: AppSpec, sockets: list[socket.socket], catalog: Catalog | None) -> int:
+class _Ready:
+    """Readiness with --workers: ready once every worker can answer, not when the first can. Each worker,
+    once its uvicorn accepts (its own catalog loaded, run.py's serve), writes its pid on a pipe to the
+    parent; the parent, waiting for its workers' exits meanwhile, counts the pids of live workers that
+    wrote, and when they are all `n` of them, calls `ready` (the ready file, READY=1) and closes the pipe.
+    A worker that died before it said so is replaced and its replacement counts instead; workers started
+    after that (one restarted later) have nothing to say. No thread: the parent forks workers again, and
+    a thread caught in a lock at a fork leaves the child that lock held."""
+
+    def __init__(self, n: int, ready: Callable[[], object] | None):
+        self.n, self.ready = n, ready
+        self.said: set[int] = set()
+        self.fd: int | None = None  # the pipe's write end, what each worker forked from here inherits
+        if ready is not None:
+            self._read, self.fd = os.pipe()
+
+    def wait(self, pids: set[int]) -> tuple[int, int]:
+        """os.wait(); until all are ready, in steps of 0.1 s that read the pipe between them."""
+        while self.fd is not None:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid:
+                return pid, status
+            if select.select([self._read], [], [], 0.1)[0]:
+                self.said.update(int(w) for w in os.read(self._read, 4096).split())
+                if len(self.said & pids) >= self.n:
+                    self.close()
+                    assert self.ready is not None
+                    self.ready()
+        return os.wait()
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self._read)
+            os.close(self.fd)
+            self.fd = None
+
+
+def _fork(spec: AppSpec, sockets: list[socket.socket], catalog: Catalog | None, ready: int | None) -> int:
     parent = os.getpid()
     pid = os.fork()
     if pid:
@@ -148,19 +198,29 @@ def _fork(spec: AppSpec, sockets: list[socket.socket], catalog: Catalog | None) 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _end_with(parent)
-    code = _worker(spec, sockets, catalog)
+    code = _worker(spec, sockets, catalog, ready)
     sys.stderr.flush()
     os._exit(code)  # never back into the parent's click command and its cleanup
 
 
-def _worker(spec: AppSpec, sockets: list[socket.socket], catalog: Catalog | None) -> int:
+def _worker(spec: AppSpec, sockets: list[socket.socket], catalog: Catalog | None, ready: int | None) -> int:
     try:
         app = spec.build(Home(spec.root, ledger_url=spec.ledger_url, store_url=spec.store_url), fallback=catalog)
     except (FrtError, OSError) as e:
         print(f"frt-mirror: worker {os.getpid()}: {e}", file=sys.stderr)
         return EXIT_UNAVAILABLE
+
+    def say_ready() -> None:
+        if ready is not None:
+            with contextlib.suppress(OSError):  # the parent stopped listening: it was told by the others
+                os.write(ready, f"{os.getpid()}\n".encode())
+            os.close(ready)
+
     try:
-        serve(app, sockets)
+        serve(app, sockets, ready=say_ready)
+    except BadInput as e:  # its sockets cannot listen (listen.py)
+        print(f"frt-mirror: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     except BaseException:  # a bug: say where
         traceback.print_exc()
         return 1
