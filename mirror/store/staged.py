@@ -94,8 +94,8 @@ def read_staged(conn: sqlite3.Connection, target: str | None) -> list[StagedRow]
         wheels.setdefault((repo, requested, tgt), []).append(filename)
     rows = conn.execute(
         "SELECT repo_id, requested, version, revision, target, commit_sha, variant FROM staged "
-        f"{'' if target is None else 'WHERE target = ? '}ORDER BY repo_id, version, requested, target",  # noqa: S608
-        () if target is None else (target,),
+        "WHERE ?1 IS NULL OR target = ?1 ORDER BY repo_id, version, requested, target",
+        (target,),
     )
     return [
         StagedRow(
