@@ -12,6 +12,7 @@ rooms before it (tests/test_layering.py checks it):
 
 store comes first; stage and views each import store alone; bisect, bundle and serve sit on top. Flat
 here, because every room reads them: home_path.py (where a home is: the CLI asks it before importing
-anything heavy), schema.py (the mirror's tables: one migration track for every room's rows) and
-events.py (the home's log, which every room writes). They import none of the rooms.
+anything heavy), schema.py (the mirror's tables: one migration track for every room's rows),
+events.py (the home's log, which every room writes) and event_rows.py (an event as its readers take it,
+read with SQLAlchemy or with sqlite3 alone). They import none of the rooms.
 """

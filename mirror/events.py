@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import func, select
@@ -10,20 +9,9 @@ from sqlalchemy import func, select
 from frt.resolver.ledger import Ledger
 from frt.resolver.ledger.retry import retried
 
+from .event_rows import QUARANTINE as QUARANTINE
+from .event_rows import EventRow as EventRow
 from .schema import Event
-
-QUARANTINE = "quarantine"  # serve found a stored blob's bytes changed, and set it aside (serve/integrity.py)
-
-
-@dataclass(frozen=True)
-class EventRow:
-    kind: str
-    at: datetime
-    ref: str | None
-    base: str | None
-    files: int
-    nbytes: int
-    detail: str
 
 
 @retried

@@ -11,10 +11,15 @@ from __future__ import annotations
 
 import base64
 import binascii
+import importlib
+import importlib.machinery
+import importlib.util
 import json
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from .errors import FrtError
@@ -60,15 +65,32 @@ def digest_exempt(path_in_variant: str) -> bool:
     return path_in_variant in DIGEST_EXEMPT or path_in_variant.split("/", 1)[0] == "__pycache__"
 
 
+def kernels_rust() -> ModuleType:
+    """`kernels._rust`, kernels' compiled parser and digest: the very module `kernels` itself runs."""
+    if "kernels._rust" in sys.modules or "kernels" in sys.modules:
+        return importlib.import_module("kernels._rust")
+    # Loaded from its file, not through the package: kernels' __init__ imports huggingface_hub's hf_api
+    # (0.2 s, five times Python's start-up with click), which `verify` would pay for and never use.
+    spec = importlib.util.find_spec("kernels")  # finds the package without running it
+    for folder in (spec and spec.submodule_search_locations) or ():
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+            path = Path(folder) / f"_rust{suffix}"
+            rust = importlib.util.spec_from_file_location("kernels._rust", path) if path.is_file() else None
+            if rust is not None and rust.loader is not None:
+                module = importlib.util.module_from_spec(rust)
+                sys.modules["kernels._rust"] = module  # a later `import kernels` takes this one, not a 2nd init
+                rust.loader.exec_module(module)
+                return module
+    return importlib.import_module("kernels._rust")
+
+
 def parse_metadata(doc: dict[str, Any] | bytes | None) -> KernelMetadata:
     """Parse with `kernels`; a variant without metadata.json has no digest and no dependencies."""
     if doc is None or doc == {}:
         return KernelMetadata((), None, {})
-    from kernels._rust import Metadata
-
     raw = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
     try:
-        meta = Metadata.from_bytes(raw)
+        meta = kernels_rust().Metadata.from_bytes(raw)
     except (ValueError, OSError) as e:
         raise MetadataInvalid(f"kernels cannot parse metadata.json: {e}") from None
     deps = tuple(_dependency(d) for d in meta.kernel_depends)
@@ -91,12 +113,11 @@ def validate_variant(meta: KernelMetadata, variant_dir: Path) -> list[str]:
     (every violation: a missing file, an unknown one, a hash that differs). [] when it holds."""
     if not meta.has_digest:
         return []
-    from kernels._rust import Digest, DigestValidationError
-
-    current = Digest.hash_variant(meta.raw.digest.algorithm, variant_dir)
+    rust = kernels_rust()
+    current = rust.Digest.hash_variant(meta.raw.digest.algorithm, variant_dir)
     try:
         meta.raw.digest.validate(current)
-    except DigestValidationError as e:
+    except rust.DigestValidationError as e:
         return [str(v) for v in e.violations]
     return []
 
@@ -110,8 +131,7 @@ def validate_listing(meta: KernelMetadata, listing: Mapping[str, str]) -> list[s
         return []
     if meta.digest_algorithm != "sha256":
         return None
-    from kernels._rust import DigestValidationError, Metadata
-
+    rust = kernels_rust()
     doc = json.loads(meta.source)
     doc["digest"] = dict(
         doc["digest"],
@@ -120,8 +140,8 @@ def validate_listing(meta: KernelMetadata, listing: Mapping[str, str]) -> list[s
         },
     )
     try:
-        meta.raw.digest.validate(Metadata.from_bytes(json.dumps(doc).encode()).digest)
-    except DigestValidationError as e:
+        meta.raw.digest.validate(rust.Metadata.from_bytes(json.dumps(doc).encode()).digest)
+    except rust.DigestValidationError as e:
         return [str(v) for v in e.violations]
     return []
 

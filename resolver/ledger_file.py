@@ -1,7 +1,7 @@
-"""A SQLite ledger file opened with the standard library alone: how a read-only opener reaches it (the
-rules open.py's docstring gives: ``mode=ro``, else ``immutable=1`` where there is no log to lose), and a
-quick read for the commands a cluster's job start runs, which must not pay for importing SQLAlchemy (it
-costs about five times Python's own start-up with click).
+"""A SQLite ledger file opened with the standard library alone: whether this process may write it, how a
+read-only opener reaches it (the rules open.py's docstring gives: ``mode=ro``, else ``immutable=1`` where
+there is no log to lose), and a quick read for the commands a cluster's job start runs, which must not pay
+for importing SQLAlchemy (it costs about five times Python's own start-up with click).
 
 A quick read answers only where the file's schema is exactly this code's, for every track it names; it
 returns None otherwise (no file, an empty one, a schema to migrate or newer than this code, any error),
@@ -9,6 +9,7 @@ and the caller takes the ledger's own path, which migrates, refuses or explains 
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
@@ -30,6 +31,15 @@ TABLES = frozenset(
 def uri(path: Path) -> str:
     # An SQLite URI filename: '?', '#' and '%' in the path would otherwise end it or be decoded.
     return quote(str(path.absolute()))
+
+
+def cannot_write(path: Path) -> bool:
+    """Whether this process cannot write the ledger at `path`: the file or its directory (where SQLite
+    puts -wal and -shm) is not writable. access() says EROFS on a read-only mount even to root, whose
+    permission bits prove nothing."""
+    if path.exists():
+        return not (os.access(path, os.W_OK) and os.access(path.parent, os.W_OK))
+    return path.parent.is_dir() and not os.access(path.parent, os.W_OK)
 
 
 def read_only_params(path: Path, path_uri: str) -> dict[str, str]:

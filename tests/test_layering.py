@@ -189,7 +189,7 @@ ROOMS = {
     "bundle": ("store", "stage"),
     "serve": ("store", "stage"),
 }
-FLAT_AT_MIRROR = {"home_path", "schema", "events"}
+FLAT_AT_MIRROR = {"home_path", "schema", "events", "event_rows"}
 
 
 def _room(module: str) -> str:

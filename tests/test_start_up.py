@@ -11,8 +11,6 @@ import os
 import shutil
 import sqlite3
 import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import click
@@ -27,32 +25,10 @@ from frt.resolver.host_cache import remembered_host
 from frt.resolver.targets import _host_fields, _host_from_fields, host_target
 from tests.support.cli import ARM_CU, EXE, X86, cli_env
 from tests.support.kernel_fixtures import ACTIVATION
+from tests.support.startup import loaded_after
 
 # The fixture home has activation at v1 and v2: env leaves it out unless one is chosen.
 ONE_VERSION = ["--version", f"{ACTIVATION}=1"]
-HEAVY = ("sqlalchemy", "huggingface_hub", "kernels", "torch", "starlette", "uvicorn", "jinja2", "httpx", "filelock")
-
-
-def _loaded_after(argv: list[str], env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, dict]:
-    """Run the CLI in a fresh interpreter; the modules it had loaded at exit (ours and the heavy ones)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "modules.json"
-        probe = (
-            "import atexit, json, sys\n"
-            "def _report():\n"
-            f"    mods = [m for m in sys.modules if m.startswith('frt.') or m.split('.')[0] in {HEAVY!r}]\n"
-            f"    open({str(out)!r}, 'w').write(json.dumps(sorted(mods)))\n"
-            "atexit.register(_report)\n"
-            "from frt.cli import main\n"
-            f"sys.argv = ['frt-mirror', *{argv!r}]\n"
-            "main()\n"
-        )
-        p = subprocess.run(
-            [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, env={**cli_env(), **(env or {})}
-        )
-        mods = json.loads(out.read_text()) if out.exists() else []
-    heavy = sorted({m.split(".")[0] for m in mods} & set(HEAVY))
-    return p, {"ours": [m for m in mods if m.startswith("frt.")], "heavy": heavy}
 
 
 def test_every_command_is_where_commands_says_and_nowhere_else():
@@ -70,7 +46,7 @@ def test_every_command_is_where_commands_says_and_nowhere_else():
 
 
 def test_help_lists_every_command_and_loads_none():
-    p, loaded = _loaded_after(["--help"])
+    p, loaded = loaded_after(["--help"])
     assert p.returncode == 0, p.stderr
     block = p.stdout.split("Commands:\n")[1].split("\n\n")[0]
     assert [line.split()[0] for line in block.splitlines()] == sorted(COMMANDS)
@@ -80,7 +56,7 @@ def test_help_lists_every_command_and_loads_none():
 
 
 def test_a_command_loads_its_own_module_only(home_a):
-    p, loaded = _loaded_after(["--home", str(home_a.home), "nginx-conf"])
+    p, loaded = loaded_after(["--home", str(home_a.home), "nginx-conf"])
     assert p.returncode == 0, p.stderr
     modules = {m.rpartition(".")[2] for m in loaded["ours"] if m.startswith("frt.cli.")}
     assert "nginx_cmd" in modules and not modules & {"stage_cmds", "serve_cmds", "bisect_cmds", "ledger_cmds"}
@@ -88,7 +64,7 @@ def test_a_command_loads_its_own_module_only(home_a):
 
 @pytest.mark.parametrize(("target", "choose"), [(X86, ONE_VERSION), (ARM_CU, [])])
 def test_env_on_a_job_start_reads_the_ledger_without_sqlalchemy_and_answers_the_same(home_a, target, choose):
-    p, loaded = _loaded_after(["--home", str(home_a.home), "env", "--target", target, *choose, "--format", "json"])
+    p, loaded = loaded_after(["--home", str(home_a.home), "env", "--target", target, *choose, "--format", "json"])
     assert p.returncode == 0, p.stderr
     assert loaded["heavy"] == [], loaded["heavy"]
     slow = Home(home_a.home, readonly=True)
@@ -204,17 +180,17 @@ def test_env_target_host_imports_no_torch_once_remembered(home_a, tmp_path):
     pytest.importorskip("torch", reason="--target host needs torch on the box")
     env = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
     argv = ["--home", str(home_a.home), "env", "--target", "host", *ONE_VERSION, "--format", "json"]
-    first, loaded_first = _loaded_after(argv, env)
+    first, loaded_first = loaded_after(argv, env)
     assert first.returncode == 0, first.stderr
     assert "torch" in loaded_first["heavy"]  # detected as kernels does it
-    again, loaded = _loaded_after(argv, env)
+    again, loaded = loaded_after(argv, env)
     assert again.returncode == 0 and again.stdout == first.stdout, again.stderr
     assert loaded["heavy"] == [], loaded["heavy"]
 
 
 def test_report_reads_the_refusals_without_sqlalchemy_and_answers_the_same(home_a):
     """report is the other reader a cluster's cron runs often: the refusals, by the quick read."""
-    p, loaded = _loaded_after(["--home", str(home_a.home), "report", "--json"])
+    p, loaded = loaded_after(["--home", str(home_a.home), "report", "--json"])
     assert p.returncode == 0, p.stderr
     assert loaded["heavy"] == [], loaded["heavy"]
     slow = Home(home_a.home, readonly=True)

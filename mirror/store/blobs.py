@@ -7,8 +7,13 @@ git blob sha1 for small ones). Until then it lives in tmp/ as a `.part` file (sc
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from frt.resolver.resolution import FileEntry
 
 CHUNK = 1 << 20
 
@@ -18,6 +23,13 @@ class Digest:
     sha256: str
     git_oid: str
     size: int
+
+
+def listed_blobs(entries: Iterable[FileEntry], by_git_oid: Mapping[str, str]) -> dict[FileEntry, str | None]:
+    """Which stored blob each listed file is (its sha256), or None where none is recorded, given the recorded
+    blobs' sha256 by git oid. The one place of this rule: an LFS file is known by the sha256 the upstream
+    advertised; a small file only by its git oid, so by the blob recorded under that oid when it was staged."""
+    return {f: f.sha256 or by_git_oid.get(f.git_oid) for f in entries}
 
 
 def digest_file(path: Path) -> Digest:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from frt.resolver.errors import BadInput
-from frt.resolver.ledger_file import quick_read
+from frt.resolver.ledger_file import cannot_write, quick_read
 
 from ..home_path import check_home, check_not_forgotten, default_ledger_url, default_store_url, ledger_path
 from .staged import QUICK_TABLES, QUICK_VERSIONS, StagedRow, read_staged
@@ -107,7 +107,7 @@ class Home:
     def staged(self, target: str | None = None) -> list[StagedRow]:
         """Rows staged for `target` (with the pulled-through variants it accepts), or every row. For a
         target, the quick read where it can answer (staged.py)."""
-        if target is not None and (quick := self._quick(lambda conn: read_staged(conn, target))) is not None:
+        if target is not None and (quick := self.quick(lambda conn: read_staged(conn, target))) is not None:
             return quick
         from .records import staged_for, staged_rows
 
@@ -117,15 +117,23 @@ class Home:
         """Every refusal on record, newest first; the quick read where it can answer, as for staged rows."""
         from frt.resolver.refusal_records import read_refusals
 
-        quick = self._quick(read_refusals)
+        quick = self.quick(read_refusals)
         return quick if quick is not None else self.ledger.refusals()
 
-    def _quick(self, read: Callable[[sqlite3.Connection], T | None]) -> T | None:
+    def quick(self, read: Callable[[sqlite3.Connection], T | None]) -> T | None:
         """`read` of a SQLite ledger not opened here yet, with sqlite3 alone (ledger_file.quick_read); None
         where only the ledger's own path can answer, a ledger server's always."""
         if self._ledger is not None or self.ledger_url:
             return None
         return quick_read(ledger_path(self.root), QUICK_VERSIONS, QUICK_TABLES, read)
+
+    @property
+    def readonly(self) -> bool:
+        """Whether the ledger is open read-only here, or would be: a SQLite one not opened yet is not opened
+        to ask (Ledger's rule: the `readonly` given, else whether this process can write the file)."""
+        if self._ledger is None and not self.ledger_url:
+            return self._readonly if self._readonly is not None else cannot_write(ledger_path(self.root))
+        return self.ledger.readonly
 
     def close(self) -> None:
         if self._ledger is not None:

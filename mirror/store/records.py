@@ -19,7 +19,7 @@ from frt.resolver.ledger.schema import Repo
 from frt.resolver.resolution import FileEntry, Resolution
 
 from ..schema import Blob, Change, Staged, StagedWheel, Wheel
-from .blobs import Digest
+from .blobs import Digest, listed_blobs
 from .staged import MODEL_SELECTION as MODEL_SELECTION
 from .staged import MODEL_TARGET as MODEL_TARGET
 from .staged import PULLED as PULLED
@@ -65,12 +65,9 @@ def _in_batches(keys: Sequence[K], n: int = 500) -> Iterator[Sequence[K]]:
 
 
 def blob_for(ledger: Ledger, entries: Iterable[FileEntry]) -> dict[FileEntry, str | None]:
-    """Which stored blob each listed file is (its sha256), or None where none is recorded. The one
-    place of this rule: an LFS file is known by the sha256 the upstream advertised; a small file only
-    by its git oid, so by the blob recorded under that oid when it was staged."""
+    """Which stored blob each listed file is (its sha256), or None where none is recorded (blobs.listed_blobs)."""
     entries = list(entries)
-    by_oid = sha256_by_git_oid(ledger, [f.git_oid for f in entries if not f.sha256])
-    return {f: f.sha256 or by_oid.get(f.git_oid) for f in entries}
+    return listed_blobs(entries, sha256_by_git_oid(ledger, [f.git_oid for f in entries if not f.sha256]))
 
 
 @retried

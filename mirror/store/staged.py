@@ -81,11 +81,11 @@ def quick_staged(ledger: Path, target: str) -> list[StagedRow] | None:
     return quick_read(ledger, QUICK_VERSIONS, QUICK_TABLES, lambda conn: read_staged(conn, target))
 
 
-def read_staged(conn: sqlite3.Connection, target: str) -> list[StagedRow] | None:
-    """The rows staged for `target`, as records.staged_rows reads them; None where pulled-through rows are
-    there (which of them a target takes is kernels' rule: records.staged_for)."""
+def read_staged(conn: sqlite3.Connection, target: str | None) -> list[StagedRow] | None:
+    """The rows staged for `target` (None: every row), as records.staged_rows reads them; None where a
+    target's pulled-through rows are there (which of them it takes is kernels' rule: records.staged_for)."""
     pulled = "SELECT 1 FROM staged WHERE substr(target, 1, ?) = ? LIMIT 1"
-    if target.startswith("torch") and conn.execute(pulled, (len(PULLED), PULLED)).fetchone():
+    if target is not None and target.startswith("torch") and conn.execute(pulled, (len(PULLED), PULLED)).fetchone():
         return None
     wheels: dict[tuple[str, str, str], list[str]] = {}
     for repo, requested, tgt, filename in conn.execute(
@@ -94,7 +94,7 @@ def read_staged(conn: sqlite3.Connection, target: str) -> list[StagedRow] | None
         wheels.setdefault((repo, requested, tgt), []).append(filename)
     rows = conn.execute(
         "SELECT repo_id, requested, version, revision, target, commit_sha, variant FROM staged "
-        "WHERE target = ? ORDER BY repo_id, version, requested, target",
+        "WHERE ?1 IS NULL OR target = ?1 ORDER BY repo_id, version, requested, target",
         (target,),
     )
     return [

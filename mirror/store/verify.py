@@ -1,5 +1,9 @@
 """verify: re-hash every blob in the store, check that every staged view links to the right one, and
-that every staged model file (models have no view) has its blob recorded and stored."""
+that every staged model file (models have no view) has its blob recorded and stored.
+
+What it reads of the ledger it reads first, in one go (verify_reads.py): with sqlite3 alone where the
+ledger is the home's SQLite file at exactly this code's schema, else through the ledger's own path. The
+ledger is opened then, or only to adopt blobs the store holds unrecorded (its one write)."""
 
 from __future__ import annotations
 
@@ -7,12 +11,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from frt.resolver.kernel_metadata import ON_FILES, MetadataInvalid, listing_verdict, parse_metadata, validate_variant
-from frt.resolver.ledger import Ledger
 
-from ..events import QUARANTINE, EventRow, events_of
+from ..event_rows import EventRow
+from .blobs import Digest, listed_blobs
 from .home import Home
 from .protocol import BlobStore
-from .records import MODEL_TARGET, all_blobs, blob_for, record_blobs, staged_rows, wheel_rows
+from .verify_reads import VerifyRecords, ledger_records, read_records, variant_keys
 from .view_trees import Views, wheels_dir
 
 
@@ -40,13 +44,15 @@ class VerifyReport:
 def verify(home: Home) -> VerifyReport:
     """On an object store (--store s3://…) every object is streamed and re-hashed the same way; it has no
     views to check, and each staged variant's publisher's digest is checked on the re-hashed blobs."""
-    ledger, store = home.ledger, home.store
+    records = home.quick(read_records) if home.store_url is None else None
+    if records is None:
+        records = ledger_records(home.ledger)
+    store = home.store
     report = VerifyReport()
-    recorded = {d.sha256: d for d in all_blobs(ledger)}
+    recorded = {d.sha256: d for d in records.blobs}
     stored = set(store.blob_shas())
-    quarantined = {e.ref: e for e in events_of(ledger, QUARANTINE)}  # the newest per blob
     for sha, d in recorded.items():
-        said = _quarantined(quarantined.get(sha))
+        said = _quarantined(records.quarantined.get(sha))
         if sha not in stored:
             report.problems.append(f"missing blob {sha} ({d.size} bytes){said}")
             continue
@@ -66,20 +72,29 @@ def verify(home: Home) -> VerifyReport:
             adopt.append(got)
         else:
             report.problems.append(f"corrupt blob {sha} (unrecorded): content hashes to {got.sha256}")
-    report.readonly = ledger.readonly
-    if ledger.readonly:
+    report.readonly = home.readonly
+    if report.readonly:
         report.unadopted = len(adopt)
     else:
-        record_blobs(ledger, adopt)
+        _adopt(home, adopt)
         report.adopted = len(adopt)
+    # A listed file's blob, as records.blob_for would find it now: the adopted are recorded.
+    by_git_oid = {d.git_oid: d.sha256 for d in (*records.blobs, *([] if report.readonly else adopt))}
     views = home.views
     if views is not None:
-        _check_views(ledger, views, report)
-    _check_models(ledger, store, report)
-    _check_wheels(home, report, views)
+        _check_views(records, by_git_oid, views, report)
+    _check_models(records, by_git_oid, store, report)
+    _check_wheels(home, records, report, views)
     if not any("view " in p for p in report.problems):
-        _check_publisher_digests(ledger, views, report)
+        _check_publisher_digests(records, by_git_oid, views, report)
     return report
+
+
+def _adopt(home: Home, digests: list[Digest]) -> None:
+    if digests:  # the ledger is opened (and SQLAlchemy imported) only where there is something to record
+        from .records import record_blobs
+
+        record_blobs(home.ledger, digests)
 
 
 def _quarantined(e: EventRow | None) -> str:
@@ -89,15 +104,16 @@ def _quarantined(e: EventRow | None) -> str:
     return f": serve quarantined it at {e.at:%Y-%m-%d %H:%M:%S} UTC ({e.detail}); 'frt-mirror stage' fetches it again"
 
 
-def _check_publisher_digests(ledger: Ledger, views: Views | None, report: VerifyReport) -> None:
+def _check_publisher_digests(
+    records: VerifyRecords, by_git_oid: dict[str, str], views: Views | None, report: VerifyReport
+) -> None:
     """Each staged variant against its publisher's digest, by kernels' rule: needs no network, so it
     holds on the cluster too, whatever mirrors the bytes passed through. Without views (an object store),
     on the blobs' sha256s as recorded: every stored one was re-hashed against its name above."""
-    with ledger.view() as v:
-        rows = sorted({(r.repo, r.commit, r.variant) for r in staged_rows(ledger) if not r.is_model})
-        variants = {key: v.variant(*key) for key in rows}
-    blobs = blob_for(ledger, (f for files, _ in variants.values() for f in files))
-    for (repo, commit, variant), (files, doc) in variants.items():
+    keys = variant_keys(r for r in records.staged if not r.is_model)
+    blobs = listed_blobs((f for key in keys for f in records.variants[key][0]), by_git_oid)
+    for repo, commit, variant in keys:
+        files, doc = records.variants[(repo, commit, variant)]
         try:
             meta = parse_metadata(doc or None)
         except MetadataInvalid as e:
@@ -114,35 +130,34 @@ def _check_publisher_digests(ledger: Ledger, views: Views | None, report: Verify
             report.problems.append(f"{repo}@{commit[:12]} {variant}: publisher's digest: {problem}")
 
 
-def _check_models(ledger: Ledger, store: BlobStore, report: VerifyReport) -> None:
+def _check_models(records: VerifyRecords, by_git_oid: dict[str, str], store: BlobStore, report: VerifyReport) -> None:
     """A model file is sound when its listed hash names a recorded blob that is in the store: the
     blob itself was re-hashed above."""
-    with ledger.view() as v:
-        entries = [
-            (r.repo, r.commit, f)
-            for r in staged_rows(ledger, MODEL_TARGET)
-            for f in v.variant(r.repo, r.commit, r.variant)[0]
-        ]
-    blobs = blob_for(ledger, (f for _, _, f in entries))
+    entries = [
+        (r.repo, r.commit, f)
+        for r in records.staged
+        if r.is_model
+        for f in records.variants[(r.repo, r.commit, r.variant)][0]
+    ]
+    blobs = listed_blobs((f for _, _, f in entries), by_git_oid)
     for repo, commit, f in entries:
         report.model_files += 1
         if (sha := blobs[f]) is None or not store.has(sha):
             report.problems.append(f"model {repo}@{commit[:12]} {f.path}: no verified blob is stored for it")
 
 
-def _check_wheels(home: Home, report: VerifyReport, views: Views | None) -> None:
+def _check_wheels(home: Home, records: VerifyRecords, report: VerifyReport, views: Views | None) -> None:
     """Each wheel a staged row needs: recorded, its blob stored (re-hashed above, so its sha256 is the
     one its index vouched for) and linked under its name in the find-links folder pip is pointed at
     (where the home has views: an object store's wheels are written out by env --into)."""
-    needed = sorted({w for r in staged_rows(home.ledger) for w in r.wheels})
-    rows = wheel_rows(home.ledger, needed)
+    needed = sorted({w for r in records.staged for w in r.wheels})
     folder = wheels_dir(home.root)
     for name in needed:
         report.wheels += 1
-        if name not in rows:
+        if name not in records.wheels:
             report.problems.append(f"wheel {name}: a staged row needs it and the ledger has no record of it")
             continue
-        sha = rows[name][2]
+        sha = records.wheels[name][2]
         link = folder / name
         if not home.store.has(sha):
             report.problems.append(f"wheel {name}: its blob {sha} is not in the store")
@@ -150,14 +165,13 @@ def _check_wheels(home: Home, report: VerifyReport, views: Views | None) -> None
             report.problems.append(f"wheel {link}: missing or not a link to blob {sha}")
 
 
-def _check_views(ledger: Ledger, views: Views, report: VerifyReport) -> None:
-    rows = {(r.repo, r.commit, r.variant) for r in staged_rows(ledger) if not r.is_model}
-    entries = []
-    with ledger.view() as v:
-        for repo, commit, variant in sorted(rows):
-            files, _ = v.variant(repo, commit, variant)
-            entries += [(repo, commit, f) for f in files]
-    blobs = blob_for(ledger, (f for _, _, f in entries))
+def _check_views(records: VerifyRecords, by_git_oid: dict[str, str], views: Views, report: VerifyReport) -> None:
+    entries = [
+        (repo, commit, f)
+        for repo, commit, variant in variant_keys(r for r in records.staged if not r.is_model)
+        for f in records.variants[(repo, commit, variant)][0]
+    ]
+    blobs = listed_blobs((f for _, _, f in entries), by_git_oid)
     for repo, commit, f in entries:
         path = views.root / views.repo_folder(repo) / commit / f.path
         sha = blobs[f]

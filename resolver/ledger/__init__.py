@@ -23,6 +23,7 @@ from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..errors import FrtError, HomeReadOnly, LedgerCorrupt, LedgerDropped, LedgerUnavailable, LocalDiskError, first_line
+from ..ledger_file import cannot_write
 from ..refusal_records import REFUSAL_COLUMNS, RefusalRecord
 from ..resolution import CommitInfo, Refusal, VariantInfo
 from .migrations import SchemaTrack, check_read_only, migrate, utcnow
@@ -30,7 +31,6 @@ from .open import (
     WRITING,
     AdvisoryLock,
     busy_timeout,
-    cannot_write,
     ledger_url,
     lock_server_writes,
     read_only_engine,

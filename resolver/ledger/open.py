@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import os
 import sqlite3
 import threading
 from collections.abc import Callable
@@ -49,15 +48,6 @@ def busy_timeout() -> float:
 
 # Whether the transaction being begun on this thread will write (see Ledger.write).
 WRITING: ContextVar[bool] = ContextVar("frt_ledger_writing", default=False)
-
-
-def cannot_write(path: Path) -> bool:
-    """Whether this process cannot write the ledger at `path`: the file or its directory (where SQLite
-    puts -wal and -shm) is not writable. access() says EROFS on a read-only mount even to root, whose
-    permission bits prove nothing."""
-    if path.exists():
-        return not (os.access(path, os.W_OK) and os.access(path.parent, os.W_OK))
-    return path.parent.is_dir() and not os.access(path.parent, os.W_OK)
 
 
 def read_write_engine(path: Path) -> Engine:
