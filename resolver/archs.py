@@ -1,5 +1,6 @@
 """GPU archs: the ones a target names, and whether a build's declared archs cover them, by the
-`kernels` library's own rule. The only module that touches `kernels.archs`.
+`kernels` library's own rule. The only module that touches `kernels.archs` (its answers remembered per
+installation: decisions_memo.py).
 
 Why here and not at load: kernels 0.17 picks a variant by its name, and only then checks the build's
 metadata.json `backend.archs` against the device (`kernels.archs._check_arch_incompatibility`), raising
@@ -13,6 +14,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from .decisions_memo import memo
 
 _CUDA_ARCH = re.compile(r"(\d+)\.(\d+)")  # a device's compute capability, major.minor: no a/f/+PTX
 _ROCM_ARCH = re.compile(r"gfx[0-9a-f]+")  # a device's gcnArchName, its feature flags stripped
@@ -57,11 +60,15 @@ class _Check:
 
 
 def _cuda_supports(archs: tuple[str, ...], arch: str) -> bool:
+    return bool(memo().answer("cuda", [list(archs), arch], cuda_by_kernels)[0])
+
+
+def cuda_by_kernels(archs: list[str], arch: str) -> list[bool]:
+    """Whether a build declaring `archs` loads on a device of CUDA capability `arch`, by kernels itself."""
     from kernels.archs import _supports_cuda_capability
 
     major, minor = (int(x) for x in arch.split("."))
-    supported: bool = _supports_cuda_capability(list(archs), (major, minor))  # kernels is untyped
-    return supported
+    return [bool(_supports_cuda_capability(archs, (major, minor)))]
 
 
 # kernels.archs._check_arch_incompatibility, as data: a CUDA build is checked only on a CUDA device (by

@@ -5,12 +5,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
-from .core import judge
-from .ledger.view import LedgerView
+from .commit_records import CommitRow
+from .core import Builds, judge
 from .targets import Target, make_target
 from .variants import by_name_best, parse_fields
+
+
+class MatrixSource(Builds, Protocol):
+    """What the matrix reads of the ledger: a LedgerView, or a repo read whole with sqlite3 alone
+    (commit_records.RepoRecords)."""
+
+    def refs(self, repo_id: str) -> list[tuple[str, str, str]]: ...
+    def commits(self, repo_id: str) -> list[CommitRow]: ...
+    def declared_all(self, repo_id: str) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -72,7 +81,7 @@ def targets_named_by(variants: list[str] | tuple[str, ...]) -> list[Target]:
 
 
 def build_matrix(
-    view: LedgerView, repo_id: str, targets: list[Target] | None = None, *, also: Sequence[Target] = ()
+    view: MatrixSource, repo_id: str, targets: list[Target] | None = None, *, also: Sequence[Target] = ()
 ) -> Matrix:
     """`targets`: the columns; default, the targets the repo's variants were built for and `also` (those
     it is staged for: a noarch-only repo names none)."""

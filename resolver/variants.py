@@ -2,7 +2,9 @@
 
 This is the only module that touches `kernels.variants` internals
 (`parse_variant`, `_resolve_variant_for_system`); pyproject pins the `kernels`
-range it was written against. Everything else sees `VariantDecision`s.
+range it was written against. Everything else sees `VariantDecision`s. What kernels
+answers is remembered per installation (decisions_memo.py): a reading command whose
+answers are kept imports no kernels.
 
 A target that names GPU archs also rejects, of the variants its name accepts, each build whose
 metadata.json archs miss one of them (kernels' own arch rule, archs.py): kernels would pick it by name
@@ -14,19 +16,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
-from kernels.backends import parse_backend
-from kernels.variants import (
-    ArchVariant,
-    Torch,
-    TorchStableAbi,
-    TvmFfi,
-    VariantAccepted,
-    _resolve_variant_for_system,
-    parse_variant,
-)
+from packaging.version import Version
 
 from .archs import NOARCH, Declared, reason, uncovered
+from .decisions_memo import memo
 from .targets import Target
 
 
@@ -51,17 +46,25 @@ class VariantFields:
 
 def parse_fields(name: str) -> VariantFields | None:
     """Split a variant name into fields, or None when `kernels` cannot parse it."""
+    fields = memo().answer("fields", [name], fields_by_kernels)
+    return VariantFields(*fields) if fields else None
+
+
+def fields_by_kernels(name: str) -> list[Any]:
+    """parse_fields' answer from kernels itself: VariantFields' values, or [] where it cannot parse."""
+    from kernels.variants import ArchVariant, Torch, TorchStableAbi, TvmFfi, parse_variant
+
     try:
         v = parse_variant(name)
     except ValueError:
-        return None
+        return []
     if not isinstance(v, ArchVariant):
-        return VariantFields("noarch", None, None, v.arch.backend_name, None, None)
+        return ["noarch", None, None, v.arch.backend_name, None, None]
     fw = v.framework
     kind = {Torch: "torch", TorchStableAbi: "torch-stable-abi", TvmFfi: "tvm-ffi"}[type(fw)]
     cxx11 = fw.cxx11_abi if isinstance(fw, Torch) else None
     version = f"{fw.version.major}.{fw.version.minor}"
-    return VariantFields(kind, version, cxx11, v.arch.backend.variant_str, v.arch.platform, v.arch.os)
+    return [kind, version, cxx11, v.arch.backend.variant_str, v.arch.platform, v.arch.os]
 
 
 def decide(
@@ -97,6 +100,31 @@ def by_name_best(target: Target, names: list[str] | tuple[str, ...]) -> str | No
 # Commits share their variant sets, so a ledger resolve mostly hits this cache.
 @lru_cache(maxsize=8192)
 def _decide(target: Target, names: tuple[str, ...]) -> tuple[VariantDecision, ...]:
+    # Exactly what kernels is passed of the target (a Version as its text), and the names.
+    t = target
+    inputs = [t.backend, t.cpu, t.os, _text(t.torch), t.cxx11_abi, _text(t.tvm_ffi), _text(t.macos), list(names)]
+    return tuple(VariantDecision(*d) for d in memo().answer("decide", inputs, decide_by_kernels))
+
+
+def _text(version: Version | None) -> str | None:
+    return None if version is None else str(version)
+
+
+def decide_by_kernels(
+    backend: str,
+    cpu: str,
+    os: str,
+    torch: str | None,
+    cxx11_abi: bool | None,
+    tvm_ffi: str | None,
+    macos: str | None,
+    names: list[str],
+) -> list[Any]:
+    """_decide's answer from kernels itself, for a system given field by field: [name, accepted, reason]
+    per variant, accepted first in kernels' order, then the names it cannot parse."""
+    from kernels.backends import parse_backend
+    from kernels.variants import VariantAccepted, _resolve_variant_for_system, parse_variant
+
     parsed, unparseable = {}, []
     for name in names:
         try:
@@ -105,17 +133,16 @@ def _decide(target: Target, names: tuple[str, ...]) -> tuple[VariantDecision, ..
             unparseable.append(name)
     _, trace = _resolve_variant_for_system(
         variants=list(parsed),
-        selected_backend=parse_backend(target.backend),
-        cpu=target.cpu,
-        os=target.os,
-        torch_version=target.torch,
-        torch_cxx11_abi=target.cxx11_abi,
-        tvm_ffi_version=target.tvm_ffi,
-        macos_version=target.macos,
+        selected_backend=parse_backend(backend),
+        cpu=cpu,
+        os=os,
+        torch_version=Version(torch) if torch is not None else None,
+        torch_cxx11_abi=cxx11_abi,
+        tvm_ffi_version=Version(tvm_ffi) if tvm_ffi is not None else None,
+        macos_version=Version(macos) if macos is not None else None,
     )
-    out = [VariantDecision(parsed[d.variant], isinstance(d, VariantAccepted), getattr(d, "reason", "")) for d in trace]
-    out += [VariantDecision(n, False, "not a build variant name kernels can parse") for n in unparseable]
-    return tuple(out)
+    out = [[parsed[d.variant], isinstance(d, VariantAccepted), getattr(d, "reason", "")] for d in trace]
+    return out + [[n, False, "not a build variant name kernels can parse"] for n in unparseable]
 
 
 def accepted(

@@ -12,6 +12,7 @@ import shutil
 import sqlite3
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 import click
 import pytest
@@ -23,8 +24,9 @@ from frt.mirror.store.records import staged_for
 from frt.mirror.store.staged import quick_staged
 from frt.resolver.host_cache import remembered_host
 from frt.resolver.targets import _host_fields, _host_from_fields, host_target
-from tests.support.cli import ARM_CU, EXE, X86, cli_env
-from tests.support.kernel_fixtures import ACTIVATION
+from tests.support.cli import ARM_CU, EXE, X86, cli_env, run_cli_process, write_manifest
+from tests.support.fakehub import FakeHub
+from tests.support.kernel_fixtures import ACTIVATION, LAYERNORM, ORG, RELU, demo_repos, fleet_repos
 from tests.support.startup import loaded_after
 
 # The fixture home has activation at v1 and v2: env leaves it out unless one is chosen.
@@ -252,3 +254,163 @@ def test_env_under_a_writer_holding_the_ledger_answers_every_job_from_the_last_c
     assert len(results) == 16 and failed == []
     seen = {tuple(k["repo"] for k in json.loads(p.stdout)["kernels"]) for p in results}
     assert len(seen) == 1 and "late/kernel" not in next(iter(seen))
+
+
+# -- matrix: the ledger read with sqlite3 alone, kernels' answers remembered (resolver/decisions_memo.py) ------
+
+FLEET = "torch2.13-cu130-x86_64-linux@8.0,9.0"  # hopper-fb's 9.0-only build would raise on the 8.0 devices
+
+
+@pytest.fixture(scope="module")
+def fresh_home(tmp_path_factory) -> SimpleNamespace:
+    """Layernorm and hopper-fb staged by a stage process of their own, into a home and a cache folder of
+    their own: what the first `matrix` after a stage finds."""
+    root = tmp_path_factory.mktemp("matrix")
+    env = cli_env(XDG_CACHE_HOME=str(root / "cache"))
+    m = write_manifest(root / "m.toml", {LAYERNORM: {"version": 1}, f"{ORG}/hopper-fb": {"version": 1}}, [X86, FLEET])
+    with FakeHub([*demo_repos(), *fleet_repos()], trusted_orgs=[ORG]) as hub:
+        p = run_cli_process("--endpoint", hub.url, "stage", str(m), "--json", home=root / "home", env=env)
+    assert json.loads(p.stdout)["rows"], p.stderr
+    return SimpleNamespace(home=root / "home", cache=root / "cache", env=env)
+
+
+def _through_the_ledger(home: Path, *argv: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """The same command on the ledger's own path (SQLAlchemy): named by URL, the ledger is not read quick."""
+    return run_cli_process("--ledger", f"sqlite:///{home / 'ledger.sqlite'}", *argv, home=home, env=env)
+
+
+@pytest.mark.parametrize("repo", [LAYERNORM, f"{ORG}/hopper-fb", ACTIVATION])
+@pytest.mark.parametrize("as_json", [[], ["--json"]])
+def test_the_first_matrix_after_a_stage_imports_neither_sqlalchemy_nor_kernels(fresh_home, repo, as_json):
+    argv = ["matrix", repo, *as_json]
+    p, loaded = loaded_after(["--home", str(fresh_home.home), *argv], {"XDG_CACHE_HOME": str(fresh_home.cache)})
+    assert p.returncode == 0, p.stderr
+    assert loaded["heavy"] == [], loaded["heavy"]
+    slow = _through_the_ledger(fresh_home.home, *argv, env=fresh_home.env)
+    assert (p.returncode, p.stdout, p.stderr) == (slow.returncode, slow.stdout, slow.stderr)
+    assert FLEET in p.stdout
+
+
+def test_a_target_never_decided_asks_kernels_once_and_keeps_its_answer(fresh_home, tmp_path):
+    cache = tmp_path / "cache"
+    shutil.copytree(fresh_home.cache, cache)
+    target = "torch2.11-cu130-x86_64-linux@9.0"
+    argv = ["--home", str(fresh_home.home), "matrix", f"{ORG}/hopper-fb", "--target", target]
+    first, loaded = loaded_after(argv, {"XDG_CACHE_HOME": str(cache)})
+    assert first.returncode == 0, first.stderr
+    assert "kernels" in loaded["heavy"] and "sqlalchemy" not in loaded["heavy"]  # asked; the ledger read quick
+    again, loaded = loaded_after(argv, {"XDG_CACHE_HOME": str(cache)})
+    assert (again.returncode, again.stdout) == (0, first.stdout) and loaded["heavy"] == [], again.stderr
+
+
+def test_every_answer_kept_is_kernels_own(fresh_home):
+    """What stage kept for the matrix, asked of kernels afresh: the same answer, for each rule."""
+    from frt.resolver.archs import cuda_by_kernels
+    from frt.resolver.variants import decide_by_kernels, fields_by_kernels
+
+    ask = {"decide": decide_by_kernels, "fields": fields_by_kernels, "cuda": cuda_by_kernels}
+    (kept,) = (fresh_home.cache / "frt-mirror" / "kernels-decisions").iterdir()
+    rules = json.loads(kept.read_text())["rules"]
+    assert set(rules) == set(ask) and all(rules.values())
+    for rule, answers in rules.items():
+        for inputs, answer in answers.items():
+            assert ask[rule](*json.loads(inputs)) == answer, (rule, inputs)
+
+
+def test_each_input_of_kernels_and_its_installation_keys_an_answer(tmp_path, monkeypatch):
+    from dataclasses import replace
+
+    from packaging.version import Version
+
+    from frt.resolver.decisions_memo import Memo, installation, memo
+    from frt.resolver.targets import parse_target
+    from frt.resolver.variants import _decide, decide
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    _decide.cache_clear()  # answered in this process already: not asked of the memo again
+    base = parse_target("torch2.13-cu130-x86_64-linux")
+    targets = [
+        base,
+        replace(base, backend="cu128"),
+        replace(base, cpu="aarch64"),
+        replace(base, os="windows"),
+        replace(base, torch=Version("2.12")),
+        replace(base, abi=False),
+        replace(base, tvm_ffi=Version("0.1")),
+        replace(base, macos=Version("26.0")),
+    ]
+    names = ["torch213-cxx11-cu130-x86_64-linux", "torch-cuda"]
+    for t in targets:
+        decide(t, names)
+    decide(base, names[:1])
+    memo().save()
+    (kept,) = (tmp_path / "cache" / "frt-mirror" / "kernels-decisions").iterdir()
+    assert len(json.loads(kept.read_text())["rules"]["decide"]) == len(targets) + 1
+
+    site = tmp_path / "site"
+    (site / "kernels").mkdir(parents=True)
+    for name in ("variants.py", "backends.py", "archs.py"):
+        (site / "kernels" / name).write_text("# kernels' rules\n")
+    (site / "kernels-0.17.2.dist-info").mkdir()
+    first = installation(site / "kernels")
+    assert first[0] == "0.17.2"
+    (site / "kernels-0.17.2.dist-info").rename(site / "kernels-0.17.3.dist-info")
+    upgraded = installation(site / "kernels")
+    assert upgraded[0] == "0.17.3" and upgraded[1] != first[1]
+    (site / "kernels" / "variants.py").write_text("# kernels' rules, edited in place (an editable install)\n")
+    assert installation(site / "kernels")[1] not in (first[1], upgraded[1])
+
+    path = tmp_path / "memo.json"
+    asked: list[int] = []
+    old = Memo(path, first[1])
+    old.answer("fields", ["x"], lambda name: asked.append(1) or ["noarch"])
+    old.save()
+    Memo(path, first[1]).answer("fields", ["x"], lambda name: asked.append(1) or ["noarch"])
+    assert len(asked) == 1  # kept, for this installation
+    Memo(path, upgraded[1]).answer("fields", ["x"], lambda name: asked.append(1) or ["noarch"])
+    assert len(asked) == 2  # another installation's answers are not this one's
+    path.write_text('{"key": "x"')
+    Memo(path, first[1]).answer("fields", ["x"], lambda name: asked.append(1) or ["noarch"])
+    assert len(asked) == 3  # damaged: asked again
+
+
+def test_the_quick_matrix_reads_what_the_ledger_view_reads(home_a, tmp_path):
+    """On a staged home, for each repo (and one never scanned): RepoRecords answers build_matrix's reads
+    as LedgerView does, and quick_matrix gives the matrix the ledger's path gives."""
+    from frt.mirror.store.matrix_reads import quick_matrix, staged_columns
+    from frt.resolver.commit_records import read_repo
+    from frt.resolver.matrix import build_matrix
+    from frt.resolver.targets import parse_target
+
+    quick = Home(home_a.home, readonly=True)
+    slow = Home(home_a.home, readonly=True)
+    arch_targets = [parse_target(FLEET), parse_target("torch2.11-cu130-aarch64-linux@8.0")]
+    try:
+        repos = slow.ledger.repos()
+        assert set(repos) >= {LAYERNORM, ACTIVATION, RELU}
+        staged = slow.staged()
+        with slow.ledger.view() as view:
+            for repo in [*repos, f"{ORG}/never-scanned"]:
+                records = quick.quick(lambda conn, repo=repo: read_repo(conn, repo))
+                assert records is not None and records.known(repo) == view.known(repo), repo
+                assert records.refs(repo) == view.refs(repo) and records.commits(repo) == view.commits(repo), repo
+                for c in view.commits(repo):
+                    assert records.variant_names(repo, c.sha) == view.variant_names(repo, c.sha), (repo, c.sha)
+                    assert records.declared(repo, c.sha) == view.declared(repo, c.sha), (repo, c.sha)
+                if not view.known(repo):
+                    assert quick_matrix(quick, repo, None) is None  # the ledger's path says why, naming near ones
+                    continue
+                also = staged_columns(r.target for r in staged if r.repo == repo)
+                assert quick_matrix(quick, repo, None) == build_matrix(view, repo, None, also=also), repo
+                assert build_matrix(records, repo, arch_targets) == build_matrix(view, repo, arch_targets), repo
+    finally:
+        slow.close()
+    assert Home(home_a.home, ledger_url=f"sqlite:///{home_a.home / 'ledger.sqlite'}").quick(read_repo) is None
+    home = _ledger_copy(home_a, tmp_path)
+    with sqlite3.connect(home / "ledger.sqlite") as con:  # a model staged under the repo's name: its own answer
+        con.execute(
+            "INSERT INTO staged (repo_id, requested, version, revision, target, commit_sha, variant, staged_at) "
+            "VALUES (?, 'main', NULL, 'main', 'model', ?, 'files', '2026-01-01')",
+            (RELU, "0" * 40),
+        )
+    assert quick_matrix(Home(home, readonly=True), RELU, None) is None

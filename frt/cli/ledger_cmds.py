@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 @click.pass_obj
 def scan_cmd(app: App, repos: tuple[str, ...], endpoint: str | None, jobs: int, as_json: bool) -> None:
     """Record refs, commit history and per-commit build variants of REPOS in the ledger."""
+    from frt.mirror.store.matrix_reads import remember_matrices
     from frt.resolver.hub import RepoNotFound
     from frt.resolver.repo_ids import did_you_mean
     from frt.resolver.scan import scan
@@ -50,6 +51,7 @@ def scan_cmd(app: App, repos: tuple[str, ...], endpoint: str | None, jobs: int, 
             reports.append(scan(repo, hub=hub, ledger=app.ledger, jobs=jobs, progress=progress))
         except RepoNotFound as e:  # a typo of a repo scanned before is named, not left to be guessed
             raise RepoNotFound(f"{e}{did_you_mean(repo, app.ledger.repos())}") from None
+    remember_matrices(app.home, repos)
     if as_json:
         emit_json([r.__dict__ for r in reports])
         return
@@ -150,15 +152,36 @@ def resolve_cmd(
 def matrix_cmd(app: App, repo: str, targets: tuple[Target, ...], html: str | None, force: bool, as_json: bool) -> None:
     """Availability from the ledger: revision × variant, and which targets each revision serves."""
     check_repo_id(repo)
+    from frt.mirror.store.matrix_reads import quick_matrix
+    from frt.resolver.decisions_memo import memo
+
+    # One sqlite3 read where it can answer; kernels' answers it asks for and did not find kept are kept.
+    m = quick_matrix(app.existing_home, repo, list(targets) or None) if html is None else None
+    if m is None:
+        m = _matrix_from_ledger(app, repo, targets, html, force, as_json)
+    memo().save()
+    if m is None:
+        return
+    if as_json:
+        emit_json(m.to_json())
+        return
+    click.echo(_render_matrix(m))
+
+
+def _matrix_from_ledger(
+    app: App, repo: str, targets: tuple[Target, ...], html: str | None, force: bool, as_json: bool
+) -> Matrix | None:
+    """The matrix through the ledger's own path; None where it was answered already (a model repo, and
+    --html without --json)."""
+    from frt.mirror.store.matrix_reads import staged_columns
     from frt.mirror.store.records import MODEL_TARGET, repo_types
     from frt.resolver.matrix import build_matrix
-    from frt.resolver.targets import parse_target
 
     models = [r for r in app.existing_home.staged(MODEL_TARGET) if r.repo == repo]
     if html is not None:
         _write_html(app, repo, list(targets) or None, html, known=bool(models), replace=force, as_json=as_json)
         if not as_json:
-            return
+            return None
     if models:  # a model has files, not variants: nothing to tabulate by target
         if as_json:
             kind = repo_types(app.ledger, models)[models[0]]
@@ -174,16 +197,12 @@ def matrix_cmd(app: App, repo: str, targets: tuple[Target, ...], html: str | Non
             staged = ", ".join(f"{r.requested} at {r.commit[:12]}" for r in models)
             kind = repo_types(app.ledger, models)[models[0]]
             click.echo(f"{repo}: a {kind} repo: {kind}s have no targets (staged: {staged})")
-        return
+        return None
     with app.ledger.view() as view:
         if not view.known(repo):
             raise _not_in_ledger(app, repo)
-        staged_for = {r.target for r in app.home.staged() if r.repo == repo and not (r.is_model or r.is_pulled)}
-        m = build_matrix(view, repo, list(targets) or None, also=[parse_target(t) for t in sorted(staged_for)])
-    if as_json:
-        emit_json(m.to_json())
-        return
-    click.echo(_render_matrix(m))
+        also = staged_columns(r.target for r in app.home.staged() if r.repo == repo)
+        return build_matrix(view, repo, list(targets) or None, also=also)
 
 
 def _not_in_ledger(app: App, repo: str) -> BadInput:

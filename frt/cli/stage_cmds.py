@@ -63,6 +63,7 @@ def stage_cmd(
     from frt.mirror.stage.models import stage_models
     from frt.mirror.stage.wheels import default_index
     from frt.mirror.store.lock import store_writer
+    from frt.mirror.store.matrix_reads import remember_matrices
 
     check_writable(app.root, "stage writes the ledger, the store and the views")
     app.ride_out()
@@ -83,6 +84,7 @@ def stage_cmd(
             )
         if plan.models:  # target-less: after the kernels, so a kernel failure is reported first
             stage_models(plan.models, home=app.home, hub=app.hub(endpoint, quiet=quiet), jobs=jobs, report=report)
+    remember_matrices(app.home, {r.repo for r in report.rows})  # the first `matrix` then imports no kernels
     untrusted = _untrusted_orgs(app, report)
     if as_json:
         emit_json(

@@ -18,11 +18,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from frt.resolver.commit_records import CommitRow
 from frt.resolver.core import judge
 from frt.resolver.errors import BadInput
 from frt.resolver.hub import HubClient
 from frt.resolver.ledger import Ledger
-from frt.resolver.ledger.view import CommitRow
 from frt.resolver.repo_ids import did_you_mean
 from frt.resolver.scan import scan
 from frt.resolver.targets import Target

@@ -3,26 +3,14 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, bindparam, func, select
 
 from ..archs import Declared
+from ..commit_records import CommitRow, commit_rows, declared_by_commit
 from ..resolution import FileEntry
 from .schema import Commit, File, Listing, Ref, Repo, Variant
-
-
-@dataclass(frozen=True)
-class CommitRow:
-    sha: str
-    date: datetime | None
-    title: str
-    scanned: bool
-    variants: list[str]
-    no_digest: list[str] = field(default_factory=list)  # variants whose metadata.json has no publisher digest
-
 
 # The view's queries, built once: constructing a select() costs more than running it here.
 _REPO_REFS = (
@@ -159,10 +147,8 @@ class LedgerView:
 
     def declared_all(self, repo_id: str) -> None:
         """Read what every variant of the repo declares in one query (the matrix asks for every commit)."""
-        out: dict[str, dict[str, Declared]] = {}
-        for sha, name, doc in self._conn.execute(_REPO_METADATA, {"pk": self.repo_pk(repo_id)}):
-            out.setdefault(sha, {})[name] = Declared.of(json.loads(doc) if doc else None)
-        for sha, declared in out.items():
+        rows = self._conn.execute(_REPO_METADATA, {"pk": self.repo_pk(repo_id)})
+        for sha, declared in declared_by_commit(rows).items():
             self._declared[(repo_id, sha)] = declared
 
     def history(self, repo_id: str, sha: str) -> list[str] | None:
@@ -191,16 +177,7 @@ class LedgerView:
 
     def commits(self, repo_id: str) -> list[CommitRow]:
         """Every recorded commit, newest first, with its variant names (for the matrix)."""
-        out: dict[str, CommitRow] = {}
-        for sha, date, title, scanned, vname, digest in self._conn.execute(
-            _COMMITS_NEWEST_FIRST, {"pk": self.repo_pk(repo_id)}
-        ):
-            row = out.setdefault(sha, CommitRow(sha, date, title, bool(scanned), []))
-            if vname is not None:
-                row.variants.append(vname)
-                if not digest:
-                    row.no_digest.append(vname)
-        return list(out.values())
+        return commit_rows(self._conn.execute(_COMMITS_NEWEST_FIRST, {"pk": self.repo_pk(repo_id)}))
 
     def commit_count(self, repo_id: str) -> int:
         return self._conn.execute(
