@@ -59,6 +59,12 @@ class HomeLayout:
         return self.root / "quarantine"
 
     @property
+    def catalog_snapshot(
+        self,
+    ) -> Path:  # serve's last catalog, what a serve started during a ledger outage answers from
+        return self.root / "catalog.json"
+
+    @property
     def python(self) -> Path:  # `env --engine`'s default --python-dir
         return self.root / "python"
 

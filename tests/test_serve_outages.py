@@ -6,7 +6,7 @@ API calls through nginx, unmodified huggingface_hub clients in subprocesses, and
 `kernels.get_kernel` first uses — while PostgreSQL is stopped for 10 s and then restarted twice. Every
 answer is checked: status, commit, ETag, bytes. Then a change staged after the outage is served by both
 replicas without a restart. Also: a worker restarted (kill -9) during an outage, and a replica that
-starts while the ledger is down.
+starts while the ledger is down with no catalog snapshot to start from.
 """
 
 from __future__ import annotations
@@ -350,6 +350,8 @@ def test_a_worker_restarted_during_an_outage_serves_and_the_ledger_is_shown_down
 
 
 def test_serve_started_while_the_ledger_is_down_refuses_in_one_line(site, tmp_path):
+    """With no catalog snapshot to start from (test_serve_snapshot.py: with one, it serves)."""
+    (site.home / "catalog.json").unlink(missing_ok=True)  # written by the replicas above
     site.pg.stop()
     try:
         # A process: a serve that did start would not return, and a process can be timed out.
@@ -358,3 +360,4 @@ def test_serve_started_while_the_ledger_is_down_refuses_in_one_line(site, tmp_pa
         site.pg.start()
     lines = p.stderr.strip().splitlines()
     assert p.returncode == 3 and len(lines) == 1 and "ledger" in lines[0], p.stderr
+    assert "no catalog snapshot at" in lines[0], lines[0]

@@ -117,9 +117,9 @@ def test_ready_once_the_catalog_is_loaded_then_stopping_on_sigterm(serve_staged,
 
 
 def test_ledger_down_at_start_accepts_no_connection_and_writes_no_ready_file(pg_server, pg_url, tmp_path):
-    """A replica (re)started while its PostgreSQL ledger is stopped: it retries the ledger for seconds and
-    exits 3 in one line; all that time its port refuses connections, no ready file appears, and
-    NOTIFY_SOCKET hears nothing."""
+    """A replica (re)started while its PostgreSQL ledger is stopped, with no catalog snapshot beside the home
+    (test_serve_snapshot.py: with one, it serves): it exits 3 in one line that says so; all that time its
+    port refuses connections, no ready file appears, and NOTIFY_SOCKET hears nothing."""
     home, port, ready = empty_home(tmp_path / "home"), free_port(), tmp_path / "ready"
     where = str(tmp_path / "notify")
     env = cli_env(FRT_LEDGER_URL=pg_url, NOTIFY_SOCKET=where)
@@ -140,7 +140,7 @@ def test_ledger_down_at_start_accepts_no_connection_and_writes_no_ready_file(pg_
         with pytest.raises(TimeoutError):
             sd.recv(4096)
     lines = (tmp_path / "stderr").read_text().splitlines()
-    assert len(lines) == 1 and "ledger" in lines[0], lines
+    assert len(lines) == 1 and "ledger" in lines[0] and "no catalog snapshot" in lines[0], lines
     assert tries > 10 and not ready.exists()
 
 

@@ -259,13 +259,15 @@ def serve_cmd(
     )
     mirror = spec.build(app.home)  # here, once: a bad access log or ledger is one line before serving
     # Not mirror.catalog(): its first call starts the catalog's poller thread, which a fork must not copy.
+    watcher = mirror.catalog
+    assert isinstance(watcher, CatalogWatcher)  # make_app's (run.py)
     if pull is not None:
         click.echo(
             f"frt-mirror: pulling through from {pull.endpoint} for {', '.join(sorted(pull.allow))} "
             f"(refs kept {refs_ttl:g} s)",
             err=True,
         )
-    elif not app.home.staged():
+    elif watcher.ledger_up and not app.home.staged():  # down: it serves a snapshot, and said so
         click.echo(
             f"frt-mirror: warning: nothing is staged in {app.home}: every repo will be answered "
             "RepoNotFound (stage first: frt-mirror stage MANIFEST)",
@@ -277,14 +279,13 @@ def serve_cmd(
             "(an operator override, not the upstream's word)",
             err=True,
         )
-    _warn_name_picks(app)
+    if watcher.ledger_up:
+        _warn_name_picks(app)
     _warn_unheld(app, mirror)
     http_limits = HttpLimits(**limits)
     how = f", {workers} workers" if workers > 1 else ""
     how += f", file bodies by nginx through {accel}" if accel else ""
     click.echo(f"frt-mirror: serving {app.home} on {url}{how} (HF_ENDPOINT={url})", err=True)
-    watcher = mirror.catalog
-    assert isinstance(watcher, CatalogWatcher)  # make_app's (run.py)
 
     def ready() -> None:
         told.ready(f"serving {len(watcher.current.repos)} repos on {url}{how}")

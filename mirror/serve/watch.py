@@ -8,9 +8,12 @@ answered everywhere within about a second, with no restart and no reload per req
 Serving never depends on the ledger being up. Requests read only the catalog in memory (files, refs,
 trust, tokens); a poll that fails keeps the last good catalog, says so once per outage on stderr, and
 shows it as `frt_mirror_ledger_up 0` on /metrics; the first poll that answers again reloads whatever
-changed meanwhile. A process that must start while the ledger is down (a `--workers` worker restarted
-mid-outage) starts from the catalog its parent loaded (`fallback`); one with nothing to start from
-(serve itself, never having seen the ledger) refuses to start, exit 3.
+changed meanwhile. Starting does not depend on it either, where something was loaded before: a
+`--workers` worker restarted mid-outage starts from the catalog its parent loaded (`fallback`), and serve
+itself from the catalog snapshot it or a sibling replica wrote beside the home at its last load from a
+ledger server (snapshot.py: checked against the store first), saying so in one line. Either way the first
+poll that reaches the ledger reloads. Only with neither (no snapshot, one of another format, one the store
+does not match) does serve refuse to start, exit 3, in one line that says why the snapshot was not used.
 """
 
 from __future__ import annotations
@@ -23,12 +26,13 @@ import traceback
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from frt.resolver.errors import FrtError
+from frt.resolver.errors import FrtError, LedgerUnavailable
 from frt.resolver.settings import env_number
 
 from ..store.home import Home
 from ..store.records import change_serial
 from .catalog import Catalog, load_catalog
+from .snapshot import Snapshots, SnapshotUnusable
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -53,14 +57,20 @@ class CatalogWatcher:
         self.listeners: list[Callable[[Catalog], object]] = []
         self.down_since: float | None = None  # wall time the ledger stopped answering this process
         self.checked_at = time.time()  # wall time the catalog last matched the ledger
+        self.snapshots = Snapshots.of(home)  # None: a SQLite ledger, in the home itself
         try:
             self._serial = change_serial(home.ledger)  # read before the load: a change between is seen next poll
             self._catalog = load_catalog(home, trust_override)
         except FrtError as e:
-            if fallback is None:
+            if fallback is not None:
+                self._serial, self._catalog = -1, fallback  # -1: the first poll that reaches the ledger reloads
+                self._down(e, "starting from the catalog serve loaded before")
+            elif isinstance(e, LedgerUnavailable) and self.snapshots is not None:
+                self._from_snapshot(self.snapshots, e)
+            else:
                 raise
-            self._serial, self._catalog = -1, fallback  # -1: the first poll that reaches the ledger reloads
-            self._down(e, "starting from the catalog serve loaded before")
+        else:
+            self._saved()
 
     def __call__(self) -> Catalog:
         if self._pid != os.getpid():
@@ -83,8 +93,29 @@ class CatalogWatcher:
         if moved:
             catalog = load_catalog(self.home, self.trust_override)
             self._catalog, self._serial = catalog, serial
+            self._saved()
         self.checked_at = time.time()
         return moved
+
+    def _saved(self) -> None:
+        """The catalog just loaded from the ledger, written beside the home for a start during an outage."""
+        if self.snapshots is not None:
+            self.snapshots.write(self._catalog, self._serial)
+
+    def _from_snapshot(self, snapshots: Snapshots, e: LedgerUnavailable) -> None:
+        """Start from the snapshot, or refuse (exit 3) with the ledger's line and why the snapshot is not used."""
+        try:
+            snap = snapshots.read(self.trust_override)
+        except SnapshotUnusable as why:
+            raise LedgerUnavailable(f"{e}; {why}") from None
+        self._serial, self._catalog, self.checked_at = -1, snap.catalog, snap.loaded
+        print(
+            f"frt-mirror: the ledger does not answer ({e}): serving the catalog of {snap.when()} "
+            f"(serial {snap.serial}) from {snap.path} until it does",
+            file=sys.stderr,
+            flush=True,
+        )
+        self.down_since = time.time()  # said: the poll that reaches the ledger says it answers again
 
     def stop(self) -> None:
         self._stop.set()

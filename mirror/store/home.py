@@ -128,6 +128,12 @@ class Home:
         return quick_read(ledger_path(self.root), QUICK_VERSIONS, QUICK_TABLES, read)
 
     @property
+    def ledger_on_server(self) -> bool:
+        """Whether the ledger is a database server's (several hosts share it, and it can be down while this
+        home is here), not a SQLite file."""
+        return bool(self.ledger_url) and not _is_sqlite(self.ledger_url)
+
+    @property
     def readonly(self) -> bool:
         """Whether the ledger is open read-only here, or would be: a SQLite one not opened yet is not opened
         to ask (Ledger's rule: the `readonly` given, else whether this process can write the file)."""

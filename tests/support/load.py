@@ -84,20 +84,25 @@ class Client:
             self.conn = None
 
 
-async def load(port: int, files: list[File], clients: int, rounds: int, kill) -> dict:
+async def load(port: int, files: list[File], clients: int, rounds: int, kill, until=None) -> dict:
     """`clients` clients, each asking HEAD + GET of every file `rounds` times (in its own order); `kill()`
-    once half of all the requests are answered. Returns the failures and the requests after the kill."""
+    once half of those requests are answered (it must not block: the clients share its event loop). With
+    `until`, each client goes on round after round, past `rounds`, until `until()` is true (a fault that
+    takes a while: traffic goes on through all of it). Returns the failures, the requests answered and
+    those after the kill."""
     failures: list = []
     pool = [Client(port, failures) for _ in range(clients)]
     total = clients * rounds * len(files) * 2
     state = {"after": None}
 
     async def run(i: int, c: Client) -> None:
-        for r in range(rounds):
+        r = 0
+        while r < rounds or (until is not None and not until()):
             for j in range(len(files)):
                 f = files[(i + r + j) % len(files)]
                 await c.ask("HEAD", f)
                 await c.ask("GET", f)
+            r += 1
         c.close()
 
     async def killer() -> None:
@@ -109,4 +114,5 @@ async def load(port: int, files: list[File], clients: int, rounds: int, kill) ->
     k = asyncio.ensure_future(killer())
     await asyncio.gather(*(run(i, c) for i, c in enumerate(pool)))
     await k
-    return {"failures": failures, "total": sum(c.done for c in pool), "after": total - state["at"]}
+    done = sum(c.done for c in pool)
+    return {"failures": failures, "total": done, "after": done - state["at"]}
