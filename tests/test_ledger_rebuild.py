@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -14,13 +15,13 @@ import pytest
 from tests.support.cli import ARM_CU, X86, one_line, run_cli, run_cli_process, write_manifest
 from tests.support.fakehub import FakeHub, FakeRepo
 from tests.support.kernel_fixtures import ACTIVATION, LAYERNORM, ORG, RELU, demo_repos
-from tests.support.serve_helpers import free_port, raw_exchange, raw_request, run_client, serving
+from tests.support.serve_helpers import free_port, raw_exchange, raw_request, replica_env, run_client, serving
 
 MODEL = "acme/tiny"
 REBUILD = "'frt-mirror ledger rebuild'"
 
 
-def _stage(tmp: Path, home: Path) -> Path:
+def _stage(tmp: Path, home: Path, *pre: str) -> Path:
     """relu v1, activation v1 and v2, layernorm v1 for two targets, and a model; activation v2 then unstaged."""
     model = FakeRepo(MODEL, repo_type="model")
     weights = bytes(range(256)) * (12 << 10)  # 3 MiB: an LFS file
@@ -31,9 +32,9 @@ def _stage(tmp: Path, home: Path) -> Path:
     v1 = write_manifest(tmp / "v1.toml", {ACTIVATION: {"version": 1}}, [X86], trust=[ORG])
     with FakeHub([*demo_repos(), model], trusted_orgs=[ORG], page_size=5) as hub:
         for manifest in (m, v1):
-            p = run_cli("--endpoint", hub.url, "stage", str(manifest), home=home)
+            p = run_cli(*pre, "--endpoint", hub.url, "stage", str(manifest), home=home)
             assert p.returncode in (0, 1), p.stderr  # 1: activation v1 has no aarch64 CUDA build (a refusal)
-    p = run_cli("unstage", f"{ACTIVATION}@v2", home=home)
+    p = run_cli(*pre, "unstage", f"{ACTIVATION}@v2", home=home)
     assert p.returncode == 0, p.stderr
     return m
 
@@ -45,11 +46,11 @@ def _ask(port: int, method: str, path: str, body: bytes = b"") -> bytes:
     return f"{status}\r\n".encode() + "\r\n".join(kept).encode("latin-1") + b"\r\n\r\n" + data
 
 
-def _answers(home: Path, tmp: Path) -> dict[str, bytes]:
+def _answers(home: Path, tmp: Path, env: dict[str, str] | None = None) -> dict[str, bytes]:
     """Every answer a client could get about what is staged: repo info, refs, trees, commits, paths-info,
     HEAD and GET of every file; and an unmodified huggingface_hub's snapshot of relu v1 and the model."""
     out: dict[str, bytes] = {}
-    with serving(home) as served:
+    with serving(home, env=env) as served:
         port = served.port
         for kind, repo, revs in (
             ("kernels", RELU, ["v1"]),
@@ -102,17 +103,17 @@ def _lose_ledger(home: Path, pg_server, url: str | None) -> None:
         pg_server.execute(f'CREATE DATABASE "{url.rsplit("/", 1)[1]}" TEMPLATE template1')
 
 
-def _refused_everywhere(home: Path, manifest: Path, tmp: Path) -> None:
+def _refused_everywhere(home: Path, manifest: Path, tmp: Path, *pre: str) -> None:
     cases = [
         ["report"],
-        ["env", "--target", X86],
+        ["env", "--target", X86, *(["--into", str(tmp / "into")] if pre else [])],  # an object store: --into
         ["export-cache", str(tmp / "cache"), "--target", X86],
         ["--endpoint", "http://127.0.0.1:9", "stage", str(manifest)],
     ]
     for args in cases:
-        p = run_cli(*args, home=home)
+        p = run_cli(*pre, *args, home=home)
         assert p.returncode == 2 and REBUILD in one_line(p), (args, p.stdout, p.stderr)
-    p = run_cli_process("serve", "--port", str(free_port()), home=home, timeout=60)
+    p = run_cli_process(*pre, "serve", "--port", str(free_port()), home=home, timeout=60)
     assert p.returncode == 2 and REBUILD in one_line(p), p.stderr
     assert not (tmp / "cache").exists()
 
@@ -201,3 +202,46 @@ def test_a_store_without_records_has_nothing_to_rebuild(tmp_path):
     p = run_cli("ledger", "rebuild", home=home)
     assert p.returncode == 2 and "holds no ledger records" in one_line(p), p.stderr
     assert not (home / "ledger.sqlite").exists()
+
+
+def test_gc_drops_the_record_of_a_row_that_never_committed(tmp_path):
+    """A stage cut between its record and its commit leaves a record the ledger does not stage: gc removes it
+    (before its blobs), so a later rebuild neither stages the row nor stops at its missing blobs."""
+    home = tmp_path / "home"
+    m = write_manifest(tmp_path / "m.toml", {RELU: {"version": 1}, ACTIVATION: {"version": 1}}, [X86], trust=[ORG])
+    with FakeHub(demo_repos(), trusted_orgs=[ORG], page_size=5) as hub:
+        assert run_cli("--endpoint", hub.url, "stage", str(m), home=home).returncode == 0
+    records = sorted((home / "store" / "records").glob("*.json"))
+    assert len(records) == 2
+    with sqlite3.connect(home / "ledger.sqlite") as db:  # the crash: activation's row never committed
+        db.execute("DELETE FROM staged WHERE repo_id = ?", (ACTIVATION,))
+    p = run_cli("gc", home=home)
+    assert p.returncode == 0, p.stderr
+    assert len(list((home / "store" / "records").glob("*.json"))) == 1
+    for name in ("ledger.sqlite", "ledger.sqlite-wal", "ledger.sqlite-shm"):
+        (home / name).unlink(missing_ok=True)
+    p = run_cli("ledger", "rebuild", "--json", home=home)
+    assert p.returncode == 0, p.stderr
+    assert [r["repo"] for r in json.loads(p.stdout)["staged"]] == [RELU]
+
+
+def test_on_an_object_store_too(pg_server, s3_server, tmp_path, monkeypatch):
+    """The store on S3 (a real SeaweedFS), the ledger on PostgreSQL: records under PREFIX/records/, one PUT
+    each; the database made again empty; the same answers after the rebuild."""
+    pg_server.start()
+    s3_server.start()
+    url, store = pg_server.new_database(), s3_server.new_prefix()
+    monkeypatch.setenv("FRT_LEDGER_URL", url)
+    for k, v in s3_server.env().items():
+        monkeypatch.setenv(k, v)
+    home = tmp_path / "home"
+    manifest = _stage(tmp_path, home, "--store", store)
+    env = replica_env(FRT_STORE_URL=store)
+    before = _answers(home, tmp_path, env)
+    _lose_ledger(home, pg_server, url)
+    _refused_everywhere(home, manifest, tmp_path, "--store", store)
+    p = run_cli("--store", store, "ledger", "rebuild", home=home)
+    assert p.returncode == 0, p.stderr
+    assert "2 withdrawn" in p.stdout, p.stdout
+    assert _answers(home, tmp_path, env) == before
+    pg_server.drop_database(url)

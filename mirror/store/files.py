@@ -117,6 +117,10 @@ class FileBlobStore:
     def read_record(self, name: str) -> bytes:
         return (self.records / name).read_bytes()
 
+    def drop_record(self, name: str) -> None:
+        (self.records / name).unlink(missing_ok=True)
+        fsync_dir(self.records)
+
     def record_names(self) -> list[str]:
         return sorted(p.name for p in self.records.glob("*.json") if p.is_file())
 

@@ -97,6 +97,10 @@ class BlobStore(Protocol):
 
     def read_record(self, name: str) -> bytes: ...
 
+    def drop_record(self, name: str) -> None:
+        """Remove a record (gc's: a row that never committed); one already gone is no error."""
+        ...
+
     def record_names(self) -> list[str]:
         """Every record's name, sorted."""
         ...

@@ -18,8 +18,9 @@ from frt.resolver.ledger.schema import Repo
 from frt.resolver.resolution import FileEntry, Resolution
 
 from ..schema import Blob, Change, Staged, StagedWheel, Wheel
-from .blob_reads import in_batches, sha256_by_git_oid
+from .blob_reads import in_batches
 from .blob_reads import recorded_blobs as recorded_blobs
+from .blob_reads import sha256_by_git_oid as sha256_by_git_oid
 from .blob_reads import wheel_rows as wheel_rows
 from .blobs import Digest, listed_blobs
 from .protocol import BlobStore

@@ -62,6 +62,24 @@ def write_withdrawals(store: BlobStore, keys: Iterable[Key], at: datetime) -> No
         store.put_record(record_name((repo, requested, target)), _dump(doc))
 
 
+def drop_orphans(store: BlobStore, staged: Iterable[Key]) -> int:
+    """Remove the records of rows the ledger does not stage that are not tombstones: rows whose stage was cut
+    between its record and its commit. gc calls this holding the store's lock (no stager is between the two),
+    before it removes their blobs: a record naming a blob gc took would stop a rebuild. How many it removed."""
+    keep, dropped = {record_name(k) for k in staged}, 0
+    for name in store.record_names():
+        if name in keep:
+            continue
+        try:
+            tombstone = "withdrawn" in json.loads(store.read_record(name))
+        except ValueError:  # damaged: left for the rebuild to name, not guessed at here
+            continue
+        if not tombstone:
+            store.drop_record(name)
+            dropped += 1
+    return dropped
+
+
 def _dump(doc: dict[str, Any]) -> bytes:
     return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 

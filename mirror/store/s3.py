@@ -246,6 +246,9 @@ class S3BlobStore:
     def read_record(self, name: str) -> bytes:
         return bytes(self._records_op("GET", name, lambda obstore: obstore.get(self.client, f"records/{name}").bytes()))
 
+    def drop_record(self, name: str) -> None:
+        self._records_op("DELETE", name, lambda obstore: obstore.delete(self.client, f"records/{name}"))
+
     def record_names(self) -> list[str]:
         listed = self._records_op("LIST", "", lambda obstore: obstore.list(self.client, "records").collect())
         return sorted(n for o in listed if (n := str(o["path"]).rsplit("/", 1)[-1]).endswith(".json"))
