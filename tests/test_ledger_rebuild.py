@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sqlite3
 from pathlib import Path
 
@@ -15,7 +16,15 @@ import pytest
 from tests.support.cli import ARM_CU, X86, one_line, run_cli, run_cli_process, write_manifest
 from tests.support.fakehub import FakeHub, FakeRepo
 from tests.support.kernel_fixtures import ACTIVATION, LAYERNORM, ORG, RELU, demo_repos
-from tests.support.serve_helpers import free_port, raw_exchange, raw_request, replica_env, run_client, serving
+from tests.support.serve_helpers import (
+    free_port,
+    raw_exchange,
+    raw_request,
+    replica_env,
+    run_client,
+    serve_env,
+    serving,
+)
 
 MODEL = "acme/tiny"
 REBUILD = "'frt-mirror ledger rebuild'"
@@ -245,3 +254,57 @@ def test_on_an_object_store_too(pg_server, s3_server, tmp_path, monkeypatch):
     assert "2 withdrawn" in p.stdout, p.stdout
     assert _answers(home, tmp_path, env) == before
     pg_server.drop_database(url)
+
+
+def _staged_rows(home: Path) -> list:
+    from frt.mirror.store.home import Home
+
+    h = Home(home)
+    try:
+        return h.staged()
+    finally:
+        h.close()
+
+
+def _lose_and_rebuild(home: Path) -> None:
+    for name in ("ledger.sqlite", "ledger.sqlite-wal", "ledger.sqlite-shm"):
+        (home / name).unlink(missing_ok=True)
+    p = run_cli("ledger", "rebuild", home=home)
+    assert p.returncode == 0, p.stderr
+
+
+def test_what_an_import_staged_is_rebuilt(tmp_path):
+    """import writes the records too (inside its one transaction, from the rows it has not committed yet)."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    m = write_manifest(tmp_path / "m.toml", {RELU: {"version": 1}, LAYERNORM: {"version": 1}}, [X86], trust=[ORG])
+    with FakeHub(demo_repos(), trusted_orgs=[ORG], page_size=5) as hub:
+        assert run_cli("--endpoint", hub.url, "stage", str(m), home=a).returncode == 0
+    assert run_cli("bundle", str(tmp_path / "b.tar"), home=a).returncode == 0
+    p = run_cli("import", str(tmp_path / "b.tar"), home=b)
+    assert p.returncode == 0, p.stderr
+    env = run_cli("env", "--target", X86, "--format", "json", home=b)
+    before = _staged_rows(b)
+    assert {r.repo for r in before} >= {RELU, LAYERNORM}  # and activation, which layernorm depends on
+    shutil.rmtree(b / "views")  # the views lost with the ledger: laid out again from the store
+    _lose_and_rebuild(b)
+    assert _staged_rows(b) == before
+    again = run_cli("env", "--target", X86, "--format", "json", home=b)
+    assert again.returncode == 0 and again.stdout == env.stdout, again.stderr
+    for path in json.loads(again.stdout)["env"]["LOCAL_KERNELS"].split(":"):
+        assert Path(path.split("=", 1)[1]).is_dir(), path
+
+
+def test_what_pull_through_staged_is_rebuilt(tmp_path):
+    home = tmp_path / "home"
+    code = f"""
+        from huggingface_hub import snapshot_download
+        report(sorted(tree_sha256(snapshot_download({RELU!r}, repo_type="kernel", revision="v1"))))
+    """
+    with FakeHub(demo_repos(), trusted_orgs=[ORG], page_size=5) as hub:
+        with serving(home, "--upstream", hub.url, "--allow", ORG, env=serve_env()) as served:
+            p, got = run_client(code, served.url, tmp_path / "hf")
+            assert got, p.stderr[-2000:]
+    before = _staged_rows(home)
+    assert before and all(r.is_pulled for r in before), before
+    _lose_and_rebuild(home)
+    assert _staged_rows(home) == before

@@ -54,7 +54,9 @@ class RebuildReport:
     def line(self) -> str:
         return (
             f"rebuilt the ledger from {self.records} record(s): {self.rows} staged row(s) of {self.repos} repo(s), "
-            f"{self.withdrawn} withdrawn, {self.blobs} blob(s) ({self.bytes} bytes) present; {NOT_REBUILT}"
+            f"{self.withdrawn} withdrawn, {self.blobs} blob(s) ({self.bytes} bytes) present"
+            + (f", {self.views} view(s) laid out again" if self.views else "")
+            + f"; {NOT_REBUILT}"
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -94,15 +96,26 @@ def rebuild(home: Home, *, force: bool = False, on_progress: Callable[[int, int]
             f"ledger {ledger.where} is not empty: ledger rebuild writes only an empty one "
             "(--force drops everything in it first)"
         )
+    laid = _lay_out_views(home, read)
     report = ledger.retrying(_write, ledger, read, force)
-    report.records = len(names)
-    if (views := home.views) is not None:
-        for _, m in read.manifests:
-            for row, pairs in m.staged:
-                if not row.is_model and pairs is not None:
-                    report.views += bool(views.link(row.repo, row.commit, row.variant, _whole(pairs)))
-            views.link_wheels(m.wheels)
+    report.records, report.views = len(names), laid
     return report
+
+
+def _lay_out_views(home: Home, read: _Read) -> int:
+    """The views of the rows to rebuild that are missing (lost with the ledger), before any row names them,
+    as an import lays them out: a rebuild cut short after this leaves only files. How many were laid out."""
+    views, laid = home.views, 0
+    if views is None:  # an object store's home has none
+        return 0
+    for _, m in read.manifests:
+        for row, pairs in m.staged:
+            files = _whole(pairs or [])
+            if not row.is_model and not views.is_complete(row.repo, row.commit, files):
+                views.link(row.repo, row.commit, row.variant, files)
+                laid += 1
+        views.link_wheels(m.wheels)
+    return laid
 
 
 def _whole(pairs: list[tuple[FileEntry, str | None]]) -> list[tuple[FileEntry, str]]:
