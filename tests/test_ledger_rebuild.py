@@ -92,9 +92,12 @@ def _answers(home: Path, tmp: Path, env: dict[str, str] | None = None) -> dict[s
                         path = f"/{prefix}{repo}/resolve/{rev}/{f}"
                         out[f"{method} {path}"] = _ask(port, method, path)
         code = f"""
+            import kernels, torch
             from huggingface_hub import snapshot_download
+            k = kernels.get_kernel({ACTIVATION!r}, version=1)
             report({{"relu": tree_sha256(snapshot_download({RELU!r}, repo_type="kernel", revision="v1")),
-                     "model": tree_sha256(snapshot_download({MODEL!r}))}})
+                     "model": tree_sha256(snapshot_download({MODEL!r})),
+                     "get_kernel": [k.VERSION, k.REVISION_NOTE, k.VARIANT, k.silu_and_mul(torch.arange(4.)).tolist()]}})
         """
         hf = tmp / f"hf-{len(list(tmp.glob('hf-*')))}"
         p, got = run_client(code, served.url, hf)
