@@ -35,6 +35,10 @@ class HomeLayout:
         return self.root / "store" / "sha256"
 
     @property
+    def records(self) -> Path:  # what a ledger rebuild reads, beside the blobs (store/row_records.py)
+        return self.root / "store" / "records"
+
+    @property
     def tmp(self) -> Path:  # `.part` files of downloads and imports in flight
         return self.root / "tmp"
 
@@ -80,8 +84,8 @@ def check_home(root: Path) -> None:
             if not above.is_dir():
                 _unusable(root, f"{above} is a file, not a directory")
             break
-    folders = (layout.store.parent, layout.store, layout.tmp, layout.locks, layout.views.parent, layout.views,
-               layout.views_tmp, layout.wheels, layout.quarantine, layout.python)  # fmt: skip
+    folders = (layout.store.parent, layout.store, layout.records, layout.tmp, layout.locks, layout.views.parent,
+               layout.views, layout.views_tmp, layout.wheels, layout.quarantine, layout.python)  # fmt: skip
     for folder in folders:
         if (folder.exists() or folder.is_symlink()) and not folder.is_dir():
             _unusable(root, f"{folder} is not a directory")

@@ -320,7 +320,10 @@ def test_a_ledger_missing_a_table_is_one_line(hub, home, tmp_path):
 
 
 def test_an_empty_ledger_beside_a_full_store_is_refused_and_says_how_to_adopt(hub, home, tmp_path):
+    """A store from before the ledger's records were kept beside the blobs (store/records/): nothing to
+    rebuild from, so the line says how to adopt the blobs (test_ledger_rebuild: a store with records)."""
     _staged_home(hub, home, tmp_path)
+    shutil.rmtree(home / "store" / "records")
     ledger = home / "ledger.sqlite"
     for extra in (home / "ledger.sqlite-wal", home / "ledger.sqlite-shm"):
         extra.unlink(missing_ok=True)

@@ -243,6 +243,7 @@ def test_a_pulled_through_variant_serves_the_targets_that_choose_it(staged, tmp_
     record_staged_rows(
         h.ledger,
         [StagedRow(RELU, f"revision {initial}", None, initial, PULLED + "torch-universal", initial, "torch-universal")],
+        store=None,  # no record in the store: its files were never stored (a row for the page alone)
     )
     view = operator_view(h, RELU)
     h.close()

@@ -113,6 +113,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "gc": ("gc_cmds", "Remove blobs nothing references, and dead partial downloads."),
     "import": ("stage_cmds", "Verify every file of IN.tar, then add it to the home."),
     "key": ("key_cmd", "Keys that sign bundles and check them on the cluster."),
+    "ledger": ("rebuild_cmd", "Rebuild the ledger from the records in the store, offline."),
     "matrix": ("ledger_cmds", "Availability: revision × variant, and the targets each serves."),
     "nginx-conf": ("nginx_cmd", "Print an nginx.conf for nginx in front of serve replicas."),
     "pin": ("bisect_cmds", "The environment that loads REPO at exactly REVISION."),

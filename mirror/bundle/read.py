@@ -30,6 +30,7 @@ from ..events import events_with_ref, record_event
 from ..stage.progress import Progress
 from ..store.blobs import Digest
 from ..store.home import Home
+from ..store.protocol import BlobStore
 from ..store.records import (
     StagedRow,
     blob_for,
@@ -90,7 +91,7 @@ def import_bundle(
             if not row.is_model and row.key not in skip:  # models have no view (frt.mirror.stage.models)
                 views.link(row.repo, row.commit, row.variant, pairs)
         views.link_wheels(m.wheels)
-    report, gone = ledger.retrying(_record_import, ledger, src, m, ident, signer, parts, skip)
+    report, gone = ledger.retrying(_record_import, ledger, src, m, ident, signer, parts, skip, store)
     if gone:  # after the commit: a view that no row names any more is only files
         drop_views(home, gone)
     return report
@@ -144,6 +145,7 @@ def _record_import(
     signer: str | None,
     parts: dict[str, Path | None],
     skip: set[tuple[str, str, str]],
+    store: BlobStore,
 ) -> tuple[BundleReport, list[StagedRow]]:
     """Every ledger row of the import, in one transaction: a unit that a dropped connection re-runs whole
     (Ledger.retrying), and a failure leaves the ledger as it was."""
@@ -167,12 +169,12 @@ def _record_import(
         have = set(staged_rows(ledger))
         skipped = [row for row, _ in m.staged if row.key in skip]
         new = [row for row, _ in m.staged if row not in have and row.key not in skip]
-        record_staged_rows(ledger, new)
+        record_staged_rows(ledger, new, store=store)
         with ledger.session() as s:
             forget_withdrawn(s, (r.key for r in new))
         taken = set(m.unstaged)
         gone = [r for r in have if r.key in taken]
-        delete_staged(ledger, gone, at=m.created)
+        delete_staged(ledger, gone, store=store, at=m.created)
         new_blobs = sum(p is not None for p in parts.values())
         report = BundleReport(
             src,

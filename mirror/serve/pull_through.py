@@ -241,7 +241,9 @@ class PullThrough:
             raise PublisherDigestMismatch(problem, repo=r.repo, path="", commit=r.commit)
         req = r.request
         record_staged_rows(
-            ledger, [StagedRow(r.repo, req.label, req.version, req.revision, PULLED + r.variant, r.commit, r.variant)]
+            ledger,
+            [StagedRow(r.repo, req.label, req.version, req.revision, PULLED + r.variant, r.commit, r.variant)],
+            store=store,
         )
 
     def _extend_selection(self, repo_id: str, commit: str, entry: FileEntry) -> None:
@@ -260,7 +262,9 @@ class PullThrough:
             ledger.record_builds(repo_id, {commit: [VariantInfo(MODEL_SELECTION, files)]})
             request = make_request(repo_id, revision=commit)
             record_staged_rows(
-                ledger, [StagedRow(repo_id, request.label, None, commit, MODEL_TARGET, commit, MODEL_SELECTION)]
+                ledger,
+                [StagedRow(repo_id, request.label, None, commit, MODEL_TARGET, commit, MODEL_SELECTION)],
+                store=self.home.store,
             )
 
 

@@ -174,7 +174,7 @@ def stage(
             )
         )
     report.downloaded_bytes += wheels.downloaded
-    record_staged(ledger, good, wheels.of)
+    record_staged(ledger, good, wheels.of, store=store)
     if good:
         record_event(
             ledger,

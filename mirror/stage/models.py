@@ -115,7 +115,9 @@ def _stage_one(spec: ModelSpec, *, home: Home, hub: HubClient, jobs: int, report
     ledger.record_builds(spec.repo, {commit: [VariantInfo(MODEL_SELECTION, tuple(files))]})
     request = make_request(spec.repo, revision=spec.revision)
     record_staged_rows(
-        ledger, [StagedRow(spec.repo, request.label, None, spec.revision, MODEL_TARGET, commit, MODEL_SELECTION)]
+        ledger,
+        [StagedRow(spec.repo, request.label, None, spec.revision, MODEL_TARGET, commit, MODEL_SELECTION)],
+        store=home.store,
     )
     return _row(spec, commit, files, "staged")
 

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
-from frt.resolver.fs import fsync_dir
+from frt.resolver.fs import atomic_write, fsync_dir
 
 from ..home_path import HomeLayout
 from .blobs import CHUNK, Digest, blob_relpath, digest_file
@@ -28,6 +28,7 @@ class FileBlobStore:
 
     def __init__(self, home: Path, shared_lock: SharedLock | None = None):
         self.root = store_root(home)
+        self.records = HomeLayout(home).records
         self.scratch = Scratch(home, shared_lock)
 
     @property
@@ -109,3 +110,19 @@ class FileBlobStore:
 
     def _blob_files(self) -> list[Path]:
         return sorted(p for p in self.root.glob("??/*") if p.is_file())
+
+    def put_record(self, name: str, data: bytes) -> None:
+        atomic_write(self.records / name, data)  # fsynced, renamed into place, the folder fsynced
+
+    def read_record(self, name: str) -> bytes:
+        return (self.records / name).read_bytes()
+
+    def drop_record(self, name: str) -> None:
+        (self.records / name).unlink(missing_ok=True)
+        fsync_dir(self.records)
+
+    def record_names(self) -> list[str]:
+        return sorted(p.name for p in self.records.glob("*.json") if p.is_file())
+
+    def has_records(self) -> bool:
+        return next(self.records.glob("*.json"), None) is not None

@@ -30,6 +30,7 @@ from .blobs import Digest
 from .home import Home
 from .lock import store_collector
 from .records import all_blobs, blob_for, delete_blob_records, staged_rows, wheel_rows
+from .row_records import drop_orphans
 from .view_trees import Views, wheels_dir
 
 # As Scratch.sweep_parts and Views.sweep_tmp: older than any live writer's (a download in flight
@@ -101,6 +102,7 @@ def collect(home: Home, *, dry_run: bool = False, on_wait: Callable[[str], None]
         if not dry_run:
             for link in p.wheel_links:  # first: pip on a shared home never finds a wheel whose blob is gone
                 link.unlink(missing_ok=True)
+            drop_orphans(home.store, (r.key for r in staged_rows(home.ledger)))
             delete_blob_records(home.ledger, [d.sha256 for d in p.garbage] + p.stale_records)
             for d in p.garbage:
                 home.store.remove(d.sha256, *([d.git_oid] if d.git_oid else []))

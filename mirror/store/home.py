@@ -9,7 +9,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
-from frt.resolver.errors import BadInput
+from frt.resolver.errors import BadInput, LedgerCorrupt
 from frt.resolver.ledger_file import cannot_write, quick_read
 
 from ..home_path import check_home, check_not_forgotten, default_ledger_url, default_store_url, ledger_path
@@ -51,10 +51,12 @@ class Home:
         readonly: bool | None = None,
         ledger_url: str | None = None,
         store_url: str | None = None,
+        rebuilding: bool = False,
     ):
         self.root = Path(root)
         check_home(self.root)
         self._ledger, self._readonly = ledger, readonly
+        self.rebuilding = rebuilding  # `ledger rebuild`: an empty ledger beside the store's records is its input
         self.ledger_url = ledger_url or default_ledger_url()
         # The store as configured (None: files under the home): what this object chooses its store by,
         # and what a process that builds its own Home is handed (serve's replicas). Anything else asks
@@ -67,8 +69,16 @@ class Home:
             from .files import store_root
 
             if not self.ledger_url:
+                path = ledger_path(self.root)
+                if not self.rebuilding and no_ledger_file(path) and self.store.has_records():  # before creating one
+                    raise lost_ledger(str(path), self.store.where, "is missing or empty (0 bytes)")
                 check_not_forgotten(self.root, store_root(self.root))
-            self._ledger = open_ledger(self.ledger_url or ledger_path(self.root), readonly=self._readonly)
+            ledger = open_ledger(self.ledger_url or ledger_path(self.root), readonly=self._readonly)
+            if not self.rebuilding and ledger_is_empty(ledger) and self.store.has_records():
+                where = ledger.where
+                ledger.close()
+                raise lost_ledger(where, self.store.where, "is empty (no repo, nothing staged)")
+            self._ledger = ledger
         return self._ledger
 
     @cached_property
@@ -147,6 +157,35 @@ class Home:
 
     def __str__(self) -> str:
         return str(self.root)
+
+
+def no_ledger_file(path: Path) -> bool:
+    """No SQLite ledger there, or a 0-byte one (what SQLite would open as a new, empty database)."""
+    wal = path.with_name(path.name + "-wal")
+    try:
+        return path.stat().st_size == 0 and (not wal.exists() or wal.stat().st_size == 0)
+    except FileNotFoundError:
+        return True
+
+
+def lost_ledger(ledger: str, store: str, state: str) -> LedgerCorrupt:
+    """The one line every command says for a ledger lost beside a store that records what was staged."""
+    return LedgerCorrupt(
+        f"ledger {ledger} {state}, but the store {store} records what was staged: run "
+        "'frt-mirror ledger rebuild' to make the ledger again from it (offline), then run this again"
+    )
+
+
+def ledger_is_empty(ledger: Ledger) -> bool:
+    """No repo and no staged row: a new ledger, or one that lost everything (a stage always records both)."""
+    from sqlalchemy import select
+
+    from frt.resolver.ledger.schema import Repo
+
+    from ..schema import Staged
+
+    with ledger.session(write=False) as s:
+        return s.scalar(select(Repo.id).limit(1)) is None and s.scalar(select(Staged.id).limit(1)) is None
 
 
 def _is_sqlite(url: str | None) -> bool:

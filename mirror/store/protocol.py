@@ -90,3 +90,21 @@ class BlobStore(Protocol):
     def blob_stats(self) -> Iterator[tuple[str, int, tuple[int, int] | None]]:
         """Each stored blob's sha256, size and (device, inode): None on an object store (no hard links)."""
         ...
+
+    # The ledger's records beside the blobs (store/row_records.py): small JSON documents by name, each
+    # written whole or not at all (a file renamed into place, one PUT), replaced by a later write of it.
+    def put_record(self, name: str, data: bytes) -> None: ...
+
+    def read_record(self, name: str) -> bytes: ...
+
+    def drop_record(self, name: str) -> None:
+        """Remove a record (gc's: a row that never committed); one already gone is no error."""
+        ...
+
+    def record_names(self) -> list[str]:
+        """Every record's name, sorted."""
+        ...
+
+    def has_records(self) -> bool:
+        """Whether the store holds any record: one look, not a listing."""
+        ...

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Iterator, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TypeVar
 
 from sqlalchemy import delete, select, tuple_
 from sqlalchemy.orm import Session
@@ -19,13 +18,17 @@ from frt.resolver.ledger.schema import Repo
 from frt.resolver.resolution import FileEntry, Resolution
 
 from ..schema import Blob, Change, Staged, StagedWheel, Wheel
+from .blob_reads import in_batches
+from .blob_reads import recorded_blobs as recorded_blobs
+from .blob_reads import sha256_by_git_oid as sha256_by_git_oid
+from .blob_reads import wheel_rows as wheel_rows
 from .blobs import Digest, listed_blobs
+from .protocol import BlobStore
+from .row_records import write_row_records, write_withdrawals
 from .staged import MODEL_SELECTION as MODEL_SELECTION
 from .staged import MODEL_TARGET as MODEL_TARGET
 from .staged import PULLED as PULLED
 from .staged import StagedRow as StagedRow
-
-K = TypeVar("K", bound=Hashable)  # a key of an IN list: a sha, or a (repo, requested, target) row
 
 
 @dataclass(frozen=True)
@@ -47,38 +50,10 @@ def record_blobs(ledger: Ledger, digests: Iterable[Digest]) -> None:
             s.execute(insert_for(s)(Blob).on_conflict_do_nothing(), rows)
 
 
-@retried
-def sha256_by_git_oid(ledger: Ledger, oids: Iterable[str]) -> dict[str, str]:
-    """Stored blobs known by git oid: small files advertise only that, not their sha256."""
-    out: dict[str, str] = {}
-    with ledger.session(write=False) as s:
-        for batch in _in_batches(list(set(oids))):
-            out.update(s.execute(select(Blob.git_oid, Blob.sha256).where(Blob.git_oid.in_(batch))).all())
-    return out
-
-
-def _in_batches(keys: Sequence[K], n: int = 500) -> Iterator[Sequence[K]]:
-    """`keys`, `n` at a time, in their order: an IN list of each stays under every database's bound on
-    parameters (SQLite's was 999); deletes take their rows' locks in one order (sorted by the caller)."""
-    for i in range(0, len(keys), n):
-        yield keys[i : i + n]
-
-
 def blob_for(ledger: Ledger, entries: Iterable[FileEntry]) -> dict[FileEntry, str | None]:
     """Which stored blob each listed file is (its sha256), or None where none is recorded (blobs.listed_blobs)."""
     entries = list(entries)
     return listed_blobs(entries, sha256_by_git_oid(ledger, [f.git_oid for f in entries if not f.sha256]))
-
-
-@retried
-def recorded_blobs(ledger: Ledger, shas: Iterable[str]) -> dict[str, Digest]:
-    """The ledger's record of these stored blobs (sha256, content git oid, size), where it has one."""
-    out: dict[str, Digest] = {}
-    with ledger.session(write=False) as s:
-        for batch in _in_batches(list(set(shas))):
-            rows = s.execute(select(Blob.sha256, Blob.git_oid, Blob.size).where(Blob.sha256.in_(batch)))
-            out.update((sha, Digest(sha, oid, size)) for sha, oid, size in rows)
-    return out
 
 
 @retried
@@ -94,6 +69,8 @@ def record_staged(
     ledger: Ledger,
     resolutions: Iterable[Resolution],
     wheels: dict[tuple[str, str, str, str], tuple[str, ...]] | None = None,
+    *,
+    store: BlobStore | None,
 ) -> None:
     """`wheels`: per resolution's (repo, commit, variant, target) the filenames of its wheels."""
     wheels = wheels or {}
@@ -112,12 +89,17 @@ def record_staged(
             )
             for r in resolutions
         ],
+        store=store,
     )
 
 
 @retried
-def record_staged_rows(ledger: Ledger, staged: Iterable[StagedRow]) -> None:
+def record_staged_rows(ledger: Ledger, staged: Iterable[StagedRow], *, store: BlobStore | None) -> None:
+    """Stage `staged` in the ledger, their records written into `store` first (row_records.py: what a lost
+    ledger is rebuilt from). `store` None: no records written (the rebuild, which reads them)."""
     staged = list(staged)
+    if store is not None:
+        write_row_records(ledger, store, staged)
     rows = [
         {
             "repo_id": r.repo,
@@ -200,7 +182,7 @@ def staged_rows(ledger: Ledger, target: str | None = None) -> list[StagedRow]:
 
 def _delete_wheel_links(s: Session, keys: list[tuple[str, str, str]]) -> None:
     row = tuple_(StagedWheel.repo_id, StagedWheel.requested, StagedWheel.target)
-    for batch in _in_batches(keys, 300):
+    for batch in in_batches(keys, 300):
         s.execute(delete(StagedWheel).where(row.in_(batch)))
 
 
@@ -214,16 +196,6 @@ def record_wheels(ledger: Ledger, wheels: Iterable[WheelRecord]) -> None:
     if rows:
         with ledger.session() as s:
             s.execute(insert_for(s)(Wheel).on_conflict_do_nothing(), rows)
-
-
-@retried
-def wheel_rows(ledger: Ledger, filenames: Iterable[str] | None = None) -> dict[str, tuple[str, str, str, int]]:
-    """filename -> (project, version, sha256, size) of the recorded wheels (these, or all)."""
-    q = select(Wheel.filename, Wheel.project, Wheel.version, Wheel.sha256, Wheel.size).order_by(Wheel.filename)
-    if filenames is not None:
-        q = q.where(Wheel.filename.in_(sorted(set(filenames))))
-    with ledger.session(write=False) as s:
-        return {f: (p, v, sha, size) for f, p, v, sha, size in s.execute(q)}
 
 
 @retried
@@ -282,21 +254,26 @@ def delete_blob_records(ledger: Ledger, shas: Iterable[str]) -> None:
     shas = sorted(set(shas))
     if shas:
         with ledger.session() as s:
-            for batch in _in_batches(shas):
+            for batch in in_batches(shas):
                 s.execute(delete(Blob).where(Blob.sha256.in_(batch)))
 
 
 @retried
-def delete_staged(ledger: Ledger, rows: Iterable[StagedRow], *, at: datetime | None = None) -> None:
+def delete_staged(
+    ledger: Ledger, rows: Iterable[StagedRow], *, store: BlobStore | None, at: datetime | None = None
+) -> None:
     """Drop staged rows (unstage), in one write that tells serve's replicas and remembers them as withdrawn
-    at `at` (default now; withdrawn.py)."""
+    at `at` (default now; withdrawn.py); their records in `store` become tombstones first (row_records.py)."""
     from .withdrawn import record_withdrawn
 
     keys = sorted({r.key for r in rows})
+    at = at or utcnow()
+    if keys and store is not None:
+        write_withdrawals(store, keys, at)
     if keys:
         with ledger.session() as s:
-            for batch in _in_batches(keys, 300):
+            for batch in in_batches(keys, 300):
                 s.execute(delete(Staged).where(tuple_(Staged.repo_id, Staged.requested, Staged.target).in_(batch)))
             _delete_wheel_links(s, keys)
-            record_withdrawn(s, keys, at or utcnow())
+            record_withdrawn(s, keys, at)
             bump_serial(s)

@@ -238,6 +238,37 @@ class S3BlobStore:
         for o in listed:
             yield str(o["path"]).rsplit("/", 1)[-1], int(o["size"]), None
 
+    # The ledger's records (row_records.py), under PREFIX/records/: one unconditional PUT each, which S3
+    # makes visible whole; a later PUT of the same name replaces it.
+    def put_record(self, name: str, data: bytes) -> None:
+        self._records_op("PUT", name, lambda obstore: obstore.put(self.client, f"records/{name}", data))
+
+    def read_record(self, name: str) -> bytes:
+        return bytes(self._records_op("GET", name, lambda obstore: obstore.get(self.client, f"records/{name}").bytes()))
+
+    def drop_record(self, name: str) -> None:
+        self._records_op("DELETE", name, lambda obstore: obstore.delete(self.client, f"records/{name}"))
+
+    def record_names(self) -> list[str]:
+        listed = self._records_op("LIST", "", lambda obstore: obstore.list(self.client, "records").collect())
+        return sorted(n for o in listed if (n := str(o["path"]).rsplit("/", 1)[-1]).endswith(".json"))
+
+    def has_records(self) -> bool:
+        first = self._records_op(
+            "LIST", "", lambda obstore: next(iter(obstore.list(self.client, "records", chunk_size=1)), None)
+        )
+        return bool(first)
+
+    def _records_op(self, op: str, name: str, call: Any) -> Any:
+        import obstore
+
+        try:
+            return call(obstore)
+        except FileNotFoundError:
+            raise
+        except Exception as e:  # noqa: BLE001  (obstore's errors: a dead or refusing endpoint)
+            raise StoreUnavailable(f"{self.url}: {op} records/{name} failed: {store_said(e)}") from None
+
     def _unavailable(self, op: str, sha256: str, e: Exception) -> StoreUnavailable:
         what = f" {self.key(sha256)}" if sha256 else ""
         return StoreUnavailable(f"{self.url}: {op}{what} failed: {store_said(e)}")

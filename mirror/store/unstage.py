@@ -74,7 +74,7 @@ def unstage(
         chosen = [r for r in rows if (target is None or r.target == target) and (rev is None or _matches(r, rev))]
         if not chosen:
             raise BadInput(_nothing_matches(repo, rev, target, rows) + did_you_mean(repo, {r.repo for r in every}))
-        delete_staged(ledger, chosen)
+        delete_staged(ledger, chosen, store=home.store)
         report = UnstageReport(chosen)
         for view, files in drop_views(home, chosen):
             report.views.append(view)
