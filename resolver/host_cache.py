@@ -8,11 +8,15 @@ platform, macOS release: Metal is asked of the hardware), TORCH_DEVICE_BACKEND_A
 the Neuron extension announce themselves through that autoload), and what is installed: the modification
 time of every folder on sys.path (installing, upgrading or removing a distribution adds or removes an
 entry there) and of torch's version.py. A cache that cannot be read or written is detection every time.
+
+The file is in marshal's format, as the interpreter's own bytecode caches are: built in and loaded already
+(json's modules cost `env --target host` over a millisecond of its start-up), and the file is this
+interpreter's alone (its key names the interpreter and its version).
 """
 
 from __future__ import annotations
 
-import json
+import marshal
 import os
 import platform
 import sys
@@ -21,28 +25,29 @@ from collections.abc import Callable
 from pathlib import Path
 
 # Bumped when what is kept changes shape.
-_FORMAT = 1
+_FORMAT = 2
 
 
 def remembered_host(detect: Callable[[], dict[str, object]], torch_dir: Path) -> dict[str, object]:
-    """`detect()`'s answer for this machine as it is now (a JSON object: targets.py turns a Target into
-    one and back), from the cache where it holds one. `torch_dir`: where torch is installed."""
+    """`detect()`'s answer for this machine as it is now (a dict of strings, booleans and None: targets.py
+    turns a Target into one and back), from the cache where it holds one. `torch_dir`: where torch is
+    installed."""
     key = _key(torch_dir)
     # One file per interpreter and machine (named by a checksum: no hash library to import on a job's
     # start), holding the whole key, compared on read: an install that changed rewrites it in place.
     where = "\0".join([sys.executable, platform.node()])
-    path = cache_dir() / "host-targets" / f"{zlib.crc32(where.encode()):08x}.json"
+    path = cache_dir() / "host-targets" / f"{zlib.crc32(where.encode()):08x}.marshal"
     try:
-        doc = json.loads(path.read_text())
+        doc = marshal.loads(path.read_bytes())
         if isinstance(doc, dict) and doc.pop("key", None) == key:
             return doc
-    except (OSError, ValueError):
+    except (OSError, ValueError, EOFError, TypeError):  # what marshal raises on a damaged file
         pass
     target = detect()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         part = path.with_name(f"{path.name}.{os.getpid()}.part")
-        part.write_text(json.dumps({"key": key, **target}))
+        part.write_bytes(marshal.dumps({"key": key, **target}))
         part.replace(path)  # whole or absent: a reader at the same moment detects for itself
     except OSError:
         pass  # a read-only home folder (a cluster's): detection every time, as before the cache

@@ -172,10 +172,11 @@ def test_host_is_detected_once_per_installation_and_again_when_it_changes(tmp_pa
     assert len(calls) == 3
     kept_files = list((tmp_path / "cache" / "frt-mirror" / "host-targets").iterdir())
     assert len(kept_files) == 1  # one per interpreter and machine, rewritten as the installation changes
-    for kept in kept_files:  # damaged: detected again
-        kept.write_text('{"key": "x"')
-    remembered_host(detect, TORCH_DIR)
-    assert len(calls) == 4
+    for damage in (lambda b: b[: len(b) // 2], lambda b: b"\xff" + b[1:], lambda b: b""):  # detected again
+        for kept in kept_files:
+            kept.write_bytes(damage(kept.read_bytes()))
+        remembered_host(detect, TORCH_DIR)
+    assert len(calls) == 6
 
 
 def test_env_target_host_imports_no_torch_once_remembered(home_a, tmp_path):
