@@ -85,3 +85,18 @@ def test_wheel_carries_the_engine_plugins_and_their_data(tmp_path):
     text = zipfile.ZipFile(wheel).read(ep).decode()
     assert "[vllm.general_plugins]\nfrt = frt.adapters.vllm_engine:register" in text
     assert "[sglang.srt.plugins]\nfrt = frt.adapters.sglang_engine:register" in text
+
+
+def test_a_source_tree_without_metadata_names_its_version_unknown(monkeypatch):
+    """An engine's PYTHONPATH carries frt's source without pip's metadata (env --engine): a stage there
+    writes the store's records and a bundle its manifest, each naming its writer; that must not fail."""
+    import importlib.metadata
+
+    import frt
+
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    assert frt.version() == importlib.metadata.version("frt-mirror")
+    monkeypatch.setattr(importlib.metadata, "version", missing)
+    assert frt.version() == "unknown"

@@ -6,10 +6,10 @@ import io
 import json
 import tarfile
 import time
-from importlib.metadata import version as dist_version
 from pathlib import Path
 from typing import Any
 
+import frt
 from frt.resolver.errors import BadInput
 from frt.resolver.fs import atomic_file
 from frt.resolver.ledger.io import repo_record
@@ -166,7 +166,7 @@ def _full_doc(home: Home, rows: list[StagedRow]) -> tuple[dict[str, Any], list[D
     doc = {
         "format": FORMAT,
         "created": utcnow().isoformat(),
-        "frt_mirror": dist_version("frt-mirror"),
+        "frt_mirror": frt.version(),
         "blobs": [{"sha256": d.sha256, "size": d.size, "git_oid": d.git_oid} for d in listed],
         "repos": [repo_record(ledger, repo) for repo in sorted({r.repo for r in rows})],
         "staged": [r.to_json() for r in rows],

@@ -26,9 +26,9 @@ import hashlib
 import json
 from collections.abc import Iterable
 from datetime import datetime
-from importlib.metadata import version as dist_version
 from typing import Any
 
+import frt
 from frt.resolver.errors import LedgerCorrupt
 from frt.resolver.ledger import Ledger
 from frt.resolver.ledger.io import repo_record
@@ -113,7 +113,7 @@ def row_documents(ledger: Ledger, rows: list[StagedRow]) -> dict[StagedRow, dict
         out[r] = {
             "format": WHEELS_FORMAT if r.wheels else BUNDLE_FORMAT,
             "created": created,
-            "frt_mirror": dist_version("frt-mirror"),
+            "frt_mirror": frt.version(),
             "blobs": [
                 {"sha256": d.sha256, "size": d.size, "git_oid": d.git_oid}
                 for d in sorted(set(needed), key=lambda d: d.sha256)
