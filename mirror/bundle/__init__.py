@@ -3,7 +3,8 @@
 The archive and its manifest: frt.mirror.bundle.format. Writing (full, or incremental with `since`,
 signed with `sign`): frt.mirror.bundle.write. Importing, which verifies everything before it writes
 anything: frt.mirror.bundle.read, over the manifest's checks (check) and an incremental
-bundle's base (state). Keys and signatures: frt.mirror.bundle.signing.
+bundle's base (state), merging its repos as a rebuild does (merge). Keys and signatures:
+frt.mirror.bundle.signing.
 
 May import: store, stage (its progress meter), and the flat modules of frt.mirror.
 """

@@ -22,7 +22,6 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from frt.resolver.errors import BadInput
 from frt.resolver.ledger import Ledger
-from frt.resolver.ledger.io import merge_repo_record
 from frt.resolver.ledger.retry import retried
 from frt.resolver.resolution import FileEntry
 
@@ -37,7 +36,6 @@ from ..store.records import (
     delete_staged,
     record_blobs,
     record_staged_rows,
-    record_wheels,
     staged_rows,
 )
 from ..store.unstage import drop_views
@@ -54,6 +52,7 @@ from .format import (
     bundle_id,
     read_head,
 )
+from .merge import merge_manifest
 from .signing import check as check_signature
 from .signing import key_id, load_public
 from .state import base_refusal, missing_here, without
@@ -151,21 +150,7 @@ def _record_import(
     (Ledger.retrying), and a failure leaves the ledger as it was."""
     with ledger.transaction():
         record_blobs(ledger, m.listed.values())
-        record_wheels(ledger, m.wheels)
-        for repo in m.repos:
-            merge_repo_record(
-                ledger,
-                repo.repo,
-                repo_type=repo.repo_type,
-                endpoint=repo.endpoint,
-                scanned_at=repo.scanned_at,
-                refs=repo.refs,
-                commits=repo.commits,
-                listings=repo.listings,
-                builds=repo.builds,
-            )
-        for pub in m.publishers:
-            ledger.record_publisher(pub.org, pub.trusted, endpoint=pub.endpoint, seen_at=pub.seen_at)
+        merge_manifest(ledger, m)
         have = set(staged_rows(ledger))
         skipped = [row for row, _ in m.staged if row.key in skip]
         new = [row for row, _ in m.staged if row not in have and row.key not in skip]

@@ -24,7 +24,6 @@ from typing import Any
 
 from frt.resolver.errors import BadInput, Refused, VerificationFailed
 from frt.resolver.ledger import Ledger
-from frt.resolver.ledger.io import merge_repo_record
 from frt.resolver.ledger.schema import Base as ResolverBase
 from frt.resolver.resolution import FileEntry
 
@@ -33,9 +32,10 @@ from ..schema import MIRROR_TRACK
 from ..schema import Base as MirrorBase
 from ..store.blobs import Digest
 from ..store.home import Home, ledger_is_empty
-from ..store.records import record_blobs, record_staged_rows, record_wheels
+from ..store.records import record_blobs, record_staged_rows
 from ..store.withdrawn import record_withdrawn
 from .check import Manifest, check_manifest
+from .merge import merge_manifest
 
 NOT_REBUILT = "tokens, refusals, events and demand are not rebuilt (token add again: serve is open until then)"
 
@@ -168,24 +168,10 @@ def _write(ledger: Ledger, read: _Read, force: bool) -> RebuildReport:
         for _, m in read.manifests:
             blobs.update(m.listed)
         record_blobs(ledger, blobs.values())
-        repos = set()
+        repos: set[str] = set()
         for _, m in read.manifests:  # oldest first: merge_repo_record keeps the newest upstream answer
-            record_wheels(ledger, m.wheels)
-            for repo in m.repos:
-                repos.add(repo.repo)
-                merge_repo_record(
-                    ledger,
-                    repo.repo,
-                    repo_type=repo.repo_type,
-                    endpoint=repo.endpoint,
-                    scanned_at=repo.scanned_at,
-                    refs=repo.refs,
-                    commits=repo.commits,
-                    listings=repo.listings,
-                    builds=repo.builds,
-                )
-            for pub in m.publishers:
-                ledger.record_publisher(pub.org, pub.trusted, endpoint=pub.endpoint, seen_at=pub.seen_at)
+            merge_manifest(ledger, m)
+            repos.update(repo.repo for repo in m.repos)
         rows = [row for _, m in read.manifests for row, _ in m.staged]
         record_staged_rows(ledger, rows, store=None)  # the records are there: they are what this read
         for key, at in read.withdrawn:
