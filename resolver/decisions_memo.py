@@ -27,6 +27,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from .fs import atomic_write
 from .host_cache import cache_dir
 
 # Bumped when what is kept changes shape.
@@ -67,10 +68,8 @@ class Memo:
         for rule, answers in self._new.items():
             kept.setdefault(rule, {}).update(answers)
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            part = self.path.with_name(f"{self.path.name}.{os.getpid()}.part")
-            part.write_text(json.dumps({"key": self.key, "rules": kept}, separators=(",", ":")))
-            part.replace(self.path)  # whole or absent: a reader at the same moment asks kernels
+            # whole or absent: a reader at the same moment asks kernels
+            atomic_write(self.path, json.dumps({"key": self.key, "rules": kept}, separators=(",", ":")))
         except OSError:
             return  # a read-only cache folder (a cluster's): kernels every time, as before the memo
         self._kept, self._new = kept, {}

@@ -24,6 +24,8 @@ import zlib
 from collections.abc import Callable
 from pathlib import Path
 
+from .fs import atomic_write
+
 # Bumped when what is kept changes shape.
 _FORMAT = 2
 
@@ -45,10 +47,7 @@ def remembered_host(detect: Callable[[], dict[str, object]], torch_dir: Path) ->
         pass
     target = detect()
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        part = path.with_name(f"{path.name}.{os.getpid()}.part")
-        part.write_bytes(marshal.dumps({"key": key, **target}))
-        part.replace(path)  # whole or absent: a reader at the same moment detects for itself
+        atomic_write(path, marshal.dumps({"key": key, **target}))  # a reader meanwhile detects for itself
     except OSError:
         pass  # a read-only home folder (a cluster's): detection every time, as before the cache
     return target
