@@ -9,6 +9,8 @@ corrupt ledger) is a `FrtError` with one clear line of text.
 
 from __future__ import annotations
 
+import errno
+
 
 class FrtError(Exception):
     """Base of every error frt-mirror raises on purpose; its str() is one line for users."""
@@ -80,6 +82,11 @@ class LocalDiskError(FrtError):
         return cls(f"cannot write {where}: {e.strerror or e} (a local disk error)")
 
 
+class NotEnoughSpace(LocalDiskError):
+    """A write that knows its size beforehand (stage) would not fit the disk's free space less a margin:
+    refused before its first byte, so the disk is never filled on the way to the same failure."""
+
+
 class LedgerUnavailable(FrtError):
     """The ledger's database could not be had in time (locked past the busy timeout, or down)."""
 
@@ -95,10 +102,14 @@ class StoreUnavailable(FrtError):
 
 
 # Exit codes of the contract: 0 ok, 1 refused or failed verification, 2 bad usage or input (a local file
-# the user named or the home holds, unwritable, missing or full, too), 3 the upstream, the ledger's
-# database or the object store unavailable: the same command may work later; 130 interrupted (Ctrl-C),
-# as shells have it.
-EXIT_OK, EXIT_REFUSED, EXIT_BAD_INPUT, EXIT_UNAVAILABLE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+# the user named or the home holds, unwritable or missing, too), 3 the upstream, the ledger's database or
+# the object store unavailable: the same command may work later; 4 the local disk (full, or short of what
+# a stage needs): neither the input's fault nor fixed by waiting, but by freeing or growing the disk;
+# 130 interrupted (Ctrl-C), as shells have it.
+EXIT_OK, EXIT_REFUSED, EXIT_BAD_INPUT, EXIT_UNAVAILABLE, EXIT_DISK, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
+
+# A write failing with one of these is the disk's state, not the path's: full, or over a quota or size cap.
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 
 
 def exit_code(exc: BaseException) -> int:
@@ -110,6 +121,8 @@ def exit_code(exc: BaseException) -> int:
         return EXIT_REFUSED
     if isinstance(exc, (UpstreamUnavailable, LedgerUnavailable, StoreUnavailable)):
         return EXIT_UNAVAILABLE
+    if isinstance(exc, LocalDiskError) or (isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS):
+        return EXIT_DISK
     if isinstance(exc, (FrtError, OSError)):
         return EXIT_BAD_INPUT
     if isinstance(exc, KeyboardInterrupt):

@@ -418,7 +418,7 @@ def test_a_failed_member_copy_stops_those_not_begun_and_waits_for_those_under_wa
 
 def test_a_full_disk_on_import_is_a_local_error_not_a_rejected_bundle(home_a, tmp_path):
     """The home on a one-page tmpfs (its ledger elsewhere): the first blobs written fill it. That is the
-    home's disk, not the bundle: a local disk error (exit 2), not "nothing was imported" for a bundle
+    home's disk, not the bundle: a local disk error (exit 4), not "nothing was imported" for a bundle
     that is fine (exit 1), and no part is left (issue 50)."""
     import os
     import subprocess
@@ -439,6 +439,6 @@ def test_a_full_disk_on_import_is_a_local_error_not_a_rejected_bundle(home_a, tm
     args = ["unshare", "-m", "sh", "-c", script]
     p = subprocess.run(args, capture_output=True, text=True, env=cli_env(), timeout=120)
     lines = p.stderr.strip().splitlines()
-    assert p.returncode == 2, p.stderr
+    assert p.returncode == 4, p.stderr
     assert len(lines) == 1 and "No space left on device" in lines[0] and "a local disk error" in lines[0], p.stderr
     assert "nothing was imported" not in lines[0] and left.read_text() == ""

@@ -153,7 +153,8 @@ def test_a_file_its_own_listing_names_that_answers_404_is_refused_and_recorded(r
 
 
 def test_a_full_disk_is_a_local_error_not_an_upstream_refusal(real_hub, home, manifest, tmp_path):
-    """The home on a 1 MiB tmpfs: the stage's downloads fill it."""
+    """The home on a 1 MiB tmpfs: the stage does not fit, which its check says before the first byte (or,
+    with no room for the ledger, SQLite's write says first). A disk error either way (exit 4)."""
     if os.geteuid() != 0:
         pytest.fail("needs root for a tmpfs mount namespace (CI runs as root)")
     exe = str(Path(sys.executable).with_name("frt-mirror"))
@@ -162,12 +163,12 @@ def test_a_full_disk_is_a_local_error_not_an_upstream_refusal(real_hub, home, ma
     p = subprocess.run(
         ["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, env=cli_env(), timeout=120
     )
-    assert p.returncode == 2
+    assert p.returncode == 4, p.stderr
     lines = p.stderr.strip().splitlines()
-    # Whichever write meets the full disk first: a download's, or the ledger's (SQLite's own words).
+    # The stage's own check, or the ledger's write if the scan already fills the disk (SQLite's own words).
     assert (
         len(lines) == 1
-        and ("No space left on device" in lines[0] or "database or disk is full" in lines[0])
-        and "a local disk error" in lines[0]
+        and ("not enough disk space: needs " in lines[0] or "database or disk is full" in lines[0])
+        and ("nothing fetched" in lines[0] or "a local disk error" in lines[0])
     ), p.stderr
     assert "upstream" not in lines[0] and "refused" not in lines[0], lines[0]

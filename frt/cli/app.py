@@ -2,7 +2,7 @@
 
 Each command parses arguments, calls one function, renders a table or JSON.
 Exit codes: 0 ok, 1 refused or failed verification, 2 bad usage or bad input, 3 the upstream (or the
-ledger's database) unavailable: try again later.
+ledger's database) unavailable: try again later, 4 a local disk error (full, or short of what a stage needs).
 """
 
 from __future__ import annotations
@@ -235,7 +235,8 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Machine-read
     cls=_Group,
     context_settings={"help_option_names": ["-h", "--help"]},
     epilog="Exit codes: 0 ok; 1 refused or failed verification; 2 bad usage or input; 3 the upstream "
-    "(or the ledger's database) unavailable: try again later.",
+    "(or the ledger's database) unavailable: try again later; 4 a local disk error (full, or short of what a "
+    "stage needs).",
 )
 @click.option(
     "--home",

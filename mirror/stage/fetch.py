@@ -10,9 +10,10 @@ its listing and its answer cannot both be right.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from contextlib import suppress
 from dataclasses import dataclass
 
-from frt.resolver.errors import VerificationFailed
+from frt.resolver.errors import LocalDiskError, VerificationFailed
 from frt.resolver.resolution import FileEntry
 
 from ..store.blobs import Digest, RunningDigest, digest_file
@@ -162,6 +163,13 @@ def _download_verified(
             raise IntegrityError(str(e), repo=repo_id, path=entry.path, commit=commit) from None
         except ListedFileMissing as e:  # the upstream's listing and its answer disagree: refused, as a bad hash is
             raise ListedFileRefused(str(e), repo=repo_id, path=entry.path, commit=commit) from None
+        except LocalDiskError:
+            # The disk filled (or this stage stopped because it did): a part kept for a rerun would keep
+            # it full, and the commands that free space need some. Removed under the blob's lock, so
+            # never a part another stager has taken over. A rerun fetches the file again from byte 0.
+            with suppress(OSError):
+                part.unlink(missing_ok=True)
+            raise
         digest = running.digest(part) or digest_file(part)
         if matches(entry, digest) and publisher and digest.sha256 not in publisher:
             part.unlink()

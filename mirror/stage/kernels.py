@@ -7,12 +7,11 @@ Idempotent: a rerun downloads nothing that is already verified in the store, and
 
 from __future__ import annotations
 
-import threading
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any
 
-from frt.resolver.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_REFUSED, FrtError, UpstreamUnavailable
+from frt.resolver.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_REFUSED, FrtError, LocalDiskError, UpstreamUnavailable
 from frt.resolver.hub import HubClient
 from frt.resolver.kernel_metadata import ON_FILES, KernelMetadata, MetadataInvalid, dependency_request, listing_verdict
 from frt.resolver.ledger import Ledger
@@ -36,6 +35,7 @@ from .publisher import (
     variant_metadata,
     view_check,
 )
+from .space import check_space, missing_bytes
 from .transport import Transport
 from .wheels import NoWheel, WheelStager, default_index
 
@@ -127,6 +127,7 @@ def stage(
     recorded = recorded_blobs(ledger, [f.sha256 for _, f in unique.values() if f.sha256])
     expect = publisher_expectations((r, metas[_key(r)]) for r in resolutions)
     report.needed_bytes = sum(f.size for _, f in unique.values())
+    check_space(store, missing_bytes(store, (f for _, f in unique.values()), known))  # before the first byte
     fetched, failures = _fetch_all(
         unique,
         known,
@@ -334,15 +335,16 @@ def _fetch_all(
     progress: bool,
 ) -> tuple[dict[str, Fetched], dict[str, Exception]]:
     meter = Progress(sum(f.size for _, f in unique.values()), len(unique)) if progress else None
-    stop = threading.Event()
+    stopped: list[BaseException] = []  # what ended the stage, seen by the downloads still in flight
 
     def one(key: str) -> Fetched:
         r, f = unique[key]
         add, done = meter.file(f.path.rsplit("/", 1)[-1], f.size) if meter else (None, None)
 
         def on_bytes(n: int) -> None:
-            if stop.is_set():
-                raise Interrupted("interrupted")
+            if stopped:  # a disk error's kind when the disk ended it: that part is removed too (fetch.py)
+                full = isinstance(stopped[0], LocalDiskError)
+                raise LocalDiskError(f"stopped: {stopped[0]}") if full else Interrupted("interrupted")
             if add:
                 add(n)
 
@@ -379,8 +381,10 @@ def _fetch_all(
                 fetched[key] = fut.result()
             except (IntegrityError, UpstreamUnavailable) as e:
                 failures[key] = e
-    except BaseException:
-        stop.set()  # downloads in flight stop at their next chunk; their .part files stay for a rerun
+    except BaseException as e:
+        # Downloads in flight stop at their next chunk. Their .part files stay for a rerun, unless the
+        # disk is what failed: then every part goes (fetch.py), so that the disk is not left full.
+        stopped.append(e)
         raise
     finally:
         pool.shutdown(wait=True, cancel_futures=True)

@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from huggingface_hub.utils._paths import filter_repo_objects
 
 from frt.manifests import ModelSpec
-from frt.resolver.errors import FrtError, UpstreamUnavailable
+from frt.resolver.errors import FrtError, LocalDiskError, UpstreamUnavailable
 from frt.resolver.hub import HubClient
 from frt.resolver.resolution import FileEntry, VariantInfo
 from frt.resolver.resolve import make_request
@@ -41,6 +41,7 @@ from ..store.records import (
 )
 from .fetch import Fetched, IntegrityError, fetch_file, fetch_workers
 from .kernels import StageReport, StageRow
+from .space import check_space, missing_bytes
 from .transport import Transport
 
 
@@ -70,6 +71,8 @@ def stage_models(
             rows.append(_row(spec, None, [], "failed", str(e)))
         except IntegrityError as e:
             rows.append(_row(spec, e.commit, [], "refused", str(e)))
+        except LocalDiskError:  # the disk, not this model: the stage stops, in one line (exit 4)
+            raise
         except FrtError as e:  # RepoNotFound, RevisionNotFound, an unsafe listing
             rows.append(_row(spec, None, [], "refused", str(e)))
     if dead is not None:
@@ -127,6 +130,9 @@ def _fetch(repo: str, commit: str, files: list[FileEntry], *, home: Home, hub: H
     listing's LFS sha256 or git oid before the blob is stored."""
     ledger, transport = home.ledger, Transport(hub, bodies=max(1, jobs))
     known = sha256_by_git_oid(ledger, [f.git_oid for f in files if not f.sha256])
+    # Each selection checked before its own first byte: a model's listing is read only after the kernels
+    # are fetched, so what they took is already off the free space here.
+    check_space(home.store, missing_bytes(home.store, files, known))
     recorded = recorded_blobs(ledger, [f.sha256 for f in files if f.sha256])
 
     def one(f: FileEntry) -> Fetched:
