@@ -172,3 +172,23 @@ def test_a_full_disk_is_a_local_error_not_an_upstream_refusal(real_hub, home, ma
         and ("nothing fetched" in lines[0] or "a local disk error" in lines[0])
     ), p.stderr
     assert "upstream" not in lines[0] and "refused" not in lines[0], lines[0]
+
+
+def test_a_full_disk_at_the_parts_move_into_the_store_removes_that_part(real_hub, home, manifest, monkeypatch):
+    """ENOSPC from the last step of a verified download (the part's fsync or its shard folder's mkdir on a
+    full disk) stops the stage with a disk error and leaves no .part behind. Injected in this process:
+    which of a tmpfs's writes fails first is not something a test can choose, so the store's move is made
+    to fail as a full disk fails it."""
+    import errno
+
+    from frt.mirror.store.files import FileBlobStore
+
+    def full(self, part, digest):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(FileBlobStore, "_move_in", full)
+    p = run_cli("--endpoint", real_hub.url, "stage", str(manifest), home=home)
+    assert p.returncode == 4, p.stderr
+    line = one_line(p)
+    assert "into the store: No space left on device (a local disk error)" in line, line
+    assert not any((home / "tmp").glob("*.part")), "the parts the disk refused are removed"

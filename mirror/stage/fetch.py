@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from contextlib import suppress
 from dataclasses import dataclass
+from pathlib import Path
 
-from frt.resolver.errors import LocalDiskError, VerificationFailed
+from frt.resolver.errors import DISK_FULL_ERRNOS, LocalDiskError, VerificationFailed
 from frt.resolver.resolution import FileEntry
 
 from ..store.blobs import Digest, RunningDigest, digest_file
@@ -182,7 +183,7 @@ def _download_verified(
                 commit=commit,
             )
         if matches(entry, digest):
-            store.commit(part, digest)
+            _commit(store, part, digest, where)
             return Fetched(entry, digest, downloaded)
         part.unlink()
         if had and not clean_retry:  # a stale prefix from an earlier run: one clean try
@@ -196,3 +197,17 @@ def _download_verified(
             commit=commit,
         )
     raise AssertionError("unreachable")
+
+
+def _commit(store: BlobStore, part: Path, digest: Digest, where: str) -> None:
+    """Move a verified part into the store. A full disk can still refuse that last step (its fsync, the
+    shard folder's mkdir, an object store's upload from a full tmp/): the part goes then, as it does when
+    the download itself hits the full disk, and the stage stops with a disk error."""
+    try:
+        store.commit(part, digest)
+    except OSError as e:
+        if e.errno not in DISK_FULL_ERRNOS:
+            raise
+        with suppress(OSError):
+            part.unlink(missing_ok=True)
+        raise LocalDiskError.writing(f"{where} into the store", e) from None
