@@ -105,8 +105,9 @@ class StoreUnavailable(FrtError):
 # the user named or the home holds, unwritable or missing, too), 3 the upstream, the ledger's database or
 # the object store unavailable: the same command may work later; 4 the local disk (full, or short of what
 # a stage needs): neither the input's fault nor fixed by waiting, but by freeing or growing the disk;
-# 130 interrupted (Ctrl-C), as shells have it.
+# 130 interrupted (Ctrl-C) and 141 the reader of stdout gone (`| head`), silently: as shells have them.
 EXIT_OK, EXIT_REFUSED, EXIT_BAD_INPUT, EXIT_UNAVAILABLE, EXIT_DISK, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
+EXIT_PIPE = 141
 
 # A write failing with one of these is the disk's state, not the path's: full, or over a quota or size cap.
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
@@ -117,6 +118,8 @@ def exit_code(exc: BaseException) -> int:
     Bad input first: a refusal that is also the user's mistake (resolution.UnknownRepo) is a 2."""
     if isinstance(exc, BadInput):
         return EXIT_BAD_INPUT
+    if isinstance(exc, BrokenPipeError):
+        return EXIT_PIPE
     if isinstance(exc, (Refused, VerificationFailed)):
         return EXIT_REFUSED
     if isinstance(exc, (UpstreamUnavailable, LedgerUnavailable, StoreUnavailable)):

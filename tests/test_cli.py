@@ -110,6 +110,23 @@ def test_dead_upstream_is_one_line(home):
     assert "upstream http://127.0.0.1:9 unreachable after 2 attempts" in one_line_error(p)
 
 
+@pytest.mark.parametrize(
+    "args",
+    [("report",), ("report", "--json"), ("matrix", ACTIVATION), ("env", "--target", "torch2.13-cpu-x86_64-linux")],
+)
+def test_a_reader_that_goes_away_ends_the_command_quietly_as_141(hub, home, args):
+    """`frt-mirror … | head`: the reader closed stdout before the first write. Exit 141, as a shell gives a
+    writer killed by SIGPIPE, and nothing on stderr (it was `frt-mirror: Broken pipe`, exit 2)."""
+    from tests.support.cli import EXE, X86, stage_json, write_manifest
+
+    stage_json(home, write_manifest(home.parent / "m.toml", {ACTIVATION: {"version": 1}}, [X86]), hub)
+
+    script = '"$EXE" --home "$HOMEDIR" "$@" | (exec 0<&-; sleep 0.2); echo "${PIPESTATUS[0]}"'
+    env = cli_env(EXE=EXE, HOMEDIR=str(home))
+    p = subprocess.run(["bash", "-c", script, "sh", *args], capture_output=True, text=True, env=env, timeout=60)
+    assert (p.stdout.strip(), p.stderr) == ("141", ""), (p.stdout, p.stderr)
+
+
 def test_corrupt_ledger_is_one_line(home):
     home.mkdir(parents=True)
     (home / "ledger.sqlite").write_bytes(b"this is not a database" * 100)

@@ -25,7 +25,7 @@ from frt.mirror.home_path import (
 )
 from frt.resolver.errors import BadInput, FrtError, error_line, exit_code
 
-from .say import say
+from .say import say, stdout_gone
 
 if TYPE_CHECKING:  # the home, the ledger and the Hub client are imported by the commands that use them
     from frt.mirror.store.home import Home
@@ -157,6 +157,9 @@ class _Group(click.Group):
             return super().invoke(ctx)
         except click.ClickException as e:  # a command's options and arguments, parsed in here
             _usage_error(getattr(e, "ctx", None) or ctx, e)
+        except BrokenPipeError as e:  # `frt-mirror … | head`: the reader has what it wanted
+            stdout_gone()
+            ctx.exit(exit_code(e))
         except (FrtError, OSError, KeyboardInterrupt) as e:  # the contract's map, whole (resolver/errors.py)
             say(error_line(e))
             ctx.exit(exit_code(e))

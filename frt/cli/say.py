@@ -36,3 +36,13 @@ def waiting_line(wait: Wait) -> str:
         if wait.eta is not None:
             line += f", about {max(1, round(wait.eta))} s"
     return line
+
+
+def stdout_gone() -> None:
+    """The reader of stdout went away (`frt-mirror … | head`): stdout is pointed at /dev/null, so that
+    the interpreter's own flush at exit has nowhere to fail and nothing is said about it."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
