@@ -51,6 +51,7 @@ from .small_files import SmallFiles
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 T = TypeVar("T")
+PUBLISHERS_KEPT = 4096  # orgs whose overview answer a client keeps (serve --allow '*' meets orgs without end)
 
 
 class RepoNotFound(BadInput):
@@ -105,7 +106,8 @@ class HubClient:
         self.endpoint = resolve_endpoint(endpoint)
         self.token, self.retry = token, retry or RetryPolicy.from_env()
         self.limits = limits or wire.Limits.from_env()
-        self._publishers: Once[str, bool | None] = Once()  # each org once per run, whichever repos ask
+        # Each org once per run, whichever repos ask; a serve's client lives for months: the newest answers kept.
+        self._publishers: Once[str, bool | None] = Once(keep=PUBLISHERS_KEPT)
         self.pacer = pacer or Pacer()  # shared by every thread of a run, API calls and file transfers alike
         self.scanned: set[str] = set()  # repos this run has scanned (resolve.refresh_and_decide: once per run)
         self.small = SmallFiles()  # small files this run read and checked (scan's metadata.json): small_files.py

@@ -209,3 +209,17 @@ def test_flaky_upstream_is_retried(hub, client, ledger):
     assert report.commits == 6
     statuses = [s for _, p, s in hub.requests if p.endswith("/refs")]
     assert statuses == [503, 503, 503, 200]
+
+
+def test_a_long_lived_client_keeps_a_bounded_number_of_publisher_answers(hub, monkeypatch):
+    """A serve's HubClient lives for months and, under `--allow '*'`, meets orgs without end: it keeps the
+    newest PUBLISHERS_KEPT overview answers and asks again for one it forgot (it kept every org's before)."""
+    import frt.resolver.hub as hub_module
+
+    monkeypatch.setattr(hub_module, "PUBLISHERS_KEPT", 2)
+    client = HubClient(hub.url, retry=RetryPolicy(attempts=2, base_wait=0.01))
+    hub.reset_log()
+    for org in ("kernels-test", "org-b", "org-c", "org-c", "kernels-test"):
+        client.publisher_trusted(org)
+    asked = [r.path.split("/")[3] for r in hub.request_log if r.path.endswith("/overview")]
+    assert asked == ["kernels-test", "org-b", "org-c", "kernels-test"], asked
