@@ -208,6 +208,23 @@ def test_a_damaged_record_is_one_line_and_writes_nothing(tmp_path):
     assert not (home / "ledger.sqlite").exists()
 
 
+def test_a_record_past_the_bound_is_refused_unread(tmp_path):
+    """A file in records/ bigger than any record a stager writes (here a sparse 17 MiB one) is refused by
+    its size in one line, not read into memory whole; nothing is written."""
+    home = tmp_path / "home"
+    m = write_manifest(tmp_path / "m.toml", {RELU: {"version": 1}}, [X86], trust=[ORG])
+    with FakeHub(demo_repos(), trusted_orgs=[ORG], page_size=5) as hub:
+        assert run_cli("--endpoint", hub.url, "stage", str(m), home=home).returncode == 0
+    record = next((home / "store" / "records").glob("*.json"))
+    with open(record, "r+b") as f:
+        f.truncate(17 << 20)
+    (home / "ledger.sqlite").unlink()
+    p = run_cli("ledger", "rebuild", home=home)
+    line = one_line(p)
+    assert p.returncode == 1 and record.name in line and "over the 16 MiB a record has at most" in line, p.stderr
+    assert not (home / "ledger.sqlite").exists()
+
+
 def test_a_store_without_records_has_nothing_to_rebuild(tmp_path):
     home = tmp_path / "home"
     home.mkdir()

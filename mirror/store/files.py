@@ -14,6 +14,7 @@ from frt.resolver.fs import atomic_write, fsync_dir
 
 from ..home_path import HomeLayout
 from .blobs import CHUNK, Digest, blob_relpath, digest_file
+from .protocol import RECORD_MAX, RecordTooBig
 from .scratch import Scratch, SharedLock
 
 
@@ -115,7 +116,11 @@ class FileBlobStore:
         atomic_write(self.records / name, data)  # fsynced, renamed into place, the folder fsynced
 
     def read_record(self, name: str) -> bytes:
-        return (self.records / name).read_bytes()
+        with open(self.records / name, "rb") as f:
+            data = f.read(RECORD_MAX + 1)
+        if len(data) > RECORD_MAX:
+            raise RecordTooBig(name, os.stat(self.records / name).st_size)
+        return data
 
     def drop_record(self, name: str) -> None:
         (self.records / name).unlink(missing_ok=True)

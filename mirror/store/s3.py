@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, cast
 from frt.resolver.errors import BadInput, StoreUnavailable, first_line
 
 from .blobs import Digest, blob_relpath
+from .protocol import RECORD_MAX, RecordTooBig
 from .scratch import Scratch, SharedLock
 
 if TYPE_CHECKING:
@@ -244,7 +245,13 @@ class S3BlobStore:
         self._records_op("PUT", name, lambda obstore: obstore.put(self.client, f"records/{name}", data))
 
     def read_record(self, name: str) -> bytes:
-        return bytes(self._records_op("GET", name, lambda obstore: obstore.get(self.client, f"records/{name}").bytes()))
+        def get(obstore: Any) -> bytes:
+            got = obstore.get(self.client, f"records/{name}")
+            if (size := int(got.meta["size"])) > RECORD_MAX:  # the body is read only below
+                raise RecordTooBig(name, size)
+            return bytes(got.bytes())
+
+        return cast(bytes, self._records_op("GET", name, get))
 
     def drop_record(self, name: str) -> None:
         self._records_op("DELETE", name, lambda obstore: obstore.delete(self.client, f"records/{name}"))
@@ -264,7 +271,7 @@ class S3BlobStore:
 
         try:
             return call(obstore)
-        except FileNotFoundError:
+        except (FileNotFoundError, RecordTooBig):
             raise
         except Exception as e:  # noqa: BLE001  (obstore's errors: a dead or refusing endpoint)
             raise StoreUnavailable(f"{self.url}: {op} records/{name} failed: {store_said(e)}") from None
