@@ -240,6 +240,9 @@ def test_a_snapshot_that_cannot_be_used_is_one_line_and_exit_3(site, pg_server, 
         "is not a catalog snapshot": good[: len(good) // 2],
         f"does not match the store: {repo['id']}@": edited(lambda d, f: f.__setitem__(2, "0" * 64)),
         f"is {size} bytes in the store": edited(lambda d, f: f.__setitem__(0, size + 1)),
+        "is of the ledger postgresql+psycopg://elsewhere/frt, not this serve's postgresql": edited(
+            lambda d, f: d.update(ledger="postgresql+psycopg://elsewhere/frt")
+        ),
     }
     blob = site.home / "store" / "sha256" / sha[:2] / sha
     with ledger_stopped(pg_server):

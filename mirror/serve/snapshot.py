@@ -79,7 +79,8 @@ class Snapshots:
 
     def write(self, catalog: Catalog, serial: int, loaded: float | None = None) -> None:
         try:
-            atomic_write(self.path, encode(catalog, serial, time.time() if loaded is None else loaded))
+            doc = encode(catalog, serial, time.time() if loaded is None else loaded, ledger_named(self.home))
+            atomic_write(self.path, doc)
         except OSError as e:
             if not self._failing:
                 print(
@@ -108,17 +109,31 @@ class Snapshots:
                     f"the catalog snapshot {self.path} is format {got}; this serve reads format {FORMAT}"
                 )
             catalog = decode(doc, self.home.store, trust_override)
-            serial, loaded = int(doc["serial"]), float(doc["loaded"])
+            serial, loaded, came_from = int(doc["serial"]), float(doc["loaded"]), doc.get("ledger")
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise SnapshotUnusable(f"{self.path} is not a catalog snapshot ({type(e).__name__}: {e})") from None
+        # A snapshot written before it named its ledger is taken as this one's (the home is the same).
+        if came_from is not None and came_from != (ours := ledger_named(self.home)):
+            raise SnapshotUnusable(
+                f"the catalog snapshot {self.path} is of the ledger {came_from}, not this serve's {ours}"
+            )
         if (problem := held_by(catalog, self.home.store)) is not None:
             raise SnapshotUnusable(f"the catalog snapshot {self.path} does not match the store: {problem}")
         return Snapshot(catalog, serial, loaded, self.path)
 
 
-def encode(catalog: Catalog, serial: int, loaded: float) -> bytes:
+def ledger_named(home: Home) -> str:
+    """The ledger a snapshot is of, as its URL reads with the password hidden: a home pointed at another
+    database (another site's, one restored elsewhere) must not start from this one's catalog."""
+    from sqlalchemy.engine import make_url
+
+    return make_url(home.ledger_url).render_as_string(hide_password=True) if home.ledger_url else "the home's"
+
+
+def encode(catalog: Catalog, serial: int, loaded: float, ledger: str) -> bytes:
     doc = {
         "format": FORMAT,
+        "ledger": ledger,
         "serial": serial,
         "loaded": loaded,
         "repos": [_repo(r) for r in catalog.repos.values()],
