@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.kernel_fixtures import ACTIVATION, LAYERNORM, X86_CPU
-from tests.support.serve_helpers import client_env, run_client
-from tests.support.tiers import MODEL, three_tiers
+from tests.support.hostile import HostileProxy
+from tests.support.kernel_fixtures import ACTIVATION, LAYERNORM, ORG, RELU, X86_CPU
+from tests.support.serve_helpers import client_env, raw_http, raw_request, run_client
+from tests.support.tiers import MODEL, MODEL_ORG, pull_through, three_tiers
 
 pytestmark = pytest.mark.hub1
 
@@ -98,3 +99,120 @@ def test_hf_download_and_snapshot_download_of_a_model_at_the_cluster(tiers, tmp_
     )
     assert out == expect, p.stderr[-3000:]
     assert not tiers.hub_tripwire.hits
+
+
+# -- trust and integrity: carried, never invented -------------------------------------------------
+
+
+def raw(served, path: str) -> tuple[int, bytes]:
+    status, _, body = raw_http(served.port, raw_request("GET", path), timeout=60)
+    return status, body
+
+
+def test_trust_digests_and_pins_reach_the_cluster_as_central_recorded_them(tiers):
+    # The publisher's overview: trusted for the fixture org; the model org never vouched for (404 everywhere,
+    # not a `false` nor a `true` invented on the way).
+    for org in (ORG, MODEL_ORG):
+        path = f"/api/organizations/{org}/overview"
+        assert raw(tiers.cluster, path)[0] == raw(tiers.region, path)[0] == raw(tiers.central, path)[0]
+    status, body = raw(tiers.cluster, f"/api/organizations/{ORG}/overview")
+    assert status == 200 and json.loads(body)["trustedKernelPublisher"] is True
+    assert raw(tiers.cluster, f"/api/organizations/{MODEL_ORG}/overview")[0] == 404
+    # Pins: every version's commit, and the publisher's digest in each variant's metadata.json, byte for byte.
+    for repo in (ACTIVATION, LAYERNORM):
+        central_refs = json.loads(raw(tiers.central, f"/api/kernels/{repo}/refs")[1])
+        assert json.loads(raw(tiers.cluster, f"/api/kernels/{repo}/refs")[1]) == central_refs
+        for branch in central_refs["branches"]:
+            commit = branch["targetCommit"]
+            meta = f"/kernels/{repo}/resolve/{commit}/build/{X86_CPU}/metadata.json"
+            status, body = raw(tiers.cluster, meta)
+            assert status == 200 and body == raw(tiers.central, meta)[1], (repo, branch)
+            assert (
+                json.loads(body)["digest"]
+                == json.loads(tiers.repos[repo].commits[commit].files[meta.split(f"{commit}/")[1]])["digest"]
+            )
+
+
+def stored(home: Path, data: bytes) -> Path:
+    digest = sha(data)
+    return home / "store" / "sha256" / digest[:2] / digest
+
+
+def test_a_tampered_blob_at_central_never_reaches_the_cluster(tiers, tmp_path):
+    """An operator's edit at central (a flipped bit): the region refuses what fails its checks, stores
+    nothing, and the cluster's client fails as it would against a bad Hub, with no wrong file anywhere."""
+    commit = tiers.repos[RELU].branches["v1"]
+    path = f"build/{X86_CPU}/__init__.py"
+    good = tiers.files(RELU, "v1")[path]
+    blob = stored(tiers.central_home, good)
+    blob.chmod(0o644)
+    bad = bytes([good[0] ^ 0x01]) + good[1:]
+    with open(blob, "r+b") as f:  # in place, as `dd conv=notrunc` would: size and name unchanged
+        f.write(bad[:1])
+    p, out = run_client(
+        f"""
+        import kernels
+        try:
+            k = kernels.get_kernel("{RELU}", version=1)
+            report({{"loaded": k.REVISION_NOTE}})
+        except Exception as e:
+            report({{"error": type(e).__name__}})
+        """,
+        tiers.cluster.url,
+        tmp_path / "hf",
+        timeout=180,
+        HF_HUB_ETAG_TIMEOUT="60",
+    )
+    assert out is not None and "error" in out, (out, p.stderr[-3000:])
+    for served in (tiers.cluster, tiers.region):
+        status, body = raw(served, f"/kernels/{RELU}/resolve/{commit}/{path}")
+        assert status != 200 and bad not in body, (served.url, status)
+    for home in (tiers.region_home, tiers.cluster_home):
+        assert not stored(home, bad).exists() and not stored(home, good).exists(), home
+    cached = [f for f in (tmp_path / "hf").rglob("__init__.py") if f.is_file() and "relu" in str(f)]
+    assert all(f.read_bytes() != bad for f in cached), cached
+
+
+def flipped_body(h, fwd) -> None:
+    """The upstream's answer with one bit of its body flipped, headers (ETag, X-Linked-Etag) kept."""
+    f = fwd()
+    body = bytes([f.body[0] ^ 0x01]) + f.body[1:] if f.body and h.command == "GET" else f.body
+    h.send(f.status, body, f.headers)
+
+
+def test_a_central_that_sends_wrong_bytes_is_refused_by_the_region(tiers, tmp_path):
+    """Central's own check (above) aside: a central that sends other bytes than it listed (an older
+    frt-mirror without integrity on read, a broken middlebox) is refused by the region's own verification
+    (the listing's LFS sha256) and the cluster never gets them."""
+    so = f"build/{X86_CPU}/_activation.abi3.so"
+    good = tiers.files(ACTIVATION, "v1")[so]
+    with HostileProxy(tiers.central.url) as proxy:
+        rule = proxy.rule("/_activation.abi3.so", flipped_body)
+        with (
+            pull_through(tmp_path / "region", proxy.url) as region,
+            pull_through(tmp_path / "cluster", region.url) as cluster,
+        ):
+            p, out = run_client(
+                f"""
+                import kernels
+                try:
+                    report({{"loaded": kernels.get_kernel("{ACTIVATION}", version=1).REVISION_NOTE}})
+                except Exception as e:
+                    report({{"error": type(e).__name__}})
+                """,
+                cluster.url,
+                tmp_path / "hf",
+                timeout=180,
+                HF_HUB_ETAG_TIMEOUT="60",
+            )
+            assert out is not None and "error" in out, (out, p.stderr[-3000:])
+            commit = tiers.repos[ACTIVATION].branches["v1"]
+            status, body = raw(cluster, f"/kernels/{ACTIVATION}/resolve/{commit}/{so}")
+            assert status != 200 and body != good, status
+            assert raw(region, f"/kernels/{ACTIVATION}/resolve/{commit}/{so}")[0] == 502  # the region's refusal
+            assert proxy.hits(rule) >= 1
+    for home in ("region", "cluster"):
+        blobs = [f for f in (tmp_path / home / "store").rglob("*") if f.is_file()]
+        assert all(f.read_bytes()[1:] != good[1:] for f in blobs), home  # neither the good nor the flipped copy
+    cached = [f for f in (tmp_path / "hf").rglob("_activation.abi3.so") if f.is_file()]
+    assert cached == [], cached
