@@ -10,23 +10,35 @@ from __future__ import annotations
 
 import hashlib
 import json
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+from sqlalchemy import select
 
+from frt.mirror.schema import Demand
+from frt.mirror.serve.demand_rollup import MAX_BODY, MAX_ROWS
+from frt.mirror.store.home import Home
+from tests.support.cli import run_cli
+from tests.support.fakehub import FakeHub
 from tests.support.hostile import HostileProxy
-from tests.support.kernel_fixtures import ACTIVATION, LAYERNORM, ORG, RELU, X86_CPU
+from tests.support.kernel_fixtures import ACTIVATION, LAYERNORM, ORG, RELU, X86_CPU, demo_repos
 from tests.support.serve_helpers import client_env, raw_http, raw_request, run_client
 from tests.support.tiers import MODEL, MODEL_ORG, pull_through, three_tiers
 
 pytestmark = pytest.mark.hub1
 
 
+TTL = "2"  # the region's and the cluster's --refs-ttl: a withdrawal reaches them within it
+
+
 @pytest.fixture(scope="module")
 def tiers(tmp_path_factory):
-    with three_tiers(tmp_path_factory.mktemp("tiers")) as t:
+    ttl = ("--refs-ttl", TTL)
+    with three_tiers(tmp_path_factory.mktemp("tiers"), region_args=ttl, cluster_args=ttl) as t:
         yield t
 
 
@@ -216,3 +228,124 @@ def test_a_central_that_sends_wrong_bytes_is_refused_by_the_region(tiers, tmp_pa
         assert all(f.read_bytes()[1:] != good[1:] for f in blobs), home  # neither the good nor the flipped copy
     cached = [f for f in (tmp_path / "hf").rglob("_activation.abi3.so") if f.is_file()]
     assert cached == [], cached
+
+
+# -- demand rolls up ---------------------------------------------------------------------------------
+
+CU = "torch2.11-cu130-x86_64-linux"
+KERNELS_UA = "kernels/0.17.2; python/3.11; backend/cu130; platform/x86_64-linux; file_type/kernel; torch/2.11.0"
+
+
+def test_what_a_cluster_missed_reaches_central_and_its_manifest(tiers, tmp_path):
+    """A CUDA node of the cluster lists activation v1's builds (kernels' first ask of a load, its agent
+    naming its target): central staged none for it. The count goes cluster -> region -> central as each
+    writes its counts; central's report and manifest carry it, and the manifest stages exactly that."""
+    commit = tiers.repos[ACTIVATION].branches["v1"]
+    ask = raw_request("GET", f"/api/kernels/{ACTIVATION}/tree/{commit}/build", f"User-Agent: {KERNELS_UA}")
+    status, _, body = raw_http(tiers.cluster.port, ask, timeout=60)
+    assert status == 200 and CU not in body.decode(), body[:300]  # a miss: no build for its target
+    deadline = time.monotonic() + 60
+    while True:
+        p = run_cli("report", "--demand", "--json", home=tiers.central_home)
+        lines = [d for d in json.loads(p.stdout or "[]") if (d["repo"], d["target"]) == (ACTIVATION, CU)]
+        if lines:
+            break
+        assert time.monotonic() < deadline, (p.stdout, tiers.region.stderr()[-2000:])
+        time.sleep(0.5)
+    [line] = lines
+    assert [(m["asked"], m["outcome"], m["staged_since"]) for m in line["misses"]] == [("v1", "variant", False)]
+    with Home(tiers.central_home).ledger.session(write=False) as s:
+        origins = {r.client for r in s.scalars(select(Demand).where(Demand.target == CU))}
+    cluster, region = (f"{socket.gethostname()}:{srv.port}" for srv in (tiers.cluster, tiers.region))
+    assert origins == {f"tier {cluster} > {region}"}, origins
+    p = run_cli("demand", "manifest", home=tiers.central_home)
+    assert p.returncode == 0, p.stderr
+    assert f'target = "{CU}"' in p.stdout and f'"{ACTIVATION}" = [{{ version = 1 }}]' in p.stdout, p.stdout
+    manifest = tmp_path / "demand.toml"
+    manifest.write_text(p.stdout)
+    with FakeHub(list(tiers.repos.values()), trusted_orgs=[ORG], page_size=5) as hub:
+        p = run_cli("--endpoint", hub.url, "stage", str(manifest), "--json", home=tiers.central_home)
+    assert p.returncode == 0, p.stderr
+    rows = {(r["repo"], r["requested"], r["target"], r["status"]) for r in json.loads(p.stdout)["rows"]}
+    assert rows == {(ACTIVATION, "v1", CU, "staged")}, rows
+
+
+def test_the_demand_endpoint_takes_only_bounded_well_formed_counts(tiers):
+    """POST /api/frt-mirror/demand: one clear 400 or 413, nothing kept, for what is not counts."""
+    path = "/api/frt-mirror/demand"
+    row = {"repo": ACTIVATION, "asked": "v9", "target": CU, "outcome": "version", "variant": "", "count": 1}
+    row |= {"first": "2026-12-06T00:00:00+00:00", "last": "2026-12-06T00:00:00+00:00", "origin": "x"}
+    bad = [
+        b"not json",
+        json.dumps({"rows": [row] * (MAX_ROWS + 1)}).encode(),
+        json.dumps({"rows": [{**row, "count": -1}]}).encode(),
+        json.dumps({"rows": [{**row, "repo": "../etc"}]}).encode(),
+        json.dumps({"rows": [{**row, "outcome": "staged"}]}).encode(),
+        json.dumps({"rows": [{**row, "origin": "x" * 500}]}).encode(),
+    ]
+    for body in bad:
+        status, headers, _ = raw_http(tiers.central.port, raw_request("POST", path, body=body))
+        assert status == 400 and headers["x-error-message"].startswith("demand: "), (body[:60], status)
+    status, _, _ = raw_http(tiers.central.port, raw_request("POST", path, body=b" " * (MAX_BODY + 1)))
+    assert status == 413
+    p = run_cli("report", "--demand", "--json", home=tiers.central_home)
+    assert all(m["asked"] != "v9" for d in json.loads(p.stdout or "[]") for m in d["misses"])
+
+
+def test_a_hub_upstream_sees_one_post_it_answers_404_and_nothing_breaks(tmp_path):
+    """A pull-through of the Hub itself hands its counts to it too: the Hub answers 404, serve goes on."""
+    with FakeHub(demo_repos(), trusted_orgs=[ORG]) as hub, pull_through(tmp_path / "m", hub.url) as m:
+        commit = hub.repos[("kernel", ACTIVATION)].branches["v1"]
+        ask = raw_request("GET", f"/api/kernels/{ACTIVATION}/tree/{commit}/build", f"User-Agent: {KERNELS_UA}")
+        assert raw_http(m.port, ask, timeout=60)[0] == 200
+        deadline = time.monotonic() + 30
+        while not (posts := [e for e in hub.request_log if e.method == "POST" and "frt-mirror" in e.path]):
+            assert time.monotonic() < deadline
+            time.sleep(0.3)
+        assert [e.status for e in posts] == [404]
+        assert raw_http(m.port, ask, timeout=60)[0] == 200 and "Traceback" not in m.stderr()
+
+
+# -- withdrawals follow (last: they change central for the module) -------------------------------
+
+GET_V2 = f"""
+    import kernels
+    try:
+        report({{"loaded": kernels.get_kernel("{ACTIVATION}", version=2).REVISION_NOTE}})
+    except Exception as e:
+        report({{"error": type(e).__name__}})
+"""
+
+
+def v2_answers(tiers, commit: str) -> dict[str, list[int]]:
+    """Each tier's status for activation v2's ref, its revision info and one of its files, by sha."""
+    paths = [
+        f"/api/kernels/{ACTIVATION}/revision/v2",
+        f"/api/kernels/{ACTIVATION}/revision/{commit}",
+        f"/kernels/{ACTIVATION}/resolve/{commit}/build/{X86_CPU}/metadata.json",
+    ]
+    return {s.url: [raw(s, p)[0] for p in paths] for s in (tiers.central, tiers.region, tiers.cluster)}
+
+
+def test_a_version_unstaged_at_central_goes_from_region_and_cluster(tiers, tmp_path):
+    commit = tiers.repos[ACTIVATION].branches["v2"]
+    p, out = run_client(GET_V2, tiers.cluster.url, tmp_path / "hf", timeout=180, HF_HUB_ETAG_TIMEOUT="60")
+    assert out == {"loaded": "v2.1"}, p.stderr[-3000:]  # every tier holds it now
+    bundle = tmp_path / "region-before.tar"
+    assert run_cli("bundle", str(bundle), home=tiers.region_home).returncode == 0  # the region's, v2 in it
+    p = run_cli("unstage", f"{ACTIVATION}@v2", home=tiers.central_home)
+    assert p.returncode == 0, p.stderr
+    deadline = time.monotonic() + 60  # central's catalog reload, then each tier's refs TTL (2 s)
+    while (answers := v2_answers(tiers, commit)) and any(s != [404, 404, 404] for s in answers.values()):
+        assert time.monotonic() < deadline, answers
+        time.sleep(0.5)
+    p, out = run_client(GET_V2, tiers.cluster.url, tmp_path / "hf2", timeout=180, HF_HUB_ETAG_TIMEOUT="60")
+    assert out is not None and "error" in out, (out, p.stderr[-3000:])
+    time.sleep(float(TTL) + 1)  # past another refresh: still gone
+    assert all(s == [404, 404, 404] for s in v2_answers(tiers, commit).values())
+    # The region's bundle from before, imported at the cluster: v2 stays withdrawn there.
+    p = run_cli("import", str(bundle), "--json", home=tiers.cluster_home)
+    assert p.returncode == 0, p.stderr
+    assert {(s["repo"], s["requested"]) for s in json.loads(p.stdout)["skipped"]} == {(ACTIVATION, "v2")}, p.stdout
+    time.sleep(float(TTL) + 1)
+    assert v2_answers(tiers, commit)[tiers.cluster.url] == [404, 404, 404]
