@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -349,3 +350,26 @@ def test_a_version_unstaged_at_central_goes_from_region_and_cluster(tiers, tmp_p
     assert {(s["repo"], s["requested"]) for s in json.loads(p.stdout)["skipped"]} == {(ACTIVATION, "v2")}, p.stdout
     time.sleep(float(TTL) + 1)
     assert v2_answers(tiers, commit)[tiers.cluster.url] == [404, 404, 404]
+
+
+# -- faults stay at their tier (last: central stopped for good) ------------------------------------
+
+
+def test_with_central_stopped_the_region_serves_what_it_has(tiers):
+    commit = tiers.repos[ACTIVATION].branches["v1"]
+    stored = [f"/kernels/{ACTIVATION}/resolve/{commit}/build/{X86_CPU}/{n}" for n in ("__init__.py", "metadata.json")]
+    for path in stored:
+        assert raw(tiers.region, path)[0] == 200  # pulled by the tests before
+    tiers.central.proc.terminate()
+    tiers.central.proc.wait(timeout=30)
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda path: raw(tiers.region, path), stored * 16))
+    want = {p: tiers.files(ACTIVATION, "v1")[p.split(f"{commit}/")[1]] for p in stored}
+    failed = [s for (s, body), p in zip(results, stored * 16, strict=True) if s != 200 or body != want[p]]
+    assert failed == [], failed
+    # A miss: central refuses connections, so the region says so at once (502, one line; test_pull_outages),
+    # where a central slow or rate-limited past --upstream-hold gets a 503 with Retry-After.
+    t0 = time.monotonic()
+    status, headers, _ = raw_http(tiers.region.port, raw_request("GET", f"/api/kernels/{ORG}/never-seen/refs"))
+    assert status == 502 and "cannot be asked" in headers["x-error-message"], (status, headers)
+    assert time.monotonic() - t0 < 10
