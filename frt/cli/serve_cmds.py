@@ -219,6 +219,7 @@ def serve_cmd(
 
     Exits 2 without serving when it cannot listen (the port is in use) or open the access log."""
     from frt.mirror.home_path import check_existing_home
+    from frt.mirror.serve.demand_rollup import self_origin
     from frt.mirror.serve.listen import bind
     from frt.mirror.serve.ready import Readiness
     from frt.mirror.serve.run import serve
@@ -256,6 +257,7 @@ def serve_cmd(
         head_map=head_map.absolute() if head_map is not None else None,
         store_url=app.home.store_url,
         s3_redirect=s3_redirect,
+        origin=self_origin(port),
     )
     mirror = spec.build(app.home)  # here, once: a bad access log or ledger is one line before serving
     # Not mirror.catalog(): its first call starts the catalog's poller thread, which a fork must not copy.

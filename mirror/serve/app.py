@@ -1,17 +1,15 @@
 """The mirror as a Hub endpoint: the API subset `huggingface_hub` and `kernels` use, read-only.
 
-Routing is on the raw path (`scope["raw_path"]`), split on "/" before percent-decoding:
-clients send revisions like `release/v1` as one segment, `release%2Fv1`, which a decoded
-path would split in two. Nothing here builds a filesystem path from the request: files are
-looked up by their repo path in the catalog, so no input can reach outside the store.
+Routing is on the raw path (`scope["raw_path"]`), split on "/" before percent-decoding: clients send revisions like
+`release/v1` as one segment, `release%2Fv1`, which a decoded path would split in two. Nothing here builds a filesystem
+path from the request: files are looked up by their repo path in the catalog, so no input can reach outside the store.
 
-Behind nginx (`serve --accel-redirect PREFIX`, with the config `frt-mirror nginx-conf` prints), a GET of a
-file is answered with its headers and `X-Accel-Redirect: PREFIX/<blob under the store>`, no body: nginx
-sends the bytes from its `internal` location over the store (sendfile, Range). Only requests nginx
-marked (`X-Sendfile-Type: X-Accel-Redirect`) are redirected, so a client that reaches a replica directly
-still gets the bytes, and only those nginx answers exactly as serve would (accel.py). A blob is
-handed off only once this process has verified it as it is now (integrity.py: nginx sends bytes that
-serve never sees, so they are hashed before, not as they go).
+Behind nginx (`serve --accel-redirect PREFIX`, with the config `frt-mirror nginx-conf` prints), a GET of a file is
+answered with its headers and `X-Accel-Redirect: PREFIX/<blob under the store>`, no body: nginx sends the bytes from
+its `internal` location over the store (sendfile, Range). Only requests nginx marked (`X-Sendfile-Type:
+X-Accel-Redirect`) are redirected, so a client that reaches a replica directly still gets the bytes, and only those
+nginx answers exactly as serve would (accel.py). A blob is handed off only once this process has verified it as it is
+now (integrity.py: nginx sends bytes that serve never sees, so they are hashed before, not as they go).
 """
 
 from __future__ import annotations
@@ -36,6 +34,7 @@ from .accesslog import AccessLog, Counted
 from .blob import BlobResponse, FileIntegrity, file_headers
 from .catalog import Catalog, ServedCommit, ServedRepo, dir_oid, etag_of
 from .demand import DemandRecorder
+from .demand_rollup import receive_demand
 from .hot import HotEntry, HotTable
 from .objects import ObjectIntegrity, ObjectResponse
 from .protocol import (
@@ -67,12 +66,11 @@ Answer = Response | ObjectResponse  # what a route answers (an object store's fi
 
 
 class MirrorApp:
-    """ASGI app. `catalog()` returns the current index; `authorized(header)` checks a bearer token;
-    `log`, if given, gets one record per request (serve's access log); `accel_redirect`, if set, is the
-    path of nginx's internal location over the store (serve --accel-redirect; set before serving).
-    `metrics` (metrics.Metrics) counts every request; `operator` (page.OperatorRoutes) answers `/`,
-    `/-/…` and `/metrics` before the Hub API is routed; make_app sets both, and `integrity` (what this
-    process verified and quarantined: integrity.py) over the home."""
+    """ASGI app. `catalog()` returns the current index; `authorized(header)` checks a bearer token; `log`, if given,
+    gets one record per request (serve's access log); `accel_redirect`, if set, is the path of nginx's internal
+    location over the store (serve --accel-redirect; set before serving). `metrics` (metrics.Metrics) counts every
+    request; `operator` (page.OperatorRoutes) answers `/`, `/-/…` and `/metrics` before the Hub API is routed;
+    make_app sets both, and `integrity` (what this process verified and quarantined: integrity.py) over the home."""
 
     def __init__(
         self,
@@ -202,6 +200,8 @@ class MirrorApp:
         raise HubError(404, None, "Not found")
 
     async def api(self, request: Request, segs: list[str], method: str) -> Answer:
+        if segs == ["frt-mirror", "demand"] and method == "POST":  # a tier below's counts (demand_rollup.py)
+            return await receive_demand(request, self.demand)
         if segs == ["agent-harnesses"]:
             raise HubError(404, None, "Not found")
         if len(segs) == 3 and segs[0] == "organizations" and segs[2] == "overview" and method == "GET":

@@ -87,6 +87,8 @@ class DemandRecorder:
         self._day = ""
         self._today: set[Ask] = set()  # the kinds counted this UTC day (MAX_DAILY)
         self.dropped = 0
+        # serve --upstream: hands each written batch on to the upstream (demand_rollup.Forwarder)
+        self.forward: Callable[[dict[Ask, Tally]], None] | None = None
 
     # -- what the app calls ------------------------------------------------------------------------
 
@@ -122,6 +124,21 @@ class DemandRecorder:
         if target is not None and repo_id_problem(repo_id) is None:
             self._count(scope, Ask(repo_id, "", target, "repo"))
 
+    def add(self, tallies: dict[Ask, Tally]) -> None:
+        """Counts a tier below handed on (demand_rollup.py), added to this process's, within MAX_PENDING."""
+        if self.write is None:
+            return
+        with self._lock:
+            for ask, t in tallies.items():
+                mine = self._pending.get(ask)
+                if mine is not None:
+                    mine.count, mine.last = mine.count + t.count, max(mine.last, t.last)
+                elif len(self._pending) < MAX_PENDING:
+                    self._pending[ask] = t
+                else:
+                    self.dropped += t.count
+            self._start()
+
     # -- counting and writing ------------------------------------------------------------------------
 
     def _target(self, scope: Scope) -> str | None:
@@ -152,9 +169,13 @@ class DemandRecorder:
                 self._pending[ask] = Tally(1, now, now, variant)
             else:
                 self.dropped += 1
-            if self._thread is None:  # first count: after any fork (serve --workers builds the app before)
-                self._thread = threading.Thread(target=self._run, name="frt-demand", daemon=True)
-                self._thread.start()
+            self._start()
+
+    def _start(self) -> None:
+        """Under the lock. At the first count: after any fork (serve --workers builds the app before)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="frt-demand", daemon=True)
+            self._thread.start()
 
     def _run(self) -> None:
         while True:
@@ -193,6 +214,11 @@ class DemandRecorder:
                 log.warning("demand: counts not written to the ledger yet (kept in memory): %s", text)
             return False
         self._said = None
+        if self.forward is not None:
+            try:
+                self.forward(pending)  # once: demand is a hint, and the upstream may be the Hub
+            except Exception as e:  # noqa: BLE001  an upstream's trouble must not cost this serve
+                log.info("demand: not handed to the upstream: %s", f"{type(e).__name__}: {e}"[:300])
         return True
 
 

@@ -52,6 +52,7 @@ from ..store.records import (
     staged_rows,
 )
 from .catalog import ServedCommit, ServedFile, ServedRepo, add_refs
+from .pull_withdrawn import withdraw_pulled, withdrawn_commits
 
 if TYPE_CHECKING:
     from ..store.protocol import BlobStore
@@ -102,6 +103,7 @@ class PullThrough:
                 extra_revisions=extra,
                 heads_only=True,
             )
+            withdraw_pulled(self.home, repo_id)  # what the upstream dropped goes here too
             return
         ledger, hub = self.home.ledger, self.hub
         refs = hub.refs(repo_id, repo_type)
@@ -123,6 +125,9 @@ class PullThrough:
                 return None
             served = ServedRepo(repo_id, repo_type)
             commits = v.commits(repo_id)
+            rows = [r for r in staged_rows(ledger) if r.repo == repo_id]
+            gone = withdrawn_commits(ledger, repo_id, rows, view=v)  # only the upstream's dropped refs reached them
+            commits = [c for c in commits if c.sha not in gone]
             served.meta = {c.sha: (c.date, c.title) for c in commits}
             listed: dict[str, list[FileEntry]] = {}
             for c in commits:
@@ -138,7 +143,7 @@ class PullThrough:
                     commit = served.commits[c.sha] = ServedCommit(c.sha, c.date, c.title)
                     for f in listed[c.sha]:
                         commit.files[f.path] = served_file(f, blobs.get(f), store, stored)
-            add_refs(v, served, [r for r in staged_rows(ledger) if r.repo == repo_id], upstream=True)
+            add_refs(v, served, rows, upstream=True)
         return served if served.commits else None
 
     def publisher_trusted(self, org: str, ask: bool = False) -> bool | None:

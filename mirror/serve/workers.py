@@ -33,6 +33,7 @@ from ..store.home import Home
 from .accesslog import AccessLog, open_sink
 from .app import MirrorApp
 from .catalog import Catalog
+from .demand_rollup import Forwarder, self_origin
 from .head_map import HeadMap
 from .objects import ObjectIntegrity
 from .pull import Upstream
@@ -59,6 +60,7 @@ class AppSpec:
     head_map: Path | None = None  # serve --head-map: nginx's run dir, where the HEAD answers go (head_map.py)
     store_url: str | None = None  # --store s3://…: the blobs are objects (objects.py)
     s3_redirect: bool = False  # serve --s3-redirect: a GET is a 302 to the object's presigned URL
+    origin: str = ""  # how the upstream names this serve in the demand it is handed (demand_rollup.py)
 
     def build(self, home: Home, fallback: Catalog | None = None) -> MirrorApp:
         """Raises BadInput where the access log cannot be opened. `fallback`: the catalog to start from
@@ -74,6 +76,7 @@ class AppSpec:
             app.integrity.redirect = True
         if self.upstream is not None:
             app.pull = self.upstream.service(home)
+            app.demand.forward = Forwarder(self.upstream.endpoint, self.origin or self_origin())
         if self.head_map is not None:
             watch_head_map(app, self.head_map)
         return app
