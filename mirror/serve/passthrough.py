@@ -150,7 +150,7 @@ class _Reader(threading.Thread):
 
     async def get(self, gone: asyncio.Future[None]) -> object:
         """The next item; Gone once the client has gone."""
-        nxt = asyncio.ensure_future(self.queue.get())
+        nxt: asyncio.Future[Any] = asyncio.ensure_future(self.queue.get())
         await asyncio.wait({nxt, gone}, return_when=asyncio.FIRST_COMPLETED)
         if not nxt.done():
             nxt.cancel()
