@@ -26,13 +26,12 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
 from frt.manifests.fields import org_problem
-from frt.resolver.errors import FrtError
 
 from . import simple
 from .accel import accel_headers, accel_ok
 from .accesslog import AccessLog, Counted
 from .blob import BlobResponse, FileIntegrity, file_headers
-from .catalog import Catalog, ServedCommit, ServedRepo, dir_oid, etag_of
+from .catalog import Catalog, ServedCommit, ServedFile, ServedRepo, dir_oid, etag_of
 from .demand import DemandRecorder
 from .demand_rollup import receive_demand
 from .hot import HotEntry, HotTable
@@ -51,8 +50,8 @@ from .protocol import (
     split_raw_path,
     split_revision,
 )
-from .pull import STALE_HEADER, PullService, upstream_error
-from .stream import FlowResponse
+from .pull import STALE_HEADER, PullService
+from .pulled import pulled
 
 if TYPE_CHECKING:  # what make_app (run.py) sets; a bare app has neither
     from .metrics import Metrics
@@ -354,14 +353,10 @@ class MirrorApp:
         if f.blob is None and request.method != "HEAD":  # listed upstream, not stored: pull it now
             if self.pull is None:  # only pull-through lists a file it does not store: no bytes to answer with
                 raise HubError(404, "EntryNotFound", f"{path} at {rev} is not stored on this mirror")
-            if self.pull.streams(f):  # sent as it comes, whole (a Range too): serve/stream.py
-                headers = [*file_headers(c.sha, etag_of(f), f.sha256, f.size), (b"content-length", b"%d" % f.size)]
-                objects = self.integrity if isinstance(self.integrity, ObjectIntegrity) else None
-                return FlowResponse(self.pull.begin(repo, c.sha, f), self.pull, headers, objects)
-            try:
-                f = await self.pull.file(repo, c.sha, f)
-            except FrtError as e:
-                raise upstream_error(e, f"{repo_id}/{path}@{c.sha[:12]}") from None
+            answer = await pulled(self.pull, repo, c.sha, f, self.integrity)  # streamed, passed through or stored
+            if not isinstance(answer, ServedFile):
+                return answer
+            f = answer
         rng, whole = parse_range(request.headers.get("range"), f.size), False
         if (
             isinstance(rng, tuple)

@@ -6,7 +6,8 @@ What is counted (the README's "Metrics" lists every series):
   a million distinct URLs adds no series), method and status, and the body bytes sent per route;
 - pull-through's fetches from the upstream (serve --upstream, on a miss), as counts, bytes and duration
   histograms: the pull-through code calls `observe_pull`, a module function that does nothing in a
-  process that is not serving;
+  process that is not serving; and `frt_mirror_disk_full`, 1 while the home's disk cannot take pulled
+  files (serve/disk.py: `observe_disk_full`);
 - the home, read from the ledger when scraped (never per Hub request): store bytes and blobs, staged
   variants per target, and the time, files and bytes of the last stage, import, bundle and gc (a stage
   or import run by the CLI shows up there, not in the counters of a serve that did not do it).
@@ -111,7 +112,7 @@ class Metrics:
     """One serve process's metrics. `home`: what the scrape-time figures are read from (None: none)."""
 
     def __init__(self, home: Home | None = None) -> None:
-        from prometheus_client import CollectorRegistry, Counter, Histogram, values
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, values
 
         folder = os.environ.get(MULTIPROC_ENV)
         if folder and values.ValueClass is values.MutexValue:
@@ -139,6 +140,13 @@ class Metrics:
         self.pull_bytes = Counter(
             "frt_mirror_pull_bytes", "Bytes pulled through from upstream, by kind", ["kind", "outcome"], registry=reg
         )
+        self.disk_full = Gauge(
+            "frt_mirror_disk_full",
+            "1 while the home's disk cannot take pulled files (passed through unkept), else 0",
+            registry=reg,
+            multiprocess_mode="livemax",  # any live worker that found it full says so
+        )
+        self.disk_full.set(0)
         if folder:
             from prometheus_client.multiprocess import MultiProcessCollector
 
@@ -199,6 +207,12 @@ def observe_pull(kind: str, seconds: float, nbytes: int, outcome: str) -> None:
     the bytes fetched. Nothing happens in a process that is not serving."""
     if _process is not None:
         _process.pull(kind, seconds, nbytes, outcome)
+
+
+def observe_disk_full(full: bool) -> None:
+    """The home's disk could not take a pulled file (True), or has room again (False): serve/disk.py."""
+    if _process is not None:
+        _process.disk_full.set(1 if full else 0)
 
 
 class HomeCollector:

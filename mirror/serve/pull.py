@@ -24,10 +24,18 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 
-from frt.resolver.errors import BadInput, FrtError, LedgerUnavailable, UpstreamUnavailable, VerificationFailed
+from frt.resolver.errors import (
+    BadInput,
+    FrtError,
+    LedgerUnavailable,
+    LocalDiskError,
+    UpstreamUnavailable,
+    VerificationFailed,
+)
 
 from ..stage.fetch import ListedFileRefused
 from .catalog import ServedFile, ServedRepo
+from .disk import DiskState
 from .metrics import observe_pull
 from .protocol import HubError
 from .pull_through import NotAllowed, PullThrough
@@ -95,6 +103,7 @@ class _Known:
     repo: ServedRepo | None
     fresh_until: float  # monotonic time from which the upstream is asked again
     stale: str | None = None  # why the upstream could not be asked, when it could not
+    unrecorded: bool = False  # held in memory only: the ledger could not record it (a full disk)
 
 
 class PullService:
@@ -111,6 +120,8 @@ class PullService:
         self._flows: dict[str, Flow] = {}  # blob key -> its streamed fetch in flight
         # (repo key, commit sha), or ("org", org) -> when the upstream was last asked
         self._tried: dict[tuple[tuple[str, str] | str, str], float] = {}
+        self.disk = DiskState(pull.home.store)  # full or not: what passes() asks (disk.py)
+        self._unvouched: set[str] = set()  # what note_unvouched could not record (the ledger unwritable)
 
     def allowed(self, repo_id: str) -> bool:
         return self.pull.allowed(repo_id)
@@ -198,6 +209,9 @@ class PullService:
             stale, outcome = f"upstream unavailable: {e}", "unavailable"
         except LedgerUnavailable as e:
             stale, outcome = f"the ledger is unavailable: {e}", "ledger"
+        except LocalDiskError as e:  # the upstream answered, the ledger could not keep it: held in memory
+            self.disk.hit(e)
+            return await self._unrecorded(repo_type, repo_id, revision, t0)
         except NotAllowed:
             self._known[key] = _Known(None, time.monotonic() + self.refs_ttl)
             return
@@ -213,6 +227,34 @@ class PullService:
         if repo is None and len(self._known) >= MAX_UNKNOWN:  # under '*': a scanner's names, held in memory
             self._known = {k: v for k, v in self._known.items() if v.repo is not None}
         self._known[key] = _Known(repo, time.monotonic() + again, stale)
+
+    async def _unrecorded(self, repo_type: str, repo_id: str, revision: str | None, t0: float) -> None:
+        """The repo as the upstream has it now, asked again and held in memory for the refs TTL
+        (unrecorded.py); its files are passed through. An upstream that fails now: as in _refresh."""
+        from .unrecorded import upstream_repo
+
+        key, outcome, stale = (repo_type, repo_id), "memory", None
+        before = self._known.get(key)
+        try:
+            repo = await anyio.to_thread.run_sync(
+                upstream_repo, self.pull.home, self.pull.hub, repo_type, repo_id, revision
+            )
+        except UpstreamUnavailable as e:
+            repo, stale, outcome = before.repo if before else None, f"upstream unavailable: {e}", "unavailable"
+        except FrtError:  # RepoNotFound / RevisionNotFound: the upstream's answer
+            repo, outcome = before.repo if before else None, "notfound"
+        observe_pull("refs", time.perf_counter() - t0, 0, outcome)
+        again = self.refs_ttl if stale is None else min(self.refs_ttl, RETRY_FAILED_S)
+        self._known[key] = _Known(repo, time.monotonic() + again, stale, unrecorded=True)
+
+    def passes(self, repo: ServedRepo, f: ServedFile) -> bool:
+        """Is `f` passed through unkept (passthrough.py) rather than fetched into the store? Where its repo
+        is held in memory only, or the disk cannot take it now (said once: disk.py). A fetch of it already
+        in flight is joined."""
+        known = self._known.get((repo.repo_type, repo.repo_id))
+        if known is not None and known.unrecorded:
+            return True
+        return ("file", _key(f)) not in self._flights and not self.disk.fits(f.size)
 
     async def file(self, repo: ServedRepo, commit: str, f: ServedFile) -> ServedFile:
         """`f` stored (fetched now, or by whoever was fetching it); the cached repo is updated in place.
@@ -242,14 +284,19 @@ class PullService:
         return flow
 
     async def unvouched(self, f: ServedFile) -> bool:
-        return await anyio.to_thread.run_sync(self.pull.unvouched, _key(f))
+        return _key(f) in self._unvouched or await anyio.to_thread.run_sync(self.pull.unvouched, _key(f))
 
     async def note_unvouched(self, flow: Flow) -> None:
-        await anyio.to_thread.run_sync(self.pull.note_unvouched, flow.key, flow.path)
+        """Recorded in the ledger; where it cannot be written (down, or a full disk), in this process's memory."""
+        try:
+            await anyio.to_thread.run_sync(self.pull.note_unvouched, flow.key, flow.path)
+        except FrtError:
+            self._unvouched.add(flow.key)
 
     async def _fetch(self, repo: ServedRepo, commit: str, f: ServedFile, flow: Flow | None = None) -> ServedFile:
         t0, outcome, nbytes = time.perf_counter(), "error", 0
         on_bytes = flow.wrote if flow is not None else (lambda n: None)
+        self.disk.reserved += f.size  # what passes() counts as taken while this fetch runs
         try:
             stored, nbytes = await anyio.to_thread.run_sync(
                 self.pull.fetch, repo.repo_type, repo.repo_id, commit, f.path, on_bytes
@@ -257,6 +304,8 @@ class PullService:
             outcome = "ok"
             if (c := repo.commits.get(commit)) is not None:
                 c.files[f.path] = stored
+            self.disk.reserved -= f.size
+            self.disk.stored()
             return stored
         except VerificationFailed:
             outcome = "refused"
@@ -264,7 +313,13 @@ class PullService:
         except UpstreamUnavailable:
             outcome = "unavailable"
             raise
+        except LocalDiskError as e:  # its part removed at once (stage/fetch.py): the answer passes it through
+            outcome = "disk"
+            self.disk.hit(e, f.size)
+            raise
         finally:
+            if outcome != "ok":
+                self.disk.reserved -= f.size
             observe_pull("file", time.perf_counter() - t0, nbytes, outcome)
             if flow is not None and flow.written and (outcome != "ok" or flow.restarts):
                 await self.note_unvouched(flow)  # bytes of it may be with a client already
@@ -292,7 +347,7 @@ class PullService:
     def _recorded_publisher(self, org: str) -> bool | None:
         try:
             return self.pull.publisher_trusted(org)
-        except LedgerUnavailable:  # the catalog's record was asked before this (MirrorApp.api)
+        except (LedgerUnavailable, LocalDiskError):  # the catalog's record was asked before this (MirrorApp.api)
             return None
 
     def _start(self, key: Hashable, start: Callable[[], Awaitable[T]]) -> asyncio.Future[T]:

@@ -25,7 +25,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from frt.resolver.errors import BadInput, LedgerUnavailable
+from frt.resolver.errors import DISK_FULL_ERRNOS, BadInput, LedgerUnavailable, LocalDiskError
 from frt.resolver.gate import check_repo_id
 from frt.resolver.hub import HubClient
 from frt.resolver.resolution import FileEntry, Resolution, VariantInfo
@@ -154,7 +154,7 @@ class PullThrough:
             try:
                 if self.named(org):
                     self.home.ledger.record_publisher(org, trusted, endpoint=self.hub.endpoint)
-            except LedgerUnavailable:  # the upstream's word answers now; it is recorded on a later ask
+            except (LedgerUnavailable, LocalDiskError):  # the upstream's word answers now; recorded on a later ask
                 pass
             return trusted
         info = self.home.ledger.publishers({org}).get(org)
@@ -199,12 +199,17 @@ class PullThrough:
                 on_stored=lambda d: record_blobs(ledger, [d]),
                 on_bytes=on_bytes,
             )
-            if got.downloaded:
-                record_event(ledger, "pull", ref=f"{repo_id}@{commit}", files=1, nbytes=got.downloaded, detail=path)
-            if variant is not None:
-                self._stage_if_complete(variant)
-            else:
-                self._extend_selection(repo_id, commit, entry)
+            try:
+                if got.downloaded:
+                    record_event(ledger, "pull", ref=f"{repo_id}@{commit}", files=1, nbytes=got.downloaded, detail=path)
+                if variant is not None:
+                    self._stage_if_complete(variant)
+                else:
+                    self._extend_selection(repo_id, commit, entry)
+            except OSError as e:  # a view's link on a full disk: the disk's error, as the ledger's is
+                if e.errno not in DISK_FULL_ERRNOS:
+                    raise
+                raise LocalDiskError.writing(f"the view of {repo_id}@{commit[:12]}", e) from None
         return served_file(entry, got.digest.sha256, store), got.downloaded
 
     def _entry(self, repo_type: str, repo_id: str, commit: str, path: str) -> tuple[FileEntry, Resolution | None]:

@@ -33,13 +33,14 @@ from typing import TYPE_CHECKING
 import anyio
 from starlette.responses import Response
 
-from frt.resolver.errors import FrtError
+from frt.resolver.errors import FrtError, LocalDiskError
 
 from .blob import CHUNK
 from .catalog import ServedFile
 from .cut import cut
 from .integrity import hash_whole
 from .objects import ObjectIntegrity
+from .passthrough import Gone, Passage, PassThroughResponse, relay
 from .pull import Flow, PullService, upstream_error
 
 if TYPE_CHECKING:
@@ -68,9 +69,11 @@ class FlowResponse(Response):
         service: PullService,
         headers: list[tuple[bytes, bytes]],
         objects: ObjectIntegrity | None = None,
+        passage: Passage | None = None,
     ) -> None:
         self.status_code, self.raw_headers, self.background = 200, headers, None
         self.flow, self.service, self.started = flow, service, False
+        self.passage = passage  # where the fetch meets a full disk, the rest is passed through (passthrough.py)
         self.objects = objects  # the blobs are objects: the stored file is read from the part (or the store)
         self.gone: asyncio.Future[None] | None = None  # the client's disconnect, watched while answering
 
@@ -98,6 +101,14 @@ class FlowResponse(Response):
             try:
                 stored: ServedFile = await asyncio.shield(flow.done)
             except FrtError as e:
+                if isinstance(e, LocalDiskError) and self.passage is not None and flow.restarts == restarts:
+                    if not self.started:
+                        return await PassThroughResponse(self.service, self.passage, self.raw_headers, self.gone)(
+                            scope, receive, send
+                        )
+                    held, fd = fd, None  # _pass_on closes it
+                    await self._pass_on(held, sent, body)
+                    return sent
                 if not self.started:
                     return await self._failed(e, scope, receive, send)
                 raise Cut(str(e)) from None
@@ -145,6 +156,26 @@ class FlowResponse(Response):
         self.status_code = answer.status_code
         return sent
 
+    async def _pass_on(self, fd: int | None, sent: int, body: Body) -> None:
+        """The fetch met a full disk after `sent` bytes went out (its part removed, the bytes still in the
+        inode this answer holds open): hash those, close it (its space is freed), and relay the rest from
+        the upstream, the whole file checked before the last chunk."""
+        assert self.passage is not None and self.gone is not None  # the caller's test; set in __call__
+        hasher = self.passage.hasher()
+        try:
+            had = await anyio.to_thread.run_sync(_feed, hasher, fd, sent) if fd is not None else -1
+        finally:
+            if fd is not None:
+                os.close(fd)
+        if had != sent:
+            raise Cut("the bytes sent could not be read back to go on from the upstream")
+        try:
+            await relay(self.service, self.passage, sent, hasher, body, self.gone)
+        except Gone:
+            pass
+        except FrtError as e:
+            raise Cut(f"passing the rest through from the upstream: {e}") from None
+
     async def _failed(self, e: FrtError, scope: Scope, receive: Receive, send: Send) -> int:
         answer = upstream_error(e, self.flow.path).response(head=False)
         await answer(scope, receive, send)
@@ -179,6 +210,15 @@ async def _disconnected(receive: Receive) -> None:
     """Returns once the client has gone (a GET's request message comes first)."""
     while (await receive())["type"] != "http.disconnect":
         pass
+
+
+def _feed(hasher: object, fd: int, size: int) -> int:
+    """Feed `hasher` the open file's first `size` bytes; how many it had."""
+    off = 0
+    while off < size and (chunk := os.pread(fd, min(CHUNK, size - off), off)):
+        hasher.update(chunk)  # type: ignore[attr-defined]
+        off += len(chunk)
+    return off
 
 
 def _replaced(part: Path, fd: int) -> bool:

@@ -62,15 +62,21 @@ class Served:
 
 
 @contextlib.contextmanager
-def serving(home: Path, *args: str, env: dict | None = None, timeout: float = 30) -> Iterator[Served]:
-    """Run `frt-mirror --home HOME serve --port P ARGS` as a user would; yield once it answers HTTP."""
+def serving(
+    home: Path, *args: str, env: dict | None = None, timeout: float = 30, prefix: tuple[str, ...] = ()
+) -> Iterator[Served]:
+    """Run `frt-mirror --home HOME serve --port P ARGS` as a user would; yield once it answers HTTP.
+    `prefix`: a command that execs the rest (tests/support/tmpfs.py: a mount namespace of its own)."""
     exe = str(Path(sys.executable).with_name("frt-mirror"))
     port = free_port()
     logs = Path(tempfile.mkdtemp(prefix="frt-serve-"))
     out, err = logs / "stdout", logs / "stderr"
     with open(out, "wb") as o, open(err, "wb") as e:
         proc = subprocess.Popen(
-            [exe, "--home", str(home), "serve", "--port", str(port), *args], stdout=o, stderr=e, env=env or _base_env()
+            [*prefix, exe, "--home", str(home), "serve", "--port", str(port), *args],
+            stdout=o,
+            stderr=e,
+            env=env or _base_env(),
         )
     served = Served(f"http://127.0.0.1:{port}", port, proc, out, err)
     try:

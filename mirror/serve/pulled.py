@@ -1,0 +1,46 @@
+"""How a file that pull-through lists but does not store is answered (MirrorApp.resolve, on a GET):
+
+- passed through unkept (passthrough.py), where the disk cannot take it or its repo is held in memory
+  only (the ledger could not record it: unrecorded.py);
+- streamed while it is fetched into the store (stream.py), a big LFS file (pull.STREAM_MIN);
+- else fetched, verified and stored first, then answered from the store as any stored file (the
+  ServedFile returned); a fetch that meets a full disk (its `.part` removed at once) passes through.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from frt.resolver.errors import FrtError, LocalDiskError
+
+from .blob import file_headers
+from .catalog import ServedFile, ServedRepo, etag_of
+from .objects import ObjectIntegrity
+from .passthrough import Passage, PassThroughResponse
+from .pull import PullService, upstream_error
+from .stream import FlowResponse
+
+if TYPE_CHECKING:
+    from .blob import FileIntegrity
+
+
+async def pulled(
+    service: PullService, repo: ServedRepo, commit: str, f: ServedFile, integrity: FileIntegrity | ObjectIntegrity
+) -> ServedFile | PassThroughResponse | FlowResponse:
+    """The answer for `f` (not stored) at `commit`: a response, or `f` as now stored."""
+    passage = Passage(repo.repo_type, repo.repo_id, commit, f)
+    headers = [
+        *file_headers(commit, etag_of(f), f.sha256 if f.lfs else None, f.size),
+        (b"content-length", b"%d" % f.size),
+    ]
+    if service.passes(repo, f):
+        return PassThroughResponse(service, passage, headers)
+    if service.streams(f):  # sent as it comes, whole (a Range too)
+        objects = integrity if isinstance(integrity, ObjectIntegrity) else None
+        return FlowResponse(service.begin(repo, commit, f), service, headers, objects, passage)
+    try:
+        return await service.file(repo, commit, f)
+    except LocalDiskError:  # said by the service (disk.py); nothing of it was kept
+        return PassThroughResponse(service, passage, headers)
+    except FrtError as e:
+        raise upstream_error(e, passage.where) from None
