@@ -14,7 +14,7 @@ from frt.resolver.fs import atomic_write, fsync_dir
 
 from ..home_path import HomeLayout
 from .blobs import CHUNK, Digest, blob_relpath, digest_file
-from .protocol import RECORD_MAX, RecordTooBig
+from .record_size import RECORD_MAX, RecordTooBig
 from .scratch import Scratch, SharedLock
 
 

@@ -24,16 +24,6 @@ if TYPE_CHECKING:
     from .s3 import S3BlobStore
 
 
-# A record is one staged row's manifest: kilobytes, a few hundred for a row of thousands of files. A file
-# in records/ past this was not written by a stager: it is refused unread, not loaded into memory whole.
-RECORD_MAX = 16 << 20
-
-
-class RecordTooBig(ValueError):
-    def __init__(self, name: str, size: int):
-        super().__init__(f"{name} is {size} bytes, over the {RECORD_MAX >> 20} MiB a record has at most")
-
-
 class BlobStore(Protocol):
     scratch: Scratch  # this host's tmp/ parts and per-blob locks, whichever store takes the bytes
 

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, cast
 from frt.resolver.errors import BadInput, StoreUnavailable, first_line
 
 from .blobs import Digest, blob_relpath
-from .protocol import RECORD_MAX, RecordTooBig
+from .record_size import RECORD_MAX, RecordTooBig
 from .scratch import Scratch, SharedLock
 
 if TYPE_CHECKING:
