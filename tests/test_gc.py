@@ -158,7 +158,10 @@ def test_gc_sweeps_dead_partial_downloads_and_records_of_missing_blobs(hub, home
     gone = sorted(variant_blobs(hub, RELU, "v1", "torch-universal") | variant_blobs(hub, RELU, "v1", X86_CPU))
     lost = home / "store" / "sha256" / gone[0][:2] / gone[0]
     lost.unlink()  # a blob lost by hand: its record claims bytes the store lacks
-    assert any("missing blob" in p for p in cli_json("verify", home=home, code=1)["problems"])
+    # ... bytes nothing references (relu is unstaged), as a gc cut short between removing a blob and its
+    # record leaves them: a stale record, not a problem (gc drops it below)
+    v = cli_json("verify", home=home)
+    assert v["ok"] and v["stale_records"] == 1, v
 
     dry = cli_json("gc", "--dry-run", home=home)
     assert [p["name"] for p in dry["parts"]] == [old.name] and dry["part_bytes"] == 1000

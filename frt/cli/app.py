@@ -60,6 +60,15 @@ class App:
         return self.home
 
     @property
+    def reading_home(self) -> Home:
+        """The home of a command that only reads it (existing_home) and must work on a full disk too, as
+        the commands that tell an operator what is there do: there its SQLite ledger is opened read-only,
+        which needs no new space (Home.reads_when_full), and what it would have written is skipped."""
+        home = self.existing_home
+        home.reads_when_full = True
+        return home
+
+    @property
     def ledger(self) -> Ledger:
         return self.home.ledger
 

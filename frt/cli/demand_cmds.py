@@ -46,7 +46,7 @@ since_option = click.option(
 def demand_lines(app: App, since: timedelta | None) -> list[DemandLine]:
     from frt.mirror.serve.demand_records import demand_lines as lines
 
-    home = app.existing_home
+    home = app.reading_home
     return lines(home.ledger, home.staged(), since)
 
 

@@ -92,7 +92,7 @@ def env_cmd(
     if serve_url:
         values = endpoint_vars(serve_url)
     elif target is not None:
-        chosen = local_kernels(app.existing_home, target, versions=versions, into=into)
+        chosen = local_kernels(app.reading_home, target, versions=versions, into=into)
         entries, warnings, refused = chosen.entries, chosen.warnings, chosen.refused
         values = env_vars(entries)
     elif not engine:

@@ -156,7 +156,7 @@ def matrix_cmd(app: App, repo: str, targets: tuple[Target, ...], html: str | Non
     from frt.resolver.decisions_memo import memo
 
     # One sqlite3 read where it can answer; kernels' answers it asks for and did not find kept are kept.
-    m = quick_matrix(app.existing_home, repo, list(targets) or None) if html is None else None
+    m = quick_matrix(app.reading_home, repo, list(targets) or None) if html is None else None
     if m is None:
         m = _matrix_from_ledger(app, repo, targets, html, force, as_json)
     memo().save()
@@ -177,7 +177,7 @@ def _matrix_from_ledger(
     from frt.mirror.store.records import MODEL_TARGET, repo_types
     from frt.resolver.matrix import build_matrix
 
-    models = [r for r in app.existing_home.staged(MODEL_TARGET) if r.repo == repo]
+    models = [r for r in app.reading_home.staged(MODEL_TARGET) if r.repo == repo]
     if html is not None:
         _write_html(app, repo, list(targets) or None, html, known=bool(models), replace=force, as_json=as_json)
         if not as_json:
@@ -290,7 +290,7 @@ def report_cmd(app: App, demand: bool, since: timedelta | None, as_json: bool) -
         return report_demand(app, since, as_json)
     if since is not None:
         raise BadInput("--since goes with --demand: the refusals on record are listed whole")
-    rows = app.existing_home.refusals()
+    rows = app.reading_home.refusals()
     if as_json:
         emit_json(
             [

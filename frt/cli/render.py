@@ -29,7 +29,10 @@ def render_gc(r: GcReport) -> str:
         f"{len(r.parts)} partial download(s) ({human_bytes(r.part_bytes)}); kept "
         f"{r.kept_blobs} referenced blob(s) ({human_bytes(r.kept_bytes)})"
     )
-    if r.dropped_records:
+    if r.ledger_deferred:
+        rows = len(r.removed) + r.dropped_records
+        line += f"; the disk is still full, so the ledger keeps its {rows} row(s) of them until the next gc"
+    elif r.dropped_records:
         line += (
             f"; {'would drop' if r.dry_run else 'dropped'} {r.dropped_records} ledger row(s) "
             "of blobs the store did not have"
@@ -42,8 +45,14 @@ def render_unstage(r: UnstageReport) -> str:
         ["repo", "requested", "target", "commit", "variant"],
         [(x.repo, x.requested, x.target, x.commit[:12], x.variant) for x in r.rows],
     )
+    freed = (
+        f"the disk was full: first removed {len(r.freed)} blob(s) nothing else needs "
+        f"({human_bytes(sum(d.size for d in r.freed))}); "
+        if r.freed
+        else ""
+    )
     return out + (
-        f"\nunstaged {len(r.rows)} row(s); removed {len(r.views)} view(s) ({r.view_files} "
+        f"\n{freed}unstaged {len(r.rows)} row(s); removed {len(r.views)} view(s) ({r.view_files} "
         f"file(s)); 'frt-mirror gc' can now reclaim {len(r.reclaimable)} blob(s) "
         f"({human_bytes(r.reclaimable_bytes)})"
     )

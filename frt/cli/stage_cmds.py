@@ -166,7 +166,7 @@ def verify_cmd(app: App, as_json: bool) -> None:
     """Re-hash every blob and check every view link; exit 1 with a list on any mismatch."""
     from frt.mirror.store.verify import verify
 
-    report = verify(app.existing_home)
+    report = verify(app.reading_home)
     if as_json:
         emit_json(report.to_json())
     else:
@@ -183,7 +183,13 @@ def verify_cmd(app: App, as_json: bool) -> None:
             stray = (
                 f" ({report.unadopted} verified blob(s) the ledger does not record stay so)" if report.unadopted else ""
             )
-            click.echo(f"note: the home is read-only here: verify reported only and adopted nothing{stray}")
+            why = "the home's disk is full" if report.disk_full else "the home is read-only here"
+            click.echo(f"note: {why}: verify reported only and adopted nothing{stray}")
+        if report.stale_records:
+            click.echo(
+                f"note: {report.stale_records} record(s) of unreferenced blob(s) the store no longer holds "
+                "(a gc cut short before its ledger write): the next gc drops them"
+            )
     sys.exit(0 if report.ok else 1)
 
 
@@ -214,7 +220,7 @@ def export_cache_cmd(app: App, out: Path, target: Target, wheels_to: Path | None
     from frt.mirror.views.env import pip_line
     from frt.mirror.views.hfcache import export_cache, wheels_needed
 
-    wheels = wheels_needed(app.existing_home, target)
+    wheels = wheels_needed(app.reading_home, target)
     wheels_to = (wheels_to or out.with_name(f"{out.name}-wheels")) if wheels else None
     done = export_cache(out, app.home, target, wheels_to, keep=keep)
     refs = done.refs

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from frt.resolver.errors import BadInput, LedgerCorrupt
-from frt.resolver.ledger_file import cannot_write, quick_read
+from frt.resolver.ledger_file import cannot_write, disk_full, quick_read
 
 from ..home_path import check_home, check_not_forgotten, default_ledger_url, default_store_url, ledger_path
 from .staged import QUICK_TABLES, QUICK_VERSIONS, StagedRow, read_staged
@@ -57,6 +57,12 @@ class Home:
         check_home(self.root)
         self._ledger, self._readonly = ledger, readonly
         self.rebuilding = rebuilding  # `ledger rebuild`: an empty ledger beside the store's records is its input
+        # Set by a command that must work on a full disk (verify, report, env, matrix, export-cache; gc and
+        # unstage until they have freed space): where the SQLite ledger's disk is full, it is opened
+        # read-only, which needs no new space, instead of failing to make SQLite's index (-shm) beside it.
+        # Its writes are then skipped (`full`), or wait for `writable_again`.
+        self.reads_when_full = False
+        self._opened_full = False  # the ledger is open read-only because its disk was full
         self.ledger_url = ledger_url or default_ledger_url()
         # The store as configured (None: files under the home): what this object chooses its store by,
         # and what a process that builds its own Home is handed (serve's replicas). Anything else asks
@@ -73,13 +79,38 @@ class Home:
                 if not self.rebuilding and no_ledger_file(path) and self.store.has_records():  # before creating one
                     raise lost_ledger(str(path), self.store.where, "is missing or empty (0 bytes)")
                 check_not_forgotten(self.root, store_root(self.root))
-            ledger = open_ledger(self.ledger_url or ledger_path(self.root), readonly=self._readonly)
+            readonly = self._readonly
+            if readonly is None and self._full_here():
+                readonly = self._opened_full = True
+            ledger = open_ledger(self.ledger_url or ledger_path(self.root), readonly=readonly)
             if not self.rebuilding and ledger_is_empty(ledger) and self.store.has_records():
                 where = ledger.where
                 ledger.close()
                 raise lost_ledger(where, self.store.where, "is empty (no repo, nothing staged)")
             self._ledger = ledger
         return self._ledger
+
+    @property
+    def full(self) -> bool:
+        """Whether the ledger is (or would be) open read-only because its disk is full (`reads_when_full`)."""
+        return self._opened_full if self._ledger is not None else self._full_here()
+
+    def _full_here(self) -> bool:
+        return self.reads_when_full and not self.ledger_url and disk_full(ledger_path(self.root))
+
+    def writable_again(self) -> bool:
+        """After this command freed space (gc, unstage): whether its ledger can be written now. One opened
+        read-only for a full disk is closed, to be opened read-write on next use, where there is room now;
+        False where the disk is still full (the caller then skips its writes and says so)."""
+        if not self.full:
+            return not self.readonly
+        if disk_full(ledger_path(self.root)):
+            return False
+        if self._ledger is not None:
+            self._ledger.close()
+            self._ledger = None
+        self._opened_full = self.reads_when_full = False
+        return True
 
     @cached_property
     def store(self) -> BlobStore:
@@ -148,7 +179,9 @@ class Home:
         """Whether the ledger is open read-only here, or would be: a SQLite one not opened yet is not opened
         to ask (Ledger's rule: the `readonly` given, else whether this process can write the file)."""
         if self._ledger is None and not self.ledger_url:
-            return self._readonly if self._readonly is not None else cannot_write(ledger_path(self.root))
+            if self._readonly is not None:
+                return self._readonly
+            return cannot_write(ledger_path(self.root)) or self._full_here()
         return self.ledger.readonly
 
     def close(self) -> None:

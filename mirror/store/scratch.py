@@ -34,16 +34,17 @@ class Scratch:
         return _made(self.locks) / f"{name}.lock"
 
     @contextmanager
-    def lock(self, *keys: str) -> Iterator[None]:
+    def lock(self, *keys: str, wait: bool = True) -> Iterator[None]:
         """One writer per blob across processes and hosts: two stagers never share a `.part` file. With
-        several keys (a blob's sha256 and the git oid a small file is fetched by), each, in one order."""
+        several keys (a blob's sha256 and the git oid a small file is fetched by), each, in one order.
+        `wait=False`: filelock.Timeout at once where another holds one (this host's file lock)."""
         from filelock import FileLock  # here: a home that is only read (env on a job start) takes no lock
 
         with ExitStack() as held:
             for key in sorted(set(keys)):
                 if self.shared_lock is not None:
                     held.enter_context(self.shared_lock(f"blob {key}"))
-                held.enter_context(FileLock(str(self.lock_file(key))))
+                held.enter_context(FileLock(str(self.lock_file(key)), timeout=-1 if wait else 0))
             yield
 
     def sweep_parts(self, pattern: str, older_than_s: float = 600) -> None:

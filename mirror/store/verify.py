@@ -3,7 +3,13 @@ that every staged model file (models have no view) has its blob recorded and sto
 
 What it reads of the ledger it reads first, in one go (verify_reads.py): with sqlite3 alone where the
 ledger is the home's SQLite file at exactly this code's schema, else through the ledger's own path. The
-ledger is opened then, or only to adopt blobs the store holds unrecorded (its one write)."""
+ledger is opened then, or only to adopt blobs the store holds unrecorded (its one write).
+
+On a full disk (the home's, Home.reads_when_full) the ledger is read as on a read-only home and nothing is
+adopted: adopting needs room for the ledger's index and log, and verify is what an operator runs to learn
+what the disk holds. A recorded blob the store lacks is a problem only where something references it: gc
+removes an unreferenced blob's file before its record (so that it frees space before it writes), and one
+cut short between the two leaves such records, which the next gc drops."""
 
 from __future__ import annotations
 
@@ -28,6 +34,8 @@ class VerifyReport:
     problems: list[str] = field(default_factory=list)
     adopted: int = 0  # verified blobs an interrupted stage stored but did not record
     readonly: bool = False  # a read-only home: reported, never adopted (adopting is a ledger write)
+    disk_full: bool = False  # read-only because the home's disk is full (Home.reads_when_full)
+    stale_records: int = 0  # records of unreferenced blobs the store no longer holds (gc drops them)
     unadopted: int = 0  # such blobs left unrecorded because the home is read-only
     no_digest: int = 0  # staged variants whose metadata.json carries no publisher digest
     model_files: int = 0  # staged model files checked against the store
@@ -51,8 +59,12 @@ def verify(home: Home) -> VerifyReport:
     report = VerifyReport()
     recorded = {d.sha256: d for d in records.blobs}
     stored = set(store.blob_shas())
+    referenced = _referenced(records)
     for sha, d in recorded.items():
         said = _quarantined(records.quarantined.get(sha))
+        if sha not in stored and sha not in referenced:
+            report.stale_records += 1
+            continue
         if sha not in stored:
             report.problems.append(f"missing blob {sha} ({d.size} bytes){said}")
             continue
@@ -72,7 +84,7 @@ def verify(home: Home) -> VerifyReport:
             adopt.append(got)
         else:
             report.problems.append(f"corrupt blob {sha} (unrecorded): content hashes to {got.sha256}")
-    report.readonly = home.readonly
+    report.readonly, report.disk_full = home.readonly, home.full
     if report.readonly:
         report.unadopted = len(adopt)
     else:
@@ -88,6 +100,14 @@ def verify(home: Home) -> VerifyReport:
     if not any("view " in p for p in report.problems):
         _check_publisher_digests(records, by_git_oid, views, report)
     return report
+
+
+def _referenced(records: VerifyRecords) -> set[str]:
+    """The sha256 of every blob a staged row's files or wheels name (as gc counts references)."""
+    by_git_oid = {d.git_oid: d.sha256 for d in records.blobs}
+    files = [f for key in variant_keys(records.staged) for f in records.variants[key][0]]
+    listed = listed_blobs(files, by_git_oid)
+    return {sha for sha in listed.values() if sha} | {w[2] for w in records.wheels.values()}
 
 
 def _adopt(home: Home, digests: list[Digest]) -> None:

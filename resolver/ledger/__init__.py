@@ -23,7 +23,7 @@ from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..errors import FrtError, HomeReadOnly, LedgerCorrupt, LedgerDropped, LedgerUnavailable, LocalDiskError, first_line
-from ..ledger_file import cannot_write
+from ..ledger_file import DISK_FULL_CODES, cannot_write
 from ..refusal_records import REFUSAL_COLUMNS, RefusalRecord
 from ..resolution import CommitInfo, Refusal, VariantInfo
 from .migrations import SchemaTrack, check_read_only, migrate, utcnow
@@ -204,8 +204,10 @@ class Ledger:
             yield
         except (DatabaseError, sqlite3.DatabaseError) as e:
             orig = getattr(e, "orig", e)
-            if getattr(orig, "sqlite_errorname", "") == "SQLITE_FULL":
-                raise LocalDiskError(f"cannot write ledger {self.where}: {orig} (a local disk error)") from None
+            code = getattr(orig, "sqlite_errorname", "")
+            if code in DISK_FULL_CODES:  # SHMSIZE: no room for its index beside it (ledger_file.SHM_BYTES)
+                said = "no space left for its index (-shm)" if code == "SQLITE_IOERR_SHMSIZE" else orig
+                raise LocalDiskError(f"cannot write ledger {self.where}: {said} (a local disk error)") from None
             if _locked(orig):
                 raise LedgerUnavailable(
                     f"ledger {self.where} is locked by another process past the "
