@@ -161,6 +161,21 @@ def _limit_option(flag: str, field: str, kind: click.ParamType[Any], help: str) 
     "its way.",
 )
 @click.option(
+    "--cache-max",
+    "cache_max",
+    metavar="SIZE",
+    help="With --upstream: keep the blobs pulled through within SIZE (10GiB, 500M, bytes): before a file "
+    "is fetched, the least recently used pulled blobs are evicted to make room for it. Staged blobs are "
+    "never evicted, nor one being sent; each eviction is recorded (the pulled variant unstaged).",
+)
+@click.option(
+    "--min-free",
+    "min_free",
+    metavar="SIZE",
+    help="With --upstream: evict pulled blobs (least recently used first) so that the store's "
+    "filesystem keeps SIZE free after each file fetched.",
+)
+@click.option(
     "--ready-file",
     "ready_file",
     metavar="PATH",
@@ -212,6 +227,8 @@ def serve_cmd(
     refs_ttl: float,
     upstream_timeout: float,
     upstream_hold: float,
+    cache_max: str | None,
+    min_free: str | None,
     ready_file: Path | None,
     **limits: Unpack[_Limits],
 ) -> None:
@@ -240,6 +257,7 @@ def serve_cmd(
         why = "--head-map needs the blobs as files"
         raise BadInput(f"--store {objects.url}: {why}")
     pull = _upstream(app, upstream, allow, refs_ttl, upstream_timeout, upstream_hold)
+    pull = _cache(app, pull, cache_max, min_free)
     if pull is None:  # serve alone only reads the home: a mistyped --home is refused, not created
         check_existing_home(app.root.absolute(), app.home.ledger_url)
     sockets = bind(host, port)  # first: a busy port is one line and exit 2, before anything is said
@@ -264,7 +282,7 @@ def serve_cmd(
     if pull is not None:
         click.echo(
             f"frt-mirror: pulling through from {pull.endpoint} for {', '.join(sorted(pull.allow))} "
-            f"(refs kept {refs_ttl:g} s)",
+            f"(refs kept {refs_ttl:g} s{f'; cache: {pull.cache.describe()}' if pull.cache else ''})",
             err=True,
         )
     elif watcher.ledger_up and not app.home.staged():  # down: it serves a snapshot, and said so
@@ -366,6 +384,30 @@ def _upstream(
 
     quiet_hub_logging()
     return Upstream(resolve_endpoint(url, "--upstream"), frozenset(allow), refs_ttl, timeout, hold)
+
+
+def _cache(app: App, pull: Upstream | None, cache_max: str | None, min_free: str | None) -> Upstream | None:
+    """serve --cache-max / --min-free: pull-through's cache bounded (frt.mirror.serve.cache_cap)."""
+    import dataclasses
+
+    from frt.mirror.serve.cache_cap import CacheBounds, parse_size
+    from frt.resolver.errors import BadInput
+
+    named = "--cache-max" if cache_max is not None else "--min-free"
+    if cache_max is None and min_free is None:
+        return pull
+    if pull is None:
+        raise BadInput(f"{named} only means something with --upstream URL (it bounds what pull-through keeps)")
+    if (objects := app.home.store.objects) is not None:
+        raise BadInput(
+            f"--store {objects.url}: {named} needs the blobs as files on this host; bound the bucket with "
+            "the object store's own lifecycle rules"
+        )
+    bounds = CacheBounds(
+        parse_size(cache_max, "--cache-max") if cache_max is not None else None,
+        parse_size(min_free, "--min-free") if min_free is not None else None,
+    )
+    return dataclasses.replace(pull, cache=bounds)
 
 
 def multiprocess_metrics() -> tempfile.TemporaryDirectory[str]:

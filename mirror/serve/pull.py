@@ -27,6 +27,7 @@ import anyio
 from frt.resolver.errors import BadInput, FrtError, LedgerUnavailable, UpstreamUnavailable, VerificationFailed
 
 from ..stage.fetch import ListedFileRefused
+from .cache_cap import CacheBounds
 from .catalog import ServedFile, ServedRepo
 from .metrics import observe_pull
 from .protocol import HubError
@@ -34,6 +35,7 @@ from .pull_through import NotAllowed, PullThrough
 
 if TYPE_CHECKING:
     from ..store.home import Home
+    from .metrics import Metrics
 
 STALE_HEADER = "X-Mirror-Stale"
 HOLD_S = 120.0  # serve --upstream-hold's default
@@ -56,17 +58,21 @@ class Upstream:
     refs_ttl: float = 60.0
     timeout: float = 5.0
     hold: float = HOLD_S
+    cache: CacheBounds = CacheBounds()  # --cache-max / --min-free
 
-    def service(self, home: Home) -> PullService:
+    def service(self, home: Home, metrics: Metrics | None = None) -> PullService:
         from frt.resolver.attempts import RetryPolicy
         from frt.resolver.hub import HubClient
         from frt.resolver.pacing import Pacer
 
         # A serve runs for months: no cap on the rate-limit waits of its whole life (a stager's run has one).
         hub = HubClient(self.endpoint, retry=RetryPolicy.from_env(refused=False), pacer=Pacer(max_wait=float("inf")))
-        return PullService(
-            PullThrough(home, hub, self.allow), refs_ttl=self.refs_ttl, timeout=self.timeout, hold=self.hold
-        )
+        pull = PullThrough(home, hub, self.allow)
+        if self.cache:
+            from .cache_cap import CacheKeeper
+
+            pull.cache = CacheKeeper(home, self.cache, metrics)
+        return PullService(pull, refs_ttl=self.refs_ttl, timeout=self.timeout, hold=self.hold)
 
 
 @dataclass(eq=False)
