@@ -4,6 +4,7 @@ through two serve workers; the store sampled all along; verify clean after."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -31,7 +32,9 @@ STAGED = f"{ORG}/cache0"  # staged beforehand: asked for too, never evicted
 def cache_repo(k: int) -> FakeRepo:
     repo = FakeRepo(f"{ORG}/cache{k}")
     shards = {f"_shard{j}.bin": hashlib.shake_128(b"cache %d %d" % (k, j)).digest(SHARD) for j in range(SHARDS)}
-    repo.commit(variant_files(f"cache{k}", "torch-universal", version=1, note="c", extra=shards), title="build", branch="v1")
+    repo.commit(
+        variant_files(f"cache{k}", "torch-universal", version=1, note="c", extra=shards), title="build", branch="v1"
+    )
     return repo
 
 
@@ -96,8 +99,16 @@ def test_cache_max_holds_under_64_clients_and_verify_is_clean_after(tmp_path):
         peak, samples, stop = [0], [0], threading.Event()
 
         def sample() -> None:
+            lock = home / "locks" / "cache.lock"
             while not stop.is_set():
-                now = blobs(home)
+                # Under the cache's lock, shared (evictions take it exclusive): a listing of the store's
+                # folders one after another is then not a blob evicted seen beside the one it made room for.
+                fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_SH)
+                    now = blobs(home)
+                finally:
+                    os.close(fd)
                 peak[0] = max(peak[0], sum(size for sha, size in now.items() if sha not in staged))
                 assert all(sha in now for sha in staged), "a staged blob was evicted"
                 samples[0] += 1
@@ -111,8 +122,9 @@ def test_cache_max_holds_under_64_clients_and_verify_is_clean_after(tmp_path):
             p, out = run_client(code, m.url, tmp_path / "hf", timeout=600, HF_HUB_ETAG_TIMEOUT="60")
             stop.set()
             sampler.join()
+            (tmp_path / "serve.err").write_text(m.stderr())
             assert out is not None, p.stderr[-3000:]
-            assert out == {"ok": 64 * 6, "errors": [], "failed": 0, "wrong": 0}, (out, m.stderr()[-3000:])
+            assert out == {"ok": 64 * 6, "errors": [], "failed": 0, "wrong": 0}, out
             metrics = urllib.request.urlopen(f"{m.url}/metrics", timeout=30).read().decode()
             err = m.stderr()
         assert "Traceback" not in err, err[-3000:]
@@ -174,8 +186,14 @@ def test_a_blob_being_read_is_not_evicted_and_goes_once_closed(tmp_path):
     ("args", "says"),
     [
         (["--cache-max", "3MiB"], "--cache-max only means something with --upstream URL"),
-        (["--upstream", "http://127.0.0.1:9", "--allow", ORG, "--cache-max", "lots"], "--cache-max 'lots': expected a size"),
-        (["--upstream", "http://127.0.0.1:9", "--allow", ORG, "--min-free", "-1G"], "--min-free '-1G': expected a size"),
+        (
+            ["--upstream", "http://127.0.0.1:9", "--allow", ORG, "--cache-max", "lots"],
+            "--cache-max 'lots': expected a size",
+        ),
+        (
+            ["--upstream", "http://127.0.0.1:9", "--allow", ORG, "--min-free", "-1G"],
+            "--min-free '-1G': expected a size",
+        ),
     ],
 )
 def test_cache_options_refused_in_one_line(tmp_path, args, says):
@@ -191,3 +209,21 @@ def test_sizes():
     assert parse_size("1.5k", "--cache-max") == 1500
     assert parse_size("4096", "--cache-max") == 4096
     assert parse_size("2 MiB", "--cache-max") == 2 << 20
+
+
+def test_kernels_parser_loaded_by_many_threads_at_once(tmp_path):
+    """serve's fetch threads parse their first metadata.json at once: kernels' PyO3 parser is loaded
+    once, never initialised twice (an ImportError, a 500, before)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import threading\nfrom frt.resolver.kernel_metadata import kernels_rust\n"
+        "errs = []\nb = threading.Barrier(16)\n"
+        "def one():\n    b.wait()\n    try:\n        kernels_rust()\n    except Exception as e:\n        errs.append(repr(e))\n"
+        "ts = [threading.Thread(target=one) for _ in range(16)]\n[t.start() for t in ts]\n[t.join() for t in ts]\n"
+        "print(len(errs))\n"
+    )
+    for _ in range(3):
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0 and p.stdout.strip() == "0", p.stdout + p.stderr

@@ -9,7 +9,8 @@ evicted least recently used first (the store's side: frt.mirror.store.evict); st
   while it checks a variant whole and lays out its view (so no view links a blob being evicted).
 - **How much.** Until the pulled bytes plus the holds plus the new file are within --cache-max, and the
   store filesystem's free space (os.statvfs: f_bavail × f_frsize) less the holds and the new file is
-  at least --min-free. Where nothing more may go (all being read), the fetch goes ahead, and says so.
+  at least --min-free. Blobs being read are waited for, up to ROOM_WAIT_S; then the fetch goes ahead
+  (past the bound, said once in the log).
   A single file larger than the cap is kept until the next eviction takes it.
 - **Recency, cheaply.** A blob's use is noted in this worker's memory (a dict write per answer) and
   written to the ledger (`pulled_blobs.used_at`, the later time kept) every FLUSH_S seconds and before
@@ -54,6 +55,7 @@ if TYPE_CHECKING:
 
 FLUSH_S = 5.0  # recency written to the ledger at most this often per worker
 GRACE_S = 10.0  # blobs used this lately are evicted only where nothing else is left
+ROOM_WAIT_S = 5.0  # a fetch waits this long at most for blobs being read to be free to evict
 HOLD_STALE_S = 3600.0  # a hold file older than this is a dead worker's: not counted
 _UNITS = {None: 1, "k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4}
 _UNITS |= {"ki": 1 << 10, "mi": 1 << 20, "gi": 1 << 30, "ti": 1 << 40}
@@ -125,13 +127,20 @@ class CacheKeeper:
 
     @contextmanager
     def room(self, key: str, size: int) -> Iterator[None]:
-        """Make room for a file of `size` bytes about to be fetched as `key`, and hold it while it is."""
+        """Make room for a file of `size` bytes about to be fetched as `key`, and hold it while it is.
+        Blobs being read are waited for (their answers take milliseconds), up to ROOM_WAIT_S."""
         hold = self.home.store.scratch.tmp / f"{key}.{os.getpid()}-{next(self._serial)}.{size}.hold"
-        with self.exclusive():
-            self._flush()
-            self._make_room(size)
-            hold.parent.mkdir(parents=True, exist_ok=True)
-            hold.touch()
+        deadline = time.monotonic() + ROOM_WAIT_S
+        while True:
+            with self.exclusive():
+                self._flush()
+                busy, short = self._make_room(size)
+                if short <= 0 or time.monotonic() >= deadline:
+                    self._say_full(busy, short)
+                    hold.parent.mkdir(parents=True, exist_ok=True)
+                    hold.touch()
+                    break
+            time.sleep(0.05)
         try:
             yield
         finally:
@@ -161,12 +170,13 @@ class CacheKeeper:
             held.enter_context(self.home.ledger.named_lock("frt-mirror cache", shared=shared))
             yield
 
-    def _make_room(self, size: int) -> None:
+    def _make_room(self, size: int) -> tuple[int, int]:
+        """Evict what the bounds want gone before `size` more bytes come: the blobs left because they
+        are being read, and the bytes still short (<= 0: room made)."""
         entries, held = cached(self.home), self._holds()
-        used, free = sum(c.size for c in entries), self._free()
-        want = self._excess(used, free, held + size)
+        want = self._excess(sum(c.size for c in entries), self._free(), held + size)
         if want <= 0:
-            return
+            return 0, want
         recent = time.time() - GRACE_S
         order = [c for c in entries if c.used_at < recent] + [c for c in entries if c.used_at >= recent]
         picked: list[Cached] = []
@@ -179,10 +189,7 @@ class CacheKeeper:
         if self.counters is not None and out.blobs:
             self.counters[0].inc(len(out.blobs))
             self.counters[1].inc(out.nbytes)
-        if out.busy or want > 0:
-            self._say_full(out.busy)
-        else:
-            self._said_full = False
+        return out.busy, want + sum(c.size for c in picked) - out.nbytes
 
     def _excess(self, used: int, free: int | None, more: int) -> int:
         """Bytes to evict so that `more` bytes fit both bounds."""
@@ -193,13 +200,18 @@ class CacheKeeper:
             over = max(over, self.bounds.min_free - (free - more))
         return over
 
-    def _say_full(self, busy: int) -> None:
-        if not self._said_full:
+    def _say_full(self, busy: int, short: int) -> None:
+        """Once per spell: the fetch goes ahead past the bounds (everything left is being read, or the
+        fetches in flight alone pass the cap)."""
+        if short <= 0:
+            self._said_full = False
+        elif not self._said_full:
             self._said_full = True
             log.warning(
-                "frt-mirror: serve: the cache cannot make room within %s (%d pulled blob(s) being read); "
-                "fetching anyway, evicting once they are free",
+                "frt-mirror: serve: the cache could not make room within %s for %g s (%d pulled blob(s) "
+                "being read); fetching anyway, evicting once they are free",
                 self.bounds.describe(),
+                ROOM_WAIT_S,
                 busy,
             )
 
