@@ -220,7 +220,8 @@ def test_kernels_parser_loaded_by_many_threads_at_once(tmp_path):
     code = (
         "import threading\nfrom frt.resolver.kernel_metadata import kernels_rust\n"
         "errs = []\nb = threading.Barrier(16)\n"
-        "def one():\n    b.wait()\n    try:\n        kernels_rust()\n    except Exception as e:\n        errs.append(repr(e))\n"
+        "def one():\n    b.wait()\n    try:\n        kernels_rust()\n"
+        "    except Exception as e:\n        errs.append(repr(e))\n"
         "ts = [threading.Thread(target=one) for _ in range(16)]\n[t.start() for t in ts]\n[t.join() for t in ts]\n"
         "print(len(errs))\n"
     )

@@ -172,8 +172,7 @@ def _limit_option(flag: str, field: str, kind: click.ParamType[Any], help: str) 
     "--min-free",
     "min_free",
     metavar="SIZE",
-    help="With --upstream: evict pulled blobs (least recently used first) so that the store's "
-    "filesystem keeps SIZE free after each file fetched.",
+    help="With --upstream: evict pulled blobs (least recently used first) to keep SIZE free on the store's disk.",
 )
 @click.option(
     "--ready-file",
@@ -237,6 +236,7 @@ def serve_cmd(
     Exits 2 without serving when it cannot listen (the port is in use) or open the access log."""
     from frt.mirror.home_path import check_existing_home
     from frt.mirror.serve.listen import bind
+    from frt.mirror.serve.pull import capped
     from frt.mirror.serve.ready import Readiness
     from frt.mirror.serve.run import serve
     from frt.mirror.serve.watch import CatalogWatcher
@@ -257,7 +257,8 @@ def serve_cmd(
         why = "--head-map needs the blobs as files"
         raise BadInput(f"--store {objects.url}: {why}")
     pull = _upstream(app, upstream, allow, refs_ttl, upstream_timeout, upstream_hold)
-    pull = _cache(app, pull, cache_max, min_free)
+    if cache_max is not None or min_free is not None:  # pull-through's cache bounded (cache_cap.py)
+        pull = capped(pull, cache_max, min_free, objects.url if objects is not None else None)
     if pull is None:  # serve alone only reads the home: a mistyped --home is refused, not created
         check_existing_home(app.root.absolute(), app.home.ledger_url)
     sockets = bind(host, port)  # first: a busy port is one line and exit 2, before anything is said
@@ -384,30 +385,6 @@ def _upstream(
 
     quiet_hub_logging()
     return Upstream(resolve_endpoint(url, "--upstream"), frozenset(allow), refs_ttl, timeout, hold)
-
-
-def _cache(app: App, pull: Upstream | None, cache_max: str | None, min_free: str | None) -> Upstream | None:
-    """serve --cache-max / --min-free: pull-through's cache bounded (frt.mirror.serve.cache_cap)."""
-    import dataclasses
-
-    from frt.mirror.serve.cache_cap import CacheBounds, parse_size
-    from frt.resolver.errors import BadInput
-
-    named = "--cache-max" if cache_max is not None else "--min-free"
-    if cache_max is None and min_free is None:
-        return pull
-    if pull is None:
-        raise BadInput(f"{named} only means something with --upstream URL (it bounds what pull-through keeps)")
-    if (objects := app.home.store.objects) is not None:
-        raise BadInput(
-            f"--store {objects.url}: {named} needs the blobs as files on this host; bound the bucket with "
-            "the object store's own lifecycle rules"
-        )
-    bounds = CacheBounds(
-        parse_size(cache_max, "--cache-max") if cache_max is not None else None,
-        parse_size(min_free, "--min-free") if min_free is not None else None,
-    )
-    return dataclasses.replace(pull, cache=bounds)
 
 
 def multiprocess_metrics() -> tempfile.TemporaryDirectory[str]:

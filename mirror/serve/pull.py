@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import time
 from collections.abc import Awaitable, Callable, Hashable
@@ -27,7 +28,7 @@ import anyio
 from frt.resolver.errors import BadInput, FrtError, LedgerUnavailable, UpstreamUnavailable, VerificationFailed
 
 from ..stage.fetch import ListedFileRefused
-from .cache_cap import CacheBounds
+from .cache_cap import CacheBounds, parse_size
 from .catalog import ServedFile, ServedRepo
 from .metrics import observe_pull
 from .protocol import HubError
@@ -73,6 +74,24 @@ class Upstream:
 
             pull.cache = CacheKeeper(home, self.cache, metrics)
         return PullService(pull, refs_ttl=self.refs_ttl, timeout=self.timeout, hold=self.hold)
+
+
+def capped(pull: Upstream | None, cache_max: str | None, min_free: str | None, s3: str | None) -> Upstream:
+    """serve's --upstream with --cache-max / --min-free (at least one given); `s3`: the --store URL of an
+    object store, which is refused."""
+    named = "--cache-max" if cache_max is not None else "--min-free"
+    if pull is None:
+        raise BadInput(f"{named} only means something with --upstream URL (it bounds what pull-through keeps)")
+    if s3 is not None:
+        raise BadInput(
+            f"--store {s3}: {named} needs the blobs as files on this host; bound the bucket with the object "
+            "store's own lifecycle rules"
+        )
+    bounds = CacheBounds(
+        parse_size(cache_max, "--cache-max") if cache_max is not None else None,
+        parse_size(min_free, "--min-free") if min_free is not None else None,
+    )
+    return dataclasses.replace(pull, cache=bounds)
 
 
 @dataclass(eq=False)
