@@ -13,10 +13,10 @@ from frt.resolver.errors import BadInput, HomeReadOnly, LedgerCorrupt
 
 # The mirror's schema version (schema.py migrates a ledger to it) and its tables at that version: here,
 # where a quick read of the SQLite ledger (store/staged.py) checks them without importing SQLAlchemy.
-MIRROR_VERSION = 6
+MIRROR_VERSION = 7
 MIRROR_TABLES = frozenset(
-    {"blobs", "demand", "mirror_changes", "mirror_events", "mirror_schema_migrations", "staged", "staged_wheels"}
-    | {"tokens", "wheels", "withdrawn"}
+    {"blobs", "demand", "mirror_changes", "mirror_events", "mirror_schema_migrations", "pulled_blobs", "staged"}
+    | {"staged_wheels", "tokens", "wheels", "withdrawn"}
 )
 
 

@@ -131,6 +131,16 @@ class Demand(Base):
     last_seen: Mapped[datetime]
 
 
+class PulledBlob(Base):
+    """A blob pull-through stored (serve --upstream), and when a client last asked for it as far as serve
+    has said (flushed from memory every few seconds, never per request): what serve --cache-max may evict,
+    least recently used first (frt.mirror.store.evict). A blob a stage also references is never evicted."""
+
+    __tablename__ = "pulled_blobs"
+    sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+    used_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
+
+
 def _v2_changes(conn: Connection) -> None:
     """Version 2: the change serial serve's replicas poll."""
     Base.metadata.create_all(conn, tables=[cast(Table, Change.__table__)])
@@ -156,6 +166,11 @@ def _v6_demand(conn: Connection) -> None:
     Base.metadata.create_all(conn, tables=[cast(Table, Demand.__table__)])
 
 
+def _v7_pulled(conn: Connection) -> None:
+    """Version 7: the blobs pull-through stored, and their last use (serve --cache-max)."""
+    Base.metadata.create_all(conn, tables=[cast(Table, PulledBlob.__table__)])
+
+
 # Version 1 is blobs, staged and tokens as the resolver's track created them up to its version 3: a
 # ledger from then keeps its rows (create_all skips tables that exist) and is stamped.
 MIRROR_TRACK = SchemaTrack.of(
@@ -163,5 +178,5 @@ MIRROR_TRACK = SchemaTrack.of(
     Base.metadata,
     MIRROR_VERSION,
     "mirror_schema_migrations",
-    {2: _v2_changes, 3: _v3_events, 4: _v4_wheels, 5: _v5_withdrawn, 6: _v6_demand},
+    {2: _v2_changes, 3: _v3_events, 4: _v4_wheels, 5: _v5_withdrawn, 6: _v6_demand, 7: _v7_pulled},
 )

@@ -16,6 +16,7 @@ import importlib.machinery
 import importlib.util
 import json
 import sys
+import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,12 +62,24 @@ class KernelMetadata:
         return self.digest.get(path_in_variant)
 
 
+_LOADING = threading.Lock()
+
+
 def digest_exempt(path_in_variant: str) -> bool:
     return path_in_variant in DIGEST_EXEMPT or path_in_variant.split("/", 1)[0] == "__pycache__"
 
 
 def kernels_rust() -> ModuleType:
     """`kernels._rust`, kernels' compiled parser and digest: the very module `kernels` itself runs."""
+    if "kernels._rust" in sys.modules:
+        return sys.modules["kernels._rust"]
+    # One thread loads it: a PyO3 module initialised twice in a process (serve's fetch threads, all
+    # parsing their first metadata.json at once) raises ImportError in the second.
+    with _LOADING:
+        return _load_kernels_rust()
+
+
+def _load_kernels_rust() -> ModuleType:
     if "kernels._rust" in sys.modules or "kernels" in sys.modules:
         return importlib.import_module("kernels._rust")
     # Loaded from its file, not through the package: kernels' __init__ imports huggingface_hub's hf_api

@@ -161,6 +161,20 @@ def _limit_option(flag: str, field: str, kind: click.ParamType[Any], help: str) 
     "its way.",
 )
 @click.option(
+    "--cache-max",
+    "cache_max",
+    metavar="SIZE",
+    help="With --upstream: keep the blobs pulled through within SIZE (10GiB, 500M, bytes): before a file "
+    "is fetched, the least recently used pulled blobs are evicted to make room for it. Staged blobs are "
+    "never evicted, nor one being sent; each eviction is recorded (the pulled variant unstaged).",
+)
+@click.option(
+    "--min-free",
+    "min_free",
+    metavar="SIZE",
+    help="With --upstream: evict pulled blobs (least recently used first) to keep SIZE free on the store's disk.",
+)
+@click.option(
     "--ready-file",
     "ready_file",
     metavar="PATH",
@@ -212,6 +226,8 @@ def serve_cmd(
     refs_ttl: float,
     upstream_timeout: float,
     upstream_hold: float,
+    cache_max: str | None,
+    min_free: str | None,
     ready_file: Path | None,
     **limits: Unpack[_Limits],
 ) -> None:
@@ -221,6 +237,7 @@ def serve_cmd(
     from frt.mirror.home_path import check_existing_home
     from frt.mirror.serve.demand_rollup import self_origin
     from frt.mirror.serve.listen import bind
+    from frt.mirror.serve.pull import capped
     from frt.mirror.serve.ready import Readiness
     from frt.mirror.serve.run import serve
     from frt.mirror.serve.watch import CatalogWatcher
@@ -241,6 +258,8 @@ def serve_cmd(
         why = "--head-map needs the blobs as files"
         raise BadInput(f"--store {objects.url}: {why}")
     pull = _upstream(app, upstream, allow, refs_ttl, upstream_timeout, upstream_hold)
+    if cache_max is not None or min_free is not None:  # pull-through's cache bounded (cache_cap.py)
+        pull = capped(pull, cache_max, min_free, objects.url if objects is not None else None)
     if pull is None:  # serve alone only reads the home: a mistyped --home is refused, not created
         check_existing_home(app.root.absolute(), app.home.ledger_url)
     sockets = bind(host, port)  # first: a busy port is one line and exit 2, before anything is said
@@ -266,7 +285,7 @@ def serve_cmd(
     if pull is not None:
         click.echo(
             f"frt-mirror: pulling through from {pull.endpoint} for {', '.join(sorted(pull.allow))} "
-            f"(refs kept {refs_ttl:g} s)",
+            f"(refs kept {refs_ttl:g} s{f'; cache: {pull.cache.describe()}' if pull.cache else ''})",
             err=True,
         )
     elif watcher.ledger_up and not app.home.staged():  # down: it serves a snapshot, and said so

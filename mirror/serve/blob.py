@@ -71,10 +71,18 @@ class BlobResponse(Response):
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
             return 0
+        cache = self._integrity().cache
         try:
             fd = os.open(self.file.stored_blob, os.O_RDONLY)
-        except FileNotFoundError:  # moved out by another process (quarantined) since the catalog was loaded
+        except (FileNotFoundError, LookupError) as e:  # moved out by another process (quarantined) since
+            if cache is not None:  # or evicted (serve --cache-max) since this request looked (or its fetch
+                return await self._refuse(again(scope), scope, receive, send)  # stored it): pulled again
+            if isinstance(e, LookupError):  # a caller's bug (catalog.stored_blob)
+                raise
             return await self._refuse(self._integrity().gone(self.file), scope, receive, send)
+        if cache is not None and not cache.lease(fd):  # held against eviction while open, or being evicted
+            os.close(fd)
+            return await self._refuse(again(scope), scope, receive, send)
         try:
             n, st = self.end - self.start, os.fstat(fd)
             if n <= INLINE and (key := self._integrity().fresh_key(self.file, st)) is not None:
@@ -180,6 +188,15 @@ class BlobResponse(Response):
         if self.integrity is None:
             self.integrity = FileIntegrity()
         return self.integrity
+
+
+def again(scope: Scope) -> HubError:
+    """A 307 to the very URL: its blob was evicted between this request's look and its open. The client
+    follows it (huggingface_hub follows same-host redirects) and the request finds the file not stored,
+    so pull-through fetches it again (Integrity.refused)."""
+    raw = scope.get("raw_path") or scope["path"].encode()
+    where = raw.decode("latin-1") + (f"?{scope['query_string'].decode('latin-1')}" if scope.get("query_string") else "")
+    return HubError(307, None, "evicted from this mirror's cache just now: fetched again", {"Location": where})
 
 
 class FileIntegrity(Integrity):

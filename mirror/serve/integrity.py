@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from prometheus_client import Counter
 
     from ..store.home import Home
+    from .cache_cap import CacheKeeper
     from .metrics import Metrics
 
 # (st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns): see file_key
@@ -92,6 +93,7 @@ class Integrity:
         self.bad: dict[str, FileKey | None] = {}  # sha256 -> key of the file found bad; None: gone from the store
         self._checks: dict[str, asyncio.Future[None]] = {}  # sha256 -> its whole-blob check in flight
         self.counter = quarantine_counter(metrics) if metrics is not None else None
+        self.cache: CacheKeeper | None = None  # serve --cache-max: uses noted, blobs leased (cache_cap.py)
 
     def handoff(self, f: ServedFile, prefix: str) -> tuple[tuple[bytes, bytes], ...] | None:
         """The headers (X-Accel-Redirect) that hand a GET of `f` to nginx, which sends the file from its
@@ -130,7 +132,10 @@ class Integrity:
 
     def refused(self, f: ServedFile) -> bool:
         """Is `f` quarantined, and the store still holds the very file found bad (or nothing)? A file
-        put there since (stage, import, pull-through) is judged afresh."""
+        put there since (stage, import, pull-through) is judged afresh. Under a cache cap, a blob
+        evicted is refused too: pull-through fetches it again."""
+        if self.cache is not None and self.cache.gone(f):
+            return True
         if f.sha256 not in self.bad:
             return False
         try:
@@ -206,6 +211,8 @@ class Integrity:
         except FileNotFoundError:
             return
         try:
+            if self.cache is not None and not self.cache.lease(fd):  # being evicted: nothing to vouch for
+                return
             st = os.fstat(fd)
             got = hash_whole(fd, f.size)
             if got != f.sha256:

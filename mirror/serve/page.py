@@ -60,7 +60,7 @@ if TYPE_CHECKING:
 DEMAND_WINDOW, DEMAND_ROWS = timedelta(days=7), 12  # the page's "asked for" card: the last week, the most asked
 INDEX_ROWS = 8  # on `/`, a repo's newest revisions shown; older ones only where a ref or a staged set points
 # quarantine: a bad blob serve found (integrity.py); pull: a file serve --upstream fetched (shown where there is one)
-EVENT_KINDS = ("stage", "import", "bundle", "gc", "quarantine", "pull")
+EVENT_KINDS = ("stage", "import", "bundle", "gc", "quarantine", "pull", "evict")
 
 
 @dataclass(frozen=True)
@@ -383,7 +383,7 @@ class OperatorRoutes:
 
 def _kinds(view: OperatorView) -> tuple[str, ...]:
     """The event cards: a pull card only on a home that pull-through has fetched into."""
-    return tuple(k for k in EVENT_KINDS if k != "pull" or k in view.events)
+    return tuple(k for k in EVENT_KINDS if k not in ("pull", "evict") or k in view.events)
 
 
 def _anything(r: RepoView) -> bool:

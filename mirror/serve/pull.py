@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import time
 from collections.abc import Awaitable, Callable, Hashable
@@ -34,6 +35,7 @@ from frt.resolver.errors import (
 )
 
 from ..stage.fetch import ListedFileRefused
+from .cache_cap import CacheBounds, parse_size
 from .catalog import ServedFile, ServedRepo
 from .disk import DiskState
 from .metrics import observe_pull
@@ -42,6 +44,7 @@ from .pull_through import NotAllowed, PullThrough
 
 if TYPE_CHECKING:
     from ..store.home import Home
+    from .metrics import Metrics
 
 STALE_HEADER = "X-Mirror-Stale"
 HOLD_S = 120.0  # serve --upstream-hold's default
@@ -64,17 +67,39 @@ class Upstream:
     refs_ttl: float = 60.0
     timeout: float = 5.0
     hold: float = HOLD_S
+    cache: CacheBounds = CacheBounds()  # --cache-max / --min-free
 
-    def service(self, home: Home) -> PullService:
+    def service(self, home: Home, metrics: Metrics | None = None) -> PullService:
         from frt.resolver.attempts import RetryPolicy
         from frt.resolver.hub import HubClient
         from frt.resolver.pacing import Pacer
 
         # A serve runs for months: no cap on the rate-limit waits of its whole life (a stager's run has one).
         hub = HubClient(self.endpoint, retry=RetryPolicy.from_env(refused=False), pacer=Pacer(max_wait=float("inf")))
-        return PullService(
-            PullThrough(home, hub, self.allow), refs_ttl=self.refs_ttl, timeout=self.timeout, hold=self.hold
+        pull = PullThrough(home, hub, self.allow)
+        if self.cache:
+            from .cache_cap import CacheKeeper
+
+            pull.cache = CacheKeeper(home, self.cache, metrics)
+        return PullService(pull, refs_ttl=self.refs_ttl, timeout=self.timeout, hold=self.hold)
+
+
+def capped(pull: Upstream | None, cache_max: str | None, min_free: str | None, s3: str | None) -> Upstream:
+    """serve's --upstream with --cache-max / --min-free (at least one given); `s3`: the --store URL of an
+    object store, which is refused."""
+    named = "--cache-max" if cache_max is not None else "--min-free"
+    if pull is None:
+        raise BadInput(f"{named} only means something with --upstream URL (it bounds what pull-through keeps)")
+    if s3 is not None:
+        raise BadInput(
+            f"--store {s3}: {named} needs the blobs as files on this host; bound the bucket with the object "
+            "store's own lifecycle rules"
         )
+    bounds = CacheBounds(
+        parse_size(cache_max, "--cache-max") if cache_max is not None else None,
+        parse_size(min_free, "--min-free") if min_free is not None else None,
+    )
+    return dataclasses.replace(pull, cache=bounds)
 
 
 @dataclass(eq=False)

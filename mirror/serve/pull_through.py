@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import TYPE_CHECKING
 
 from frt.resolver.errors import DISK_FULL_ERRNOS, BadInput, LedgerUnavailable, LocalDiskError
@@ -55,7 +56,9 @@ from .catalog import ServedCommit, ServedFile, ServedRepo, add_refs
 from .pull_withdrawn import withdraw_pulled, withdrawn_commits
 
 if TYPE_CHECKING:
+    from ..store.blobs import Digest
     from ..store.protocol import BlobStore
+    from .cache_cap import CacheKeeper
 
 SHA = re.compile(r"[0-9a-f]{40}")
 VERSION = re.compile(r"v(\d+)")
@@ -75,6 +78,7 @@ class PullThrough:
         self.transport = Transport(hub)
         self._listings: dict[tuple[str, str], tuple[FileEntry, ...]] = {}  # a model commit's files
         self._selection = threading.Lock()  # a model's selection is read, extended and written back
+        self.cache: CacheKeeper | None = None  # serve --cache-max / --min-free: room made first (cache_cap.py)
 
     def allowed(self, repo_id: str) -> bool:
         return "*" in self.allow or repo_id.split("/", 1)[0] in self.allow
@@ -185,25 +189,28 @@ class PullThrough:
             if variant is not None:
                 publisher = publisher_expectations([(variant, variant_metadata(variant))]).get(expected_key(entry))
             known = sha256_by_git_oid(ledger, [entry.git_oid]) if not entry.sha256 else {}
-            got = fetch_file(
-                self.transport,
-                store,
-                repo_id,
-                commit,
-                entry,
-                known_sha256=known.get(entry.git_oid),
-                publisher=publisher,
-                recorded=recorded_blobs(ledger, [entry.sha256] if entry.sha256 else []),
-                repo_type=repo_type,
-                stored_by_oid=lambda oid: sha256_by_git_oid(ledger, [oid]).get(oid),
-                on_stored=lambda d: record_blobs(ledger, [d]),
-                on_bytes=on_bytes,
-            )
+            cache = self.cache
+            with cache.room(expected_key(entry), entry.size) if cache else nullcontext():
+                got = fetch_file(
+                    self.transport,
+                    store,
+                    repo_id,
+                    commit,
+                    entry,
+                    known_sha256=known.get(entry.git_oid),
+                    publisher=publisher,
+                    recorded=recorded_blobs(ledger, [entry.sha256] if entry.sha256 else []),
+                    repo_type=repo_type,
+                    stored_by_oid=lambda oid: sha256_by_git_oid(ledger, [oid]).get(oid),
+                    on_stored=self._stored,
+                    on_bytes=on_bytes,
+                )
             try:
                 if got.downloaded:
                     record_event(ledger, "pull", ref=f"{repo_id}@{commit}", files=1, nbytes=got.downloaded, detail=path)
                 if variant is not None:
-                    self._stage_if_complete(variant)
+                    with cache.shared() if cache else nullcontext():  # no eviction while its view is linked
+                        self._stage_if_complete(variant)
                 else:
                     self._extend_selection(repo_id, commit, entry)
             except OSError as e:  # a view's link on a full disk: the disk's error, as the ledger's is
@@ -211,6 +218,11 @@ class PullThrough:
                     raise
                 raise LocalDiskError.writing(f"the view of {repo_id}@{commit[:12]}", e) from None
         return served_file(entry, got.digest.sha256, store), got.downloaded
+
+    def _stored(self, d: Digest) -> None:
+        record_blobs(self.home.ledger, [d])
+        if self.cache is not None:  # evictable from now on, unless a stage references it
+            self.cache.stored(d.sha256)
 
     def _entry(self, repo_type: str, repo_id: str, commit: str, path: str) -> tuple[FileEntry, Resolution | None]:
         if repo_type != "kernel":

@@ -64,7 +64,8 @@ class FileSend:
             return None
         st = os.fstat(fd)
         key = integrity.fresh_key(f, st)
-        if key is None or st.st_size != f.size:
+        # serve --cache-max: held against eviction while open (cache_cap.py); refused: the app answers
+        if key is None or st.st_size != f.size or (integrity.cache is not None and not integrity.cache.lease(fd)):
             os.close(fd)
             return None
 

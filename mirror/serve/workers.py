@@ -32,6 +32,7 @@ from frt.resolver.errors import EXIT_BAD_INPUT, EXIT_UNAVAILABLE, BadInput, FrtE
 from ..store.home import Home
 from .accesslog import AccessLog, open_sink
 from .app import MirrorApp
+from .blob import FileIntegrity
 from .catalog import Catalog
 from .demand_rollup import Forwarder, self_origin
 from .head_map import HeadMap
@@ -75,8 +76,11 @@ class AppSpec:
             assert isinstance(app.integrity, ObjectIntegrity)  # serve_cmd refuses it without --store
             app.integrity.redirect = True
         if self.upstream is not None:
-            app.pull = self.upstream.service(home)
+            app.pull = self.upstream.service(home, app.metrics)
             app.demand.forward = Forwarder(self.upstream.endpoint, self.origin or self_origin())
+            if (cache := app.pull.pull.cache) is not None:  # answers lease their blob; an evicted one is pulled again
+                assert isinstance(app.integrity, FileIntegrity)  # serve refuses a cache cap over an object store
+                app.integrity.cache = cache
         if self.head_map is not None:
             watch_head_map(app, self.head_map)
         return app
