@@ -5,7 +5,8 @@
   `kernels.get_kernel(version=1)` still succeeds on first use (serve holds the API request while the
   upstream's window runs out; huggingface_hub sets no timeout on API calls), and once the refresh has
   landed the next request sees it, never a failure cached for the refs TTL.
-- An upstream that refuses connections: a repo never pulled answers at once, saying unavailable.
+- An upstream that refuses connections: a repo never pulled answers at once, 503 with Retry-After, saying
+  unavailable.
 """
 
 from __future__ import annotations
@@ -89,8 +90,9 @@ def test_an_upstream_refusing_connections_is_unavailable_at_once(tmp_path):
             t0 = time.monotonic()
             status, headers, _ = raw_http(m.port, raw_request("GET", f"/api/kernels/{repo}/refs"))
             took = time.monotonic() - t0
-            assert status == 502 and took < 1, (status, took)
+            assert status == 503 and took < 1, (status, took)  # retryable, at once: not after the hold
             assert "unavailable" in headers["x-error-message"] and "within" not in headers["x-error-message"]
+            assert headers["retry-after"] == "5", headers  # --upstream-timeout's default (no window known)
         counted = samples(m.port)
         assert counted.get(("frt_mirror_pull_seconds_count", (("kind", "refs"), ("outcome", "unavailable"))), 0) >= 2
         assert ("frt_mirror_pull_seconds_count", (("kind", "refs"), ("outcome", "timeout"))) not in counted

@@ -396,9 +396,9 @@ def test_with_the_upstream_stopped_everything_pulled_still_loads_flagged_stale(s
             status, headers, _ = raw_http(m.port, raw_request("GET", f"/api/kernels/{ACTIVATION}/refs"))
             assert status == 200 and "upstream" in headers.get("x-mirror-stale", ""), headers
             assert any(line.endswith(" stale") for line in m.stdout().splitlines())
-            # A repo never pulled is not "not found" while nobody can ask: a 502 saying why.
+            # A repo never pulled is not "not found" while nobody can ask: a 503 saying why and when to come back.
             status, headers, _ = raw_http(m.port, raw_request("GET", f"/api/kernels/{ORG}/layernorm/refs"))
-            assert status == 502 and "x-error-code" not in headers, (status, headers)
+            assert status == 503 and "x-error-code" not in headers and headers["retry-after"] == "5", (status, headers)
             assert "upstream cannot be asked" in headers["x-error-message"]
     finally:
         hub.stop()

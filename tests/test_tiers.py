@@ -27,7 +27,7 @@ from tests.support.cli import run_cli
 from tests.support.fakehub import FakeHub
 from tests.support.hostile import HostileProxy
 from tests.support.kernel_fixtures import ACTIVATION, LAYERNORM, ORG, RELU, X86_CPU, demo_repos
-from tests.support.serve_helpers import client_env, raw_http, raw_request, run_client
+from tests.support.serve_helpers import Served, client_env, raw_http, raw_request, run_client
 from tests.support.tiers import MODEL, MODEL_ORG, pull_through, three_tiers
 
 pytestmark = pytest.mark.hub1
@@ -234,41 +234,71 @@ def test_a_central_that_sends_wrong_bytes_is_refused_by_the_region(tiers, tmp_pa
 # -- demand rolls up ---------------------------------------------------------------------------------
 
 CU = "torch2.11-cu130-x86_64-linux"
+ARCHS = "8.0,9.0"
 KERNELS_UA = "kernels/0.17.2; python/3.11; backend/cu130; platform/x86_64-linux; file_type/kernel; torch/2.11.0"
+# A CUDA node as kernels sees one: this box's torch is a CPU build, so the client names CUDA 13.0 and torch
+# 2.11 the way kernels reads them (torch.version.cuda, torch.__version__); kernels and huggingface_hub
+# themselves are unmodified, and build the User-Agent (HF_HUB_USER_AGENT_ORIGIN's included) as on a GPU.
+CUDA_NODE_LOAD = f"""
+    import torch
+    torch.version.cuda, torch.__version__ = "13.0", "2.11.0"
+    import kernels
+    try:
+        kernels.get_kernel("{ACTIVATION}", version=1)
+        report({{"loaded": True}})
+    except Exception as e:
+        report({{"error": type(e).__name__}})
+"""
 
 
 def test_what_a_cluster_missed_reaches_central_and_its_manifest(tiers, tmp_path):
-    """A CUDA node of the cluster lists activation v1's builds (kernels' first ask of a load, its agent
-    naming its target): central staged none for it. The count goes cluster -> region -> central as each
-    writes its counts; central's report and manifest carry it, and the manifest stages exactly that."""
-    commit = tiers.repos[ACTIVATION].branches["v1"]
-    ask = raw_request("GET", f"/api/kernels/{ACTIVATION}/tree/{commit}/build", f"User-Agent: {KERNELS_UA}")
-    status, _, body = raw_http(tiers.cluster.port, ask, timeout=60)
-    assert status == 200 and CU not in body.decode(), body[:300]  # a miss: no build for its target
+    """A CUDA node of the cluster, its env from `frt-mirror env --serve CLUSTER --target CU@8.0,9.0`, loads
+    activation v1 with kernels: central staged no build for it. The count, with the node's archs (its
+    User-Agent's origin), goes cluster -> region -> central as each writes its counts; central's report
+    shows it and where it came from, and its manifest stages exactly that."""
+    p = run_cli(
+        "env", "--serve", tiers.cluster.url, "--target", f"{CU}@9.0,8.0", "--format", "json", home=tiers.cluster_home
+    )
+    assert p.returncode == 0, p.stderr
+    node = json.loads(p.stdout)["env"]
+    assert node["HF_HUB_USER_AGENT_ORIGIN"] == f"frt-archs:{ARCHS}", node
+    p, out = run_client(
+        CUDA_NODE_LOAD,
+        node["HF_ENDPOINT"],
+        tmp_path / "hf",
+        timeout=180,
+        HF_HUB_ETAG_TIMEOUT="60",
+        HF_HUB_USER_AGENT_ORIGIN=node["HF_HUB_USER_AGENT_ORIGIN"],
+    )
+    assert out is not None and "error" in out, (out, p.stderr[-3000:])  # no build for it anywhere: a miss
+    target = f"{CU}@{ARCHS}"
     deadline = time.monotonic() + 60
     while True:
         p = run_cli("report", "--demand", "--json", home=tiers.central_home)
-        lines = [d for d in json.loads(p.stdout or "[]") if (d["repo"], d["target"]) == (ACTIVATION, CU)]
+        lines = [d for d in json.loads(p.stdout or "[]") if (d["repo"], d["target"]) == (ACTIVATION, target)]
         if lines:
             break
         assert time.monotonic() < deadline, (p.stdout, tiers.region.stderr()[-2000:])
         time.sleep(0.5)
     [line] = lines
     assert [(m["asked"], m["outcome"], m["staged_since"]) for m in line["misses"]] == [("v1", "variant", False)]
-    with Home(tiers.central_home).ledger.session(write=False) as s:
-        origins = {r.client for r in s.scalars(select(Demand).where(Demand.target == CU))}
     cluster, region = (f"{socket.gethostname()}:{srv.port}" for srv in (tiers.cluster, tiers.region))
+    assert line["via"] == [f"{cluster} > {region}"], line
+    with Home(tiers.central_home).ledger.session(write=False) as s:
+        origins = {r.client for r in s.scalars(select(Demand).where(Demand.target == target))}
     assert origins == {f"tier {cluster} > {region}"}, origins
+    p = run_cli("report", "--demand", home=tiers.central_home)
+    assert target in p.stdout and f"{cluster} > {region}" in p.stdout and "asked at" in p.stdout, p.stdout
     p = run_cli("demand", "manifest", home=tiers.central_home)
     assert p.returncode == 0, p.stderr
-    assert f'target = "{CU}"' in p.stdout and f'"{ACTIVATION}" = [{{ version = 1 }}]' in p.stdout, p.stdout
+    assert f'target = "{target}"' in p.stdout and f'"{ACTIVATION}" = [{{ version = 1 }}]' in p.stdout, p.stdout
     manifest = tmp_path / "demand.toml"
     manifest.write_text(p.stdout)
     with FakeHub(list(tiers.repos.values()), trusted_orgs=[ORG], page_size=5) as hub:
         p = run_cli("--endpoint", hub.url, "stage", str(manifest), "--json", home=tiers.central_home)
     assert p.returncode == 0, p.stderr
     rows = {(r["repo"], r["requested"], r["target"], r["status"]) for r in json.loads(p.stdout)["rows"]}
-    assert rows == {(ACTIVATION, "v1", CU, "staged")}, rows
+    assert rows == {(ACTIVATION, "v1", target, "staged")}, rows
 
 
 def test_the_demand_endpoint_takes_only_bounded_well_formed_counts(tiers):
@@ -283,6 +313,9 @@ def test_the_demand_endpoint_takes_only_bounded_well_formed_counts(tiers):
         json.dumps({"rows": [{**row, "repo": "../etc"}]}).encode(),
         json.dumps({"rows": [{**row, "outcome": "staged"}]}).encode(),
         json.dumps({"rows": [{**row, "origin": "x" * 500}]}).encode(),
+        json.dumps({"rows": [{**row, "target": "torch2.11-cu130-x86_64-linux@8.0+PTX"}]}).encode(),
+        json.dumps({"rows": [{**row, "target": "host"}]}).encode(),
+        json.dumps({"rows": [{**row, "target": "not-a-target"}]}).encode(),
     ]
     for body in bad:
         status, headers, _ = raw_http(tiers.central.port, raw_request("POST", path, body=body))
@@ -356,20 +389,43 @@ def test_a_version_unstaged_at_central_goes_from_region_and_cluster(tiers, tmp_p
 
 
 def test_with_central_stopped_the_region_serves_what_it_has(tiers):
+    """Central stopped (its port refuses connections): both tiers below answer what they hold, whole, to
+    concurrent clients; a miss is a 503 with Retry-After at once (a client may come back), never a 404 nor
+    a wait of --upstream-hold."""
     commit = tiers.repos[ACTIVATION].branches["v1"]
-    stored = [f"/kernels/{ACTIVATION}/resolve/{commit}/build/{X86_CPU}/{n}" for n in ("__init__.py", "metadata.json")]
-    for path in stored:
-        assert raw(tiers.region, path)[0] == 200  # pulled by the tests before
+    held = [f"/kernels/{ACTIVATION}/resolve/{commit}/build/{X86_CPU}/{n}" for n in ("__init__.py", "metadata.json")]
+    for served in (tiers.region, tiers.cluster):
+        for path in held:
+            assert raw(served, path)[0] == 200  # pulled by the tests before
+    # A file the region lists and never stored (relu's, refused as tampered above), and repos never seen.
+    relu = f"build/{X86_CPU}/__init__.py"
+    assert not any(stored(h, tiers.files(RELU, "v1")[relu]).exists() for h in (tiers.region_home, tiers.cluster_home))
+    misses = [
+        f"/kernels/{RELU}/resolve/{tiers.repos[RELU].branches['v1']}/{relu}",
+        f"/api/kernels/{ORG}/never-seen/refs",
+        f"/api/models/{MODEL_ORG}/never-seen",
+    ]
     tiers.central.proc.terminate()
     tiers.central.proc.wait(timeout=30)
+    want = {p: tiers.files(ACTIVATION, "v1")[p.split(f"{commit}/")[1]] for p in held}
+
+    def ask(job: tuple[Served, str]) -> tuple[str, str, int, dict, bytes, float]:
+        served, path = job
+        t0 = time.monotonic()
+        status, headers, body = raw_http(served.port, raw_request("GET", path), timeout=60)
+        return served.url, path, status, headers, body, time.monotonic() - t0
+
+    jobs = [(s, p) for s in (tiers.region, tiers.cluster) for p in held * 12 + misses * 3]
     with ThreadPoolExecutor(8) as pool:
-        results = list(pool.map(lambda path: raw(tiers.region, path), stored * 16))
-    want = {p: tiers.files(ACTIVATION, "v1")[p.split(f"{commit}/")[1]] for p in stored}
-    failed = [s for (s, body), p in zip(results, stored * 16, strict=True) if s != 200 or body != want[p]]
+        results = list(pool.map(ask, jobs))
+    failed = [(u, p, s) for u, p, s, _, body, _ in results if p in want and (s != 200 or body != want[p])]
     assert failed == [], failed
-    # A miss: central refuses connections, so the region says so at once (502, one line; test_pull_outages),
-    # where a central slow or rate-limited past --upstream-hold gets a 503 with Retry-After.
+    for url, path, status, headers, _, took in (r for r in results if r[1] not in want):
+        assert status == 503 and int(headers["retry-after"]) >= 1, (url, path, status, headers)
+        assert "unavailable" in headers["x-error-message"] and "x-error-code" not in headers, (url, path, headers)
+        assert took < 20, (url, path, took)  # at once: far under the --upstream-hold (120 s)
+    # The region's refusal of central's connections is immediate (no retries of a refused connection).
     t0 = time.monotonic()
-    status, headers, _ = raw_http(tiers.region.port, raw_request("GET", f"/api/kernels/{ORG}/never-seen/refs"))
-    assert status == 502 and "cannot be asked" in headers["x-error-message"], (status, headers)
-    assert time.monotonic() - t0 < 10
+    status, headers, _ = raw_http(tiers.region.port, raw_request("GET", f"/api/kernels/{ORG}/never-seen-2/refs"))
+    assert status == 503 and "cannot be asked" in headers["x-error-message"], (status, headers)
+    assert time.monotonic() - t0 < 1

@@ -51,7 +51,8 @@ def demand_lines(app: App, since: timedelta | None) -> list[DemandLine]:
 
 
 def report_demand(app: App, since: timedelta | None, as_json: bool) -> None:
-    """`report --demand`: per repo x target, requests, last seen, what was served and what missed."""
+    """`report --demand`: per repo x target, requests, last seen, what was served and what missed, and
+    the tiers below it came through (`asked at`, `via` in --json: here, or cluster > region)."""
     lines = demand_lines(app, since)
     if as_json:
         emit_json([_line_json(d) for d in lines])
@@ -67,10 +68,14 @@ def report_demand(app: App, since: timedelta | None, as_json: bool) -> None:
             f"{d.last_seen:%Y-%m-%d %H:%M}",
             ", ".join(d.served) or "-",
             "; ".join(f"{m.text} ({m.count}x)" for m in d.misses) or "-",
+            "; ".join(d.via) or "here",
         )
         for d in lines
     ]
-    click.echo(table(["repo", "target", "requests", "last seen (UTC)", "served", "not answered"], rows))
+    heads = ["repo", "target", "requests", "last seen (UTC)", "served", "not answered", "asked at"]
+    click.echo(table(heads, rows))
+    if any(d.via for d in lines):
+        click.echo("\nasked at: the tiers below that handed the counts on, nearest the client first")
     open_misses = sum(len(d.open_misses) for d in lines)
     if open_misses:
         click.echo(
@@ -86,6 +91,7 @@ def _line_json(d: DemandLine) -> dict[str, object]:
         "requests": d.requests,
         "last_seen": d.last_seen.isoformat(),
         "served": list(d.served),
+        "via": list(d.via),  # origin chains of counts handed on by tiers below ([]: this mirror's own)
         "misses": [
             {
                 "asked": m.asked,

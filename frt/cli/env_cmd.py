@@ -3,6 +3,7 @@ that composes the mirror and the adapters)."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,7 +22,13 @@ if TYPE_CHECKING:
 
 
 @cli.command("env")
-@click.option("--target", "target", callback=parse_targets, help="The cluster's target (for LOCAL_KERNELS).")
+@click.option(
+    "--target",
+    "target",
+    callback=parse_targets,
+    help="The cluster's target (for LOCAL_KERNELS); its @archs go in HF_HUB_USER_AGENT_ORIGIN (with --serve too), "
+    "so the mirror's demand names the node's GPUs.",
+)
 @click.option(
     "--serve", "serve_url", metavar="URL", help="Print the cluster side of 'frt-mirror serve' at URL instead."
 )
@@ -73,11 +80,15 @@ def env_cmd(
 ) -> None:
     """What a cluster sets: LOCAL_KERNELS for a target's staged set (one path per repo: a repo staged at
     several versions is left out, exit 1, unless --version REPO=N or a pin chooses; export-cache and
-    serve carry every version), or with --serve, HF_ENDPOINT for a running mirror. With --engine, also what a
+    serve carry every version), or with --serve, HF_ENDPOINT for a running mirror. A target naming its
+    GPUs (T@8.0,9.0) adds HF_HUB_USER_AGENT_ORIGIN=frt-archs:8.0,9.0 after any words already there, so
+    the mirror's demand counts the node's archs (kernels' User-Agent names none). With --engine, also what a
     vLLM or SGLang job sets to attach seats in its workers without installing anything: PYTHONPATH
     (the frt package and the plugin's dist-info, written to --python-dir), FRT_MIRROR_HOME, FRT_SEATS
     and the engine's plugin allow-list."""
     from frt.mirror.views.env import TELEMETRY_WARNING, endpoint_vars, env_vars, local_kernels, pip_line, render_sh
+    from frt.resolver.agent_archs import ENV as ORIGIN_ENV
+    from frt.resolver.agent_archs import origin_value
 
     if (seats or python_dir) and not engine:
         raise BadInput("--seats and --python-dir go with --engine vllm|sglang")
@@ -97,6 +108,8 @@ def env_cmd(
         values = env_vars(entries)
     elif not engine:
         raise BadInput("give --target T (LOCAL_KERNELS), --serve URL (HF_ENDPOINT) or --engine vllm|sglang")
+    if target is not None and (origin := origin_value(target, os.environ.get(ORIGIN_ENV))) is not None:
+        values[ORIGIN_ENV] = origin  # its GPUs in every User-Agent, for the mirror's demand (agent_archs.py)
     if engine:
         from frt.adapters.distinfo import write_python_dir
         from frt.adapters.engine_env import check_catalog, engine_vars

@@ -248,8 +248,8 @@ class MirrorApp:
             if stale is not None:
                 request.scope["frt.stale"] = stale
         repo = repo or self.catalog().repo(repo_type, repo_id)
-        if repo is None and stale is not None:  # not "does not exist": nobody could ask
-            raise HubError(502, None, f"{repo_id} is not on this mirror, and its upstream cannot be asked ({stale})")
+        if repo is None and stale is not None and self.pull is not None:  # nobody could ask: not a 404
+            raise self.pull.not_askable(repo_type, repo_id, stale)
         if repo is None:
             if self.pull is None or not self.pull.by_wildcard(repo_id):  # '*': the upstream has no such repo
                 self.demand.missed_repo(request.scope, repo_id)

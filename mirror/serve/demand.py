@@ -1,10 +1,11 @@
 """serve's count of what its kernels clients ask for (the fleet's demand, mirror/serve/demand_records.py).
 
 A kernels client names its system in its User-Agent (`kernels/0.17.2; python/3.11; backend/cu130;
-platform/x86_64-linux; file_type/kernel; torch/2.11.0`): that is the target it asks for. One load is one
-listing of a revision's `build/` (kernels' get_variants), answered from what is staged: counted as served
-where the target accepts a listed variant (the one kernels picks, by kernels' rules), else as a miss of
-the variant. (After a load finds no variant, kernels lists the newest version's `build/` too, by its
+platform/x86_64-linux; file_type/kernel; torch/2.11.0`): that is the target it asks for, with its GPUs'
+archs where the node's `frt-mirror env` named them (`; origin/frt-archs:8.0,9.0`: resolver/agent_archs.py).
+One load is one listing of a revision's `build/` (kernels' get_variants), answered from what is staged:
+counted as served where the target accepts a listed variant (the one kernels picks, by kernels' rules),
+else as a miss of the variant. (After a load finds no variant, kernels lists the newest version's `build/` too, by its
 ref name, for a hint: that is not counted.) A revision or repo this mirror does not have is a miss too;
 so is a version it knows of but has not staged: its refs answer names those versions to kernels clients
 (and only to them), so that kernels asks for the commit, gets a 404 that says so, and the ask is
@@ -29,7 +30,8 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from frt.manifests.fields import repo_id_problem
-from frt.resolver.errors import FrtError
+from frt.resolver.agent_archs import agent_archs
+from frt.resolver.errors import FrtError, LocalDiskError
 from frt.resolver.targets import make_target
 from frt.resolver.variants import accepted
 
@@ -40,6 +42,7 @@ if TYPE_CHECKING:
 
     from .catalog import ServedRepo
 
+_FULL = ("disk is full", "No space left")  # SQLite's and the OS's words for a full disk
 log = logging.getLogger("frt.serve")
 INTERVAL = 2.0
 MAX_PENDING = 4096  # kinds of request held in memory between two writes (more wait on the ledger's return)
@@ -62,7 +65,7 @@ def target_of(agent: str) -> str | None:
         )
     except (FrtError, ValueError):
         return ""
-    return str(target)
+    return str(agent_archs(target, agent))  # its GPUs where the node's env named them (agent_archs.py)
 
 
 def _agent(scope: Scope) -> str:
@@ -150,7 +153,8 @@ class DemandRecorder:
         from frt.resolver.targets import parse_target
 
         try:
-            return accepted(parse_target(target), names)
+            # by name, as kernels picks: the listing has no variant's declared archs (agent_archs.py)
+            return accepted(parse_target(target).by_name, names)
         except FrtError:
             return []
 
@@ -208,7 +212,7 @@ class DemandRecorder:
                             self._pending[ask] = t
                     else:
                         mine.count, mine.first = mine.count + t.count, t.first
-            text = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+            text = _why(e)
             if text != self._said:
                 self._said = text
                 log.warning("demand: counts not written to the ledger yet (kept in memory): %s", text)
@@ -220,6 +224,15 @@ class DemandRecorder:
             except Exception as e:  # noqa: BLE001  an upstream's trouble must not cost this serve
                 log.info("demand: not handed to the upstream: %s", f"{type(e).__name__}: {e}"[:300])
         return True
+
+
+def _why(e: Exception) -> str:
+    """Why counts were not written, for serve's log. A full disk is said once by serve's own line
+    (disk.py): here it is named without repeating "disk is full" (and the ledger's own wording of it)."""
+    text = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+    if isinstance(e, LocalDiskError) and any(s in text for s in _FULL):
+        return "the home's disk has no room for them now"
+    return text
 
 
 def _probe(rev: str) -> bool:

@@ -35,6 +35,7 @@ MISSES = {
     "repo": "nothing of this repo is staged here",
 }
 OUTCOMES = (SERVED, *MISSES)
+TIER = "tier "  # the client column's prefix for counts a tier below handed on (demand_rollup.py)
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,9 @@ class DemandLine:
     last_seen: datetime
     served: tuple[str, ...] = ()  # "v1 torch-cpu": what was asked and the variant it was answered with
     misses: tuple[Miss, ...] = field(default_factory=tuple)
+    # Where counts a tier below handed on came from (demand_rollup.py): each row's origin chain, as the
+    # client column keeps it ("cluster:port > region:port"); () where every count was this mirror's own.
+    via: tuple[str, ...] = ()
 
     @property
     def open_misses(self) -> tuple[Miss, ...]:
@@ -154,9 +158,9 @@ def demand_lines(ledger: Ledger, staged: Iterable[StagedRow], since: timedelta |
             )
             for (asked, outcome), rs in sorted(missed.items())
         )
-        out.append(
-            DemandLine(repo, target, sum(r.count for r in mine), max(r.last_seen for r in mine), tuple(served), misses)
-        )
+        via = tuple(sorted({r.client[len(TIER) :] for r in mine if r.client.startswith(TIER)}))
+        requests, last = sum(r.count for r in mine), max(r.last_seen for r in mine)
+        out.append(DemandLine(repo, target, requests, last, tuple(served), misses, via))
     out.sort(key=lambda d: (-d.requests, d.repo, d.target))
     return out
 

@@ -12,7 +12,8 @@ and MAX_BODY bytes a POST, once, with a short timeout. An upstream that is not a
 answers 404 or anything else: ignored, never retried, never an error; the Hub sees one small POST per
 write interval that has counts, and nothing when there are none. A serve receiving them (any serve: the
 endpoint needs no --upstream) checks every field (types, lengths, outcomes, repo ids: at most MAX_BODY
-bytes read, MAX_ROWS rows; else 400/413 and nothing kept), adds them to its own counts with their origin
+bytes read, MAX_ROWS rows, a target as resolver/targets.py parses it, archs included; else 400/413 and
+nothing kept), adds them to its own counts with their origin
 in the counts' client column (`tier <origin>`), and, with an upstream of its own, hands them on.
 
 Demand is a hint: it is counted and reported, never staged by itself (`demand manifest` writes a
@@ -32,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from frt.manifests.fields import repo_id_problem
 
-from .demand_records import OUTCOMES, Ask, Tally
+from .demand_records import OUTCOMES, TIER, Ask, Tally
 from .protocol import HubError
 
 if TYPE_CHECKING:
@@ -46,7 +47,6 @@ PATH = "/api/frt-mirror/demand"
 MAX_BODY = 256 * 1024  # bytes of one POST: MAX_ROWS rows of ~200 bytes
 MAX_ROWS = 1000
 ORIGIN_MAX = 200
-TIER = "tier "  # the client column's prefix for counts a tier below handed on
 _FIELD_MAX = 256  # asked, target, variant
 TIMEOUT = 5.0
 
@@ -110,6 +110,24 @@ def _text(row: dict[str, Any], key: str, limit: int = _FIELD_MAX) -> str:
     return value
 
 
+def _target(row: dict[str, Any]) -> str:
+    """A row's target as the tier below counted it: a target in its canonical spelling (archs included,
+    as targets.py writes them), or "" (a kernels client naming none this project knows)."""
+    text = _text(row, "target")
+    if not text:
+        return text
+    from frt.resolver.errors import FrtError
+    from frt.resolver.targets import parse_target
+
+    try:
+        ok = not text.startswith("host") and str(parse_target(text)) == text
+    except FrtError:
+        ok = False
+    if not ok:
+        raise ValueError(f"target: {text[:80]!r} is not a target (torch<M>.<m>-<backend>-<cpu>-<os>[@ARCH,...])")
+    return text
+
+
 def _time(row: dict[str, Any], key: str) -> datetime:
     value = datetime.fromisoformat(_text(row, key, 40))
     return value if value.tzinfo else value.replace(tzinfo=UTC)
@@ -133,7 +151,7 @@ def decode(body: bytes) -> dict[Ask, Tally]:
         if not isinstance(count, int) or isinstance(count, bool) or not 0 < count <= 1 << 31:
             raise ValueError("count: a positive integer")
         origin = _text(row, "origin", ORIGIN_MAX)
-        ask = Ask(repo, _text(row, "asked"), _text(row, "target"), outcome, TIER + origin)
+        ask = Ask(repo, _text(row, "asked"), _target(row), outcome, TIER + origin)
         t = out.get(ask)
         first, last = _time(row, "first"), _time(row, "last")
         if t is None:

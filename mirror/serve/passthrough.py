@@ -39,7 +39,7 @@ from frt.resolver.errors import FrtError, UpstreamUnavailable, VerificationFaile
 
 from .cut import cut
 from .metrics import observe_pull
-from .pull import upstream_error
+from .unavailable import upstream_error
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -227,7 +227,7 @@ class PassThroughResponse(Response):
             pass
         except FrtError as e:
             if sent == 0:
-                answer = upstream_error(e, self.p.where).response(head=False)
+                answer = upstream_error(e, self.p.where, self.service.come_back()).response(head=False)
                 self.status_code = answer.status_code
                 await answer(scope, receive, send)
                 return 0

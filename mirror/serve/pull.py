@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import math
 import time
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
@@ -30,17 +29,18 @@ from frt.resolver.errors import (
     FrtError,
     LedgerUnavailable,
     LocalDiskError,
+    UpstreamMalformed,
     UpstreamUnavailable,
     VerificationFailed,
 )
 
-from ..stage.fetch import ListedFileRefused
 from .cache_cap import CacheBounds, parse_size
 from .catalog import ServedFile, ServedRepo
 from .disk import DiskState
 from .metrics import observe_pull
 from .protocol import HubError
 from .pull_through import NotAllowed, PullThrough
+from .unavailable import not_askable, on_its_way, retry_after
 
 if TYPE_CHECKING:
     from ..store.home import Home
@@ -129,6 +129,7 @@ class _Known:
     fresh_until: float  # monotonic time from which the upstream is asked again
     stale: str | None = None  # why the upstream could not be asked, when it could not
     unrecorded: bool = False  # held in memory only: the ledger could not record it (a full disk)
+    fault: bool = False  # the upstream's answer was refused as malformed (502), not unavailable (503)
 
 
 class PullService:
@@ -199,20 +200,16 @@ class PullService:
         raise self._on_its_way(repo_id)
 
     def _on_its_way(self, what: str) -> HubError:
-        """A 503 for what the upstream has not answered yet, saying when to come back: when the upstream's
-        rate-limit window resets, where the mirror waits for one."""
-        wait = self.pull.hub.pacer.blocked_for()
-        why = (
-            f"the upstream is rate-limiting this mirror for {wait:.0f} s more"
-            if wait > 0
-            else f"the upstream did not answer within {self.timeout:g} s"
-        )
-        return HubError(
-            503,
-            None,
-            f"{what} is on its way from the upstream ({why}): try again shortly",
-            {"Retry-After": str(max(1, math.ceil(wait or self.timeout)))},
-        )
+        return on_its_way(what, self.pull.hub.pacer.blocked_for(), self.timeout)
+
+    def come_back(self) -> str:
+        """A 503's Retry-After (unavailable.py): the rate-limit window's rest, else the upstream timeout."""
+        return retry_after(self.pull.hub.pacer.blocked_for(), self.timeout)
+
+    def not_askable(self, repo_type: str, repo_id: str, stale: str) -> HubError:
+        """A repo with nothing here while the upstream cannot be asked: 503, or 502 for a malformed answer."""
+        known = self._known.get((repo_type, repo_id))
+        return not_askable(repo_id, stale, known is not None and known.fault, self.come_back())
 
     async def _wait(self, key: Hashable, start: Callable[[], Awaitable[T]], limit: float) -> asyncio.Future[T] | None:
         """Wait up to `limit` seconds for the flight `key` (started if none is): the flight, landed, or
@@ -228,10 +225,11 @@ class PullService:
         """Ask the upstream, record what it says, and keep what serve answers from now on. Runs to the
         end whoever waits for it (no thread is abandoned to carry on unseen)."""
         key, stale, outcome, t0 = (repo_type, repo_id), None, "ok", time.perf_counter()
+        fault = False
         try:
             await anyio.to_thread.run_sync(self.pull.refresh, repo_type, repo_id, revision)
         except UpstreamUnavailable as e:
-            stale, outcome = f"upstream unavailable: {e}", "unavailable"
+            stale, outcome, fault = f"upstream unavailable: {e}", "unavailable", isinstance(e, UpstreamMalformed)
         except LedgerUnavailable as e:
             stale, outcome = f"the ledger is unavailable: {e}", "ledger"
         except LocalDiskError as e:  # the upstream answered, the ledger could not keep it: held in memory
@@ -251,7 +249,7 @@ class PullService:
         again = self.refs_ttl if stale is None else min(self.refs_ttl, RETRY_FAILED_S)
         if repo is None and len(self._known) >= MAX_UNKNOWN:  # under '*': a scanner's names, held in memory
             self._known = {k: v for k, v in self._known.items() if v.repo is not None}
-        self._known[key] = _Known(repo, time.monotonic() + again, stale)
+        self._known[key] = _Known(repo, time.monotonic() + again, stale, fault=fault)
 
     async def _unrecorded(self, repo_type: str, repo_id: str, revision: str | None, t0: float) -> None:
         """The repo as the upstream has it now, asked again and held in memory for the refs TTL
@@ -399,16 +397,3 @@ def _key(f: ServedFile) -> str:
 
 def _is_sha(rev: str) -> bool:
     return len(rev) == 40 and all(c in "0123456789abcdef" for c in rev)
-
-
-def upstream_error(e: FrtError, where: str) -> HubError:
-    """A pull that failed, as the client sees it: nothing was stored, and the next request tries again."""
-    if isinstance(e, ListedFileRefused):  # no bytes came: the upstream contradicts its listing
-        return HubError(502, None, f"{where}: nothing was stored: {e}")
-    if isinstance(e, VerificationFailed):
-        return HubError(502, None, f"{where}: the upstream's bytes failed verification and were not stored: {e}")
-    if isinstance(e, UpstreamUnavailable):
-        return HubError(502, None, f"{where}: the upstream is unavailable, nothing was stored: {e}")
-    if isinstance(e, BadInput):
-        return HubError(404, "EntryNotFound", str(e))
-    return HubError(502, None, f"{where}: {e}")

@@ -17,8 +17,9 @@ from .blob import file_headers
 from .catalog import ServedFile, ServedRepo, etag_of
 from .objects import ObjectIntegrity
 from .passthrough import Passage, PassThroughResponse
-from .pull import PullService, upstream_error
+from .pull import PullService
 from .stream import FlowResponse
+from .unavailable import upstream_error
 
 if TYPE_CHECKING:
     from .blob import FileIntegrity
@@ -43,4 +44,4 @@ async def pulled(
     except LocalDiskError:  # said by the service (disk.py); nothing of it was kept
         return PassThroughResponse(service, passage, headers)
     except FrtError as e:
-        raise upstream_error(e, passage.where) from None
+        raise upstream_error(e, passage.where, service.come_back()) from None

@@ -41,7 +41,8 @@ from .cut import cut
 from .integrity import hash_whole
 from .objects import ObjectIntegrity
 from .passthrough import Gone, Passage, PassThroughResponse, relay
-from .pull import Flow, PullService, upstream_error
+from .pull import Flow, PullService
+from .unavailable import upstream_error
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -177,7 +178,7 @@ class FlowResponse(Response):
             raise Cut(f"passing the rest through from the upstream: {e}") from None
 
     async def _failed(self, e: FrtError, scope: Scope, receive: Receive, send: Send) -> int:
-        answer = upstream_error(e, self.flow.path).response(head=False)
+        answer = upstream_error(e, self.flow.path, self.service.come_back()).response(head=False)
         await answer(scope, receive, send)
         return 0
 
