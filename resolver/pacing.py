@@ -231,7 +231,8 @@ class Pacer:
         with self._cond:
             now = self._clock()
             ends = [a.resets for a in self._accounts.values() if a.resets is not None and a.left == 0]
-        return max(0.0, max(ends, default=now) + MARGIN - now)
+        # none spent: 0 (not MARGIN, which read as "rate-limited for 0 s more" and a Retry-After of 1 s)
+        return max(0.0, max(ends) + MARGIN - now) if ends else 0.0
 
     @contextmanager
     def work(self, bucket: str, noun: str, total: int) -> Iterator[Work]:
