@@ -18,7 +18,8 @@ import asyncio
 import dataclasses
 import math
 import time
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Awaitable, Callable, Hashable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -35,7 +36,7 @@ from frt.resolver.errors import (
 )
 
 from ..stage.fetch import ListedFileRefused
-from .cache_cap import CacheBounds, parse_size
+from .cache_cap import CacheBounds, NoRoom, parse_size
 from .catalog import ServedFile, ServedRepo
 from .disk import DiskState
 from .metrics import observe_pull
@@ -45,6 +46,7 @@ from .pull_through import NotAllowed, PullThrough
 if TYPE_CHECKING:
     from ..store.home import Home
     from .metrics import Metrics
+    from .pin import Pin
 
 STALE_HEADER = "X-Mirror-Stale"
 HOLD_S = 120.0  # serve --upstream-hold's default
@@ -147,6 +149,9 @@ class PullService:
         self._tried: dict[tuple[tuple[str, str] | str, str], float] = {}
         self.disk = DiskState(pull.home.store)  # full or not: what passes() asks (disk.py)
         self._unvouched: set[str] = set()  # what note_unvouched could not record (the ledger unwritable)
+        # serve --cache-max: a landed fetch's pin (pin.py), kept until its last waiter has taken a share
+        self._pins: dict[str, Pin] = {}
+        self._waiting: dict[str, int] = {}  # blob key -> answers waiting for its flight
 
     def allowed(self, repo_id: str) -> bool:
         return self.pull.allowed(repo_id)
@@ -274,25 +279,47 @@ class PullService:
 
     def passes(self, repo: ServedRepo, f: ServedFile) -> bool:
         """Is `f` passed through unkept (passthrough.py) rather than fetched into the store? Where its repo
-        is held in memory only, or the disk cannot take it now (said once: disk.py). A fetch of it already
+        is held in memory only, it is larger than the cache cap, or the disk cannot take it now (said once:
+        disk.py). A fetch of it already
         in flight is joined."""
         known = self._known.get((repo.repo_type, repo.repo_id))
-        if known is not None and known.unrecorded:
+        if known is not None and known.unrecorded or (self.pull.cache and self.pull.cache.too_big(f.size)):
             return True
         return ("file", _key(f)) not in self._flights and not self.disk.fits(f.size)
 
-    async def file(self, repo: ServedRepo, commit: str, f: ServedFile) -> ServedFile:
-        """`f` stored (fetched now, or by whoever was fetching it); the cached repo is updated in place.
+    async def file(self, repo: ServedRepo, commit: str, f: ServedFile) -> tuple[ServedFile, Pin | None]:
+        """`f` stored (fetched now, or by whoever was fetching it), and this answer's share of its pin
+        under a cache cap (held until the answer has opened it); the cached repo is updated in place.
         A client waits for it at most the hold; past `timeout`, when the fetch waits for the upstream's
         rate-limit window, it gets 503 with Retry-After at once (its own read timeout is 10 s). The fetch
         goes on either way, and the next request finds the file stored."""
         key = ("file", _key(f))
-        fut = await self._wait(key, lambda: self._fetch(repo, commit, f), min(self.timeout, self.hold))
-        if fut is None and self.pull.hub.pacer.blocked_for() <= 0 and self.hold > self.timeout:
-            fut = await self._wait(key, lambda: self._fetch(repo, commit, f), self.hold - self.timeout)
-        if fut is None:
-            raise self._on_its_way(f"{repo.repo_id}/{f.path}")
-        return fut.result()
+        with self.waiting(_key(f)):
+            fut = await self._wait(key, lambda: self._fetch(repo, commit, f), min(self.timeout, self.hold))
+            if fut is None and self.pull.hub.pacer.blocked_for() <= 0 and self.hold > self.timeout:
+                fut = await self._wait(key, lambda: self._fetch(repo, commit, f), self.hold - self.timeout)
+            if fut is None:
+                raise self._on_its_way(f"{repo.repo_id}/{f.path}")
+            return fut.result(), self.share(_key(f))  # no await between its landing and the share
+
+    @contextmanager
+    def waiting(self, key: str) -> Iterator[None]:
+        """An answer waits for the flight of blob `key` (and takes a share of its pin when it lands): the
+        last one to go lets the flight's pin go, once it has landed (pin.py)."""
+        self._waiting[key] = self._waiting.get(key, 0) + 1
+        try:
+            yield
+        finally:
+            self._waiting[key] -= 1
+            if not self._waiting[key]:
+                del self._waiting[key]
+                if ("file", key) not in self._flights and (pin := self._pins.pop(key, None)) is not None:
+                    pin.close()
+
+    def share(self, key: str) -> Pin | None:
+        """A share of the pin of blob `key`'s landed fetch (None: none held, no cache cap)."""
+        pin = self._pins.get(key)
+        return pin.share() if pin is not None else None
 
     def streams(self, f: ServedFile) -> bool:
         """Is `f` sent as it is fetched (serve/stream.py), rather than verified before its first byte?"""
@@ -323,9 +350,13 @@ class PullService:
         on_bytes = flow.wrote if flow is not None else (lambda n: None)
         self.disk.reserved += f.size  # what passes() counts as taken while this fetch runs
         try:
-            stored, nbytes = await anyio.to_thread.run_sync(
+            stored, nbytes, pin = await anyio.to_thread.run_sync(
                 self.pull.fetch, repo.repo_type, repo.repo_id, commit, f.path, on_bytes
             )
+            if pin is not None and (old := self._pins.pop(_key(f), None)) is not pin:
+                self._pins[_key(f)] = pin  # let go when the flight has landed and its last waiter has its share
+                if old is not None:
+                    old.close()
             outcome = "ok"
             if (c := repo.commits.get(commit)) is not None:
                 c.files[f.path] = stored
@@ -337,6 +368,9 @@ class PullService:
             raise
         except UpstreamUnavailable:
             outcome = "unavailable"
+            raise
+        except NoRoom:  # the cache's bounds cannot take it now: the answer passes it through
+            outcome = "full"
             raise
         except LocalDiskError as e:  # its part removed at once (stage/fetch.py): the answer passes it through
             outcome = "disk"
@@ -388,6 +422,9 @@ class PullService:
         """The flight is over: the next miss starts a new one. Its error is read here too, so one whose
         waiters all went away (clients that disconnected) is not logged as never retrieved."""
         self._flights.pop(key, None)
+        if isinstance(key, tuple) and key[0] == "file" and key[1] not in self._waiting:  # nobody to share its pin
+            if (pin := self._pins.pop(key[1], None)) is not None:
+                pin.close()
         if not fut.cancelled():
             fut.exception()
 
