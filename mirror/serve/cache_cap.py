@@ -205,7 +205,11 @@ class CacheKeeper:
     def _make_room(self, size: int) -> tuple[int, int]:
         """Evict what the bounds want gone before `size` more bytes come: the blobs left because they
         are being read, and the bytes still short (<= 0: room made)."""
-        entries, held = cached(self.home), self._holds()
+        # The holds first, then the ledger: a fetch marks its blob pulled before it drops its hold, so a
+        # hold seen gone is a blob the ledger then shows (read the other way round, a blob landing between
+        # the two reads was in neither, and the cap was passed by one file).
+        held = self._holds()
+        entries = cached(self.home)
         want = self._excess(sum(c.size for c in entries), self._free(), held + size)
         if want <= 0:
             return 0, want
