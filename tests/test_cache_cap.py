@@ -308,3 +308,16 @@ def test_a_file_larger_than_the_cap_is_passed_through_unkept(tmp_path):
     assert sum(blobs(home).values()) <= 1 << 20
     v = run_cli("verify", "--json", home=home)
     assert v.returncode == 0 and json.loads(v.stdout)["ok"], v.stdout[-3000:] + v.stderr
+
+
+@pytest.mark.parametrize("option", ["--cache-max", "--min-free"])
+def test_cache_options_refused_over_an_object_store_before_connecting(tmp_path, option):
+    """--store s3://…: the blobs are not files here. Refused in one line, exit 2, before anything is
+    asked of the ledger's server or the bucket (neither listens: port 9), and no home is made."""
+    store = ("--ledger", "postgresql+psycopg://u:p@127.0.0.1:9/x", "--store", "s3://bucket/prefix")
+    serve = ("serve", "--upstream", "http://127.0.0.1:9", "--allow", ORG, option, "1GiB")
+    t0 = time.monotonic()
+    p = run_cli(*store, *serve, home=tmp_path / "home")
+    said = "--store s3://bucket/prefix: " + option + " needs the blobs as files on this host"
+    assert p.returncode == 2 and said in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert time.monotonic() - t0 < 30 and not (tmp_path / "home").exists()

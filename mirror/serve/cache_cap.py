@@ -8,8 +8,10 @@ evicted least recently used first (the store's side: frt.mirror.store.evict); st
   `locks/cache.lock` (and the ledger server's lock of that name), which pull-through also takes, shared,
   while it checks a variant whole and lays out its view (so no view links a blob being evicted).
 - **How much.** Until the pulled bytes plus the holds plus the new file are within --cache-max, and the
-  store filesystem's free space (os.statvfs: f_bavail × f_frsize) less the holds and the new file is
-  at least --min-free. Blobs being read (or pinned: a fetched blob until its answers have opened it,
+  store filesystem's free space less the holds and the new file is at least --min-free, or stage's
+  margin if that is larger (stage/space.free_space: the one reading, stage's check and pull-through's
+  full disk read the same; below the margin the full disk would pass files through before any eviction).
+  Blobs being read (or pinned: a fetched blob until its answers have opened it,
   pin.py) are waited for, up to ROOM_WAIT_S; then the file is passed through unkept (NoRoom: said once
   in the log), as is at once a single file larger than the cap: the bounds are never passed.
 - **Recency, cheaply.** A blob's use is noted in this worker's memory (a dict write per answer) and
@@ -29,6 +31,7 @@ evicted least recently used first (the store's side: frt.mirror.store.evict); st
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import fcntl
 import itertools
@@ -44,6 +47,7 @@ from typing import TYPE_CHECKING
 
 from frt.resolver.errors import BadInput, FrtError
 
+from ..stage.space import free_space
 from ..store.evict import Cached, cached, evict, mark_pulled, record_uses
 from .catalog import ServedFile
 from .pin import Pin
@@ -53,6 +57,7 @@ if TYPE_CHECKING:
 
     from ..store.home import Home
     from .metrics import Metrics
+    from .pull import Upstream
 
 FLUSH_S = 5.0  # recency written to the ledger at most this often per worker
 GRACE_S = 10.0  # blobs used this lately are evicted only where nothing else is left
@@ -252,8 +257,10 @@ class CacheKeeper:
     def _free(self) -> int | None:
         if self.bounds.min_free is None:
             return None
-        st = os.statvfs(self.home.store.scratch.tmp)  # tmp/ beside the store: one filesystem (os.replace)
-        return st.f_bavail * st.f_frsize
+        # stage's reading (stage/space.py), less its margin: a cache that kept only --min-free free below
+        # the margin would meet pull-through's full disk (disk.py) first, passing files through unevicted
+        _, free, keep = free_space(self.home.store)
+        return free - max(0, keep - self.bounds.min_free)
 
     def _holds(self) -> int:
         """The bytes of every fetch in flight on this store's host (each worker's hold files)."""
@@ -299,3 +306,21 @@ def eviction_counters(metrics: Metrics) -> tuple[Counter, Counter]:
             registry=registry,
         ),
     )
+
+
+def capped(pull: Upstream | None, cache_max: str | None, min_free: str | None, s3: str | None) -> Upstream:
+    """serve's --upstream with --cache-max / --min-free (at least one given); `s3`: the --store URL of an
+    object store, which is refused."""
+    named = "--cache-max" if cache_max is not None else "--min-free"
+    if pull is None:
+        raise BadInput(f"{named} only means something with --upstream URL (it bounds what pull-through keeps)")
+    if s3 is not None:
+        raise BadInput(
+            f"--store {s3}: {named} needs the blobs as files on this host; bound the bucket with the object "
+            "store's own lifecycle rules"
+        )
+    bounds = CacheBounds(
+        parse_size(cache_max, "--cache-max") if cache_max is not None else None,
+        parse_size(min_free, "--min-free") if min_free is not None else None,
+    )
+    return dataclasses.replace(pull, cache=bounds)

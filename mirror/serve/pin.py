@@ -22,6 +22,8 @@ its client a 307 to the same URL, which could meet the same fate again (httpx st
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -48,6 +50,48 @@ class Pin:
 
     def __del__(self) -> None:  # an answer that never ran (its request failed first): let go with it
         self.close()
+
+
+class Pins:
+    """One serve process's landed fetches' pins, each kept until the last answer that waited for its flight
+    has taken a share (or at once, where none waited)."""
+
+    def __init__(self) -> None:
+        self._pins: dict[str, Pin] = {}  # blob key -> its landed fetch's pin
+        self._waiting: dict[str, int] = {}  # blob key -> answers waiting for its flight
+
+    def keep(self, key: str, pin: Pin | None) -> None:
+        if pin is not None and (old := self._pins.pop(key, None)) is not pin:
+            self._pins[key] = pin
+            if old is not None:  # an older flight's, whose waiters all have their shares by now
+                old.close()
+
+    @contextmanager
+    def waiting(self, key: str, in_flight: Callable[[], bool]) -> Iterator[None]:
+        """An answer waits for the flight of blob `key`, and takes its share when it lands (`share`, with no
+        await between): the last one to go lets the flight's pin go, once the flight has landed."""
+        self._waiting[key] = self._waiting.get(key, 0) + 1
+        try:
+            yield
+        finally:
+            self._waiting[key] -= 1
+            if not self._waiting[key]:
+                del self._waiting[key]
+                if not in_flight():
+                    self._let_go(key)
+
+    def share(self, key: str) -> Pin | None:
+        pin = self._pins.get(key)
+        return pin.share() if pin is not None else None
+
+    def landed(self, key: str) -> None:
+        """The flight of `key` is over: with nobody waiting for it, its pin goes now."""
+        if key not in self._waiting:
+            self._let_go(key)
+
+    def _let_go(self, key: str) -> None:
+        if (pin := self._pins.pop(key, None)) is not None:
+            pin.close()
 
 
 def hold(scope: Scope, pin: Pin | None) -> None:

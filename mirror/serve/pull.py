@@ -15,13 +15,11 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import math
 import time
-from collections.abc import Awaitable, Callable, Hashable, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable, Hashable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
@@ -36,10 +34,12 @@ from frt.resolver.errors import (
 )
 
 from ..stage.fetch import ListedFileRefused
-from .cache_cap import CacheBounds, NoRoom, parse_size
+from .cache_cap import CacheBounds, NoRoom
 from .catalog import ServedFile, ServedRepo
 from .disk import DiskState
+from .flow import Flow
 from .metrics import observe_pull
+from .pin import Pins
 from .protocol import HubError
 from .pull_through import NotAllowed, PullThrough
 
@@ -86,45 +86,6 @@ class Upstream:
         return PullService(pull, refs_ttl=self.refs_ttl, timeout=self.timeout, hold=self.hold)
 
 
-def capped(pull: Upstream | None, cache_max: str | None, min_free: str | None, s3: str | None) -> Upstream:
-    """serve's --upstream with --cache-max / --min-free (at least one given); `s3`: the --store URL of an
-    object store, which is refused."""
-    named = "--cache-max" if cache_max is not None else "--min-free"
-    if pull is None:
-        raise BadInput(f"{named} only means something with --upstream URL (it bounds what pull-through keeps)")
-    if s3 is not None:
-        raise BadInput(
-            f"--store {s3}: {named} needs the blobs as files on this host; bound the bucket with the object "
-            "store's own lifecycle rules"
-        )
-    bounds = CacheBounds(
-        parse_size(cache_max, "--cache-max") if cache_max is not None else None,
-        parse_size(min_free, "--min-free") if min_free is not None else None,
-    )
-    return dataclasses.replace(pull, cache=bounds)
-
-
-@dataclass(eq=False)
-class Flow:
-    """A big file's fetch in flight, as the answers streaming it read it: the `.part` file it grows,
-    its size, and the flight (a future of the stored ServedFile). `written` counts bytes written to
-    the part, `restarts` the times it began again from byte 0 (bytes sent before that may differ)."""
-
-    part: Path
-    size: int
-    key: str
-    path: str
-    done: asyncio.Future[ServedFile] | None = None
-    written: int = 0
-    restarts: int = 0
-
-    def wrote(self, n: int) -> None:  # the fetch's on_bytes, in its thread: plain int updates
-        if n < 0:
-            self.restarts += 1
-        else:
-            self.written += n
-
-
 @dataclass
 class _Known:
     repo: ServedRepo | None
@@ -149,9 +110,7 @@ class PullService:
         self._tried: dict[tuple[tuple[str, str] | str, str], float] = {}
         self.disk = DiskState(pull.home.store)  # full or not: what passes() asks (disk.py)
         self._unvouched: set[str] = set()  # what note_unvouched could not record (the ledger unwritable)
-        # serve --cache-max: a landed fetch's pin (pin.py), kept until its last waiter has taken a share
-        self._pins: dict[str, Pin] = {}
-        self._waiting: dict[str, int] = {}  # blob key -> answers waiting for its flight
+        self.pins = Pins()  # serve --cache-max: landed fetches' pins, until their waiters have shares (pin.py)
 
     def allowed(self, repo_id: str) -> bool:
         return self.pull.allowed(repo_id)
@@ -285,6 +244,8 @@ class PullService:
         known = self._known.get((repo.repo_type, repo.repo_id))
         if known is not None and known.unrecorded or (self.pull.cache and self.pull.cache.too_big(f.size)):
             return True
+        if self.pull.cache is not None and self.pull.cache.bounds.min_free is not None:
+            return False  # room is made by eviction first (cache_cap.py); a write that fails all the same passes
         return ("file", _key(f)) not in self._flights and not self.disk.fits(f.size)
 
     async def file(self, repo: ServedRepo, commit: str, f: ServedFile) -> tuple[ServedFile, Pin | None]:
@@ -302,24 +263,13 @@ class PullService:
                 raise self._on_its_way(f"{repo.repo_id}/{f.path}")
             return fut.result(), self.share(_key(f))  # no await between its landing and the share
 
-    @contextmanager
-    def waiting(self, key: str) -> Iterator[None]:
-        """An answer waits for the flight of blob `key` (and takes a share of its pin when it lands): the
-        last one to go lets the flight's pin go, once it has landed (pin.py)."""
-        self._waiting[key] = self._waiting.get(key, 0) + 1
-        try:
-            yield
-        finally:
-            self._waiting[key] -= 1
-            if not self._waiting[key]:
-                del self._waiting[key]
-                if ("file", key) not in self._flights and (pin := self._pins.pop(key, None)) is not None:
-                    pin.close()
+    def waiting(self, key: str) -> AbstractContextManager[None]:
+        """An answer waits for the flight of blob `key` (pin.Pins.waiting)."""
+        return self.pins.waiting(key, lambda: ("file", key) in self._flights)
 
     def share(self, key: str) -> Pin | None:
         """A share of the pin of blob `key`'s landed fetch (None: none held, no cache cap)."""
-        pin = self._pins.get(key)
-        return pin.share() if pin is not None else None
+        return self.pins.share(key)
 
     def streams(self, f: ServedFile) -> bool:
         """Is `f` sent as it is fetched (serve/stream.py), rather than verified before its first byte?"""
@@ -353,10 +303,7 @@ class PullService:
             stored, nbytes, pin = await anyio.to_thread.run_sync(
                 self.pull.fetch, repo.repo_type, repo.repo_id, commit, f.path, on_bytes
             )
-            if pin is not None and (old := self._pins.pop(_key(f), None)) is not pin:
-                self._pins[_key(f)] = pin  # let go when the flight has landed and its last waiter has its share
-                if old is not None:
-                    old.close()
+            self.pins.keep(_key(f), pin)  # let go when the flight has landed and its last waiter has its share
             outcome = "ok"
             if (c := repo.commits.get(commit)) is not None:
                 c.files[f.path] = stored
@@ -422,9 +369,8 @@ class PullService:
         """The flight is over: the next miss starts a new one. Its error is read here too, so one whose
         waiters all went away (clients that disconnected) is not logged as never retrieved."""
         self._flights.pop(key, None)
-        if isinstance(key, tuple) and key[0] == "file" and key[1] not in self._waiting:  # nobody to share its pin
-            if (pin := self._pins.pop(key[1], None)) is not None:
-                pin.close()
+        if isinstance(key, tuple) and key[0] == "file":
+            self.pins.landed(key[1])
         if not fut.cancelled():
             fut.exception()
 

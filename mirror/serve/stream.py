@@ -39,10 +39,11 @@ from .blob import CHUNK
 from .cache_cap import NoRoom
 from .catalog import ServedFile
 from .cut import cut
+from .flow import Flow
 from .integrity import hash_whole
 from .objects import ObjectIntegrity
 from .passthrough import Gone, Passage, PassThroughResponse, relay
-from .pull import Flow, PullService, upstream_error
+from .pull import PullService, upstream_error
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
