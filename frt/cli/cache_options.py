@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
+
+from frt.mirror.serve.cache_cap import CacheBounds, parse_size
+from frt.resolver.errors import BadInput
+
+if TYPE_CHECKING:
+    from frt.mirror.serve.pull import Upstream
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -28,3 +35,21 @@ def cache_options(f: F) -> F:
         "larger than SIZE, or one there is no room for while the rest is being read, is passed through "
         "unkept (verified as ever).",
     )(f)
+
+
+def capped(pull: Upstream | None, cache_max: str | None, min_free: str | None, s3: str | None) -> Upstream:
+    """serve's --upstream with --cache-max / --min-free (at least one given); `s3`: the --store URL of an
+    object store, which is refused."""
+    named = "--cache-max" if cache_max is not None else "--min-free"
+    if pull is None:
+        raise BadInput(f"{named} only means something with --upstream URL (it bounds what pull-through keeps)")
+    if s3 is not None:
+        raise BadInput(
+            f"--store {s3}: {named} needs the blobs as files on this host; bound the bucket with the object "
+            "store's own lifecycle rules"
+        )
+    bounds = CacheBounds(
+        parse_size(cache_max, "--cache-max") if cache_max is not None else None,
+        parse_size(min_free, "--min-free") if min_free is not None else None,
+    )
+    return dataclasses.replace(pull, cache=bounds)

@@ -16,7 +16,7 @@ from frt.mirror.serve.nginx import DEFAULT_ACCEL, check_accel_prefix
 from frt.resolver.settings import MAX_SETTING
 
 from .app import App, Finite, cli, quiet_hub_logging
-from .cache_options import cache_options
+from .cache_options import cache_options, capped
 from .say import say
 
 if TYPE_CHECKING:
@@ -223,7 +223,6 @@ def serve_cmd(
 
     Exits 2 without serving when it cannot listen (the port is in use) or open the access log."""
     from frt.mirror.home_path import check_existing_home
-    from frt.mirror.serve.cache_cap import capped
     from frt.mirror.serve.demand_rollup import self_origin
     from frt.mirror.serve.listen import bind
     from frt.mirror.serve.ready import Readiness

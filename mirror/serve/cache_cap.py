@@ -31,7 +31,6 @@ evicted least recently used first (the store's side: frt.mirror.store.evict); st
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import fcntl
 import itertools
@@ -57,7 +56,6 @@ if TYPE_CHECKING:
 
     from ..store.home import Home
     from .metrics import Metrics
-    from .pull import Upstream
 
 FLUSH_S = 5.0  # recency written to the ledger at most this often per worker
 GRACE_S = 10.0  # blobs used this lately are evicted only where nothing else is left
@@ -306,21 +304,3 @@ def eviction_counters(metrics: Metrics) -> tuple[Counter, Counter]:
             registry=registry,
         ),
     )
-
-
-def capped(pull: Upstream | None, cache_max: str | None, min_free: str | None, s3: str | None) -> Upstream:
-    """serve's --upstream with --cache-max / --min-free (at least one given); `s3`: the --store URL of an
-    object store, which is refused."""
-    named = "--cache-max" if cache_max is not None else "--min-free"
-    if pull is None:
-        raise BadInput(f"{named} only means something with --upstream URL (it bounds what pull-through keeps)")
-    if s3 is not None:
-        raise BadInput(
-            f"--store {s3}: {named} needs the blobs as files on this host; bound the bucket with the object "
-            "store's own lifecycle rules"
-        )
-    bounds = CacheBounds(
-        parse_size(cache_max, "--cache-max") if cache_max is not None else None,
-        parse_size(min_free, "--min-free") if min_free is not None else None,
-    )
-    return dataclasses.replace(pull, cache=bounds)
