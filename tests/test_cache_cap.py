@@ -228,3 +228,96 @@ def test_kernels_parser_loaded_by_many_threads_at_once(tmp_path):
     for _ in range(3):
         p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
         assert p.returncode == 0 and p.stdout.strip() == "0", p.stdout + p.stderr
+
+
+def test_a_fetched_blob_is_pinned_until_its_answers_have_opened_it(tmp_path):
+    """The fetch's pin (pin.py) keeps a blob just stored from eviction, however full the cache: shares of
+    it (each waiting answer's) keep it after the flight's own pin is closed; the last one closed, it goes."""
+    from frt.mirror.serve.cache_cap import CacheBounds, CacheKeeper
+    from frt.mirror.store.blobs import Digest
+    from frt.mirror.store.evict import cached, evict
+    from frt.mirror.store.home import Home
+    from frt.mirror.store.records import record_blobs
+
+    home = Home(tmp_path / "home")
+    data = os.urandom(1 << 16)
+    part = home.store.scratch.part_path("x")
+    part.write_bytes(data)
+    d = Digest(hashlib.sha256(data).hexdigest(), "0" * 40, len(data))
+    home.store.commit(part, d)
+    record_blobs(home.ledger, [d])
+    keeper = CacheKeeper(home, CacheBounds(max_bytes=1))
+    pin = keeper.stored(d.sha256)  # what the fetch's on_stored does: pinned, then marked pulled
+    assert pin is not None and [c.sha256 for c in cached(home)] == [d.sha256]
+    answers = [pin.share(), pin.share()]
+    pin.close()
+    for share in answers:
+        out = evict(home, cached(home))
+        assert out.blobs == [] and out.busy == 1 and home.store.files.path(d.sha256).is_file()
+        assert share is not None
+        share.close()
+    assert [c.sha256 for c in evict(home, cached(home)).blobs] == [d.sha256]
+
+
+def test_an_evicted_answer_redirects_to_itself_once_then_never_again():
+    """A 307 loop is impossible: the redirect is marked, and a marked request is never redirected (503)."""
+    from frt.mirror.serve.blob import again
+    from frt.mirror.serve.pin import marked
+
+    scope = {"path": "/kernels/o/r/resolve/v1/a.bin", "raw_path": b"/kernels/o/r/resolve/v1/a.bin", "query_string": b""}
+    first = again(scope)
+    assert first.status == 307 and first.headers["Location"] == "/kernels/o/r/resolve/v1/a.bin?frt-evicted=1"
+    follow = {**scope, "query_string": b"frt-evicted=1"}
+    assert marked(follow) and not marked(scope)
+    second = again(follow)
+    assert second.status == 503 and second.headers["Retry-After"] == "1"
+
+
+BIG = 3 << 20  # one file larger than the cap below (kept under pull.STREAM_MIN: verified before it is sent)
+
+
+def test_a_file_larger_than_the_cap_is_passed_through_unkept(tmp_path):
+    """serve --cache-max 1MiB and a 3 MiB file: huggingface_hub gets it whole and right, the store never
+    keeps it, and verify is clean after."""
+    home = tmp_path / "home"
+    repo = FakeRepo(f"{ORG}/big")
+    body = hashlib.shake_128(b"big").digest(BIG)
+    repo.commit(
+        variant_files("big", "torch-universal", version=1, note="b", extra={"_big.bin": body}),
+        title="build",
+        branch="v1",
+    )
+    want = {repo.repo_id: {"build/torch-universal/_big.bin": hashlib.sha256(body).hexdigest()}}
+    code = (
+        "import hashlib\nfrom huggingface_hub import hf_hub_download\nwant = {WANT}\nout = []\n"
+        "for n in range(3):\n"
+        "    for r in want:\n        for p in want[r]:\n"
+        "            got = hf_hub_download(r, p, repo_type='kernel', revision='v1', cache_dir=f'{CACHE}/{n}')\n"
+        "            out.append(hashlib.sha256(open(got, 'rb').read()).hexdigest() == want[r][p])\n"
+        "report(out)\n"
+    )
+    code = code.replace("{WANT}", json.dumps(want)).replace("{CACHE}", str(tmp_path / "caches"))
+    with FakeHub([repo], trusted_orgs=[ORG], redirects=True) as hub:
+        args = ("--upstream", hub.url, "--allow", ORG, "--cache-max", "1MiB")
+        with serving(home, *args, env=serve_env()) as m:
+            p, out = run_client(code, m.url, tmp_path / "hf", timeout=300)
+            err = m.stderr()
+        assert out == [True, True, True], p.stderr[-3000:]
+        assert "Traceback" not in err, err[-3000:]
+    assert want[repo.repo_id]["build/torch-universal/_big.bin"] not in blobs(home)
+    assert sum(blobs(home).values()) <= 1 << 20
+    v = run_cli("verify", "--json", home=home)
+    assert v.returncode == 0 and json.loads(v.stdout)["ok"], v.stdout[-3000:] + v.stderr
+
+
+@pytest.mark.parametrize("option", ["--cache-max", "--min-free"])
+def test_cache_options_refused_over_an_object_store_before_connecting(tmp_path, option):
+    """--store s3://…: the blobs are not files here. Refused in one line, exit 2, before anything is
+    asked of the ledger's server or the bucket (neither listens: port 9), and no home is made."""
+    store = ("--ledger", "postgresql+psycopg://u:p@127.0.0.1:9/x", "--store", "s3://bucket/prefix")
+    serve = ("serve", "--upstream", "http://127.0.0.1:9", "--allow", ORG, option, "1GiB")
+    t0 = time.monotonic()
+    p = run_cli(*store, *serve, home=tmp_path / "home")
+    said = "--store s3://bucket/prefix: " + option + " needs the blobs as files on this host"
+    assert p.returncode == 2 and said in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert time.monotonic() - t0 < 30 and not (tmp_path / "home").exists()

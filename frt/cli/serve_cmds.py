@@ -16,6 +16,7 @@ from frt.mirror.serve.nginx import DEFAULT_ACCEL, check_accel_prefix
 from frt.resolver.settings import MAX_SETTING
 
 from .app import App, Finite, cli, quiet_hub_logging
+from .cache_options import cache_options, capped
 from .say import say
 
 if TYPE_CHECKING:
@@ -160,20 +161,7 @@ def _limit_option(flag: str, field: str, kind: click.ParamType[Any], help: str) 
     "window, waits --upstream-timeout, then gets 503 with Retry-After while the upstream's answer is on "
     "its way.",
 )
-@click.option(
-    "--cache-max",
-    "cache_max",
-    metavar="SIZE",
-    help="With --upstream: keep the blobs pulled through within SIZE (10GiB, 500M, bytes): before a file "
-    "is fetched, the least recently used pulled blobs are evicted to make room for it. Staged blobs are "
-    "never evicted, nor one being sent; each eviction is recorded (the pulled variant unstaged).",
-)
-@click.option(
-    "--min-free",
-    "min_free",
-    metavar="SIZE",
-    help="With --upstream: evict pulled blobs (least recently used first) to keep SIZE free on the store's disk.",
-)
+@cache_options
 @click.option(
     "--ready-file",
     "ready_file",
@@ -237,7 +225,6 @@ def serve_cmd(
     from frt.mirror.home_path import check_existing_home
     from frt.mirror.serve.demand_rollup import self_origin
     from frt.mirror.serve.listen import bind
-    from frt.mirror.serve.pull import capped
     from frt.mirror.serve.ready import Readiness
     from frt.mirror.serve.run import serve
     from frt.mirror.serve.watch import CatalogWatcher

@@ -36,6 +36,7 @@ from .demand import DemandRecorder
 from .demand_rollup import receive_demand
 from .hot import HotEntry, HotTable
 from .objects import ObjectIntegrity, ObjectResponse
+from .pin import marked
 from .protocol import (
     TOKEN_HINT,
     TOKEN_MESSAGE,
@@ -346,14 +347,15 @@ class MirrorApp:
         f = c.files.get(path)
         if f is None:
             raise HubError(404, "EntryNotFound", f"{path} is not staged at {rev}", {"X-Repo-Commit": c.sha})
-        if f.blob is not None and self.integrity.refused(f):  # found bad: a 500, or with --upstream fetched again
+        again = self.pull is not None and self.pull.allowed(repo_id) and marked(request.scope)  # evicted: pin.py
+        if f.blob is not None and (again or self.integrity.refused(f)):  # bad: a 500, or with --upstream fetched again
             if self.pull is None or not self.pull.allowed(repo_id):
                 raise self.integrity.error(f)
             f = dataclasses.replace(f, blob=None)
         if f.blob is None and request.method != "HEAD":  # listed upstream, not stored: pull it now
             if self.pull is None:  # only pull-through lists a file it does not store: no bytes to answer with
                 raise HubError(404, "EntryNotFound", f"{path} at {rev} is not stored on this mirror")
-            answer = await pulled(self.pull, repo, c.sha, f, self.integrity)  # streamed, passed through or stored
+            answer = await pulled(self.pull, repo, c.sha, f, self.integrity, request.scope)  # or passed through
             if not isinstance(answer, ServedFile):
                 return answer
             f = answer

@@ -15,6 +15,7 @@ from starlette.responses import Response
 from .catalog import RawHeaders, ServedFile
 from .cut import cut
 from .integrity import Integrity, file_key
+from .pin import mark, marked, release
 from .protocol import HubError
 
 if TYPE_CHECKING:
@@ -67,6 +68,12 @@ class BlobResponse(Response):
     # The body bytes sent, for the access log (MirrorApp.hot); Starlette ignores what __call__ returns.
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> int:  # type: ignore[override]
         """Sends the answer; returns the body bytes sent (self.status_code: the status sent)."""
+        try:
+            return await self._answer(scope, receive, send)
+        finally:
+            release(scope)  # the pin its fetch took (pin.py): this answer held the blob itself, or never will
+
+    async def _answer(self, scope: Scope, receive: Receive, send: Send) -> int:
         if self.head:
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -191,12 +198,13 @@ class BlobResponse(Response):
 
 
 def again(scope: Scope) -> HubError:
-    """A 307 to the very URL: its blob was evicted between this request's look and its open. The client
-    follows it (huggingface_hub follows same-host redirects) and the request finds the file not stored,
-    so pull-through fetches it again (Integrity.refused)."""
-    raw = scope.get("raw_path") or scope["path"].encode()
-    where = raw.decode("latin-1") + (f"?{scope['query_string'].decode('latin-1')}" if scope.get("query_string") else "")
-    return HubError(307, None, "evicted from this mirror's cache just now: fetched again", {"Location": where})
+    """A 307 to the very URL, marked (pin.py): its blob was evicted between this request's look and its
+    open. The client follows it (huggingface_hub follows same-host redirects) and the marked request is
+    answered through a fetch, which pins the blob. Never twice: a marked request that finds its blob gone
+    all the same gets a 503 with Retry-After (a client retries it; no redirect loop)."""
+    if marked(scope):
+        return HubError(503, None, "evicted from this mirror's cache again: try again shortly", {"Retry-After": "1"})
+    return HubError(307, None, "evicted from this mirror's cache just now: fetched again", {"Location": mark(scope)})
 
 
 class FileIntegrity(Integrity):

@@ -8,10 +8,12 @@ evicted least recently used first (the store's side: frt.mirror.store.evict); st
   `locks/cache.lock` (and the ledger server's lock of that name), which pull-through also takes, shared,
   while it checks a variant whole and lays out its view (so no view links a blob being evicted).
 - **How much.** Until the pulled bytes plus the holds plus the new file are within --cache-max, and the
-  store filesystem's free space (os.statvfs: f_bavail × f_frsize) less the holds and the new file is
-  at least --min-free. Blobs being read are waited for, up to ROOM_WAIT_S; then the fetch goes ahead
-  (past the bound, said once in the log).
-  A single file larger than the cap is kept until the next eviction takes it.
+  store filesystem's free space less the holds and the new file is at least --min-free, or stage's
+  margin if that is larger (stage/space.free_space: the one reading, stage's check and pull-through's
+  full disk read the same; below the margin the full disk would pass files through before any eviction).
+  Blobs being read (or pinned: a fetched blob until its answers have opened it,
+  pin.py) are waited for, up to ROOM_WAIT_S; then the file is passed through unkept (NoRoom: said once
+  in the log), as is at once a single file larger than the cap: the bounds are never passed.
 - **Recency, cheaply.** A blob's use is noted in this worker's memory (a dict write per answer) and
   written to the ledger (`pulled_blobs.used_at`, the later time kept) every FLUSH_S seconds and before
   each eviction: a hit never writes. Not the file's atime (noatime mounts) nor a touched mtime: any change
@@ -42,10 +44,12 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from frt.resolver.errors import BadInput
+from frt.resolver.errors import BadInput, FrtError
 
+from ..stage.space import free_space
 from ..store.evict import Cached, cached, evict, mark_pulled, record_uses
 from .catalog import ServedFile
+from .pin import Pin
 
 if TYPE_CHECKING:
     from prometheus_client import Counter
@@ -90,6 +94,11 @@ class CacheBounds:
         return " and ".join(said)
 
 
+class NoRoom(FrtError):
+    """The cache cannot take this file within its bounds now: the answer passes it through unkept
+    (passthrough.py), verified as ever, and the bounds hold."""
+
+
 class CacheKeeper:
     """One serve worker's side of the bounded cache: uses noted, holds taken, room made, evictions counted."""
 
@@ -128,27 +137,53 @@ class CacheKeeper:
     @contextmanager
     def room(self, key: str, size: int) -> Iterator[None]:
         """Make room for a file of `size` bytes about to be fetched as `key`, and hold it while it is.
-        Blobs being read are waited for (their answers take milliseconds), up to ROOM_WAIT_S."""
+        Blobs being read are waited for (their answers take milliseconds), up to ROOM_WAIT_S; NoRoom
+        past that, or at once for a file larger than the cap: the answer passes it through unkept."""
+        if self.too_big(size):
+            raise NoRoom(f"a file of {size} bytes is larger than the cache ({self.bounds.describe()})")
         hold = self.home.store.scratch.tmp / f"{key}.{os.getpid()}-{next(self._serial)}.{size}.hold"
         deadline = time.monotonic() + ROOM_WAIT_S
         while True:
             with self.exclusive():
                 self._flush()
                 busy, short = self._make_room(size)
-                if short <= 0 or time.monotonic() >= deadline:
-                    self._say_full(busy, short)
+                if short <= 0:
+                    self._said_full = False
                     hold.parent.mkdir(parents=True, exist_ok=True)
                     hold.touch()
                     break
+            if time.monotonic() >= deadline:
+                self._say_full(busy)
+                raise NoRoom(f"no room within {self.bounds.describe()} for {ROOM_WAIT_S:g} s")
             time.sleep(0.05)
         try:
             yield
         finally:
             hold.unlink(missing_ok=True)
 
-    def stored(self, sha256: str) -> None:
-        """Pull-through stored this blob: evictable from now on (unless a stage references it)."""
+    def too_big(self, size: int) -> bool:
+        """A single file larger than the cap: never kept (passed through, as the full disk's files)."""
+        return self.bounds.max_bytes is not None and size > self.bounds.max_bytes
+
+    def stored(self, sha256: str) -> Pin | None:
+        """Pull-through stored this blob: pinned (pin.py), then evictable from now on (unless a stage
+        references it): no eviction takes it before the answers waiting for it have opened it."""
+        pin = self.pin(sha256)
         mark_pulled(self.home.ledger, sha256)
+        return pin
+
+    def pin(self, sha256: str) -> Pin | None:
+        """The blob held against eviction (a leased descriptor); None where it is gone or being evicted."""
+        files = self.home.store.files
+        assert files is not None  # the cap needs the blobs as files: an object store is refused (pull.capped)
+        try:
+            fd = os.open(files.path(sha256), os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        if self.lease(fd):
+            return Pin(fd)
+        os.close(fd)
+        return None
 
     @contextmanager
     def shared(self) -> Iterator[None]:
@@ -173,7 +208,11 @@ class CacheKeeper:
     def _make_room(self, size: int) -> tuple[int, int]:
         """Evict what the bounds want gone before `size` more bytes come: the blobs left because they
         are being read, and the bytes still short (<= 0: room made)."""
-        entries, held = cached(self.home), self._holds()
+        # The holds first, then the ledger: a fetch marks its blob pulled before it drops its hold, so a
+        # hold seen gone is a blob the ledger then shows (read the other way round, a blob landing between
+        # the two reads was in neither, and the cap was passed by one file).
+        held = self._holds()
+        entries = cached(self.home)
         want = self._excess(sum(c.size for c in entries), self._free(), held + size)
         if want <= 0:
             return 0, want
@@ -200,16 +239,14 @@ class CacheKeeper:
             over = max(over, self.bounds.min_free - (free - more))
         return over
 
-    def _say_full(self, busy: int, short: int) -> None:
-        """Once per spell: the fetch goes ahead past the bounds (everything left is being read, or the
-        fetches in flight alone pass the cap)."""
-        if short <= 0:
-            self._said_full = False
-        elif not self._said_full:
+    def _say_full(self, busy: int) -> None:
+        """Once per spell: files are passed through unkept (everything left is being read, or the fetches
+        in flight alone fill the cap)."""
+        if not self._said_full:
             self._said_full = True
             log.warning(
                 "frt-mirror: serve: the cache could not make room within %s for %g s (%d pulled blob(s) "
-                "being read); fetching anyway, evicting once they are free",
+                "being read); passing files through unkept until it can",
                 self.bounds.describe(),
                 ROOM_WAIT_S,
                 busy,
@@ -218,8 +255,10 @@ class CacheKeeper:
     def _free(self) -> int | None:
         if self.bounds.min_free is None:
             return None
-        st = os.statvfs(self.home.store.scratch.tmp)  # tmp/ beside the store: one filesystem (os.replace)
-        return st.f_bavail * st.f_frsize
+        # stage's reading (stage/space.py), less its margin: a cache that kept only --min-free free below
+        # the margin would meet pull-through's full disk (disk.py) first, passing files through unevicted
+        _, free, keep = free_space(self.home.store)
+        return free - max(0, keep - self.bounds.min_free)
 
     def _holds(self) -> int:
         """The bytes of every fetch in flight on this store's host (each worker's hold files)."""

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from .accel import CONDITIONAL
 from .catalog import Catalog, ServedFile
+from .pin import marked
 
 if TYPE_CHECKING:
     from starlette.types import Scope
@@ -51,8 +52,8 @@ class HotTable:
         a body (no client sends one with a GET: the slow way closes the connection after answering, where
         here the rest of an endless one would be read and dropped for as long as it came)."""
         hit = self._entries.get(scope.get("raw_path"))
-        if hit is None or hit.catalog is not catalog or (bad and hit.file.sha256 in bad):
-            return None
+        if hit is None or hit.catalog is not catalog or (bad and hit.file.sha256 in bad) or marked(scope):
+            return None  # (marked: the one self-redirect of an answer whose blob was evicted, pin.py)
         auth, nginx = None, False
         for name, value in scope["headers"]:
             if name in DECLINED or (name == b"content-length" and value != b"0"):

@@ -15,17 +15,15 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from collections.abc import Awaitable, Callable, Hashable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 
 from frt.resolver.errors import (
-    BadInput,
     FrtError,
     LedgerUnavailable,
     LocalDiskError,
@@ -34,10 +32,12 @@ from frt.resolver.errors import (
     VerificationFailed,
 )
 
-from .cache_cap import CacheBounds, parse_size
+from .cache_cap import CacheBounds, NoRoom
 from .catalog import ServedFile, ServedRepo
 from .disk import DiskState
+from .flow import Flow
 from .metrics import observe_pull
+from .pin import Pins
 from .protocol import HubError
 from .pull_through import NotAllowed, PullThrough
 from .unavailable import not_askable, on_its_way, retry_after
@@ -45,6 +45,7 @@ from .unavailable import not_askable, on_its_way, retry_after
 if TYPE_CHECKING:
     from ..store.home import Home
     from .metrics import Metrics
+    from .pin import Pin
 
 STALE_HEADER = "X-Mirror-Stale"
 HOLD_S = 120.0  # serve --upstream-hold's default
@@ -84,45 +85,6 @@ class Upstream:
         return PullService(pull, refs_ttl=self.refs_ttl, timeout=self.timeout, hold=self.hold)
 
 
-def capped(pull: Upstream | None, cache_max: str | None, min_free: str | None, s3: str | None) -> Upstream:
-    """serve's --upstream with --cache-max / --min-free (at least one given); `s3`: the --store URL of an
-    object store, which is refused."""
-    named = "--cache-max" if cache_max is not None else "--min-free"
-    if pull is None:
-        raise BadInput(f"{named} only means something with --upstream URL (it bounds what pull-through keeps)")
-    if s3 is not None:
-        raise BadInput(
-            f"--store {s3}: {named} needs the blobs as files on this host; bound the bucket with the object "
-            "store's own lifecycle rules"
-        )
-    bounds = CacheBounds(
-        parse_size(cache_max, "--cache-max") if cache_max is not None else None,
-        parse_size(min_free, "--min-free") if min_free is not None else None,
-    )
-    return dataclasses.replace(pull, cache=bounds)
-
-
-@dataclass(eq=False)
-class Flow:
-    """A big file's fetch in flight, as the answers streaming it read it: the `.part` file it grows,
-    its size, and the flight (a future of the stored ServedFile). `written` counts bytes written to
-    the part, `restarts` the times it began again from byte 0 (bytes sent before that may differ)."""
-
-    part: Path
-    size: int
-    key: str
-    path: str
-    done: asyncio.Future[ServedFile] | None = None
-    written: int = 0
-    restarts: int = 0
-
-    def wrote(self, n: int) -> None:  # the fetch's on_bytes, in its thread: plain int updates
-        if n < 0:
-            self.restarts += 1
-        else:
-            self.written += n
-
-
 @dataclass
 class _Known:
     repo: ServedRepo | None
@@ -148,6 +110,7 @@ class PullService:
         self._tried: dict[tuple[tuple[str, str] | str, str], float] = {}
         self.disk = DiskState(pull.home.store)  # full or not: what passes() asks (disk.py)
         self._unvouched: set[str] = set()  # what note_unvouched could not record (the ledger unwritable)
+        self.pins = Pins()  # serve --cache-max: landed fetches' pins, until their waiters have shares (pin.py)
 
     def allowed(self, repo_id: str) -> bool:
         return self.pull.allowed(repo_id)
@@ -272,25 +235,38 @@ class PullService:
 
     def passes(self, repo: ServedRepo, f: ServedFile) -> bool:
         """Is `f` passed through unkept (passthrough.py) rather than fetched into the store? Where its repo
-        is held in memory only, or the disk cannot take it now (said once: disk.py). A fetch of it already
+        is held in memory only, it is larger than the cache cap, or the disk cannot take it now (said once:
+        disk.py). A fetch of it already
         in flight is joined."""
         known = self._known.get((repo.repo_type, repo.repo_id))
-        if known is not None and known.unrecorded:
+        if known is not None and known.unrecorded or (self.pull.cache and self.pull.cache.too_big(f.size)):
             return True
+        if self.pull.cache is not None and self.pull.cache.bounds.min_free is not None:
+            return False  # room is made by eviction first (cache_cap.py); a write that fails all the same passes
         return ("file", _key(f)) not in self._flights and not self.disk.fits(f.size)
 
-    async def file(self, repo: ServedRepo, commit: str, f: ServedFile) -> ServedFile:
-        """`f` stored (fetched now, or by whoever was fetching it); the cached repo is updated in place.
+    async def file(self, repo: ServedRepo, commit: str, f: ServedFile) -> tuple[ServedFile, Pin | None]:
+        """`f` stored (fetched now, or by whoever was fetching it), and this answer's share of its pin
+        under a cache cap (held until the answer has opened it); the cached repo is updated in place.
         A client waits for it at most the hold; past `timeout`, when the fetch waits for the upstream's
         rate-limit window, it gets 503 with Retry-After at once (its own read timeout is 10 s). The fetch
         goes on either way, and the next request finds the file stored."""
         key = ("file", _key(f))
-        fut = await self._wait(key, lambda: self._fetch(repo, commit, f), min(self.timeout, self.hold))
-        if fut is None and self.pull.hub.pacer.blocked_for() <= 0 and self.hold > self.timeout:
-            fut = await self._wait(key, lambda: self._fetch(repo, commit, f), self.hold - self.timeout)
-        if fut is None:
-            raise self._on_its_way(f"{repo.repo_id}/{f.path}")
-        return fut.result()
+        with self.waiting(_key(f)):
+            fut = await self._wait(key, lambda: self._fetch(repo, commit, f), min(self.timeout, self.hold))
+            if fut is None and self.pull.hub.pacer.blocked_for() <= 0 and self.hold > self.timeout:
+                fut = await self._wait(key, lambda: self._fetch(repo, commit, f), self.hold - self.timeout)
+            if fut is None:
+                raise self._on_its_way(f"{repo.repo_id}/{f.path}")
+            return fut.result(), self.share(_key(f))  # no await between its landing and the share
+
+    def waiting(self, key: str) -> AbstractContextManager[None]:
+        """An answer waits for the flight of blob `key` (pin.Pins.waiting)."""
+        return self.pins.waiting(key, lambda: ("file", key) in self._flights)
+
+    def share(self, key: str) -> Pin | None:
+        """A share of the pin of blob `key`'s landed fetch (None: none held, no cache cap)."""
+        return self.pins.share(key)
 
     def streams(self, f: ServedFile) -> bool:
         """Is `f` sent as it is fetched (serve/stream.py), rather than verified before its first byte?"""
@@ -321,9 +297,10 @@ class PullService:
         on_bytes = flow.wrote if flow is not None else (lambda n: None)
         self.disk.reserved += f.size  # what passes() counts as taken while this fetch runs
         try:
-            stored, nbytes = await anyio.to_thread.run_sync(
+            stored, nbytes, pin = await anyio.to_thread.run_sync(
                 self.pull.fetch, repo.repo_type, repo.repo_id, commit, f.path, on_bytes
             )
+            self.pins.keep(_key(f), pin)  # let go when the flight has landed and its last waiter has its share
             outcome = "ok"
             if (c := repo.commits.get(commit)) is not None:
                 c.files[f.path] = stored
@@ -335,6 +312,9 @@ class PullService:
             raise
         except UpstreamUnavailable:
             outcome = "unavailable"
+            raise
+        except NoRoom:  # the cache's bounds cannot take it now: the answer passes it through
+            outcome = "full"
             raise
         except LocalDiskError as e:  # its part removed at once (stage/fetch.py): the answer passes it through
             outcome = "disk"
@@ -386,6 +366,8 @@ class PullService:
         """The flight is over: the next miss starts a new one. Its error is read here too, so one whose
         waiters all went away (clients that disconnected) is not logged as never retrieved."""
         self._flights.pop(key, None)
+        if isinstance(key, tuple) and key[0] == "file":
+            self.pins.landed(key[1])
         if not fut.cancelled():
             fut.exception()
 

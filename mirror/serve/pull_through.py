@@ -52,13 +52,14 @@ from ..store.records import (
     sha256_by_git_oid,
     staged_rows,
 )
+from .cache_cap import CacheKeeper, NoRoom
 from .catalog import ServedCommit, ServedFile, ServedRepo, add_refs
+from .pin import Pin
 from .pull_withdrawn import withdraw_pulled, withdrawn_commits
 
 if TYPE_CHECKING:
     from ..store.blobs import Digest
     from ..store.protocol import BlobStore
-    from .cache_cap import CacheKeeper
 
 SHA = re.compile(r"[0-9a-f]{40}")
 VERSION = re.compile(r"v(\d+)")
@@ -178,10 +179,12 @@ class PullThrough:
 
     def fetch(
         self, repo_type: str, repo_id: str, commit: str, path: str, on_bytes: Callable[[int], None] = lambda n: None
-    ) -> tuple[ServedFile, int]:
+    ) -> tuple[ServedFile, int, Pin | None]:
         """Fetch `path` at `commit` into the store (verified), record it, and when that completes a
-        kernel variant, stage the variant. The file as served from now on, and the bytes downloaded.
-        `on_bytes` is told each write to the `.part` file (a negative count: it restarted from byte 0)."""
+        kernel variant, stage the variant. The file as served from now on, the bytes downloaded, and
+        under a cache cap its pin (pin.py: no eviction takes it before its answers open it; NoRoom where
+        it was evicted before it could be pinned). `on_bytes` is told each write to the `.part` file (a
+        negative count: it restarted from byte 0)."""
         with store_writer(self.home):  # a gc waits: the blob is referenced (staged) only at the end
             entry, variant = self._entry(repo_type, repo_id, commit, path)
             ledger, store = self.home.ledger, self.home.store
@@ -189,7 +192,7 @@ class PullThrough:
             if variant is not None:
                 publisher = publisher_expectations([(variant, variant_metadata(variant))]).get(expected_key(entry))
             known = sha256_by_git_oid(ledger, [entry.git_oid]) if not entry.sha256 else {}
-            cache = self.cache
+            cache, pins = self.cache, list[Pin | None]()
             with cache.room(expected_key(entry), entry.size) if cache else nullcontext():
                 got = fetch_file(
                     self.transport,
@@ -202,9 +205,14 @@ class PullThrough:
                     recorded=recorded_blobs(ledger, [entry.sha256] if entry.sha256 else []),
                     repo_type=repo_type,
                     stored_by_oid=lambda oid: sha256_by_git_oid(ledger, [oid]).get(oid),
-                    on_stored=self._stored,
+                    on_stored=lambda d: pins.append(self._stored(d)),
                     on_bytes=on_bytes,
                 )
+            if cache is not None and not any(pins):  # found stored (another worker's): pinned now, if still there
+                with cache.shared():
+                    pins = [cache.pin(got.digest.sha256)]
+                if pins[0] is None:
+                    raise NoRoom("evicted as soon as it was found stored")
             try:
                 if got.downloaded:
                     record_event(ledger, "pull", ref=f"{repo_id}@{commit}", files=1, nbytes=got.downloaded, detail=path)
@@ -217,12 +225,13 @@ class PullThrough:
                 if e.errno not in DISK_FULL_ERRNOS:
                     raise
                 raise LocalDiskError.writing(f"the view of {repo_id}@{commit[:12]}", e) from None
-        return served_file(entry, got.digest.sha256, store), got.downloaded
+        return served_file(entry, got.digest.sha256, store), got.downloaded, next(iter(pins), None)
 
-    def _stored(self, d: Digest) -> None:
+    def _stored(self, d: Digest) -> Pin | None:
         record_blobs(self.home.ledger, [d])
-        if self.cache is not None:  # evictable from now on, unless a stage references it
-            self.cache.stored(d.sha256)
+        if self.cache is not None:  # pinned, then evictable, unless a stage references it
+            return self.cache.stored(d.sha256)
+        return None
 
     def _entry(self, repo_type: str, repo_id: str, commit: str, path: str) -> tuple[FileEntry, Resolution | None]:
         if repo_type != "kernel":

@@ -36,12 +36,14 @@ from starlette.responses import Response
 from frt.resolver.errors import FrtError, LocalDiskError
 
 from .blob import CHUNK
+from .cache_cap import NoRoom
 from .catalog import ServedFile
 from .cut import cut
+from .flow import Flow
 from .integrity import hash_whole
 from .objects import ObjectIntegrity
 from .passthrough import Gone, Passage, PassThroughResponse, relay
-from .pull import Flow, PullService
+from .pull import PullService
 from .unavailable import upstream_error
 
 if TYPE_CHECKING:
@@ -49,6 +51,8 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from starlette.types import Receive, Scope, Send
+
+    from .pin import Pin
 
     # What an answer's bytes go through: (chunk, more_body); the status line goes before the first one.
     Body = Callable[[bytes, bool], Awaitable[None]]
@@ -77,11 +81,21 @@ class FlowResponse(Response):
         self.passage = passage  # where the fetch meets a full disk, the rest is passed through (passthrough.py)
         self.objects = objects  # the blobs are objects: the stored file is read from the part (or the store)
         self.gone: asyncio.Future[None] | None = None  # the client's disconnect, watched while answering
+        self.pin: Pin | None = None
 
     # The body bytes sent, for the access log; Starlette's Response.__call__ returns None, and ignores this.
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> int:  # type: ignore[override]
         """Sends the answer; returns the body bytes sent. The status line waits for the first byte: a
-        fetch that fails before one is the same 502 as for a small file."""
+        fetch that fails before one is the same 502 as for a small file. Under a cache cap the stored
+        blob is held by a share of the fetch's pin (pin.py) until this answer is done."""
+        with self.service.waiting(self.flow.key):
+            try:
+                return await self._answer(scope, receive, send)
+            finally:
+                if self.pin is not None:
+                    self.pin.close()
+
+    async def _answer(self, scope: Scope, receive: Receive, send: Send) -> int:
         flow, fd = self.flow, None
         assert flow.done is not None  # PullService.begin set it before handing the flow out
         restarts, sent = flow.restarts, 0
@@ -101,8 +115,9 @@ class FlowResponse(Response):
                 return sent
             try:
                 stored: ServedFile = await asyncio.shield(flow.done)
+                self.pin = self.service.share(flow.key)  # no await since it landed
             except FrtError as e:
-                if isinstance(e, LocalDiskError) and self.passage is not None and flow.restarts == restarts:
+                if isinstance(e, (LocalDiskError, NoRoom)) and self.passage is not None and flow.restarts == restarts:
                     if not self.started:
                         return await PassThroughResponse(self.service, self.passage, self.raw_headers, self.gone)(
                             scope, receive, send

@@ -63,14 +63,20 @@ def check_space(store: BlobStore, needs: int) -> None:
     """Refuse (NotEnoughSpace) when `needs` more bytes do not fit the home's free space less the margin."""
     if store.files is None or needs == 0:  # an object store: see the module's docstring
         return
-    where = _existing(store.scratch.tmp.parent)  # the home: its parts and its blobs are on one filesystem
-    st = os.statvfs(where)
-    free, keep = st.f_bavail * st.f_frsize, margin(st.f_blocks * st.f_frsize)
+    where, free, keep = free_space(store)
     if needs > free - keep:
         raise NotEnoughSpace(
             f"not enough disk space: needs {human_bytes(needs)}, {human_bytes(free)} free on {where} "
             f"(keeping {human_bytes(keep)} spare: {MARGIN_ENV}); nothing fetched"
         )
+
+
+def free_space(store: BlobStore) -> tuple[Path, int, int]:
+    """The one reading of the home's free space (stage's check, pull-through's full disk, serve --min-free):
+    the folder read, the bytes free to this user (f_bavail), and the margin kept spare on that filesystem."""
+    where = _existing(store.scratch.tmp.parent)  # the home: its parts and its blobs are on one filesystem
+    st = os.statvfs(where)
+    return where, st.f_bavail * st.f_frsize, margin(st.f_blocks * st.f_frsize)
 
 
 def _existing(path: Path) -> Path:
