@@ -6,8 +6,9 @@ What is counted (the README's "Metrics" lists every series):
   a million distinct URLs adds no series), method and status, and the body bytes sent per route;
 - pull-through's fetches from the upstream (serve --upstream, on a miss), as counts, bytes and duration
   histograms: the pull-through code calls `observe_pull`, a module function that does nothing in a
-  process that is not serving; and `frt_mirror_disk_full`, 1 while the home's disk cannot take pulled
-  files (serve/disk.py: `observe_disk_full`);
+  process that is not serving; the upstream's rate-limit windows it waited for (`observe_wait`); and
+  `frt_mirror_disk_full`, 1 while the home's disk cannot take pulled files (serve/disk.py:
+  `observe_disk_full`);
 - the home, read from the ledger when scraped (never per Hub request): store bytes and blobs, staged
   variants per target, and the time, files and bytes of the last stage, import, bundle and gc (a stage
   or import run by the CLI shows up there, not in the counters of a serve that did not do it).
@@ -140,6 +141,18 @@ class Metrics:
         self.pull_bytes = Counter(
             "frt_mirror_pull_bytes", "Bytes pulled through from upstream, by kind", ["kind", "outcome"], registry=reg
         )
+        self.upstream_waits = Counter(
+            "frt_mirror_upstream_waits",
+            "Rate-limit windows of the upstream that pull-through waited for, by bucket",
+            ["bucket"],
+            registry=reg,
+        )
+        self.upstream_wait_seconds = Counter(
+            "frt_mirror_upstream_wait_seconds",
+            "Seconds until those windows reset, as the upstream said when the wait began, by bucket",
+            ["bucket"],
+            registry=reg,
+        )
         self.disk_full = Gauge(
             "frt_mirror_disk_full",
             "1 while the home's disk cannot take pulled files (passed through unkept), else 0",
@@ -207,6 +220,14 @@ def observe_pull(kind: str, seconds: float, nbytes: int, outcome: str) -> None:
     the bytes fetched. Nothing happens in a process that is not serving."""
     if _process is not None:
         _process.pull(kind, seconds, nbytes, outcome)
+
+
+def observe_wait(bucket: str, seconds: float) -> None:
+    """Pull-through waits for the upstream's `bucket` window ("api", "resolvers"), `seconds` until it
+    resets (serve/upstream_wait.py, once per window)."""
+    if _process is not None:
+        _process.upstream_waits.labels(_word(bucket)).inc()
+        _process.upstream_wait_seconds.labels(_word(bucket)).inc(max(0.0, seconds))
 
 
 def observe_disk_full(full: bool) -> None:

@@ -75,8 +75,11 @@ class Upstream:
         from frt.resolver.hub import HubClient
         from frt.resolver.pacing import Pacer
 
+        from .upstream_wait import on_wait
+
         # A serve runs for months: no cap on the rate-limit waits of its whole life (a stager's run has one).
-        hub = HubClient(self.endpoint, retry=RetryPolicy.from_env(refused=False), pacer=Pacer(max_wait=float("inf")))
+        pacer = Pacer(max_wait=float("inf"), on_wait=on_wait)
+        hub = HubClient(self.endpoint, retry=RetryPolicy.from_env(refused=False), pacer=pacer)
         pull = PullThrough(home, hub, self.allow)
         if self.cache:
             from .cache_cap import CacheKeeper
