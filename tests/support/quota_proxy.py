@@ -35,6 +35,7 @@ class Asked:
 class QuotaProxy:
     upstream: str
     limits: RateLimits
+    announce: bool = True  # the Hub's headers on every answer (False: on a 429 only, as a plain limiter)
     log: list[Asked] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -76,7 +77,7 @@ class QuotaProxy:
             out = [("Content-Type", "text/plain"), ("Retry-After", reset), ("X-Error-Message", msg), *headers]
         else:
             f = fwd()
-            status, body, out = f.status, f.body, [*f.headers, *headers]
+            status, body, out = f.status, f.body, [*f.headers, *(headers if self.announce else ())]
         with self._lock:
             self.log.append(Asked(bucket, number, status, path))
         h.send(status, body, out)
