@@ -227,7 +227,7 @@ def compare(quick: bool) -> bool:
     distinct = len({f.sha256 for f in seq})
     print(
         f"\npull-through under a cache cap: {shape.requests} requests (Zipf-like, s={ZIPF_S}, seed {SEED}) over "
-        f"{distinct} files of {shape.smallest // KiB}-{shape.largest // KiB} KiB in {shape.repos} repos "
+        f"{distinct} of {shape.files} files of {shape.smallest // KiB}-{shape.largest // KiB} KiB in {shape.repos} repos "
         f"({working / MiB:.1f} MiB working set), {THREADS} hf_hub_download threads, a fresh home each"
     )
     print(
