@@ -227,8 +227,9 @@ def compare(quick: bool) -> bool:
     distinct = len({f.sha256 for f in seq})
     print(
         f"\npull-through under a cache cap: {shape.requests} requests (Zipf-like, s={ZIPF_S}, seed {SEED}) over "
-        f"{distinct} of {shape.files} files of {shape.smallest // KiB}-{shape.largest // KiB} KiB in {shape.repos} repos "
-        f"({working / MiB:.1f} MiB working set), {THREADS} hf_hub_download threads, a fresh home each"
+        f"{distinct} of {shape.files} files of {shape.smallest // KiB}-{shape.largest // KiB} KiB in "
+        f"{shape.repos} repos ({working / MiB:.1f} MiB working set), {THREADS} hf_hub_download threads, "
+        "a fresh home each"
     )
     print(
         f"{'':22}{'requests':>9}{'failed':>8}{'wrong':>7}{'hit rate':>10}{'LRU sim':>9}{'upstream MiB':>14}"
