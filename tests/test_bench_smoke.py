@@ -78,6 +78,12 @@ ROWS = {
         "staged serve (no upstream)",
         "upstream bytes / file size through the mirror =",
         "warm-hit throughput ratio pull-through/staged serve =",
+        # its second part, bench/pull_cap.py (which exits 1 where a check fails)
+        "pull-through under a cache cap: 160 requests",
+        "\nuncapped ",
+        "\n--cache-max 0.8 MiB ",
+        "capped/uncapped, a cap of 1/3 of the working set: hit rate ",
+        "checks: 0 failed ok, 0 wrong bytes ok, store <= cap ok, hit rate capped < uncapped ok",
     ),
     "seat_cost": (
         "where a seat's cost goes, beside its kernel's launch",
