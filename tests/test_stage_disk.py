@@ -4,7 +4,6 @@ mid-stage by a second writer, and the same stage once the disk has grown."""
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import time
@@ -13,47 +12,19 @@ from pathlib import Path
 import pytest
 
 from tests.support.big_kernel import BIG
-from tests.support.cli import EXE, cli_env
-
-# The sh functions every script below uses: `run NAME ARGS...` runs frt-mirror on the tmpfs home, its
-# stdout, stderr and exit code into $OUT/NAME.{out,err,rc}; `wait_for FILE` is the test's go-ahead.
-PRELUDE = """
-set -u
-run() {
-    n=$1; shift
-    "$EXE" --home "$HOMEDIR" --endpoint "$URL" "$@" >"$OUT/$n.out" 2>"$OUT/$n.err"; echo $? >"$OUT/$n.rc"
-}
-wait_for() { while [ ! -e "$1" ]; do sleep 0.02; done; }
-mount -t tmpfs -o size="$SIZE" tmpfs "$DISK" || exit 97
-mkdir "$HOMEDIR"
-"""
+from tests.support.full_disk import said as said_full
+from tests.support.full_disk import start_full
 
 
 def in_tmpfs(tmp_path: Path, hub, manifest: Path, size: str, script: str) -> tuple[subprocess.Popen, Path, Path]:
-    """`script` (after PRELUDE) in a mount namespace of its own with a `size` tmpfs at tmp_path/disk and the
-    home on it; what it says lands in the returned out folder, outside the tmpfs."""
-    if os.geteuid() != 0:
-        pytest.fail("needs root for a tmpfs in a mount namespace (CI runs as root)")
-    disk, out = tmp_path / "disk", tmp_path / "out"
-    disk.mkdir()
-    out.mkdir()
-    env = cli_env(
-        FRT_DISK_MARGIN_MIB="1",  # a small disk: the default (64 MiB at least) would refuse every stage
-        EXE=EXE,
-        DISK=str(disk),
-        HOMEDIR=str(disk / "home"),
-        OUT=str(out),
-        URL=hub.url,
-        M=str(manifest),
-        SIZE=size,
-    )
-    proc = subprocess.Popen(["unshare", "-m", "sh", "-c", PRELUDE + script], env=env)
-    return proc, disk / "home", out
+    """`script` on a `size` tmpfs home (tests/support/full_disk.py), the manifest in $M."""
+    return start_full(tmp_path, hub, size, script, M=str(manifest))
 
 
 def said(out: Path, name: str) -> tuple[int, list[str]]:
     """A step's exit code and its stderr's lines."""
-    return int((out / f"{name}.rc").read_text()), (out / f"{name}.err").read_text().strip().splitlines()
+    rc, _, lines = said_full(out, name)
+    return rc, lines
 
 
 def wait_file(path: Path, proc: subprocess.Popen, timeout: float = 120) -> None:

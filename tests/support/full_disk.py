@@ -27,15 +27,17 @@ run() {
 fill() { dd if=/dev/zero of="$DISK/filler.$(date +%s%N)" bs=4k 2>/dev/null; true; }
 free() { df -B1 --output=avail "$DISK" | tail -n 1 | tr -d ' ' >"$OUT/$1"; }
 listing() { find "$HOMEDIR" -printf '%y %p %s %T@\\n' | sort >"$OUT/$1"; }
+wait_for() { while [ ! -e "$1" ]; do sleep 0.02; done; }
 mount -t tmpfs -o size="$SIZE" tmpfs "$DISK" || exit 97
 mkdir "$HOMEDIR" "$DISK/cache"
 export XDG_CACHE_HOME="$DISK/cache"  # the memos of host targets and kernels' answers: full as well
 """
 
 
-def run_full(tmp_path: Path, hub, size: str, script: str, **env: str) -> Path:
-    """`script` (after PRELUDE) in a mount namespace of its own with a `size` tmpfs at tmp_path/disk and the
-    home on it; returns the out folder, outside the tmpfs. `env`: more variables for the script."""
+def start_full(tmp_path: Path, hub, size: str, script: str, **env: str) -> tuple[subprocess.Popen, Path, Path]:
+    """`script` (after PRELUDE) started in a mount namespace of its own with a `size` tmpfs at tmp_path/disk
+    and the home on it; returns the process, the home and the out folder (outside the tmpfs). `env`: more
+    variables for the script."""
     if os.geteuid() != 0:
         pytest.fail("needs root for a tmpfs in a mount namespace (CI runs as root)")
     disk, out = tmp_path / "disk", tmp_path / "out"
@@ -51,8 +53,14 @@ def run_full(tmp_path: Path, hub, size: str, script: str, **env: str) -> Path:
         SIZE=size,
         **env,
     )
-    p = subprocess.run(["unshare", "-m", "sh", "-c", PRELUDE + script], env=variables, timeout=600)
-    assert p.returncode == 0, f"the script itself failed (exit {p.returncode})"
+    proc = subprocess.Popen(["unshare", "-m", "sh", "-c", PRELUDE + script], env=variables)
+    return proc, disk / "home", out
+
+
+def run_full(tmp_path: Path, hub, size: str, script: str, **env: str) -> Path:
+    """start_full, waited for: the out folder."""
+    proc, _, out = start_full(tmp_path, hub, size, script, **env)
+    assert proc.wait(timeout=600) == 0, f"the script itself failed (exit {proc.returncode})"
     return out
 
 
