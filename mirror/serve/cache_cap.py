@@ -31,7 +31,6 @@ evicted least recently used first (the store's side: frt.mirror.store.evict); st
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import itertools
 import logging
@@ -44,7 +43,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from frt.resolver.errors import BadInput, FrtError
+from frt.resolver.errors import BadInput, FrtError, LocalDiskError
 
 from ..stage.space import free_space
 from ..store.evict import Cached, cached, evict, mark_pulled, record_uses
@@ -175,7 +174,7 @@ class CacheKeeper:
     def pin(self, sha256: str) -> Pin | None:
         """The blob held against eviction (a leased descriptor); None where it is gone or being evicted."""
         files = self.home.store.files
-        assert files is not None  # the cap needs the blobs as files: an object store is refused (pull.capped)
+        assert files is not None  # the cap needs the blobs as files: an object store is refused (cache_options.capped)
         try:
             fd = os.open(files.path(sha256), os.O_RDONLY)
         except FileNotFoundError:
@@ -282,7 +281,7 @@ class CacheKeeper:
         try:
             self._flush()
         except Exception as e:  # the ledger down or full: the uses are lost, the LRU order a little off
-            if getattr(e, "errno", None) != errno.ENOSPC:
+            if not isinstance(e, LocalDiskError):  # a full disk is said once, by disk.py
                 log.debug("frt-mirror: serve: could not record the cache's uses: %s", e)
 
 

@@ -212,7 +212,7 @@ class PassThroughResponse(Response):
     # The body bytes sent, for the access log, as FlowResponse's (Starlette's Response.__call__ returns None).
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> int:  # type: ignore[override]
         sent, own = 0, self.gone is None
-        gone = self.gone or asyncio.ensure_future(_disconnected(receive))
+        gone = self.gone or asyncio.ensure_future(disconnected(receive))
 
         async def body(chunk: bytes, more: bool) -> None:
             nonlocal sent
@@ -238,7 +238,7 @@ class PassThroughResponse(Response):
         return min(sent, self.p.f.size)
 
 
-async def _disconnected(receive: Receive) -> None:
+async def disconnected(receive: Receive) -> None:
     """Returns once the client has gone (a GET's request message comes first)."""
     while (await receive())["type"] != "http.disconnect":
         pass

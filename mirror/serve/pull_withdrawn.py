@@ -27,8 +27,8 @@ from frt.resolver.ledger.view import LedgerView
 
 from ..store.home import Home
 from ..store.lock import store_collector
-from ..store.records import PULLED, StagedRow, delete_staged, staged_rows
-from ..store.unstage import drop_views
+from ..store.records import PULLED, StagedRow, staged_rows
+from ..store.unstage import unstage_rows
 
 
 def _gone_heads(ledger: Ledger, repo_id: str) -> set[str]:
@@ -61,6 +61,5 @@ def withdraw_pulled(home: Home, repo_id: str) -> list[StagedRow]:
     chosen = [r for r in rows if r.repo == repo_id and r.target.startswith(PULLED) and r.commit in gone]
     if chosen:
         with store_collector(home):  # no fetch is linking the views this removes
-            delete_staged(home.ledger, chosen, store=home.store)
-            drop_views(home, chosen)
+            unstage_rows(home, chosen)
     return chosen

@@ -42,7 +42,7 @@ from .cut import cut
 from .flow import Flow
 from .integrity import hash_whole
 from .objects import ObjectIntegrity
-from .passthrough import Gone, Passage, PassThroughResponse, relay
+from .passthrough import Gone, Passage, PassThroughResponse, disconnected, relay
 from .pull import PullService
 from .unavailable import upstream_error
 
@@ -108,7 +108,7 @@ class FlowResponse(Response):
             await send({"type": "http.response.body", "body": chunk, "more_body": more})
             sent += len(chunk)
 
-        self.gone = asyncio.ensure_future(_disconnected(receive))
+        self.gone = asyncio.ensure_future(disconnected(receive))
         try:
             fd = await self._while_fetching(body, restarts)
             if self.gone.done():  # the client went away: the fetch goes on, this answer stops
@@ -220,12 +220,6 @@ class FlowResponse(Response):
                     raise Cut("the fetch started the file over")
                 await asyncio.sleep(POLL_S)
         return fd
-
-
-async def _disconnected(receive: Receive) -> None:
-    """Returns once the client has gone (a GET's request message comes first)."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
 
 
 def _feed(hasher: object, fd: int, size: int) -> int:

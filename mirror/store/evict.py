@@ -35,15 +35,14 @@ from sqlalchemy import delete, select, update
 from frt.resolver.ledger import Ledger
 from frt.resolver.ledger.dialect import insert_for
 from frt.resolver.ledger.retry import retried
-from frt.resolver.resolution import FileEntry
 
 from ..events import record_event
 from ..schema import Blob, PulledBlob
 from .blob_reads import in_batches
 from .home import Home
-from .records import blob_for, delete_blob_records, delete_staged, staged_rows, wheel_rows
+from .records import blob_for, delete_blob_records, staged_rows, variant_files, wheel_rows
 from .staged import StagedRow
-from .unstage import drop_views
+from .unstage import unstage_rows
 
 EVICT = "evict"  # the events kind: the page's "Last evict", frt_mirror_evicted_* on /metrics
 
@@ -92,7 +91,7 @@ def cached(home: Home) -> list[Cached]:
     ledger, store = home.ledger, home.store
     rows = staged_rows(ledger)
     kept = [r for r in rows if not r.is_pulled]
-    files = _variant_files(ledger, sorted({(r.repo, r.commit, r.variant) for r in kept}))
+    files = variant_files(ledger, sorted({(r.repo, r.commit, r.variant) for r in kept}))
     blobs = blob_for(ledger, files)
     referenced = {sha for sha in blobs.values() if sha}
     unresolved = {f.git_oid for f, sha in blobs.items() if sha is None}
@@ -108,7 +107,7 @@ def evict(home: Home, victims: Iterable[Cached]) -> Evicted:
     them. The caller holds the cache lock (serve/cache_cap.py) exclusively."""
     ledger, out = home.ledger, Evicted()
     rows = [r for r in staged_rows(ledger) if r.is_pulled]
-    files = {key: _variant_files(ledger, [key]) for key in sorted({(r.repo, r.commit, r.variant) for r in rows})}
+    files = {key: variant_files(ledger, [key]) for key in sorted({(r.repo, r.commit, r.variant) for r in rows})}
     shas = {key: {sha for sha in blob_for(ledger, fs).values() if sha} for key, fs in files.items()}
     for c in victims:
         views = [key for key, s in shas.items() if c.sha256 in s]
@@ -118,8 +117,7 @@ def evict(home: Home, victims: Iterable[Cached]) -> Evicted:
                 out.busy += 1
                 continue
             dropped = [r for r in rows if (r.repo, r.commit, r.variant) in views]
-            delete_staged(ledger, dropped, store=home.store)
-            drop_views(home, dropped)
+            unstage_rows(home, dropped)
             rows = [r for r in rows if r not in dropped]
             for key in views:
                 del shas[key]
@@ -186,9 +184,3 @@ def _unmark(ledger: Ledger, shas: list[str]) -> None:
     with ledger.session() as s:
         for batch in in_batches(shas):
             s.execute(delete(PulledBlob).where(PulledBlob.sha256.in_(batch)))
-
-
-@retried
-def _variant_files(ledger: Ledger, keys: list[tuple[str, str, str]]) -> list[FileEntry]:
-    with ledger.view() as v:
-        return [f for key in keys for f in v.variant(*key)[0]]

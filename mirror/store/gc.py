@@ -32,15 +32,12 @@ from typing import Any
 from filelock import Timeout
 
 from frt.resolver.errors import LocalDiskError
-from frt.resolver.ledger import Ledger
-from frt.resolver.ledger.retry import retried
-from frt.resolver.resolution import FileEntry
 
 from ..events import record_event
 from .blobs import Digest
 from .home import Home
 from .lock import store_collector
-from .records import all_blobs, blob_for, delete_blob_records, staged_rows, wheel_rows
+from .records import all_blobs, blob_for, delete_blob_records, staged_rows, variant_files, wheel_rows
 from .row_records import Key, drop_orphans
 from .staged import StagedRow
 from .view_trees import Views, wheels_dir
@@ -196,14 +193,8 @@ def _recorded_references(home: Home, rows: list[StagedRow]) -> tuple[set[str], s
     that no recorded blob answers for."""
     ledger = home.ledger
     keys = sorted({(r.repo, r.commit, r.variant) for r in rows})
-    blobs = blob_for(ledger, _variant_files(ledger, keys))
+    blobs = blob_for(ledger, variant_files(ledger, keys))
     return {sha for sha in blobs.values() if sha}, {f.git_oid for f, sha in blobs.items() if sha is None}
-
-
-@retried
-def _variant_files(ledger: Ledger, keys: list[tuple[str, str, str]]) -> list[FileEntry]:
-    with ledger.view() as v:
-        return [f for key in keys for f in v.variant(*key)[0]]
 
 
 def _linked_inodes(views: Views, cutoff: float, going: set[Path]) -> set[tuple[int, int]]:

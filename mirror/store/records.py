@@ -277,3 +277,10 @@ def delete_staged(
             _delete_wheel_links(s, keys)
             record_withdrawn(s, keys, at)
             bump_serial(s)
+
+
+@retried
+def variant_files(ledger: Ledger, keys: list[tuple[str, str, str]]) -> list[FileEntry]:
+    """The files of each (repo, commit, variant) in `keys`, as its listing names them."""
+    with ledger.view() as v:
+        return [f for key in keys for f in v.variant(*key)[0]]

@@ -88,8 +88,7 @@ def unstage(
         report = UnstageReport(chosen)
         if home.full:
             _make_room(home, chosen, report)
-        delete_staged(home.ledger, chosen, store=home.store)
-        for view, files in drop_views(home, chosen):
+        for view, files in unstage_rows(home, chosen):
             report.views.append(view)
             report.view_files += files
         report.reclaimable = plan(home).garbage
@@ -129,12 +128,21 @@ def _mib(n: int) -> str:
     return f"{n / (1 << 20):.1f} MiB"
 
 
+def unstage_rows(home: Home, rows: list[StagedRow]) -> list[tuple[Path, int]]:
+    """Unstage `rows` (their records tombstoned, their ledger rows deleted), then drop their views: what
+    drop_views returns. `unstage`, pull-through's withdrawals and the cache's evictions all end this way
+    (a full disk's _make_room drops views first, to make room). The caller holds the store's lock
+    exclusively."""
+    delete_staged(home.ledger, rows, store=home.store)
+    return drop_views(home, rows)
+
+
 def drop_views(home: Home, rows: list[StagedRow]) -> list[tuple[Path, int]]:
     """Remove the views of `rows`, unstaged or being unstaged, that no other staged row names: (its dir,
     the files it held) per view removed. The caller holds the store's lock exclusively (no stager is
     linking them)."""
     views = home.views
-    if views is None:  # an object store's home: no views to drop
+    if views is None or not rows:  # an object store's home: no views to drop
         return []
     gone = {r.key for r in rows}
     still = {(r.repo, r.commit, r.variant) for r in staged_rows(home.ledger) if not r.is_model and r.key not in gone}
